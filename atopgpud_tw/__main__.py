@@ -1,0 +1,25 @@
+"""``atopgpud``: run the daemon in the foreground, as ``twistd -n atopgpud`` does."""
+
+from __future__ import annotations
+
+import sys
+
+from twisted.python import usage
+from twisted.scripts import twistd
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options like twistd does, but report a bad one in one line."""
+    args = sys.argv[1:] if argv is None else argv
+    config = twistd.ServerOptions()
+    try:
+        config.parseOptions(["--nodaemon", "--pidfile=", "atopgpud", *args])
+    except usage.UsageError as error:
+        sys.stderr.write(f"atopgpud: {error} (try atopgpud --help)\n")
+        raise SystemExit(2) from None
+    twistd.runApp(config)
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    main()

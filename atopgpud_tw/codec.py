@@ -1,0 +1,386 @@
+"""The atopgpud wire format, both ways: pure functions over bytes.
+
+Request: two bytes, a command (``T`` GPU types, ``S`` statistics) and an API version;
+version 0, or one above `NEWEST_VERSION`, means the newest.
+
+Reply: a four-byte big-endian prelude ``version << 24 | length`` and ``length`` bytes
+of ASCII.  atop rejects a reply whose body is longer than 8192 bytes; this codec keeps
+the whole reply, prelude included, within `REPLY_LIMIT`.
+
+``T`` body: ``N@busid name tasksupport@busid name tasksupport...``
+
+``S`` body: per device, in ``T`` order, ``@gpupercnow mempercnow memtotal memused
+samples gpuperccum memperccum memusedcum`` followed by its processes:
+
+- version 1: ``#A pid gpubusy membusy 0 memnow memcum samples`` (busy figures are
+  averages; atop multiplies them by ``samples``);
+- version 2: ``#A pid type gpubusycum membusycum memnow memcum samples``;
+
+``A`` for an active process, ``E`` for one that ended since the client's previous
+``S``.  Memory is in KiB, -1 means "not available".  The full description, with
+atop's limits, is in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from atopgpud_tw.counters import DeviceTotals, ProcessTotals
+
+PRELUDE = struct.Struct(">I")
+REQUEST_SIZE = 2
+NEWEST_VERSION = 2
+VERSIONS = (1, 2)
+COMMAND_TYPES = ord("T")
+COMMAND_STATS = ord("S")
+#: atop's hard limit on a reply body
+ATOP_REPLY_LIMIT = 8192
+#: what this daemon allows a whole reply, prelude included, so that no reading of
+#: atop's limit (body or whole reply) is ever exceeded
+REPLY_LIMIT = ATOP_REPLY_LIMIT
+#: atop keeps at most this many process entries per GPU (an unsigned char)
+MAX_PROCESSES_PER_DEVICE = 255
+#: atop shows at most this many GPUs
+ATOP_MAX_GPUS = 32
+#: atop keeps the last characters of a bus id and of a type name
+ATOP_ID_CHARS = 12
+
+_WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
+_SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
+
+
+class ProtocolError(ValueError):
+    """A request or reply that breaks the wire format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    command: int
+    version: int
+
+    @property
+    def reply_version(self) -> int:
+        """The version the reply is rendered in and stamped with."""
+        return negotiate(self.version)
+
+
+def negotiate(version: int) -> int:
+    """The reply version for a requested one: 0 and unknown ones mean the newest."""
+    return version if version in VERSIONS else NEWEST_VERSION
+
+
+def parse_request(data: bytes) -> Request:
+    """Two bytes to a `Request`; anything but ``T`` or ``S`` is a `ProtocolError`."""
+    if len(data) != REQUEST_SIZE:
+        raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
+    command, version = data[0], data[1]
+    if command not in (COMMAND_TYPES, COMMAND_STATS):
+        raise ProtocolError(f"unknown command byte 0x{command:02x}")
+    return Request(command, version)
+
+
+def encode_request(command: str, version: int) -> bytes:
+    """The two request bytes for a command letter and version (clients, tests)."""
+    return command.encode("ascii") + bytes([version])
+
+
+def frame(version: int, body: bytes) -> bytes:
+    """Prefix a body with its prelude."""
+    if len(body) > 0xFFFFFF:
+        raise ProtocolError("reply body too long for the prelude")
+    return PRELUDE.pack(version << 24 | len(body)) + body
+
+
+def parse_prelude(prelude: bytes) -> tuple[int, int]:
+    """The (version, length) of a reply's first four bytes."""
+    if len(prelude) != PRELUDE.size:
+        raise ProtocolError(f"a prelude is {PRELUDE.size} bytes, got {len(prelude)}")
+    (word,) = PRELUDE.unpack(prelude)
+    return word >> 24, word & 0xFFFFFF
+
+
+def wire_token(text: str) -> bytes:
+    """A name or bus id as one ``T`` token: ASCII, no space, ``@`` or ``#``."""
+    raw = text.encode("ascii", errors="replace") or b"?"
+    return raw.translate(_SAFE)
+
+
+# -- T ---------------------------------------------------------------------------
+
+
+def render_types(devices: Sequence[DeviceTotals]) -> bytes:
+    """The ``T`` body (the same for versions 1 and 2)."""
+    parts = [b"%d" % len(devices)]
+    for device in devices:
+        parts.append(
+            b"@%s %s %d"
+            % (wire_token(device.busid), wire_token(device.name), device.task_support)
+        )
+    return b"".join(parts)
+
+
+# -- S ---------------------------------------------------------------------------
+
+
+def render_device(device: DeviceTotals) -> bytes:
+    """A device's ``@`` record (identical in versions 1 and 2)."""
+    return b"@%d %d %d %d %d %d %d %d" % (
+        device.gpu_busy_now,
+        device.mem_busy_now,
+        device.memory_total_kib,
+        device.memory_used_kib,
+        device.samples,
+        device.gpu_busy_total,
+        device.mem_busy_total,
+        device.memory_used_cum_kib,
+    )
+
+
+def _average(cum: int, samples: int) -> int:
+    if cum < 0:
+        return -1
+    return cum // samples if samples else 0
+
+
+def render_process(totals: ProcessTotals, version: int, state: bytes = b"A") -> bytes:
+    """A process's ``#`` record for a reply version; `state` is ``A`` or ``E``."""
+    if version == 1:
+        return b"#%s %d %d %d 0 %d %d %d" % (
+            state,
+            totals.pid,
+            _average(totals.gpu_busy_cum, totals.samples),
+            _average(totals.mem_busy_cum, totals.samples),
+            totals.memory_now_kib,
+            totals.memory_cum_kib,
+            totals.samples,
+        )
+    return b"#%s %d %s %d %d %d %d %d" % (
+        state,
+        totals.pid,
+        _WIRE_KIND.get(totals.kind, b"U"),
+        totals.gpu_busy_cum,
+        totals.mem_busy_cum,
+        totals.memory_now_kib,
+        totals.memory_cum_kib,
+        totals.samples,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedDevice:
+    """A device's record and its active processes' records, largest memory first."""
+
+    header: bytes
+    #: (memory now in KiB, pid, record), sorted by memory descending then pid
+    active: tuple[tuple[int, int, bytes], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(len(rec) for _, _, rec in self.active)
+
+
+def render_devices(devices: Sequence[DeviceTotals], version: int) -> tuple[RenderedDevice, ...]:
+    """Render every device and active process once, for reuse until the next poll."""
+    rendered = []
+    for device in devices:
+        active = sorted(
+            (
+                (totals.memory_now_kib, totals.pid, render_process(totals, version))
+                for totals in device.processes.values()
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        rendered.append(RenderedDevice(render_device(device), tuple(active)))
+    return tuple(rendered)
+
+
+@dataclass(frozen=True, slots=True)
+class StatsBody:
+    body: bytes
+    #: positions in the exited list that went into this body (the rest stay queued)
+    exited_sent: tuple[int, ...]
+    #: True when some active processes were left out to respect the limits
+    active_cut: bool
+
+
+def assemble_stats(
+    devices: Sequence[RenderedDevice],
+    exited: Sequence[tuple[int, bytes]] = (),
+    budget: int = REPLY_LIMIT - PRELUDE.size,
+) -> StatsBody:
+    """Build an ``S`` body within `budget` bytes and 255 processes per device.
+
+    Device records always go in whole.  Then exited processes (``(device index,
+    record)`` in queue order), then active ones, largest memory first.  When all
+    fits, the output is the devices' cached records with the exited ones appended.
+    """
+    room = budget - sum(len(d.header) for d in devices)
+    if room < 0:
+        raise ProtocolError("the device records alone exceed the reply limit")
+    count = [len(d.active) for d in devices]
+    exited_size = 0
+    for index, record in exited:
+        count[index] += 1
+        exited_size += len(record)
+    if exited_size + sum(d.size - len(d.header) for d in devices) <= room and max(
+        count, default=0
+    ) <= MAX_PROCESSES_PER_DEVICE:
+        return _join_all(devices, exited)
+    return _join_selected(devices, exited, room)
+
+
+def _join_all(devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]]) -> StatsBody:
+    tails: list[list[bytes]] = [[] for _ in devices]
+    for index, record in exited:
+        tails[index].append(record)
+    parts: list[bytes] = []
+    for device, tail in zip(devices, tails):
+        parts.append(device.header)
+        parts.extend(rec for _, _, rec in device.active)
+        parts.extend(tail)
+    return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
+
+
+def _join_selected(
+    devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
+) -> StatsBody:
+    count = [0] * len(devices)
+    tails: list[list[bytes]] = [[] for _ in devices]
+    sent: list[int] = []
+    for position, (index, record) in enumerate(exited):
+        if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
+            room -= len(record)
+            count[index] += 1
+            tails[index].append(record)
+            sent.append(position)
+    chosen: list[set[int]] = [set() for _ in devices]
+    candidates = sorted(
+        (
+            (-memory, index, pid, record)
+            for index, device in enumerate(devices)
+            for memory, pid, record in device.active
+        )
+    )
+    cut = False
+    for _, index, pid, record in candidates:
+        if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
+            room -= len(record)
+            count[index] += 1
+            chosen[index].add(pid)
+        else:
+            cut = True
+    parts: list[bytes] = []
+    for device, keep, tail in zip(devices, chosen, tails):
+        parts.append(device.header)
+        parts.extend(rec for _, pid, rec in device.active if pid in keep)
+        parts.extend(tail)
+    return StatsBody(b"".join(parts), tuple(sent), cut)
+
+
+def render_stats(
+    devices: Sequence[DeviceTotals],
+    version: int,
+    exited: Iterable[tuple[int, ProcessTotals]] = (),
+) -> StatsBody:
+    """An ``S`` body straight from the counters, without any caching."""
+    records = [(index, render_process(totals, version, b"E")) for index, totals in exited]
+    return assemble_stats(render_devices(devices, version), records)
+
+
+# -- parsing replies (clients and tests) --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceType:
+    busid: str
+    name: str
+    task_support: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStats:
+    state: str
+    pid: int
+    kind: str
+    gpu_busy: int
+    mem_busy: int
+    memory_now_kib: int
+    memory_cum_kib: int
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStats:
+    gpu_busy_now: int
+    mem_busy_now: int
+    memory_total_kib: int
+    memory_used_kib: int
+    samples: int
+    gpu_busy_cum: int
+    mem_busy_cum: int
+    memory_used_cum_kib: int
+    processes: tuple[ProcessStats, ...]
+
+
+def _ints(fields: Sequence[str], what: str) -> list[int]:
+    try:
+        return [int(f) for f in fields]
+    except ValueError:
+        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)!r}") from None
+
+
+def _ascii(body: bytes) -> str:
+    try:
+        return body.decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("reply body is not ASCII") from None
+
+
+def parse_types(body: bytes) -> list[DeviceType]:
+    """Parse a ``T`` body; every field is checked."""
+    head, *entries = _ascii(body).split("@")
+    (count,) = _ints([head], "T count") if head else (None,)
+    if count is None or count != len(entries):
+        raise ProtocolError(f"T reply announces {head!r} devices and lists {len(entries)}")
+    out = []
+    for entry in entries:
+        fields = entry.split(" ")
+        if len(fields) != 3 or not fields[0] or not fields[1]:
+            raise ProtocolError(f"malformed T entry {entry!r}")
+        (support,) = _ints(fields[2:], "T task support")
+        out.append(DeviceType(fields[0], fields[1], support))
+    return out
+
+
+def parse_stats(body: bytes, version: int) -> list[DeviceStats]:
+    """Parse an ``S`` body of a given version; every field is checked."""
+    text = _ascii(body)
+    if not text:
+        return []
+    if not text.startswith("@"):
+        raise ProtocolError("S reply does not start with a device record")
+    out = []
+    for chunk in text[1:].split("@"):
+        head, *procs = chunk.split("#")
+        values = _ints(head.split(" "), "device record")
+        if len(values) != 8:
+            raise ProtocolError(f"device record has {len(values)} fields, not 8")
+        out.append(DeviceStats(*values, tuple(_parse_process(p, version) for p in procs)))
+    return out
+
+
+def _parse_process(text: str, version: int) -> ProcessStats:
+    fields = text.split(" ")
+    if len(fields) != 8 or fields[0] not in ("A", "E"):
+        raise ProtocolError(f"malformed process record {text!r}")
+    if version == 1:
+        pid, gpu, mem, _zero, now, cum, samples = _ints(fields[1:], "process record")
+        kind = "U"
+    else:
+        kind = fields[2]
+        if kind not in ("C", "G", "U"):
+            raise ProtocolError(f"unknown process type {kind!r}")
+        pid, gpu, mem, now, cum, samples = _ints(fields[1:2] + fields[3:], "process record")
+    return ProcessStats(fields[0], pid, kind, gpu, mem, now, cum, samples)

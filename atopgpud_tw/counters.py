@@ -1,0 +1,218 @@
+"""Cumulative counters per device and per process, folded from one Snapshot per poll.
+
+Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour, and it is
+what atop's arithmetic depends on (DESIGN.md, "Counter semantics"):
+
+- one sample per device per poll, counted only when every supported value of the
+  device was read in that poll, so that ``cum / samples`` is an exact average;
+- a percentage the device cannot report is -1 in ``now`` and in ``cum`` for ever;
+  one that fails in a poll is skipped for that poll and does not poison the sum;
+- a process counts once per poll per device whatever lists named it; its busy sums
+  start at 0 and are -1 only when the device cannot report per-process busy figures;
+- a process that leaves a device, or whose device is gone, is handed back once as
+  an `ExitedProcess` under the device it ran on;
+- every counter is monotonic while the daemon runs: devices are never forgotten,
+  only shown as absent, so a device that comes back (same key) carries on counting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot
+
+_KIND_ORDER = ("C", "G", "C+G")
+
+
+@dataclass(slots=True)
+class ProcessTotals:
+    """The running sums of one process on one device."""
+
+    pid: int
+    kind: str = "C"
+    samples: int = 0
+    memory_now_kib: int = 0
+    memory_cum_kib: int = 0
+    gpu_busy_cum: int = 0
+    mem_busy_cum: int = 0
+
+    def add(self, sample: ProcessSample) -> None:
+        """Count one poll of this process, unless one of its readings failed."""
+        self.kind = sample.kind
+        gpu = _reading(self.gpu_busy_cum if self.samples else None, sample.gpu_busy)
+        mem = _reading(self.mem_busy_cum if self.samples else None, sample.mem_busy)
+        if None in (gpu, mem, sample.memory_kib):
+            return
+        self.samples += 1
+        memory = sample.memory_kib or 0
+        self.memory_now_kib = memory
+        self.memory_cum_kib += memory
+        self.gpu_busy_cum = _accumulate(self.gpu_busy_cum, gpu)
+        self.mem_busy_cum = _accumulate(self.mem_busy_cum, mem)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitedProcess:
+    """A process that ended on the device at `device_index` (T order)."""
+
+    device_index: int
+    totals: ProcessTotals
+
+
+@dataclass(slots=True)
+class DeviceTotals:
+    """The running sums of one device, and its active processes."""
+
+    key: str
+    busid: str
+    name: str
+    task_support: int
+    present: bool = True
+    gpu_busy_now: int = UNSUPPORTED
+    mem_busy_now: int = UNSUPPORTED
+    memory_total_kib: int = 0
+    memory_used_kib: int = 0
+    samples: int = 0
+    #: None until the first reading decides whether the device supports the value
+    gpu_busy_cum: int | None = None
+    mem_busy_cum: int | None = None
+    memory_used_cum_kib: int = 0
+    processes: dict[int, ProcessTotals] = field(default_factory=dict)
+
+    @property
+    def gpu_busy_total(self) -> int:
+        """The cumulative GPU busy figure as atop gets it (-1: unsupported)."""
+        return 0 if self.gpu_busy_cum is None else self.gpu_busy_cum
+
+    @property
+    def mem_busy_total(self) -> int:
+        """The cumulative memory busy figure as atop gets it (-1: unsupported)."""
+        return 0 if self.mem_busy_cum is None else self.mem_busy_cum
+
+
+def _reading(cum: int | None, value: int | None) -> int | None:
+    """A reading as the sum sees it: "unsupported" after real values is a failure.
+
+    Support is decided by the first reading; a device that reported figures and
+    then says "unsupported" has failed that read, which must not end the sum.
+    """
+    if value == UNSUPPORTED and cum is not None and cum != UNSUPPORTED:
+        return None
+    return value
+
+
+def _accumulate(cum: int | None, value: int | None) -> int:
+    """Add one reading (already passed through `_reading`) to a sum; -1 is sticky."""
+    if cum == UNSUPPORTED or value == UNSUPPORTED:
+        return UNSUPPORTED
+    return (cum or 0) + (value or 0)
+
+
+def _merge_kind(a: str, b: str) -> str:
+    if a == b:
+        return a
+    if {a, b} <= set(_KIND_ORDER):
+        return "C+G"
+    return a
+
+
+class Counters:
+    """All devices' totals, in the order they were first seen (the ``T`` order)."""
+
+    def __init__(self) -> None:
+        self.devices: list[DeviceTotals] = []
+        self._by_key: dict[str, int] = {}
+        #: bumped by every fold, so renderings can be cached per poll
+        self.generation = 0
+        #: bumped whenever what ``T`` shows (devices, bus ids, names) changes
+        self.layout_generation = 0
+        self.polls = 0
+
+    def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
+        """Count one poll and return the processes that ended in it."""
+        exited: list[ExitedProcess] = []
+        seen: set[int] = set()
+        for sample in snapshot.devices:
+            index = self._device_index(sample)
+            if index in seen:
+                continue
+            seen.add(index)
+            exited.extend(self._fold_device(index, sample))
+        for index, device in enumerate(self.devices):
+            if index not in seen:
+                exited.extend(self._mark_absent(index, device))
+        self.polls += 1
+        self.generation += 1
+        return exited
+
+    def _device_index(self, sample: DeviceSample) -> int:
+        index = self._by_key.get(sample.key)
+        if index is None:
+            index = len(self.devices)
+            self._by_key[sample.key] = index
+            self.devices.append(
+                DeviceTotals(sample.key, sample.busid, sample.name, sample.task_support)
+            )
+            self.layout_generation += 1
+            return index
+        device = self.devices[index]
+        identity = (sample.busid, sample.name, sample.task_support)
+        if identity != (device.busid, device.name, device.task_support):
+            device.busid, device.name, device.task_support = identity
+            self.layout_generation += 1
+        return index
+
+    def _mark_absent(self, index: int, device: DeviceTotals) -> list[ExitedProcess]:
+        device.present = False
+        device.gpu_busy_now = UNSUPPORTED
+        device.mem_busy_now = UNSUPPORTED
+        gone = [ExitedProcess(index, totals) for totals in device.processes.values()]
+        device.processes = {}
+        return gone
+
+    def _fold_device(self, index: int, sample: DeviceSample) -> list[ExitedProcess]:
+        device = self.devices[index]
+        if not sample.present:
+            return self._mark_absent(index, device)
+        device.present = True
+        device.gpu_busy_now = UNSUPPORTED if sample.gpu_busy is None else sample.gpu_busy
+        device.mem_busy_now = UNSUPPORTED if sample.mem_busy is None else sample.mem_busy
+        if sample.memory_total_kib is not None:
+            device.memory_total_kib = sample.memory_total_kib
+        if sample.memory_used_kib is not None:
+            device.memory_used_kib = sample.memory_used_kib
+        gpu = _reading(device.gpu_busy_cum, sample.gpu_busy)
+        mem = _reading(device.mem_busy_cum, sample.mem_busy)
+        if None not in (gpu, mem, sample.memory_used_kib):
+            device.samples += 1
+            device.gpu_busy_cum = _accumulate(device.gpu_busy_cum, gpu)
+            device.mem_busy_cum = _accumulate(device.mem_busy_cum, mem)
+            device.memory_used_cum_kib += sample.memory_used_kib or 0
+        if sample.processes is None:
+            return []
+        return self._fold_processes(index, device, sample.processes)
+
+    def _fold_processes(
+        self, index: int, device: DeviceTotals, processes: tuple[ProcessSample, ...]
+    ) -> list[ExitedProcess]:
+        merged: dict[int, ProcessSample] = {}
+        for proc in processes:
+            first = merged.get(proc.pid)
+            if first is None:
+                merged[proc.pid] = proc
+            elif first.kind != proc.kind:
+                merged[proc.pid] = ProcessSample(
+                    first.pid,
+                    _merge_kind(first.kind, proc.kind),
+                    first.memory_kib,
+                    first.gpu_busy,
+                    first.mem_busy,
+                )
+        active = device.processes
+        for pid, proc in merged.items():
+            totals = active.get(pid)
+            if totals is None:
+                totals = active[pid] = ProcessTotals(pid, proc.kind)
+            totals.add(proc)
+        ended = [pid for pid in active if pid not in merged]
+        return [ExitedProcess(index, active.pop(pid)) for pid in ended]

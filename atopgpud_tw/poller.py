@@ -1,0 +1,85 @@
+"""The poller: ask the reader for a Snapshot every interval and fold it in.
+
+A `LoopingCall` on an injected clock.  It waits for each poll's Deferred, so
+polls never overlap; a poll that fails is logged once per cause (and its
+recovery once) and never stops the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from atopgpud_tw.board import Board
+from atopgpud_tw.readers.base import IReader
+
+
+class PollerService(Service):
+    """Polls `reader` every `interval` seconds into `board`."""
+
+    log = Logger()
+
+    def __init__(self, reader: IReader, board: Board, interval: float, clock: IReactorTime) -> None:
+        self.reader = reader
+        self.board = board
+        self.interval = interval
+        self.clock = clock
+        self.polls = 0
+        self.failed_polls: dict[str, int] = {}
+        self._failing: str | None = None
+        self._loop: LoopingCall | None = None
+        self._finished: Deferred | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._loop = LoopingCall(self.poll_once)
+        self._loop.clock = self.clock
+        self._finished = self._loop.start(self.interval, now=True)
+        self._finished.addErrback(self._loop_died)
+
+    def stopService(self) -> Deferred:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        self.reader.close()
+        return succeed(None)
+
+    def poll_once(self) -> Deferred:
+        """One poll; the returned Deferred never fails."""
+        result = maybeDeferred(self.reader.poll)
+        result.addCallbacks(self._polled, self._failed)
+        return result
+
+    def _polled(self, snapshot: Any) -> None:
+        self.board.fold(snapshot)
+        self.polls += 1
+        if self._failing is not None:
+            self.log.info("polls work again (they failed with {cause})", cause=self._failing)
+            self._failing = None
+
+    def _failed(self, failure: Failure) -> None:
+        cause = _cause(failure)
+        self.failed_polls[cause] = self.failed_polls.get(cause, 0) + 1
+        if cause != self._failing:
+            self._failing = cause
+            if failure.check(Exception) and getattr(failure.value, "expected", False):
+                self.log.warn("poll failed: {cause}", cause=cause)
+            else:
+                self.log.failure("poll failed: {cause}", failure, cause=cause)
+
+    def _loop_died(self, failure: Failure) -> None:
+        # poll_once never fails, so this is a bug; say so rather than go quiet
+        self.log.failure("the poll loop stopped", failure)
+
+
+def _cause(failure: Failure) -> str:
+    """A key for "the same failure again": the exception type and its first line."""
+    message = failure.getErrorMessage().splitlines()[0] if failure.getErrorMessage() else ""
+    return f"{failure.type.__name__}: {message}"[:200]

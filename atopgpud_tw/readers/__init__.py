@@ -1,0 +1,66 @@
+"""Readers: where a Snapshot comes from (NVML, nvidia-smi, the simulator).
+
+`make_reader` picks and opens one at start-up; it raises `ReaderUnavailable`
+with a one-line reason when none can work here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from atopgpud_tw.readers.base import IReader, ReaderUnavailable
+
+log = Logger()
+
+READERS = ("auto", "nvml", "nvidia-smi", "sim")
+
+
+def _nvml(options: Any, reactor: Any) -> IReader:
+    try:
+        import pynvml
+    except ImportError:
+        raise ReaderUnavailable("the Python module pynvml (nvidia-ml-py) is not installed") from None
+    from atopgpud_tw.readers.nvml import NvmlReader
+
+    return NvmlReader(pynvml, reactor, mig=options["mig"])
+
+
+def _smi(options: Any, reactor: Any) -> IReader:
+    from atopgpud_tw.readers.smi import SmiReader
+
+    return SmiReader(reactor, options["nvidia-smi"], timeout=options["smi-timeout"], mig=options["mig"])
+
+
+def _sim(options: Any, reactor: Any) -> IReader:
+    from atopgpud_tw.readers.nvml import NvmlReader
+    from atopgpud_tw.sim import ScenarioError, SimulatedNvml, demo_scenario, load_scenario
+
+    try:
+        scenario = load_scenario(options["scenario"]) if options["scenario"] else demo_scenario()
+    except ScenarioError as error:
+        raise ReaderUnavailable(f"scenario {error}") from None
+    reader = NvmlReader(SimulatedNvml(scenario), reactor, mig=options["mig"])
+    reader.name = "sim"
+    return reader
+
+
+_MAKERS = {"nvml": _nvml, "nvidia-smi": _smi, "sim": _sim}
+
+
+def make_reader(options: Any, reactor: Any) -> IReader:
+    """The reader the options ask for, opened; `auto` tries nvml, then nvidia-smi."""
+    choice = options["reader"]
+    order = ("nvml", "nvidia-smi") if choice == "auto" else (choice,)
+    reasons = []
+    for name in order:
+        try:
+            reader = _MAKERS[name](options, reactor)
+            reader.open()
+        except ReaderUnavailable as error:
+            reasons.append(f"{name}: {error}")
+            continue
+        log.info("reading GPUs through {reader}", reader=reader.name)
+        return reader
+    raise ReaderUnavailable("; ".join(reasons))

@@ -1,0 +1,40 @@
+"""What every reader provides, and the error that says one cannot be used here."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from zope.interface import Attribute, Interface
+
+
+class ReaderUnavailable(Exception):
+    """This reader cannot work on this machine; the message says why, in one line."""
+
+
+class IReader(Interface):
+    """A source of Snapshots, one per poll."""
+
+    name = Attribute("a short name for logs: 'nvml', 'nvidia-smi', 'sim'")
+
+    def open() -> None:
+        """Check at start-up that the reader can work; raise ReaderUnavailable if not.
+
+        May block (it runs once, before the reactor starts).
+        """
+
+    def poll() -> Deferred:
+        """Read every device once; the Deferred fires with a Snapshot.
+
+        Never blocks the reactor.  A failure fails this poll only.
+        """
+
+    def close() -> None:
+        """Release what the reader holds (NVML, child processes)."""
+
+
+class PollError(Exception):
+    """A poll failure the reader understands (a timeout, a garbled report).
+
+    The poller logs it as one line, without a traceback.
+    """
+
+    expected = True

@@ -1,0 +1,393 @@
+"""A stand-in for the `pynvml` module, driven by a scenario.
+
+`SimulatedNvml` has the functions of nvidia-ml-py that the NVML reader (and the
+reference atopgpud) use, with the same names, parameters, return shapes and
+`NVMLError` codes, so `--reader sim` runs the real NVML reader unchanged.  It does
+not import pynvml: it can itself be installed as the module ``pynvml``
+(``atopgpud_tw/sim/shim``) to run other NVML programs on a simulated host.
+
+Behaviour follows the driver where it matters for a poller: NOT_SUPPORTED for
+utilization on MIG cards and for null percentages, NOT_FOUND from the process
+utilization call when nothing ran since the timestamp, timestamps in
+microseconds, `usedGpuMemory` in bytes, names as str, bus ids as bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from atopgpud_tw.sim.scenario import (
+    NVML_ERRORS,
+    Fault,
+    GpuSpec,
+    MigSpec,
+    ProcessSpec,
+    Scenario,
+    cycled,
+)
+
+NVML_SUCCESS = 0
+_ERROR_TEXT = {value: name[len("NVML_ERROR_"):].replace("_", " ").title() for name, value in NVML_ERRORS.items()}
+NO_INSTANCE = 0xFFFFFFFF
+NVML_GPU_UTILIZATION_SAMPLES = 1
+NVML_MEMORY_UTILIZATION_SAMPLES = 2
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+
+
+class NVMLError(Exception):
+    """An NVML error code, mapped to a subclass per code as pynvml does."""
+
+    _by_value: dict[int, type["NVMLError"]] = {}
+    value: int
+
+    def __new__(cls, value: int) -> "NVMLError":
+        if cls is NVMLError:
+            cls = NVMLError._by_value.get(value, cls)
+        error = Exception.__new__(cls)
+        error.value = value
+        return error
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+
+    def __str__(self) -> str:
+        return _ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+class NVMLLibraryMismatchError(Exception):
+    """The binding wants a versioned symbol the library lacks (not an NVMLError)."""
+
+
+def _error_class(name: str, value: int) -> type[NVMLError]:
+    words = name[len("NVML_ERROR_"):].split("_")
+    class_name = "NVMLError_" + "".join(word.capitalize() for word in words)
+    cls = type(class_name, (NVMLError,), {"__new__": lambda typ, *a: NVMLError.__new__(typ, value)})
+    NVMLError._by_value[value] = cls
+    return cls
+
+
+ERROR_CLASSES = {name: _error_class(name, value) for name, value in NVML_ERRORS.items()}
+globals().update({cls.__name__: cls for cls in ERROR_CLASSES.values()})
+globals().update(NVML_ERRORS)
+
+
+class _Record:
+    """A result object with attributes, which callers may also set (as pynvml's)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__dict__})"
+
+
+class c_nvmlUtilization_t(_Record):
+    pass
+
+
+class c_nvmlMemory_t(_Record):
+    pass
+
+
+class nvmlPciInfo_t(_Record):
+    pass
+
+
+class nvmlFriendlyObject(_Record):
+    pass
+
+
+class c_nvmlProcessUtilizationSample_t(_Record):
+    pass
+
+
+class c_nvmlSample_t(_Record):
+    pass
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A device handle: a card, or a MIG instance of a card."""
+
+    gpu: int
+    instance: MigSpec | None = None
+
+
+class SimulatedNvml:
+    """The simulated NVML library: call its methods as pynvml's functions."""
+
+    NVMLError = NVMLError
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
+    NVML_GPU_UTILIZATION_SAMPLES = NVML_GPU_UTILIZATION_SAMPLES
+    NVML_MEMORY_UTILIZATION_SAMPLES = NVML_MEMORY_UTILIZATION_SAMPLES
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
+    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+        self.scenario = scenario
+        origin = time.monotonic()
+        self._clock = clock or (lambda: time.monotonic() - origin)
+        #: microseconds of the Unix epoch at simulated time 0, like the driver's stamps
+        self._epoch_us = int(time.time() * 1_000_000)
+        self._initialised = 0
+        self._lock = threading.Lock()
+        self._samples: dict[tuple[Any, ...], int] = {}
+        for name, cls in ERROR_CLASSES.items():
+            setattr(self, cls.__name__, cls)
+            setattr(self, name, NVML_ERRORS[name])
+
+    # -- helpers --
+
+    def now(self) -> float:
+        """Simulated seconds since start (wrapped when the scenario repeats)."""
+        now = self._clock()
+        if self.scenario.repeat:
+            now %= self.scenario.repeat
+        return now
+
+    def _stamp_us(self) -> int:
+        return self._epoch_us + int(self._clock() * 1_000_000)
+
+    def _enter(self, call: str, handle: Handle | None = None) -> float:
+        """What every call does first: delay, initialisation check, faults."""
+        delay = self.scenario.call_delay_ms
+        if delay:
+            time.sleep(delay / 1000.0)
+        now = self.now()
+        faults: tuple[Fault, ...] = self.scenario.faults
+        if handle is not None:
+            faults = faults + self.scenario.gpus[handle.gpu].faults
+        for fault in faults:
+            if fault.call == call and fault.active(now):
+                _raise_fault(fault.error)
+        if call != "nvmlInit" and not self._initialised:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_UNINITIALIZED"])
+        return now
+
+    def _next(self, key: tuple[Any, ...], value: Any) -> Any:
+        """The value of a cycled field at its next sample."""
+        if not isinstance(value, (list, tuple)):
+            return value
+        with self._lock:
+            index = self._samples.get(key, 0)
+            self._samples[key] = index + 1
+        return cycled(value, index)
+
+    def _gpu(self, handle: Any) -> GpuSpec:
+        if not isinstance(handle, Handle) or not 0 <= handle.gpu < len(self.scenario.gpus):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        return self.scenario.gpus[handle.gpu]
+
+    def _instances(self, gpu: GpuSpec, now: float) -> list[MigSpec]:
+        return [m for m in gpu.mig or () if m.alive(now)]
+
+    def _check_instance(self, handle: Handle, now: float) -> None:
+        if handle.instance is not None and not handle.instance.alive(now):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+
+    # -- library --
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        self._initialised += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._initialised = max(0, self._initialised - 1)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return "999.99.99-sim"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.scenario.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.scenario.gpus):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        handle = Handle(index)
+        self._enter("nvmlDeviceGetHandleByIndex", handle)
+        return handle
+
+    # -- identity --
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> nvmlPciInfo_t:
+        self._enter("nvmlDeviceGetPciInfo", handle)
+        gpu = self._gpu(handle)
+        return nvmlPciInfo_t(busId=gpu.busid.encode("ascii"), busIdLegacy=gpu.busid[-12:].encode("ascii"))
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:
+        now = self._enter("nvmlDeviceGetName", handle)
+        gpu = self._gpu(handle)
+        if handle.instance is not None:
+            self._check_instance(handle, now)
+            return f"{gpu.name} MIG {handle.instance.profile}"
+        return gpu.name
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        now = self._enter("nvmlDeviceGetUUID", handle)
+        gpu = self._gpu(handle)
+        if handle.instance is not None:
+            self._check_instance(handle, now)
+            tail = gpu.uuid.removeprefix("GPU-")[:-6]
+            ids = f"{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
+            return f"MIG-{tail}{ids}"
+        return gpu.uuid
+
+    # -- MIG --
+
+    def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode", device)
+        gpu = self._gpu(device)
+        if gpu.mig is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return [NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", device)
+        return 7 if self._gpu(device).mig is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
+        now = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        gpu = self._gpu(device)
+        if gpu.mig is None or not 0 <= index < 7:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        instances = self._instances(gpu, now)
+        if index >= len(instances):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        return Handle(device.gpu, instances[index])
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> ctypes.c_uint:
+        self._enter("nvmlDeviceIsMigDeviceHandle", device)
+        return ctypes.c_uint(1 if device.instance is not None else 0)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle) -> Handle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+        if migDevice.instance is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        return Handle(migDevice.gpu)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
+        now = self._enter("nvmlDeviceGetGpuInstanceId", device)
+        if device.instance is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        self._check_instance(device, now)
+        return device.instance.gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
+        now = self._enter("nvmlDeviceGetComputeInstanceId", device)
+        if device.instance is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+        self._check_instance(device, now)
+        return device.instance.compute_instance
+
+    # -- readings --
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> c_nvmlUtilization_t:
+        self._enter("nvmlDeviceGetUtilizationRates", handle)
+        gpu = self._gpu(handle)
+        if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return c_nvmlUtilization_t(
+            gpu=int(self._next((handle.gpu, "gpu_util"), gpu.gpu_util)),
+            memory=int(self._next((handle.gpu, "mem_util"), gpu.mem_util)),
+        )
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
+        now = self._enter("nvmlDeviceGetMemoryInfo", handle)
+        gpu = self._gpu(handle)
+        if handle.instance is not None:
+            self._check_instance(handle, now)
+            parts = [handle.instance]
+        elif gpu.mig is not None:
+            parts = self._instances(gpu, now)
+        else:
+            parts = [gpu]
+        if gpu.mig is not None and handle.instance is None and not parts:
+            total, used = gpu.memory_total_mib, 0
+        else:
+            total = sum(p.memory_total_mib for p in parts)
+            used = sum(self._next((handle.gpu, id(p), "memory"), p.memory_used_mib) for p in parts)
+        total_b, used_b = int(total * 1048576), int(used * 1048576)
+        return c_nvmlMemory_t(total=total_b, used=used_b, free=max(0, total_b - used_b))
+
+    def _running(self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool) -> list[nvmlFriendlyObject]:
+        now = self._enter(call, handle)
+        gpu = self._gpu(handle)
+        if not listed:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        if handle.instance is not None:
+            self._check_instance(handle, now)
+            owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [(handle.instance, handle.instance.processes)]
+        elif gpu.mig is not None:
+            owners = [(m, m.processes) for m in self._instances(gpu, now)]
+        else:
+            owners = [(None, gpu.processes)]
+        out = []
+        for owner, processes in owners:
+            for proc in processes:
+                if proc.type in kinds and proc.alive(now):
+                    memory = self._next((handle.gpu, proc.pid, call), proc.memory_mib)
+                    out.append(
+                        nvmlFriendlyObject(
+                            pid=proc.pid,
+                            usedGpuMemory=int(memory * 1048576),
+                            gpuInstanceId=NO_INSTANCE if owner is None else owner.gpu_instance,
+                            computeInstanceId=NO_INSTANCE if owner is None else owner.compute_instance,
+                        )
+                    )
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[nvmlFriendlyObject]:
+        gpu = self._gpu(handle)
+        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), gpu.compute_list)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[nvmlFriendlyObject]:
+        gpu = self._gpu(handle)
+        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), gpu.graphics_list)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Handle, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
+        now = self._enter("nvmlDeviceGetProcessUtilization", handle)
+        gpu = self._gpu(handle)
+        if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        stamp = self._stamp_us()
+        out = []
+        for proc in gpu.processes:
+            if not proc.alive(now):
+                continue
+            sm = self._next((handle.gpu, proc.pid, "sm_util"), proc.sm_util)
+            mem = self._next((handle.gpu, proc.pid, "mem_util"), proc.mem_util)
+            if (sm or mem) and stamp > timeStamp:
+                out.append(
+                    c_nvmlProcessUtilizationSample_t(
+                        pid=proc.pid, timeStamp=stamp, smUtil=int(sm), memUtil=int(mem), encUtil=0, decUtil=0
+                    )
+                )
+        if not out:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        return out
+
+
+def _raise_fault(error: str) -> None:
+    if error == "NVMLLibraryMismatchError":
+        raise NVMLLibraryMismatchError("simulated: the library lacks a versioned symbol")
+    if error == "RuntimeError":
+        raise RuntimeError("simulated: an unexpected exception in the binding")
+    raise NVMLError(NVML_ERRORS[error])

@@ -1,0 +1,272 @@
+"""The simulator's scenario: a JSON description of GPUs, their load and their faults.
+
+Times are seconds since the simulator started.  Wherever a number is expected, a
+list of numbers may stand instead: it is cycled, one entry per sample (per call of
+the NVML function that reports it).  ``null`` for a percentage means "not
+supported".  The format is documented in docs/simulator.md; `load_scenario`
+checks every field and raises `ScenarioError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+Number = float | int
+Cycled = Number | Sequence[Number] | None
+
+NVML_ERRORS = {
+    "NVML_ERROR_UNINITIALIZED": 1,
+    "NVML_ERROR_INVALID_ARGUMENT": 2,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NO_PERMISSION": 4,
+    "NVML_ERROR_NOT_FOUND": 6,
+    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
+    "NVML_ERROR_TIMEOUT": 10,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
+    "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_OPERATING_SYSTEM": 17,
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18,
+    "NVML_ERROR_GPU_NOT_FOUND": 28,
+    "NVML_ERROR_UNKNOWN": 999,
+}
+#: faults that are not NVML error codes
+OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError")
+PROCESS_TYPES = ("C", "G", "C+G")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    call: str
+    error: str
+    start: float = 0.0
+    until: float | None = None
+
+    def active(self, now: float) -> bool:
+        return self.start <= now and (self.until is None or now < self.until)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    pid: int
+    type: str = "C"
+    memory_mib: Cycled = 0
+    sm_util: Cycled = 0
+    mem_util: Cycled = 0
+    start: float = 0.0
+    stop: float | None = None
+
+    def alive(self, now: float) -> bool:
+        return self.start <= now and (self.stop is None or now < self.stop)
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    profile: str
+    memory_total_mib: Number
+    memory_used_mib: Cycled = 0
+    gpu_instance: int = 1
+    compute_instance: int = 0
+    processes: tuple[ProcessSpec, ...] = ()
+    start: float = 0.0
+    stop: float | None = None
+
+    def alive(self, now: float) -> bool:
+        return self.start <= now and (self.stop is None or now < self.stop)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    busid: str
+    uuid: str
+    memory_total_mib: Number = 16384
+    memory_used_mib: Cycled = 0
+    gpu_util: Cycled = 0
+    mem_util: Cycled = 0
+    processes: tuple[ProcessSpec, ...] = ()
+    mig: tuple[MigSpec, ...] | None = None
+    faults: tuple[Fault, ...] = ()
+    compute_list: bool = True
+    graphics_list: bool = True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    gpus: tuple[GpuSpec, ...] = ()
+    call_delay_ms: float = 0.0
+    #: faults of calls that take no device (nvmlInit, nvmlDeviceGetCount)
+    faults: tuple[Fault, ...] = ()
+    #: when set, simulated time wraps around after this many seconds
+    repeat: float | None = None
+
+
+def cycled(value: Cycled, index: int) -> Number | None:
+    """The value of a cycled field at sample `index`."""
+    if isinstance(value, (list, tuple)):
+        return value[index % len(value)] if value else None
+    return value
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and check a scenario file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ScenarioError(f"{path}: {error.strerror or error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ScenarioError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    try:
+        return parse_scenario(data)
+    except ScenarioError as error:
+        raise ScenarioError(f"{path}: {error}") from None
+
+
+def parse_scenario(data: Any) -> Scenario:
+    """Check a decoded scenario and build it."""
+    top = _object(data, "the scenario")
+    gpus = tuple(
+        _gpu(g, f"gpus[{i}]", i) for i, g in enumerate(_list(top.get("gpus", []), "gpus"))
+    )
+    busids = [g.busid for g in gpus]
+    if len(set(busids)) != len(busids):
+        raise ScenarioError("two GPUs have the same busid")
+    repeat = top.get("repeat")
+    return Scenario(
+        gpus=gpus,
+        call_delay_ms=_number(top.get("call_delay_ms", 0), "call_delay_ms", minimum=0),
+        faults=tuple(_fault(f, f"faults[{i}]") for i, f in enumerate(_list(top.get("faults", []), "faults"))),
+        repeat=None if repeat is None else _number(repeat, "repeat", minimum=0.001),
+    )
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{where} must be an object")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where} must be a list")
+    return value
+
+
+def _number(value: Any, where: str, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{where} must be a number")
+    if minimum is not None and value < minimum:
+        raise ScenarioError(f"{where} must be at least {minimum}")
+    return value
+
+
+def _cycled(value: Any, where: str, nullable: bool = False, percent: bool = False) -> Cycled:
+    if value is None:
+        if nullable:
+            return None
+        raise ScenarioError(f"{where} must not be null")
+    entries = value if isinstance(value, list) else [value]
+    if not entries:
+        raise ScenarioError(f"{where} must not be an empty list")
+    for entry in entries:
+        _number(entry, where, minimum=0)
+        if percent and entry > 100:
+            raise ScenarioError(f"{where} is a percentage (0 to 100)")
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _time(spec: dict[str, Any], key: str, where: str) -> float | None:
+    value = spec.get(key)
+    return None if value is None else _number(value, f"{where}.{key}", minimum=0)
+
+
+def _process(spec: Any, where: str) -> ProcessSpec:
+    spec = _object(spec, where)
+    pid = spec.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise ScenarioError(f"{where}.pid must be a positive integer")
+    kind = spec.get("type", "C")
+    if kind not in PROCESS_TYPES:
+        raise ScenarioError(f"{where}.type must be one of C, G, C+G")
+    return ProcessSpec(
+        pid=pid,
+        type=kind,
+        memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib"),
+        sm_util=_cycled(spec.get("sm_util", 0), f"{where}.sm_util", nullable=True, percent=True),
+        mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
+        start=_time(spec, "start", where) or 0.0,
+        stop=_time(spec, "stop", where),
+    )
+
+
+def _fault(spec: Any, where: str) -> Fault:
+    spec = _object(spec, where)
+    call = spec.get("call")
+    if not isinstance(call, str) or not call.startswith("nvml"):
+        raise ScenarioError(f"{where}.call must name an NVML function")
+    error = spec.get("error")
+    if error not in NVML_ERRORS and error not in OTHER_FAULTS:
+        raise ScenarioError(f"{where}.error {error!r} is not a known NVML error")
+    return Fault(call, error, _time(spec, "from", where) or 0.0, _time(spec, "until", where))
+
+
+def _mig(spec: Any, where: str, index: int) -> MigSpec:
+    spec = _object(spec, where)
+    profile = spec.get("profile")
+    if not isinstance(profile, str) or not profile or " " in profile:
+        raise ScenarioError(f"{where}.profile must be a name such as 3g.40gb")
+    return MigSpec(
+        profile=profile,
+        memory_total_mib=_number(spec.get("memory_total_mib", 0), f"{where}.memory_total_mib", 0),
+        memory_used_mib=_cycled(spec.get("memory_used_mib", 0), f"{where}.memory_used_mib"),
+        gpu_instance=int(_number(spec.get("gpu_instance", index + 1), f"{where}.gpu_instance", 0)),
+        compute_instance=int(_number(spec.get("compute_instance", 0), f"{where}.compute_instance", 0)),
+        processes=tuple(
+            _process(p, f"{where}.processes[{i}]")
+            for i, p in enumerate(_list(spec.get("processes", []), f"{where}.processes"))
+        ),
+        start=_time(spec, "start", where) or 0.0,
+        stop=_time(spec, "stop", where),
+    )
+
+
+def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
+    spec = _object(spec, where)
+    busid = spec.get("busid", f"00000000:{0x17 + index:02X}:00.0")
+    name = spec.get("name", "NVIDIA Simulated GPU")
+    for key, value in (("busid", busid), ("name", name)):
+        if not isinstance(value, str) or not value:
+            raise ScenarioError(f"{where}.{key} must be a non-empty string")
+    mig = spec.get("mig")
+    instances = None
+    if mig is not None:
+        instances = tuple(_mig(m, f"{where}.mig[{i}]", i) for i, m in enumerate(_list(mig, f"{where}.mig")))
+        ids = [(m.gpu_instance, m.compute_instance) for m in instances]
+        if len(set(ids)) != len(ids):
+            raise ScenarioError(f"{where}.mig: two instances have the same gpu/compute instance ids")
+    return GpuSpec(
+        name=name,
+        busid=busid,
+        uuid=spec.get("uuid", f"GPU-5111a7ed-0000-4000-8000-{index:012d}"),
+        memory_total_mib=_number(spec.get("memory_total_mib", 16384), f"{where}.memory_total_mib", 0),
+        memory_used_mib=_cycled(spec.get("memory_used_mib", 0), f"{where}.memory_used_mib"),
+        gpu_util=_cycled(spec.get("gpu_util", 0), f"{where}.gpu_util", nullable=True, percent=True),
+        mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
+        processes=tuple(
+            _process(p, f"{where}.processes[{i}]")
+            for i, p in enumerate(_list(spec.get("processes", []), f"{where}.processes"))
+        ),
+        mig=instances,
+        faults=tuple(_fault(f, f"{where}.faults[{i}]") for i, f in enumerate(_list(spec.get("faults", []), f"{where}.faults"))),
+        compute_list=bool(spec.get("compute_list", True)),
+        graphics_list=bool(spec.get("graphics_list", True)),
+    )

@@ -1,0 +1,77 @@
+"""What one poll of the GPUs saw: the immutable hand-over from a reader to the counters.
+
+Readers (NVML, nvidia-smi, the simulator through NVML) build one `Snapshot` per poll
+and know nothing of counters or sockets.  Values follow one convention throughout:
+
+- a percentage is an ``int`` from 0 to 100; `UNSUPPORTED` (-1) when the device cannot
+  report it at all (it stays -1 for ever); ``None`` when reading it failed in this
+  poll only (the counters then skip this poll for that device or process);
+- memory is in KiB; ``None`` when it could not be read in this poll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+UNSUPPORTED = -1
+
+#: task-support bits of the ``T`` reply
+TASK_COMPUTE = 1
+TASK_GRAPHICS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process on one device in one poll."""
+
+    pid: int
+    #: "C" (compute), "G" (graphics) or "C+G" (both lists named it)
+    kind: str = "C"
+    memory_kib: int | None = 0
+    gpu_busy: int | None = 0
+    mem_busy: int | None = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One device (a whole card or a MIG instance) in one poll.
+
+    `key` identifies the device across polls and re-discoveries (UUID where known,
+    else the bus id); `busid` and `name` are what the ``T`` reply shows.
+    `processes` is ``None`` when the process list could not be read in this poll:
+    the processes then neither count a sample nor end.
+    `present` is False for a device that is known but could not be read at all
+    (lost from the bus, driver gone): it is shown with -1 percentages and its
+    processes end.
+    """
+
+    key: str
+    busid: str
+    name: str
+    task_support: int = TASK_COMPUTE | TASK_GRAPHICS
+    gpu_busy: int | None = UNSUPPORTED
+    mem_busy: int | None = UNSUPPORTED
+    memory_total_kib: int | None = 0
+    memory_used_kib: int | None = 0
+    processes: tuple[ProcessSample, ...] | None = ()
+    present: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every device of one poll, in the order the reader discovered them."""
+
+    devices: tuple[DeviceSample, ...] = field(default_factory=tuple)
+
+
+def clamp_percent(value: int | float | None) -> int | None:
+    """A percentage from a reader as an int in 0..100; ``None`` stays ``None``.
+
+    Drivers have been seen to report values above 100 (NVML-FACTS.md section 3);
+    rounding rather than truncating keeps fractional figures from nvidia-smi honest.
+    """
+    if value is None:
+        return None
+    if value < 0:
+        return UNSUPPORTED
+    return min(100, int(round(value)))

@@ -1,0 +1,108 @@
+"""``twistd atopgpud``: the command line and the wiring of the service, nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.python import usage
+
+from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.endpoints import listen_endpoint
+from atopgpud_tw.poller import PollerService
+from atopgpud_tw.protocol import AtopGpuFactory
+from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
+
+DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise ValueError("must be a positive number")
+    return number
+
+
+_positive_float.coerceDoc = "A positive number of seconds."  # type: ignore[attr-defined]
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be a positive integer")
+    return number
+
+
+_positive_int.coerceDoc = "A positive integer."  # type: ignore[attr-defined]
+
+
+def _choice(*allowed: str) -> Any:
+    def coerce(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    coerce.coerceDoc = f"One of: {', '.join(allowed)}."  # type: ignore[attr-defined]
+    return coerce
+
+
+class Options(usage.Options):
+    """atopgpud: cumulative NVIDIA GPU statistics for atop."""
+
+    synopsis = "[options]"
+    longdesc = (
+        "Samples every NVIDIA GPU once per interval, keeps cumulative counters per GPU "
+        "and per process, and answers atop's requests (atop -k). Old atop (2.4 to 2.12) "
+        "connects to TCP 127.0.0.1:59123: add --listen tcp:59123:interface=127.0.0.1."
+    )
+
+    optParameters = [
+        ["reader", None, "auto", "Where readings come from: auto (nvml, then nvidia-smi), "
+         "nvml, nvidia-smi, or sim (the simulator).", _choice(*READERS)],
+        ["scenario", None, None, "The simulator's scenario, a JSON file (sim only; "
+         "without it a built-in demo)."],
+        ["interval", None, 1.0, "Sampling interval in seconds.", _positive_float],
+        ["nvidia-smi", None, None, "The nvidia-smi binary (default: found on PATH)."],
+        ["smi-timeout", None, 5.0, "Seconds an nvidia-smi run may take before it is "
+         "killed and that poll is skipped.", _positive_float],
+        ["mig", None, "instances", "How a card in MIG mode is shown: instances (each "
+         "MIG instance a device) or card (one device).", _choice("instances", "card")],
+        ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
+         "until it asks again; the oldest are dropped beyond this.", _positive_int],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["listen"] = []
+
+    def opt_listen(self, description: str) -> None:
+        """Where to accept clients (repeatable): a Twisted server endpoint string, or unix:@NAME for an abstract socket. Default: unix:@atopgpud_nvidia."""
+        self["listen"].append(description)
+
+    def postOptions(self) -> None:
+        if not self["listen"]:
+            self["listen"] = [DEFAULT_LISTEN]
+        if self["scenario"] and self["reader"] != "sim":
+            raise usage.UsageError("--scenario is for the simulator: add --reader sim")
+
+
+def makeService(options: Options, reactor: Any = None) -> IService:
+    """The daemon: a poller and one listener per --listen, around one Board."""
+    if reactor is None:
+        from twisted.internet import reactor
+    try:
+        reader = make_reader(options, reactor)
+    except ReaderUnavailable as error:
+        raise SystemExit(f"atopgpud: {error}") from None
+    board = Board(exited_limit=options["max-exited"])
+    top = MultiService()
+    PollerService(reader, board, options["interval"], reactor).setServiceParent(top)
+    factory = AtopGpuFactory(board)
+    for description in options["listen"]:
+        try:
+            endpoint = listen_endpoint(reactor, description)
+        except ValueError as error:
+            raise SystemExit(f"atopgpud: --listen {description}: {error}") from None
+        StreamServerEndpointService(endpoint, factory).setServiceParent(top)
+    return top
