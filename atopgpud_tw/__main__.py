@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config.parseOptions(["--nodaemon", "--pidfile=", "atopgpud", *args])
     except usage.UsageError as error:
-        sys.stderr.write(f"atopgpud: {error} (try atopgpud --help)\n")
+        message = str(error).replace("Parameter type enforcement failed: ", "")
+        sys.stderr.write(f"atopgpud: {message} (try atopgpud --help)\n")
         raise SystemExit(2) from None
     twistd.runApp(config)
     raise SystemExit(0)

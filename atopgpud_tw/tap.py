@@ -17,34 +17,32 @@ from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
 
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise ValueError("must be a positive number")
-    return number
+def _coerce(option: str, convert: Any, check: Any, wanted: str) -> Any:
+    """A coerce function whose error names the option and what it wants."""
 
+    def coerce(value: str) -> Any:
+        try:
+            result = convert(value)
+        except ValueError:
+            result = None
+        if result is None or not check(result):
+            raise ValueError(f"--{option} {value!r}: {wanted}")
+        return result
 
-_positive_float.coerceDoc = "A positive number of seconds."  # type: ignore[attr-defined]
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError("must be a positive integer")
-    return number
-
-
-_positive_int.coerceDoc = "A positive integer."  # type: ignore[attr-defined]
-
-
-def _choice(*allowed: str) -> Any:
-    def coerce(value: str) -> str:
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return value
-
-    coerce.coerceDoc = f"One of: {', '.join(allowed)}."  # type: ignore[attr-defined]
+    coerce.coerceDoc = wanted[0].upper() + wanted[1:] + "."  # type: ignore[attr-defined]
     return coerce
+
+
+def _seconds(option: str) -> Any:
+    return _coerce(option, float, lambda v: 0 < v < 1e6, "a positive number of seconds")
+
+
+def _count(option: str) -> Any:
+    return _coerce(option, int, lambda v: v >= 1, "a positive integer")
+
+
+def _choice(option: str, *allowed: str) -> Any:
+    return _coerce(option, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
 
 class Options(usage.Options):
@@ -59,17 +57,17 @@ class Options(usage.Options):
 
     optParameters = [
         ["reader", None, "auto", "Where readings come from: auto (nvml, then nvidia-smi), "
-         "nvml, nvidia-smi, or sim (the simulator).", _choice(*READERS)],
+         "nvml, nvidia-smi, or sim (the simulator).", _choice("reader", *READERS)],
         ["scenario", None, None, "The simulator's scenario, a JSON file (sim only; "
          "without it a built-in demo)."],
-        ["interval", None, 1.0, "Sampling interval in seconds.", _positive_float],
+        ["interval", None, 1.0, "Sampling interval in seconds.", _seconds("interval")],
         ["nvidia-smi", None, None, "The nvidia-smi binary (default: found on PATH)."],
         ["smi-timeout", None, 5.0, "Seconds an nvidia-smi run may take before it is "
-         "killed and that poll is skipped.", _positive_float],
+         "killed and that poll is skipped.", _seconds("smi-timeout")],
         ["mig", None, "instances", "How a card in MIG mode is shown: instances (each "
-         "MIG instance a device) or card (one device).", _choice("instances", "card")],
+         "MIG instance a device) or card (one device).", _choice("mig", "instances", "card")],
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
-         "until it asks again; the oldest are dropped beyond this.", _positive_int],
+         "until it asks again; the oldest are dropped beyond this.", _count("max-exited")],
     ]
 
     def __init__(self) -> None:

@@ -1,0 +1,103 @@
+"""The poller on task.Clock: cadence, no overlap, failures contained and logged once."""
+
+from __future__ import annotations
+
+from snapshots import dev, snap
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+
+from atopgpud_tw.board import Board
+from atopgpud_tw.poller import PollerService
+
+
+class FakeReader:
+    name = "fake"
+
+    def __init__(self, outcomes=None) -> None:
+        self.calls = 0
+        self.closed = False
+        self.outcomes = list(outcomes or [])
+        self.pending: Deferred | None = None
+
+    def poll(self):
+        self.calls += 1
+        if self.outcomes:
+            outcome = self.outcomes.pop(0)
+            if outcome == "hang":
+                self.pending = Deferred()
+                return self.pending
+            if isinstance(outcome, Exception):
+                return fail(outcome)
+            if outcome == "raise":
+                raise RuntimeError("reader bug")
+        return succeed(snap(dev()))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def captured_logs():
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    return events, lambda: globalLogPublisher.removeObserver(events.append)
+
+
+def start(reader, interval=1.0):
+    clock = Clock()
+    board = Board()
+    service = PollerService(reader, board, interval, clock)
+    service.startService()
+    return service, clock, board
+
+
+def test_polls_once_at_start_then_every_interval():
+    """One poll now, then one per interval."""
+    reader = FakeReader()
+    service, clock, board = start(reader, interval=2.0)
+    assert reader.calls == 1
+    clock.advance(2.0)
+    clock.advance(2.0)
+    assert reader.calls == 3 and board.counters.devices[0].samples == 3
+    service.stopService()
+
+
+def test_polls_never_overlap():
+    """A poll still running when the next is due delays it instead of overlapping."""
+    reader = FakeReader(["hang"])
+    service, clock, _ = start(reader)
+    for _ in range(5):
+        clock.advance(1.0)
+    assert reader.calls == 1
+    reader.pending.callback(snap(dev()))
+    clock.advance(1.0)
+    assert reader.calls == 2
+    service.stopService()
+
+
+def test_failed_poll_does_not_stop_polling_and_is_logged_once():
+    """Failures are counted, logged once per cause, recovery logged once; the loop goes on."""
+    events, stop_logging = captured_logs()
+    try:
+        reader = FakeReader([ValueError("boom"), ValueError("boom"), "raise", ValueError("boom")])
+        service, clock, board = start(reader)
+        for _ in range(5):
+            clock.advance(1.0)
+    finally:
+        stop_logging()
+    assert reader.calls == 6
+    assert service.failed_polls == {"ValueError: boom": 3, "RuntimeError: reader bug": 1}
+    assert board.counters.devices[0].samples == 2
+    texts = [e.get("log_format", "") for e in events if e.get("log_namespace", "").startswith("atopgpud_tw.poller")]
+    assert texts.count("poll failed: {cause}") == 3  # boom, reader bug, boom again
+    assert texts.count("polls work again (they failed with {cause})") == 1
+    service.stopService()
+
+
+def test_stop_leaves_no_delayed_calls_and_closes_the_reader():
+    """After stopService nothing is scheduled and the reader is closed."""
+    reader = FakeReader()
+    service, clock, _ = start(reader)
+    clock.advance(1.0)
+    service.stopService()
+    assert clock.getDelayedCalls() == [] and reader.closed
