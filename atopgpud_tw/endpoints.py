@@ -7,10 +7,14 @@ Twisted's endpoint strings cover TCP and filesystem UNIX sockets
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from typing import Any
 
 from twisted.internet.endpoints import UNIXServerEndpoint, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.logger import Logger
+from zope.interface import implementer
 
 ABSTRACT_PREFIX = "unix:@"
 
@@ -32,3 +36,40 @@ def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
         return serverFromString(reactor, description)
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(str(error) or "not a valid endpoint description") from None
+
+
+@implementer(IStreamServerEndpoint)
+class CheckedEndpoint:
+    """Wraps a listening endpoint: warns of a TCP listener open beyond loopback, and
+    gives a filesystem socket the group of ``--socket-group`` once it exists."""
+
+    log = Logger()
+
+    def __init__(self, endpoint: IStreamServerEndpoint, group: int | None = None) -> None:
+        self.endpoint = endpoint
+        self.group = group
+
+    def listen(self, factory: Any) -> Any:
+        return self.endpoint.listen(factory).addCallback(self._listening)
+
+    def _listening(self, port: Any) -> Any:
+        address = port.getHost()
+        host = getattr(address, "host", None)
+        if host is not None and not _is_loopback(host):
+            self.log.warn(
+                "listening on {host} port {port}: every GPU process list is visible to the "
+                "network; use interface=127.0.0.1 unless that is what you want",
+                host=host,
+                port=address.port,
+            )
+        path = getattr(address, "name", None)
+        if self.group is not None and isinstance(path, (str, bytes)) and path[:1] not in ("\0", b"\0"):
+            os.chown(path, -1, self.group)
+        return port
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"

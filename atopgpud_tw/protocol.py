@@ -4,18 +4,43 @@ Requests may arrive split over reads or several in one read; each is answered in
 order.  An unknown command closes that connection only (after the replies
 already written), with one log line.  The protocol never calls a reader: it
 serves what the `Board` holds.
+
+Every connection is bounded (`Limits`): the number of clients, the reply bytes a
+client may leave unread, how long it may stay silent, and, on UNIX sockets, who
+may connect at all (`access.AllowList`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from twisted.protocols.policies import TimeoutMixin
+from zope.interface import implementer
 
 from atopgpud_tw import codec
+from atopgpud_tw.access import AllowList, BurstLog, peer_of
 from atopgpud_tw.board import Board, ClientQueue
 
 
-class AtopGpuProtocol(Protocol):
+@dataclass(frozen=True)
+class Limits:
+    """What one client, and all of them, may take."""
+
+    max_clients: int = 256
+    #: reply bytes a client may leave unread beyond the transport's own buffer
+    max_unsent: int = 1024 * 1024
+    #: seconds a new connection may take to send its first request
+    first_request_timeout: float = 60.0
+    #: seconds a client may stay silent between requests (atop asks every
+    #: interval; its logging mode asks every 10 minutes)
+    idle_timeout: float = 3 * 3600.0
+    allow: AllowList = field(default_factory=AllowList)
+
+
+@implementer(IPushProducer)
+class AtopGpuProtocol(Protocol, TimeoutMixin):
     """One client connection (atop keeps one open and asks every interval)."""
 
     log = Logger()
@@ -24,15 +49,36 @@ class AtopGpuProtocol(Protocol):
     def __init__(self) -> None:
         self._buffer = b""
         self._closing = False
+        self._paused = False
+        self._backlog = 0
         self.queue: ClientQueue | None = None
 
+    # -- connection --
+
     def connectionMade(self) -> None:
-        self.queue = self.factory.board.attach()
+        factory = self.factory
+        if not factory.admit(self):
+            self._closing = True
+            self.transport.abortConnection()
+            return
+        self.callLater = factory.clock.callLater
+        self.setTimeout(factory.limits.first_request_timeout)
+        self.queue = factory.board.attach()
+        self.transport.registerProducer(self, True)
 
     def connectionLost(self, reason: object = None) -> None:
+        self.setTimeout(None)
+        self.factory.forget(self)
         if self.queue is not None:
             self.factory.board.detach(self.queue)
             self.queue = None
+
+    def timeoutConnection(self) -> None:
+        self.log.info("closing idle connection from {peer}", peer=self._peer())
+        self._closing = True
+        self.transport.loseConnection()
+
+    # -- requests --
 
     def dataReceived(self, data: bytes) -> None:
         """Answer every complete request in the stream; keep a partial one."""
@@ -47,29 +93,99 @@ class AtopGpuProtocol(Protocol):
                 request = codec.parse_request(buffer[start : start + size])
             except codec.ProtocolError as error:
                 self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
-                self._buffer = b""
-                self._closing = True
-                self._write(replies)
-                self.transport.loseConnection()
+                self._close_after(replies)
                 return
             replies.append(self.factory.board.reply(request, self.queue))
         self._buffer = buffer[end:]
+        if replies:
+            self.resetTimeout()
+            self.setTimeout(self.factory.limits.idle_timeout)
+            self._write(replies)
+
+    def _close_after(self, replies: list[bytes]) -> None:
+        self._buffer = b""
+        self._closing = True
         self._write(replies)
+        self.transport.loseConnection()
 
     def _write(self, replies: list[bytes]) -> None:
-        if replies:
-            self.transport.writeSequence(replies)
+        if not replies:
+            return
+        if self._paused:
+            self._backlog += sum(len(r) for r in replies)
+            if self._backlog > self.factory.limits.max_unsent:
+                self.log.warn(
+                    "closing connection from {peer}: {size} bytes of replies left unread",
+                    peer=self._peer(),
+                    size=self._backlog,
+                )
+                self._closing = True
+                self.transport.abortConnection()
+                return
+        self.transport.writeSequence(replies)
+
+    # -- IPushProducer: the transport tells us when the client stops reading --
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._backlog = 0
+
+    def stopProducing(self) -> None:
+        self._closing = True
 
     def _peer(self) -> str:
         peer = self.transport.getPeer()
-        return str(getattr(peer, "host", None) or getattr(peer, "name", None) or peer)
+        return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 
 class AtopGpuFactory(Factory):
-    """Makes a protocol per connection, all serving one Board."""
+    """Makes a protocol per connection, all serving one Board, within `Limits`."""
 
     protocol = AtopGpuProtocol
     noisy = False
+    log = Logger()
 
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, limits: Limits | None = None, clock: IReactorTime | None = None) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock  # type: ignore[assignment]
         self.board = board
+        self.limits = limits or Limits()
+        self.clock = clock
+        self.connections: set[AtopGpuProtocol] = set()
+        self._refused_full = BurstLog(clock)
+        self._refused_peer = BurstLog(clock)
+
+    def admit(self, protocol: AtopGpuProtocol) -> bool:
+        """Whether a new connection may stay; refusals are logged once per burst."""
+        if len(self.connections) >= self.limits.max_clients:
+            self._refused_full.event(
+                lambda: self.log.warn(
+                    "refusing connections: {count} clients connected (--max-clients)",
+                    count=len(self.connections),
+                ),
+                "connections refused (--max-clients)",
+            )
+            return False
+        peer = peer_of(protocol.transport) if self.limits.allow.restricts else None
+        if not self.limits.allow.admits(peer):
+            self._refused_peer.event(
+                lambda: self.log.warn(
+                    "refusing a client with uid {uid}: not in --allow-uid/--allow-gid",
+                    uid=peer.uid if peer else None,
+                ),
+                "clients refused (--allow-uid/--allow-gid)",
+            )
+            return False
+        self.connections.add(protocol)
+        return True
+
+    def forget(self, protocol: AtopGpuProtocol) -> None:
+        self.connections.discard(protocol)
+
+    def stopFactory(self) -> None:
+        self._refused_full.stop()
+        self._refused_peer.stop()
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import grp
+import pwd
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
@@ -9,9 +11,10 @@ from twisted.application.service import IService, MultiService
 from twisted.python import usage
 
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
-from atopgpud_tw.endpoints import listen_endpoint
+from atopgpud_tw.access import AllowList
+from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.poller import PollerService
-from atopgpud_tw.protocol import AtopGpuFactory
+from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
@@ -31,6 +34,24 @@ def _coerce(option: str, convert: Any, check: Any, wanted: str) -> Any:
 
     coerce.coerceDoc = wanted[0].upper() + wanted[1:] + "."  # type: ignore[attr-defined]
     return coerce
+
+
+def _user_id(user: str) -> int:
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise usage.UsageError(f"--allow-uid: no user {user!r}") from None
+
+
+def _group_id(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise usage.UsageError(f"no group {group!r}") from None
 
 
 def _seconds(option: str) -> Any:
@@ -68,21 +89,48 @@ class Options(usage.Options):
          "MIG instance a device) or card (one device).", _choice("mig", "instances", "card")],
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
          "until it asks again; the oldest are dropped beyond this.", _count("max-exited")],
+        ["max-clients", None, 256, "Clients connected at once; more are closed at once.", _count("max-clients")],
+        ["max-unsent", None, 1048576, "Reply bytes a client may leave unread before it is "
+         "disconnected.", _count("max-unsent")],
+        ["idle-timeout", None, 10800.0, "Seconds a client may stay silent between requests "
+         "(atop asks every interval).", _seconds("idle-timeout")],
+        ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
+         "(with mode=660 in the endpoint: only that group may connect)."],
+        ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
+         "tcp:9445:interface=127.0.0.1 (default: off)."],
+    ]
+
+    optFlags = [
+        ["metrics-processes", None, "With --metrics: also export per-process series (one per pid)."],
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self["listen"] = []
+        self["allow-uid"] = set()
+        self["allow-gid"] = set()
 
     def opt_listen(self, description: str) -> None:
         """Where to accept clients (repeatable): a Twisted server endpoint string, or unix:@NAME for an abstract socket. Default: unix:@atopgpud_nvidia."""
         self["listen"].append(description)
+
+    def opt_allow_uid(self, users: str) -> None:
+        """Only these users (names or uids, comma-separated; repeatable) may connect to UNIX sockets; root always may."""
+        self["allow-uid"] |= {_user_id(u) for u in users.split(",") if u}
+
+    def opt_allow_gid(self, groups: str) -> None:
+        """Only members of these groups (names or gids, comma-separated; repeatable) may connect to UNIX sockets."""
+        self["allow-gid"] |= {_group_id(g) for g in groups.split(",") if g}
 
     def postOptions(self) -> None:
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
         if self["scenario"] and self["reader"] != "sim":
             raise usage.UsageError("--scenario is for the simulator: add --reader sim")
+        if self["socket-group"] is not None:
+            self["socket-group"] = _group_id(self["socket-group"])
+        if self["metrics-processes"] and not self["metrics"]:
+            raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
 
 
 def makeService(options: Options, reactor: Any = None) -> IService:
@@ -95,12 +143,29 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         raise SystemExit(f"atopgpud: {error}") from None
     board = Board(exited_limit=options["max-exited"])
     top = MultiService()
-    PollerService(reader, board, options["interval"], reactor).setServiceParent(top)
-    factory = AtopGpuFactory(board)
+    poller = PollerService(reader, board, options["interval"], reactor)
+    poller.setServiceParent(top)
+    limits = Limits(
+        max_clients=options["max-clients"],
+        max_unsent=options["max-unsent"],
+        idle_timeout=options["idle-timeout"],
+        allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
+    )
+    factory = AtopGpuFactory(board, limits, reactor)
     for description in options["listen"]:
         try:
             endpoint = listen_endpoint(reactor, description)
         except ValueError as error:
             raise SystemExit(f"atopgpud: --listen {description}: {error}") from None
-        StreamServerEndpointService(endpoint, factory).setServiceParent(top)
+        checked = CheckedEndpoint(endpoint, options["socket-group"])
+        StreamServerEndpointService(checked, factory).setServiceParent(top)
+    if options["metrics"]:
+        from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
+
+        try:
+            endpoint = listen_endpoint(reactor, options["metrics"])
+        except ValueError as error:
+            raise SystemExit(f"atopgpud: --metrics {options['metrics']}: {error}") from None
+        site = make_site(board, poller, options["interval"], options["metrics-processes"])
+        StreamServerEndpointService(endpoint, site).setServiceParent(top)
     return top

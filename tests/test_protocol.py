@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snapshots import dev, proc, snap
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from atopgpud_tw import codec
@@ -10,8 +11,9 @@ from atopgpud_tw.board import Board
 from atopgpud_tw.protocol import AtopGpuFactory
 
 
-def connect(board: Board):
-    factory = AtopGpuFactory(board)
+def connect(board: Board, factory: AtopGpuFactory | None = None):
+    """A protocol on a StringTransport; the factory's clock is a task.Clock."""
+    factory = factory or AtopGpuFactory(board, clock=Clock())
     protocol = factory.buildProtocol(None)
     transport = StringTransport()
     protocol.makeConnection(transport)

@@ -54,8 +54,8 @@ def test_service_listens_where_asked(tmp_path):
         listener.startService()
     assert [port[0] for port in reactor.unixServers] == ["\0test-name"]
     assert [(port[0], port[3]) for port in reactor.tcpServers] == [(59123, "127.0.0.1")]
-    assert isinstance(listeners[0].endpoint, UNIXServerEndpoint)
-    assert isinstance(listeners[1].endpoint, TCP4ServerEndpoint)
+    assert isinstance(listeners[0].endpoint.endpoint, UNIXServerEndpoint)
+    assert isinstance(listeners[1].endpoint.endpoint, TCP4ServerEndpoint)
 
 
 def test_bad_listen_is_one_line(tmp_path):
