@@ -1,0 +1,298 @@
+"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child process per poll.
+
+For hosts where NVML cannot be used from Python.  The child runs through the
+reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
+sockets.  nvidia-smi is known to hang for good on a sick GPU (NVML-FACTS.md
+section 7): a run that outlasts ``timeout`` is killed with SIGKILL and the poll
+fails at once.  Only one child exists at a time; while a killed one has not yet
+been reaped (a process stuck in the kernel cannot die), polls fail fast instead
+of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
+for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred, ensureDeferred, fail
+from twisted.internet.error import ProcessDone, ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from atopgpud_tw.problems import ProblemLog
+from atopgpud_tw.readers.base import IReader, PollError, ReaderUnavailable
+from atopgpud_tw.readers.smi_parse import (
+    MIG_MODES,
+    MigSlot,
+    SmiReportError,
+    mig_slots,
+    name_slots,
+    parse_mig_names,
+    read_devices,
+    read_report,
+)
+from atopgpud_tw.snapshot import DeviceSample, Snapshot
+
+log = Logger()
+
+#: more output than this is no report (eight H100s print about 200 KiB)
+MAX_OUTPUT = 32 * 2**20
+#: seconds before a failed ``nvidia-smi -L`` is tried again for unchanged instances
+NAMES_RETRY = 60.0
+
+
+class SmiRunError(PollError):
+    """One run of nvidia-smi failed; the message says how, in one line.
+
+    No pid in it where a new child would change it: the poller logs a failure
+    again only when its message changes.
+    """
+
+
+class _Run(ProcessProtocol):
+    """One child: collects its stdout; `result` fires with it or fails."""
+
+    def __init__(self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None]) -> None:
+        # cancelling the poll kills the child rather than leaving it to the timeout
+        self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
+        self.command = command
+        self._out: list[bytes] = []
+        self._size = 0
+        self._err = b""
+        self._on_exit = on_exit
+        self._timer = reactor.callLater(timeout, self._abort, f"did not finish within {timeout:g} s")
+
+    def connectionMade(self) -> None:
+        self.transport.closeStdin()  # nvidia-smi reads nothing
+
+    def outReceived(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > MAX_OUTPUT:
+            self._abort(f"printed more than {MAX_OUTPUT} bytes")
+        elif not self.result.called:
+            self._out.append(data)
+
+    def errReceived(self, data: bytes) -> None:
+        self._err = (self._err + data)[:4096]
+
+    def kill(self) -> None:
+        """SIGKILL the child and stop reading; `processEnded` follows once it is reaped."""
+        try:
+            self.transport.signalProcess("KILL")
+        except ProcessExitedAlready:
+            pass
+        # our ends of the pipes must close too, or a grandchild holding them
+        # would keep processEnded from ever being called
+        self.transport.loseConnection()
+
+    def fail(self, message: str) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if not self.result.called:
+            self.result.errback(Failure(SmiRunError(f"{self.command} {message}")))
+
+    def _abort(self, message: str) -> None:
+        self.kill()
+        self.fail(f"{message}; killed")
+
+    def processEnded(self, reason: Failure) -> None:
+        self._on_exit()
+        if isinstance(reason.value, ProcessDone):
+            if self._timer.active():
+                self._timer.cancel()
+            if not self.result.called:
+                self.result.callback(b"".join(self._out))
+            return
+        said = _first_line(self._err) or _first_line(b"".join(self._out))
+        self.fail(_exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
+
+
+@implementer(IReader)
+class SmiReader:
+    """Reads every GPU by running nvidia-smi."""
+
+    name = "nvidia-smi"
+
+    def __init__(
+        self, reactor: Any, binary: str | None, timeout: float = 5.0, mig: str = "instances"
+    ) -> None:
+        if mig not in MIG_MODES:
+            raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
+        self._reactor = reactor
+        self._configured = binary
+        self._binary: str | None = None
+        self._timeout = timeout
+        self._mig = mig
+        self._problems = ProblemLog("nvidia-smi")
+        self._child: _Run | None = None
+        #: devices ever reported, by key, so a device that vanishes stays listed
+        self._known: dict[str, DeviceSample] = {}
+        #: the MIG instances the profile names were last asked for, and the names
+        self._slots: tuple[MigSlot, ...] = ()
+        self._profiles: dict[tuple[str, int, int], str] = {}
+        self._names_problem: str | None = None
+        self._names_retry_at = 0.0
+
+    @property
+    def running(self) -> bool:
+        """Whether a child is running, or killed but not yet reaped."""
+        return self._child is not None
+
+    # -- start-up (blocking, before the reactor runs) --
+
+    def open(self) -> None:
+        """Find nvidia-smi and run it once; raise ReaderUnavailable if it gives no report."""
+        self._binary = self._locate()
+        try:
+            root, _ = read_report(_run_blocking([self._binary, "-q", "-x"], self._timeout))
+        except SmiRunError as error:
+            raise ReaderUnavailable(str(error)) from None
+        except SmiReportError as error:
+            raise ReaderUnavailable(f"{self._binary} -q -x: {error}") from None
+        cards, _ = read_devices(root, "card")
+        slots = mig_slots(root)
+        for card in cards:
+            instances = sum(1 for slot in slots if slot.card_key == card.key)
+            log.info(
+                "nvidia-smi: GPU {busid} {name}{mig}",
+                busid=card.busid,
+                name=card.name,
+                mig=f" (MIG mode, {instances} instances)" if instances else "",
+            )
+        if not cards:
+            log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
+
+    def _locate(self) -> str:
+        wanted = self._configured or "nvidia-smi"
+        found = shutil.which(wanted)
+        if found is not None:
+            return found
+        if os.path.exists(wanted):
+            raise ReaderUnavailable(f"{wanted} is not an executable file")
+        if os.sep not in wanted:
+            raise ReaderUnavailable(f"{wanted} is not installed (not found on PATH)")
+        raise ReaderUnavailable(f"{wanted} does not exist")
+
+    # -- polling --
+
+    def poll(self) -> Deferred:
+        """Run ``nvidia-smi -q -x`` (and ``-L`` when MIG instances changed); fires with a Snapshot."""
+        return ensureDeferred(self._poll())
+
+    async def _poll(self) -> Snapshot:
+        data = await self._run("-q", "-x")
+        try:
+            root, preamble = read_report(data)
+        except SmiReportError as error:
+            raise SmiRunError(f"{self._binary} -q -x: {error}") from None
+        problems: dict[str, str] = {}
+        if preamble:
+            problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
+        if self._mig == "instances":
+            await self._learn_names(mig_slots(root), problems)
+        devices, found = read_devices(root, self._mig, self._profiles)
+        problems.update(found)
+        self._problems.report(problems)
+        for device in devices:
+            self._known[device.key] = device
+        current = {device.key for device in devices}
+        gone = tuple(_absent(d) for key, d in self._known.items() if key not in current)
+        return Snapshot(devices + gone)
+
+    async def _learn_names(self, slots: tuple[MigSlot, ...], problems: dict[str, str]) -> None:
+        """Ask ``nvidia-smi -L`` for profile names when the MIG instances changed.
+
+        The names are kept while the instances stay the same (their ids, SMs and
+        memory), so a MIG host normally runs one child per poll, not two.
+        """
+        now = self._reactor.seconds()
+        if slots == self._slots and (self._names_problem is None or now < self._names_retry_at):
+            if self._names_problem is not None:
+                problems["mig-names"] = self._names_problem
+            return
+        self._slots, self._profiles, self._names_problem = slots, {}, None
+        if not slots:
+            return
+        try:
+            listing = await self._run("-L")
+            self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
+        except (SmiRunError, SmiReportError) as error:
+            self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
+            self._names_retry_at = now + NAMES_RETRY
+            problems["mig-names"] = self._names_problem
+
+    def _run(self, *arguments: str) -> Deferred:
+        """Run nvidia-smi with `arguments` as a child; fires with its stdout."""
+        if self._binary is None:
+            return fail(SmiRunError("nvidia-smi: the reader was not opened"))
+        if self._child is not None:
+            pid = self._child.transport.pid
+            return fail(SmiRunError(f"{self._child.command}: the previous run (pid {pid}) has not ended yet"))
+        command = " ".join([self._binary, *arguments])
+        run = _Run(self._reactor, command, self._timeout, lambda: self._ended(run))
+        self._child = run
+        try:
+            self._reactor.spawnProcess(run, self._binary, [self._binary, *arguments], env=None)
+        except OSError as error:
+            self._child = None
+            run.fail(f"cannot be started: {error}")
+        return run.result
+
+    def _ended(self, run: _Run) -> None:
+        if self._child is run:
+            self._child = None
+
+    def close(self) -> None:
+        """Kill a running child; its poll fails."""
+        if self._child is not None:
+            self._child.kill()
+            self._child.fail("was stopped: the reader is closing")
+
+
+def _run_blocking(argv: list[str], timeout: float) -> bytes:
+    """One run before the reactor starts; a hung child is killed, not waited for."""
+    command = " ".join(argv)
+    try:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as error:
+        raise SmiRunError(f"{command} cannot be started: {error}") from None
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        try:
+            child.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: it cannot be waited for
+        raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+    if child.returncode != 0:
+        code, signal = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
+        said = _first_line(err) or _first_line(out)
+        raise SmiRunError(f"{command} {_exit_text(code, signal)}" + (f": {said}" if said else ""))
+    return out
+
+
+def _exit_text(code: int | None, signal: int | None) -> str:
+    if code is not None:
+        return f"exited with status {code}"
+    return f"was killed by signal {signal}"
+
+
+def _first_line(data: bytes) -> str:
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return ""
+
+
+def _absent(sample: DeviceSample) -> DeviceSample:
+    return DeviceSample(
+        key=sample.key, busid=sample.busid, name=sample.name, task_support=sample.task_support, present=False
+    )

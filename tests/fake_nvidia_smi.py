@@ -1,0 +1,50 @@
+"""A stand-in for nvidia-smi in the reader tests, steered by files in a directory.
+
+    fake_nvidia_smi.py STATE_DIR [nvidia-smi arguments]
+
+``STATE_DIR/mode`` says what ``-q -x`` does and ``STATE_DIR/list-mode`` what
+``-L`` does (each "report" when the file is absent):
+
+- report: print ``STATE_DIR/report.xml`` (``-q -x``) or ``STATE_DIR/list.txt`` (``-L``);
+- hang: write the pid to ``STATE_DIR/pid`` and sleep far past any test timeout;
+- garbage: print what nvidia-smi prints without a driver, and exit 0;
+- fail: print that message and exit 9, as nvidia-smi does;
+- empty: print nothing and exit 0.
+
+Every run appends its arguments as one line to ``STATE_DIR/calls``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n"
+)
+
+
+def main(state: Path, arguments: list[str]) -> int:
+    with open(state / "calls", "a") as calls:
+        calls.write(" ".join(arguments) + "\n")
+    listing = arguments == ["-L"]
+    mode_file = state / ("list-mode" if listing else "mode")
+    mode = mode_file.read_text().strip() if mode_file.exists() else "report"
+    if mode == "hang":
+        (state / "pid").write_text(str(os.getpid()))
+        time.sleep(600)
+    elif mode == "garbage":
+        sys.stdout.write(NO_DRIVER)
+    elif mode == "fail":
+        sys.stdout.write(NO_DRIVER)
+        return 9
+    elif mode == "report":
+        sys.stdout.buffer.write((state / ("list.txt" if listing else "report.xml")).read_bytes())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))
