@@ -81,38 +81,36 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     # -- requests --
 
     def dataReceived(self, data: bytes) -> None:
-        """Answer every complete request in the stream; keep a partial one."""
-        if self._closing:
-            return
+        """Answer every complete request in the stream; keep a partial one.
+
+        Each reply is written as soon as it is made, so the transport can say
+        (pauseProducing) when the client stops reading, before a flood of
+        requests turns into a flood of buffered replies.
+        """
         buffer = self._buffer + data
         size = codec.REQUEST_SIZE
         end = len(buffer) - len(buffer) % size
-        replies = []
+        self._buffer = buffer[end:]
+        answered = False
         for start in range(0, end, size):
+            if self._closing:
+                return
             try:
                 request = codec.parse_request(buffer[start : start + size])
             except codec.ProtocolError as error:
                 self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
-                self._close_after(replies)
+                self._buffer = b""
+                self._closing = True
+                self.transport.loseConnection()
                 return
-            replies.append(self.factory.board.reply(request, self.queue))
-        self._buffer = buffer[end:]
-        if replies:
-            self.resetTimeout()
+            self._write(self.factory.board.reply(request, self.queue))
+            answered = True
+        if answered and not self._closing:
             self.setTimeout(self.factory.limits.idle_timeout)
-            self._write(replies)
 
-    def _close_after(self, replies: list[bytes]) -> None:
-        self._buffer = b""
-        self._closing = True
-        self._write(replies)
-        self.transport.loseConnection()
-
-    def _write(self, replies: list[bytes]) -> None:
-        if not replies:
-            return
+    def _write(self, reply: bytes) -> None:
         if self._paused:
-            self._backlog += sum(len(r) for r in replies)
+            self._backlog += len(reply)
             if self._backlog > self.factory.limits.max_unsent:
                 self.log.warn(
                     "closing connection from {peer}: {size} bytes of replies left unread",
@@ -122,7 +120,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
                 self._closing = True
                 self.transport.abortConnection()
                 return
-        self.transport.writeSequence(replies)
+        self.transport.write(reply)
 
     # -- IPushProducer: the transport tells us when the client stops reading --
 
