@@ -7,6 +7,13 @@ UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH (and a library that
 lacks a symbol) mean NVML must be set up again, which `NvmlReader` does with
 backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
+
+A card in MIG mode (docs/mig.md, NVML-FACTS.md section 5) is read as its MIG
+instances, each a device named by `atopgpud_tw.identity`, with its own memory and
+processes and no utilization (NVML has none under MIG).  The mode and the
+instances are looked up again at every poll, a few cheap calls, so instances
+created or destroyed while the daemon runs are picked up.  With ``mig="card"``
+the instances are summed into one device for the card.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.snapshot import (
@@ -34,6 +42,7 @@ from atopgpud_tw.worker import SerialWorker
 
 log = Logger()
 
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
@@ -43,7 +52,7 @@ LIFECYCLE = {1: "UNINITIALIZED", 9: "DRIVER_NOT_LOADED", 18: "LIB_RM_VERSION_MIS
 GPU_IS_LOST = 15
 GPU_NOT_FOUND = 28
 _ERROR_NAMES = {
-    2: "INVALID_ARGUMENT",
+    INVALID_ARGUMENT: "INVALID_ARGUMENT",
     NOT_SUPPORTED: "NOT_SUPPORTED",
     NO_PERMISSION: "NO_PERMISSION",
     NOT_FOUND: "NOT_FOUND",
@@ -59,6 +68,9 @@ _ERROR_NAMES = {
 }
 #: seconds between attempts to set NVML up again, doubling up to the last
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+#: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
+MIG_ENABLED = 1
+MIG_MODES = ("instances", "card")
 
 
 def error_name(error: BaseException) -> str:
@@ -85,11 +97,12 @@ class Idle(Exception):
 
 
 class Failed(Exception):
-    """The call failed in this poll; `cause` keys the logged problem."""
+    """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
 
-    def __init__(self, cause: str) -> None:
+    def __init__(self, cause: str, value: int | None = None) -> None:
         super().__init__(cause)
         self.cause = cause
+        self.value = value
 
 
 class DeviceLost(Failed):
@@ -100,9 +113,20 @@ class Reinitialise(Failed):
     """NVML itself has to be set up again."""
 
 
-@dataclass
+@dataclass(eq=False)
+class MigState:
+    """What is known of a card's MIG mode and, in MIG mode, of its instances."""
+
+    enabled: bool = False
+    #: nvmlDeviceGetMaxMigDeviceCount, asked once per spell in MIG mode
+    slots: int | None = None
+    #: the instances found at the last poll, by key
+    instances: dict[str, NvmlDevice] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
 class NvmlDevice:
-    """One discovered device: its handle, identity and what it cannot do."""
+    """One discovered device (a card or a MIG instance): its handle, identity and what it cannot do."""
 
     nvml: Any
     handle: Any
@@ -113,13 +137,22 @@ class NvmlDevice:
     unsupported: set[str] = field(default_factory=set)
     #: the newest process-utilization timestamp NVML returned for this device
     last_seen: int = 0
+    #: a MIG instance: no utilization of its own, device-wide or per process
+    mig_instance: bool = False
+    #: a card's MIG mode and instances
+    mig: MigState = field(default_factory=MigState)
 
     def call(self, function: str, *args: Any) -> Any:
         """Call ``nvml.<function>(handle, *args)`` through the error mapping."""
         if function in self.unsupported:
             raise Unsupported(function)
+        bound = getattr(self.nvml, function, None)
+        if bound is None:
+            # a binding too old to have the function: it can never work here
+            self.unsupported.add(function)
+            raise Unsupported(function)
         try:
-            return getattr(self.nvml, function)(self.handle, *args)
+            return bound(self.handle, *args)
         except self.nvml.NVMLError as error:
             value = getattr(error, "value", None)
             if value in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
@@ -129,10 +162,10 @@ class NvmlDevice:
                 raise Idle(function) from None
             cause = f"{function}: {error_name(error)}"
             if value in LIFECYCLE:
-                raise Reinitialise(cause) from None
+                raise Reinitialise(cause, value) from None
             if value in (GPU_IS_LOST, GPU_NOT_FOUND):
-                raise DeviceLost(cause) from None
-            raise Failed(cause) from None
+                raise DeviceLost(cause, value) from None
+            raise Failed(cause, value) from None
         except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
             # the binding wants a symbol the installed driver lacks: the call can
             # never work with this library, like NOT_SUPPORTED
@@ -151,13 +184,17 @@ def _probe_support(device: NvmlDevice) -> int:
             support |= bit
         except Unsupported:
             pass
-        except Failed:
+        except (Failed, Idle):
             support |= bit  # a passing failure says nothing about support
     return support
 
 
-def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
-    """Everything about one device in this poll (runs in the worker thread)."""
+def _attempter(device: NvmlDevice, problems: dict[str, str]) -> Callable[..., Any]:
+    """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
+
+    It returns `unsupported` when the device cannot do it, ``None`` when it
+    failed in this poll, and lets a lost device or a broken NVML through.
+    """
     subject = f"GPU {device.busid}"
 
     def attempt(function: Callable[[], Any], unsupported: Any = UNSUPPORTED) -> Any:
@@ -170,19 +207,19 @@ def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
         except Failed as failure:
             problems[f"{device.key} {failure.cause}"] = f"{subject}: {failure.cause}"
             return None
+        except Idle as idle:
+            # NOT_FOUND where a value was expected: nothing to count in this poll
+            problems[f"{device.key} {idle} not found"] = f"{subject}: {idle}: NVML_ERROR_NOT_FOUND"
+            return None
 
-    rates = attempt(lambda: device.call("nvmlDeviceGetUtilizationRates"))
-    if rates in (None, UNSUPPORTED):
-        gpu_busy = mem_busy = rates
-    else:
-        gpu_busy, mem_busy = clamp_percent(rates.gpu), clamp_percent(rates.memory)
-    memory = attempt(lambda: device.call("nvmlDeviceGetMemoryInfo"))
-    if memory is None:
-        total = used = None
-    elif memory is UNSUPPORTED:
-        total = used = 0
-    else:
-        total, used = int(memory.total) // 1024, int(memory.used) // 1024
+    return attempt
+
+
+def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+    """Everything about one device in this poll (runs in the worker thread)."""
+    attempt = _attempter(device, problems)
+    gpu_busy, mem_busy = read_rates(device, attempt)
+    total, used = read_memory(device, attempt)
     processes = attempt(lambda: _read_processes(device, attempt), unsupported=())
     return DeviceSample(
         key=device.key,
@@ -197,13 +234,36 @@ def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
     )
 
 
+def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+    """The GPU and memory busy percentages of one device in this poll.
+
+    A MIG instance has none: NVML reports no utilization under MIG.
+    """
+    if device.mig_instance:
+        return UNSUPPORTED, UNSUPPORTED
+    rates = attempt(lambda: device.call("nvmlDeviceGetUtilizationRates"))
+    if rates is None or rates is UNSUPPORTED:
+        return rates, rates
+    return clamp_percent(rates.gpu), clamp_percent(rates.memory)
+
+
+def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+    """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed)."""
+    memory = attempt(lambda: device.call("nvmlDeviceGetMemoryInfo"))
+    if memory is None:
+        return None, None
+    if memory is UNSUPPORTED:
+        return 0, 0
+    return int(memory.total) // 1024, int(memory.used) // 1024
+
+
 def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[ProcessSample, ...] | None:
     found: dict[int, tuple[str, int]] = {}
     for kind, function in (
         ("C", "nvmlDeviceGetComputeRunningProcesses"),
         ("G", "nvmlDeviceGetGraphicsRunningProcesses"),
     ):
-        listed = attempt(lambda: device.call(function), unsupported=())
+        listed = attempt(lambda function=function: device.call(function), unsupported=())
         if listed is None:
             return None  # a partial list would make processes seem to end
         for proc in listed:
@@ -217,7 +277,8 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
                 found[int(proc.pid)] = (merged, max(seen[1], memory_kib))
     if not found:
         return ()
-    busy = attempt(lambda: _process_busy(device))
+    # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
+    busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device))
     result = []
     for pid, (kind, memory_kib) in found.items():
         if busy is None or busy is UNSUPPORTED:
@@ -266,13 +327,232 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
     return busy
 
 
+# -- MIG --
+
+
+def read_card(card: NvmlDevice, mig: str, problems: dict[str, str]) -> list[DeviceSample]:
+    """A card's devices in this poll: the card, or its MIG instances (or their sum).
+
+    A lost card raises `DeviceLost`; a MIG instance that fails does not touch
+    the card or the other instances.
+    """
+    if not _mig_enabled(card, mig, problems):
+        return [read_device(card, problems)]
+    instances, complete = _enumerate(card, problems)
+    if not instances and complete:
+        problems[f"{card.key} mig-empty"] = (
+            f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
+        )
+        total, used = read_memory(card, _attempter(card, problems))
+        return [_card_sample(card, total, used, ())]
+    samples = [_read_instance(instance, problems) for instance in instances]
+    if not complete:
+        # an instance that could not be looked at now is not gone: it counts nothing this poll
+        seen = {instance.key for instance in instances}
+        samples += [_unread(i) for key, i in card.mig.instances.items() if key not in seen]
+        if not samples:
+            return [_card_sample(card, None, None, None)] if mig == "card" else []
+    if mig == "card":
+        return [_card_total(card, samples)]
+    return samples
+
+
+def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
+    """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
+    try:
+        enabled = int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
+    except Unsupported:
+        enabled = False
+    except Idle:
+        return card.mig.enabled
+    except (DeviceLost, Reinitialise):
+        raise
+    except Failed as failure:
+        problems[f"{card.key} {failure.cause}"] = f"GPU {card.busid}: {failure.cause}"
+        return card.mig.enabled
+    if enabled != card.mig.enabled:
+        card.mig = MigState(enabled=enabled)
+        # what a card supports depends on its mode
+        card.unsupported.clear()
+        shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
+        log.info(
+            "nvml: GPU {busid} is {state}",
+            busid=card.busid,
+            state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
+        )
+    return enabled
+
+
+def _enumerate(card: NvmlDevice, problems: dict[str, str]) -> tuple[list[NvmlDevice], bool]:
+    """The card's MIG instances now, in slot order, and whether the list is complete.
+
+    Slots are sparse: NOT_FOUND or INVALID_ARGUMENT means nothing is there (or it
+    was destroyed while being looked at).  Any other failure leaves the list
+    incomplete, so that no instance is taken for gone on a passing error.
+    """
+    state = card.mig
+    if state.slots is None:
+        slots = _attempter(card, problems)(lambda: card.call("nvmlDeviceGetMaxMigDeviceCount"), 0)
+        if slots is None:
+            return [], False
+        state.slots = int(slots)
+    found: dict[str, NvmlDevice] = {}
+    complete = True
+    for slot in range(state.slots):
+        try:
+            handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
+        except (Idle, Unsupported):
+            continue
+        except (DeviceLost, Reinitialise):
+            raise
+        except Failed as failure:
+            complete &= _empty_slot(card, slot, failure, problems)
+            continue
+        try:
+            instance = _identify(card, handle)
+        except Idle:
+            continue
+        except Unsupported as unsupported:
+            # a driver that cannot say which instance this is: said once, not guessed
+            problems[f"{card.key} mig identity"] = (
+                f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported"
+            )
+            continue
+        except Reinitialise:
+            raise
+        except Failed as failure:
+            complete &= _empty_slot(card, slot, failure, problems)
+            continue
+        found.setdefault(instance.key, instance)
+    _note_changes(card, found, complete)
+    return list(found.values()), complete
+
+
+def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: dict[str, str]) -> bool:
+    """Whether a failure at a slot means "nothing there" (else it is a problem)."""
+    if failure.value == INVALID_ARGUMENT:
+        return True
+    problems[f"{card.key} mig slot {slot} {failure.cause}"] = (
+        f"GPU {card.busid}: MIG device {slot}: {failure.cause}"
+    )
+    return False
+
+
+def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
+    """The instance behind a fresh MIG handle: one already known by its ids, or a new one.
+
+    Handles of destroyed instances become invalid and may be reused, so the ids
+    and the profile are read again at every poll.
+    """
+    probe = NvmlDevice(card.nvml, handle, card.key, card.busid, card.name, mig_instance=True)
+    gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
+    compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
+    profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
+    key = mig_key(card.key, gpu_instance, compute_instance)
+    instance = card.mig.instances.get(key)
+    if instance is None or instance.name != profile:
+        busid = mig_busid(card.busid, gpu_instance, compute_instance)
+        instance = NvmlDevice(card.nvml, handle, key, busid, profile, mig_instance=True)
+        instance.task_support = _probe_support(instance)
+    instance.handle = handle
+    return instance
+
+
+def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
+    known = card.mig.instances
+    for key, instance in found.items():
+        if key not in known:
+            log.info(
+                "nvml: GPU {card}: MIG instance {busid} ({profile}) is there",
+                card=card.busid,
+                busid=instance.busid,
+                profile=instance.name,
+            )
+    if not complete:
+        known.update(found)
+        return
+    for key, instance in known.items():
+        if key not in found:
+            log.info("nvml: GPU {card}: MIG instance {busid} is gone", card=card.busid, busid=instance.busid)
+    card.mig.instances = dict(found)
+
+
+def _read_instance(instance: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+    try:
+        return read_device(instance, problems)
+    except DeviceLost as failure:
+        problems[f"{instance.key} lost"] = f"MIG instance {instance.busid}: {failure.cause}"
+        return _absent(_placeholder(instance))
+
+
+def _unread(instance: NvmlDevice) -> DeviceSample:
+    """An instance that is there but could not be read in this poll."""
+    return DeviceSample(
+        instance.key, instance.busid, instance.name, instance.task_support,
+        memory_total_kib=None, memory_used_kib=None, processes=None,
+    )
+
+
+def _card_sample(
+    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None
+) -> DeviceSample:
+    """A card in MIG mode as one device: no utilization of its own."""
+    return DeviceSample(
+        card.key, card.busid, card.name, card.task_support,
+        gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
+        memory_total_kib=total, memory_used_kib=used, processes=processes,
+    )
+
+
+def _card_total(card: NvmlDevice, parts: list[DeviceSample]) -> DeviceSample:
+    """``--mig card``: the card's instances summed; a lost instance no longer counts."""
+    parts = [part for part in parts if part.present]
+    lists = [part.processes for part in parts]
+    processes = None if any(listed is None for listed in lists) else _sum_processes(lists)
+    return _card_sample(
+        card,
+        _sum([part.memory_total_kib for part in parts]),
+        _sum([part.memory_used_kib for part in parts]),
+        processes,
+    )
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if None in values else sum(values)  # type: ignore[arg-type]
+
+
+def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
+    """One entry per pid; a pid on two instances holds memory on both."""
+    merged: dict[int, ProcessSample] = {}
+    for listed in lists:
+        for proc in listed:
+            seen = merged.get(proc.pid)
+            if seen is None:
+                merged[proc.pid] = proc
+                continue
+            merged[proc.pid] = ProcessSample(
+                proc.pid,
+                seen.kind if seen.kind == proc.kind else "C+G",
+                _sum([seen.memory_kib, proc.memory_kib]),
+                seen.gpu_busy,
+                seen.mem_busy,
+            )
+    return tuple(merged.values())
+
+
 @implementer(IReader)
 class NvmlReader:
-    """Reads every GPU through an NVML binding (`pynvml` or the simulator)."""
+    """Reads every GPU through an NVML binding (`pynvml` or the simulator).
+
+    `mig` is how a card in MIG mode is shown: ``"instances"`` (each MIG instance
+    a device) or ``"card"`` (one device holding its instances' memory and processes).
+    """
 
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances") -> None:
+        if mig not in MIG_MODES:
+            raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
@@ -364,20 +644,22 @@ class NvmlReader:
                 problems["init"] = f"cannot set up NVML ({_describe_init_failure(error)})"
                 return self._absent(), problems
         samples = []
-        for device in self._devices:
+        for card in self._devices:
             try:
-                sample = read_device(device, problems)
+                found = read_card(card, self.mig, problems)
             except Reinitialise as failure:
                 problems["init"] = f"{failure.cause}; setting NVML up again"
                 self._shutdown()
                 self._schedule_retry(now)
                 return self._absent(), problems
             except DeviceLost as failure:
-                problems[f"{device.key} lost"] = f"GPU {device.busid}: {failure.cause}"
-                sample = self._known.get(device.key) or _placeholder(device)
-                sample = _absent(sample)
-            self._known[device.key] = sample
-            samples.append(sample)
+                problems[f"{card.key} lost"] = f"GPU {card.busid}: {failure.cause}"
+                if card.mig.enabled and card.mig.instances and self.mig == "instances":
+                    continue  # its instances are shown absent, as vanished ones are
+                found = [_absent(self._known.get(card.key) or _placeholder(card))]
+            for sample in found:
+                self._known[sample.key] = sample
+            samples.extend(found)
         return self._with_vanished(samples), problems
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:

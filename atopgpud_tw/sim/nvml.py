@@ -10,6 +10,14 @@ Behaviour follows the driver where it matters for a poller: NOT_SUPPORTED for
 utilization on MIG cards and for null percentages, NOT_FOUND from the process
 utilization call when nothing ran since the timestamp, timestamps in
 microseconds, `usedGpuMemory` in bytes, names as str, bus ids as bytes.
+
+MIG (NVML-FACTS.md section 5): a GPU with a ``mig`` list is in MIG mode.  Its
+instances sit in sparse slots (NOT_FOUND for an empty one), each MIG handle has
+its own name (``<card> MIG <profile>``), UUID, ids, memory and process lists;
+device and process utilization are NOT_SUPPORTED on the card and on its
+instances.  An instance exists from its ``start`` to its ``stop``; a handle of
+an instance that no longer exists fails with INVALID_ARGUMENT, as a handle of a
+destroyed instance does.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from atopgpud_tw.sim.scenario import (
 )
 
 NVML_SUCCESS = 0
-_ERROR_TEXT = {value: name[len("NVML_ERROR_"):].replace("_", " ").title() for name, value in NVML_ERRORS.items()}
+_ERROR_TEXT = {
+    value: name[len("NVML_ERROR_"):].replace("_", " ").title() for name, value in NVML_ERRORS.items()
+}
 NO_INSTANCE = 0xFFFFFFFF
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_MEMORY_UTILIZATION_SAMPLES = 2
@@ -43,10 +53,10 @@ NVML_DEVICE_MIG_ENABLE = 1
 class NVMLError(Exception):
     """An NVML error code, mapped to a subclass per code as pynvml does."""
 
-    _by_value: dict[int, type["NVMLError"]] = {}
+    _by_value: dict[int, type[NVMLError]] = {}
     value: int
 
-    def __new__(cls, value: int) -> "NVMLError":
+    def __new__(cls, value: int) -> NVMLError:
         if cls is NVMLError:
             cls = NVMLError._by_value.get(value, cls)
         error = Exception.__new__(cls)
@@ -166,8 +176,10 @@ class SimulatedNvml:
             time.sleep(delay / 1000.0)
         now = self.now()
         faults: tuple[Fault, ...] = self.scenario.faults
-        if handle is not None:
+        if isinstance(handle, Handle) and 0 <= handle.gpu < len(self.scenario.gpus):
             faults = faults + self.scenario.gpus[handle.gpu].faults
+            if handle.instance is not None:
+                faults = faults + handle.instance.faults
         for fault in faults:
             if fault.call == call and fault.active(now):
                 _raise_fault(fault.error)
@@ -190,7 +202,14 @@ class SimulatedNvml:
         return self.scenario.gpus[handle.gpu]
 
     def _instances(self, gpu: GpuSpec, now: float) -> list[MigSpec]:
-        return [m for m in gpu.mig or () if m.alive(now)]
+        """The instances that exist now, in slot order."""
+        return sorted((m for m in gpu.mig or () if m.alive(now)), key=lambda m: m.slot)
+
+    def _slots(self, gpu: GpuSpec) -> int:
+        """nvmlDeviceGetMaxMigDeviceCount: 7 on today's cards, more if the scenario needs them."""
+        if gpu.mig is None:
+            return 0
+        return max([7] + [m.slot + 1 for m in gpu.mig])
 
     def _check_instance(self, handle: Handle, now: float) -> None:
         if handle.instance is not None and not handle.instance.alive(now):
@@ -218,11 +237,10 @@ class SimulatedNvml:
         return len(self.scenario.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
-        self._enter("nvmlDeviceGetHandleByIndex")
-        if not 0 <= index < len(self.scenario.gpus):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
         handle = Handle(index)
         self._enter("nvmlDeviceGetHandleByIndex", handle)
+        if not 0 <= index < len(self.scenario.gpus):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
         return handle
 
     # -- identity --
@@ -255,23 +273,25 @@ class SimulatedNvml:
     def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", device)
         gpu = self._gpu(device)
-        if gpu.mig is None:
+        if not gpu.mig_capable or device.instance is not None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        return [NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE]
+        mode = NVML_DEVICE_MIG_DISABLE if gpu.mig is None else NVML_DEVICE_MIG_ENABLE
+        return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
         self._enter("nvmlDeviceGetMaxMigDeviceCount", device)
-        return 7 if self._gpu(device).mig is not None else 0
+        gpu = self._gpu(device)
+        return 0 if device.instance is not None else self._slots(gpu)
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
         now = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
         gpu = self._gpu(device)
-        if gpu.mig is None or not 0 <= index < 7:
+        if device.instance is not None or not 0 <= index < self._slots(gpu):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
-        instances = self._instances(gpu, now)
-        if index >= len(instances):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
-        return Handle(device.gpu, instances[index])
+        for instance in self._instances(gpu, now):
+            if instance.slot == index:
+                return Handle(device.gpu, instance)
+        raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
 
     def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> ctypes.c_uint:
         self._enter("nvmlDeviceIsMigDeviceHandle", device)
@@ -300,8 +320,9 @@ class SimulatedNvml:
     # -- readings --
 
     def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> c_nvmlUtilization_t:
-        self._enter("nvmlDeviceGetUtilizationRates", handle)
+        now = self._enter("nvmlDeviceGetUtilizationRates", handle)
         gpu = self._gpu(handle)
+        self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         return c_nvmlUtilization_t(
@@ -319,22 +340,24 @@ class SimulatedNvml:
             parts = self._instances(gpu, now)
         else:
             parts = [gpu]
-        if gpu.mig is not None and handle.instance is None and not parts:
-            total, used = gpu.memory_total_mib, 0
-        else:
-            total = sum(p.memory_total_mib for p in parts)
-            used = sum(self._next((handle.gpu, id(p), "memory"), p.memory_used_mib) for p in parts)
+        used = sum(self._next((handle.gpu, _part(p), "memory"), p.memory_used_mib) for p in parts)
+        # the card itself always has all its memory; its use is what its instances use
+        total = gpu.memory_total_mib if handle.instance is None else handle.instance.memory_total_mib
         total_b, used_b = int(total * 1048576), int(used * 1048576)
         return c_nvmlMemory_t(total=total_b, used=used_b, free=max(0, total_b - used_b))
 
-    def _running(self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool) -> list[nvmlFriendlyObject]:
+    def _running(
+        self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool
+    ) -> list[nvmlFriendlyObject]:
         now = self._enter(call, handle)
         gpu = self._gpu(handle)
         if not listed:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         if handle.instance is not None:
             self._check_instance(handle, now)
-            owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [(handle.instance, handle.instance.processes)]
+            owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [
+                (handle.instance, handle.instance.processes)
+            ]
         elif gpu.mig is not None:
             owners = [(m, m.processes) for m in self._instances(gpu, now)]
         else:
@@ -343,7 +366,7 @@ class SimulatedNvml:
         for owner, processes in owners:
             for proc in processes:
                 if proc.type in kinds and proc.alive(now):
-                    memory = self._next((handle.gpu, proc.pid, call), proc.memory_mib)
+                    memory = self._next((handle.gpu, _part(owner), proc.pid, call), proc.memory_mib)
                     out.append(
                         nvmlFriendlyObject(
                             pid=proc.pid,
@@ -362,9 +385,12 @@ class SimulatedNvml:
         gpu = self._gpu(handle)
         return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), gpu.graphics_list)
 
-    def nvmlDeviceGetProcessUtilization(self, handle: Handle, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Handle, timeStamp: int
+    ) -> list[c_nvmlProcessUtilizationSample_t]:
         now = self._enter("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
+        self._check_instance(handle, now)
         if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         stamp = self._stamp_us()
@@ -383,6 +409,13 @@ class SimulatedNvml:
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return out
+
+
+def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:
+    """Which part of a card a cycled value belongs to: an instance's ids, or the card."""
+    if isinstance(part, MigSpec):
+        return (part.gpu_instance, part.compute_instance)
+    return None
 
 
 def _raise_fault(error: str) -> None:

@@ -4,7 +4,9 @@ Times are seconds since the simulator started.  Wherever a number is expected, a
 list of numbers may stand instead: it is cycled, one entry per sample (per call of
 the NVML function that reports it).  ``null`` for a percentage means "not
 supported".  The format is documented in docs/simulator.md; `load_scenario`
-checks every field and raises `ScenarioError` with a one-line message.
+checks every field and raises `ScenarioError` with a one-line message naming it.
+A key the format does not know is an error (a misspelt field would otherwise be
+ignored silently); keys starting with ``_`` are comments.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class ProcessSpec:
 
 @dataclass(frozen=True)
 class MigSpec:
+    """One MIG instance; it exists from `start` until `stop` (a carving change)."""
+
     profile: str
     memory_total_mib: Number
     memory_used_mib: Cycled = 0
@@ -77,6 +81,10 @@ class MigSpec:
     processes: tuple[ProcessSpec, ...] = ()
     start: float = 0.0
     stop: float | None = None
+    #: the index nvmlDeviceGetMigDeviceHandleByIndex finds it at
+    slot: int = 0
+    #: faults of calls made with this instance's handle
+    faults: tuple[Fault, ...] = ()
 
     def alive(self, now: float) -> bool:
         return self.start <= now and (self.stop is None or now < self.stop)
@@ -96,6 +104,8 @@ class GpuSpec:
     faults: tuple[Fault, ...] = ()
     compute_list: bool = True
     graphics_list: bool = True
+    #: nvmlDeviceGetMigMode works (MIG enabled when `mig` is a list, else disabled)
+    mig_capable: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,13 +143,13 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(data: Any) -> Scenario:
     """Check a decoded scenario and build it."""
-    top = _object(data, "the scenario")
+    top = _object(data, "the scenario", _TOP_FIELDS)
     gpus = tuple(
         _gpu(g, f"gpus[{i}]", i) for i, g in enumerate(_list(top.get("gpus", []), "gpus"))
     )
     busids = [g.busid for g in gpus]
     if len(set(busids)) != len(busids):
-        raise ScenarioError("two GPUs have the same busid")
+        raise ScenarioError("gpus: two GPUs have the same busid")
     repeat = top.get("repeat")
     return Scenario(
         gpus=gpus,
@@ -149,9 +159,27 @@ def parse_scenario(data: Any) -> Scenario:
     )
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+_TOP_FIELDS = {"gpus", "call_delay_ms", "faults", "repeat"}
+_GPU_FIELDS = {
+    "name", "busid", "uuid", "memory_total_mib", "memory_used_mib", "gpu_util", "mem_util",
+    "processes", "mig", "mig_capable", "faults", "compute_list", "graphics_list",
+}
+_PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop"}
+_MIG_FIELDS = {
+    "profile", "memory_total_mib", "memory_used_mib", "gpu_instance", "compute_instance",
+    "processes", "start", "stop", "slot", "faults",
+}
+_FAULT_FIELDS = {"call", "error", "from", "until"}
+
+
+def _object(value: Any, where: str, fields: set[str]) -> dict[str, Any]:
+    """A JSON object whose keys are all known; keys starting with ``_`` are comments."""
     if not isinstance(value, dict):
         raise ScenarioError(f"{where} must be an object")
+    for key in value:
+        if key not in fields and not str(key).startswith("_"):
+            prefix = "" if where == "the scenario" else f"{where}."
+            raise ScenarioError(f"{prefix}{key} is not a known field")
     return value
 
 
@@ -166,6 +194,18 @@ def _number(value: Any, where: str, minimum: float | None = None) -> float:
         raise ScenarioError(f"{where} must be a number")
     if minimum is not None and value < minimum:
         raise ScenarioError(f"{where} must be at least {minimum}")
+    return value
+
+
+def _integer(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ScenarioError(f"{where} must be an integer, 0 or more")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where} must be true or false")
     return value
 
 
@@ -189,27 +229,41 @@ def _time(spec: dict[str, Any], key: str, where: str) -> float | None:
     return None if value is None else _number(value, f"{where}.{key}", minimum=0)
 
 
+def _span(spec: dict[str, Any], where: str) -> tuple[float, float | None]:
+    start = _time(spec, "start", where) or 0.0
+    stop = _time(spec, "stop", where)
+    if stop is not None and stop <= start:
+        raise ScenarioError(f"{where}.stop must come after its start")
+    return start, stop
+
+
 def _process(spec: Any, where: str) -> ProcessSpec:
-    spec = _object(spec, where)
+    spec = _object(spec, where, _PROCESS_FIELDS)
     pid = spec.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         raise ScenarioError(f"{where}.pid must be a positive integer")
     kind = spec.get("type", "C")
     if kind not in PROCESS_TYPES:
         raise ScenarioError(f"{where}.type must be one of C, G, C+G")
+    start, stop = _span(spec, where)
     return ProcessSpec(
         pid=pid,
         type=kind,
         memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib"),
         sm_util=_cycled(spec.get("sm_util", 0), f"{where}.sm_util", nullable=True, percent=True),
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
-        start=_time(spec, "start", where) or 0.0,
-        stop=_time(spec, "stop", where),
+        start=start,
+        stop=stop,
     )
 
 
+def _processes(spec: dict[str, Any], where: str) -> tuple[ProcessSpec, ...]:
+    listed = _list(spec.get("processes", []), f"{where}.processes")
+    return tuple(_process(p, f"{where}.processes[{i}]") for i, p in enumerate(listed))
+
+
 def _fault(spec: Any, where: str) -> Fault:
-    spec = _object(spec, where)
+    spec = _object(spec, where, _FAULT_FIELDS)
     call = spec.get("call")
     if not isinstance(call, str) or not call.startswith("nvml"):
         raise ScenarioError(f"{where}.call must name an NVML function")
@@ -219,54 +273,81 @@ def _fault(spec: Any, where: str) -> Fault:
     return Fault(call, error, _time(spec, "from", where) or 0.0, _time(spec, "until", where))
 
 
+def _faults(spec: dict[str, Any], where: str) -> tuple[Fault, ...]:
+    listed = _list(spec.get("faults", []), f"{where}.faults")
+    return tuple(_fault(f, f"{where}.faults[{i}]") for i, f in enumerate(listed))
+
+
 def _mig(spec: Any, where: str, index: int) -> MigSpec:
-    spec = _object(spec, where)
+    spec = _object(spec, where, _MIG_FIELDS)
     profile = spec.get("profile")
     if not isinstance(profile, str) or not profile or " " in profile:
         raise ScenarioError(f"{where}.profile must be a name such as 3g.40gb")
+    start, stop = _span(spec, where)
     return MigSpec(
         profile=profile,
         memory_total_mib=_number(spec.get("memory_total_mib", 0), f"{where}.memory_total_mib", 0),
         memory_used_mib=_cycled(spec.get("memory_used_mib", 0), f"{where}.memory_used_mib"),
-        gpu_instance=int(_number(spec.get("gpu_instance", index + 1), f"{where}.gpu_instance", 0)),
-        compute_instance=int(_number(spec.get("compute_instance", 0), f"{where}.compute_instance", 0)),
-        processes=tuple(
-            _process(p, f"{where}.processes[{i}]")
-            for i, p in enumerate(_list(spec.get("processes", []), f"{where}.processes"))
-        ),
-        start=_time(spec, "start", where) or 0.0,
-        stop=_time(spec, "stop", where),
+        gpu_instance=_integer(spec.get("gpu_instance", index + 1), f"{where}.gpu_instance"),
+        compute_instance=_integer(spec.get("compute_instance", 0), f"{where}.compute_instance"),
+        processes=_processes(spec, where),
+        start=start,
+        stop=stop,
+        slot=_integer(spec.get("slot", index), f"{where}.slot"),
+        faults=_faults(spec, where),
     )
 
 
+def _overlap(a: MigSpec, b: MigSpec) -> bool:
+    """Whether two instances exist at the same time."""
+    return (b.stop is None or a.start < b.stop) and (a.stop is None or b.start < a.stop)
+
+
+def _check_carving(instances: tuple[MigSpec, ...], where: str) -> None:
+    """Ids and slots may be reused by a later carving, never by two instances at once."""
+    for i, first in enumerate(instances):
+        for j in range(i + 1, len(instances)):
+            second = instances[j]
+            if not _overlap(first, second):
+                continue
+            if (first.gpu_instance, first.compute_instance) == (second.gpu_instance, second.compute_instance):
+                raise ScenarioError(
+                    f"{where}[{j}]: gpu_instance/compute_instance {second.gpu_instance}/"
+                    f"{second.compute_instance} is in use by mig[{i}] at the same time"
+                )
+            if first.slot == second.slot:
+                raise ScenarioError(f"{where}[{j}].slot {second.slot} is in use by mig[{i}] at the same time")
+
+
 def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
-    spec = _object(spec, where)
+    spec = _object(spec, where, _GPU_FIELDS)
     busid = spec.get("busid", f"00000000:{0x17 + index:02X}:00.0")
     name = spec.get("name", "NVIDIA Simulated GPU")
-    for key, value in (("busid", busid), ("name", name)):
+    uuid = spec.get("uuid", f"GPU-5111a7ed-0000-4000-8000-{index:012d}")
+    for key, value in (("busid", busid), ("name", name), ("uuid", uuid)):
         if not isinstance(value, str) or not value:
             raise ScenarioError(f"{where}.{key} must be a non-empty string")
     mig = spec.get("mig")
     instances = None
     if mig is not None:
-        instances = tuple(_mig(m, f"{where}.mig[{i}]", i) for i, m in enumerate(_list(mig, f"{where}.mig")))
-        ids = [(m.gpu_instance, m.compute_instance) for m in instances]
-        if len(set(ids)) != len(ids):
-            raise ScenarioError(f"{where}.mig: two instances have the same gpu/compute instance ids")
+        listed = _list(mig, f"{where}.mig")
+        instances = tuple(_mig(m, f"{where}.mig[{i}]", i) for i, m in enumerate(listed))
+        _check_carving(instances, f"{where}.mig")
+    capable = _flag(spec.get("mig_capable", instances is not None), f"{where}.mig_capable")
+    if instances is not None and not capable:
+        raise ScenarioError(f"{where}.mig_capable cannot be false on a GPU with a mig list")
     return GpuSpec(
         name=name,
         busid=busid,
-        uuid=spec.get("uuid", f"GPU-5111a7ed-0000-4000-8000-{index:012d}"),
+        uuid=uuid,
         memory_total_mib=_number(spec.get("memory_total_mib", 16384), f"{where}.memory_total_mib", 0),
         memory_used_mib=_cycled(spec.get("memory_used_mib", 0), f"{where}.memory_used_mib"),
         gpu_util=_cycled(spec.get("gpu_util", 0), f"{where}.gpu_util", nullable=True, percent=True),
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
-        processes=tuple(
-            _process(p, f"{where}.processes[{i}]")
-            for i, p in enumerate(_list(spec.get("processes", []), f"{where}.processes"))
-        ),
+        processes=_processes(spec, where),
         mig=instances,
-        faults=tuple(_fault(f, f"{where}.faults[{i}]") for i, f in enumerate(_list(spec.get("faults", []), f"{where}.faults"))),
-        compute_list=bool(spec.get("compute_list", True)),
-        graphics_list=bool(spec.get("graphics_list", True)),
+        faults=_faults(spec, where),
+        compute_list=_flag(spec.get("compute_list", True), f"{where}.compute_list"),
+        graphics_list=_flag(spec.get("graphics_list", True), f"{where}.graphics_list"),
+        mig_capable=capable,
     )

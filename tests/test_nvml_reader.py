@@ -1,0 +1,231 @@
+"""The NVML reader over the simulator, driven synchronously with `reader.read(now)`.
+
+The simulator runs on an injected clock (``t[0]``), so every poll sees the
+scenario at a known time; no thread or reactor is involved.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from atopgpud_tw import codec
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.snapshot import UNSUPPORTED, Snapshot
+
+
+class CountingNvml:
+    """An NVML binding that counts the calls made to each function (and can rewrite results)."""
+
+    def __init__(self, nvml: Any, rewrite: dict[str, Any] | None = None) -> None:
+        self._nvml = nvml
+        self._rewrite = rewrite or {}
+        self.calls: Counter[str] = Counter()
+        self.args: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if not (name.startswith("nvml") and callable(value)):
+            return value
+        rewrite = self._rewrite.get(name)
+
+        def counted(*args: Any) -> Any:
+            self.calls[name] += 1
+            self.args.append((name, args))
+            result = value(*args)
+            return rewrite(result, *args) if rewrite else result
+
+        return counted
+
+
+def make_reader(
+    scenario: dict, clock: list[float], mig: str = "instances", rewrite: dict[str, Any] | None = None
+) -> tuple[NvmlReader, CountingNvml]:
+    """An opened reader on a simulated host whose time is ``clock[0]``."""
+    nvml = CountingNvml(SimulatedNvml(parse_scenario(scenario), clock=lambda: clock[0]), rewrite)
+    reader = NvmlReader(nvml, reactor=None, mig=mig)
+    reader.open()
+    return reader, nvml
+
+
+def poll(reader: NvmlReader, clock: list[float], now: float) -> tuple[Snapshot, dict[str, str]]:
+    """Move the simulated time to `now` and read once."""
+    clock[0] = now
+    return reader.read(now)
+
+
+def gpu(**fields: Any) -> dict:
+    """A plain card with one compute process; each test changes what it needs."""
+    spec = {
+        "name": "NVIDIA A10",
+        "busid": "00000000:65:00.0",
+        "memory_total_mib": 24000,
+        "memory_used_mib": 1000,
+        "gpu_util": 40,
+        "mem_util": 10,
+        "processes": [{"pid": 300, "memory_mib": 100, "sm_util": 20, "mem_util": 4}],
+    }
+    spec.update(fields)
+    return spec
+
+
+def test_whole_card_is_read_as_one_device():
+    """A card out of MIG mode: its bus id, name, UUID key, rates, memory in KiB and processes."""
+    clock = [0.0]
+    reader, _ = make_reader({"gpus": [gpu(uuid="GPU-aaaa")]}, clock)
+    snapshot, problems = poll(reader, clock, 0.0)
+    (device,) = snapshot.devices
+    assert problems == {}
+    assert (device.key, device.busid, device.name) == ("GPU-aaaa", "00000000:65:00.0", "NVIDIA A10")
+    assert (device.gpu_busy, device.mem_busy) == (40, 10)
+    assert (device.memory_total_kib, device.memory_used_kib) == (24000 * 1024, 1000 * 1024)
+    ((pid, kind, memory, busy),) = [(p.pid, p.kind, p.memory_kib, p.gpu_busy) for p in device.processes]
+    assert (pid, kind, memory, busy) == (300, "C", 100 * 1024, 20)
+
+
+def test_compute_and_graphics_lists_merge_by_pid():
+    """A pid in both process lists is one process of kind C+G, counted once per poll."""
+    clock = [0.0]
+    processes = [
+        {"pid": 5, "type": "C+G", "memory_mib": 64, "sm_util": 10},
+        {"pid": 6, "type": "G", "memory_mib": 32, "sm_util": 10},
+    ]
+    reader, _ = make_reader({"gpus": [gpu(processes=processes)]}, clock)
+    counters = Counters()
+    for second in range(3):
+        snapshot, _ = poll(reader, clock, float(second))
+        counters.fold(snapshot)
+    assert sorted((p.pid, p.kind) for p in snapshot.devices[0].processes) == [(5, "C+G"), (6, "G")]
+    totals = counters.devices[0].processes[5]
+    assert (totals.samples, totals.memory_cum_kib) == (3, 3 * 64 * 1024)
+
+
+def test_not_supported_is_remembered_and_not_asked_again():
+    """NOT_SUPPORTED utilization is -1 for ever, and the call is made once, not every poll."""
+    clock = [0.0]
+    reader, nvml = make_reader({"gpus": [gpu(gpu_util=None)]}, clock)
+    for second in range(4):
+        snapshot, problems = poll(reader, clock, float(second))
+    (device,) = snapshot.devices
+    assert (device.gpu_busy, device.mem_busy) == (UNSUPPORTED, UNSUPPORTED)
+    assert problems == {}
+    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 1
+    # not MIG capable: asked once as well
+    assert nvml.calls["nvmlDeviceGetMigMode"] == 1
+
+
+class SkewedNvml(SimulatedNvml):
+    """GPU 0's process-utilization stamps run 10 s ahead of GPU 1's (its own clock)."""
+
+    SKEW = 10_000_000
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> Any:
+        skew = self.SKEW if handle.gpu == 0 else 0
+        samples = super().nvmlDeviceGetProcessUtilization(handle, max(0, timeStamp - skew))
+        for sample in samples:
+            sample.timeStamp += skew
+        return samples
+
+
+def test_process_busy_uses_a_last_seen_timestamp_per_gpu():
+    """Each GPU asks for samples newer than its own last stamp, so no GPU's samples are skipped."""
+    clock = [0.0]
+    scenario = parse_scenario({"gpus": [gpu(), gpu(busid="00000000:66:00.0")]})
+    nvml = CountingNvml(SkewedNvml(scenario, clock=lambda: clock[0]))
+    reader = NvmlReader(nvml, reactor=None)
+    reader.open()
+    busy = []
+    for second in range(3):
+        snapshot, _ = poll(reader, clock, float(second))
+        busy.append([d.processes[0].gpu_busy for d in snapshot.devices])
+    asked = [(args[0].gpu, args[1]) for name, args in nvml.args if name == "nvmlDeviceGetProcessUtilization"]
+    assert [g for g, _ in asked] == [0, 1, 0, 1, 0, 1]
+    assert (asked[0][1], asked[1][1]) == (0, 0)
+    # from the second poll on, each GPU passes back its own newest stamp
+    later = zip(asked[2::2], asked[3::2])
+    assert all(since0 - since1 == SkewedNvml.SKEW for (_, since0), (_, since1) in later)
+    assert busy == [[20, 20]] * 3
+
+
+def test_not_found_process_utilization_means_idle():
+    """NOT_FOUND from process utilization is 0 % busy, not a failure: the process counts."""
+    clock = [0.0]
+    processes = [{"pid": 7, "memory_mib": 10, "sm_util": 0, "mem_util": 0}]
+    reader, nvml = make_reader({"gpus": [gpu(processes=processes)]}, clock)
+    counters = Counters()
+    for second in range(3):
+        snapshot, problems = poll(reader, clock, float(second))
+        counters.fold(snapshot)
+        assert problems == {}
+    (proc,) = snapshot.devices[0].processes
+    assert (proc.gpu_busy, proc.mem_busy) == (0, 0)
+    totals = counters.devices[0].processes[7]
+    assert (totals.samples, totals.gpu_busy_cum) == (3, 0)
+    assert nvml.calls["nvmlDeviceGetProcessUtilization"] == 3
+
+
+def test_names_are_str_whether_the_binding_gives_bytes_or_str():
+    """Names and bus ids come out as str from bytes (old bindings) and from str."""
+    clock = [0.0]
+    as_bytes = {
+        "nvmlDeviceGetName": lambda name, handle: name.encode() + b"\0",
+        "nvmlDeviceGetUUID": lambda uuid, handle: uuid.encode(),
+    }
+    as_str = {"nvmlDeviceGetPciInfo": lambda info, handle: type(info)(busId=info.busId.decode())}
+    seen = []
+    for rewrite in (as_bytes, as_str):
+        reader, _ = make_reader({"gpus": [gpu(uuid="GPU-bbbb")]}, clock, rewrite=rewrite)
+        snapshot, _ = poll(reader, clock, 0.0)
+        (device,) = snapshot.devices
+        seen.append((device.key, device.busid, device.name))
+    assert seen == [("GPU-bbbb", "00000000:65:00.0", "NVIDIA A10")] * 2
+    assert all(isinstance(field, str) for row in seen for field in row)
+
+
+def test_task_support_digit_follows_the_process_lists():
+    """T's task-support digit: 1 compute, 2 graphics, 3 both, 0 neither."""
+    clock = [0.0]
+    cards = [
+        gpu(busid="00000000:01:00.0"),
+        gpu(busid="00000000:02:00.0", graphics_list=False),
+        gpu(busid="00000000:03:00.0", compute_list=False),
+        gpu(busid="00000000:04:00.0", compute_list=False, graphics_list=False),
+    ]
+    reader, _ = make_reader({"gpus": cards}, clock)
+    counters = Counters()
+    counters.fold(poll(reader, clock, 0.0)[0])
+    types = codec.parse_types(codec.render_types(counters.devices))
+    assert [t.task_support for t in types] == [3, 1, 2, 0]
+
+
+def test_a_failed_read_is_a_problem_for_that_poll_only():
+    """A passing error skips the value for one poll and names the cause; the next poll counts."""
+    clock = [0.0]
+    fault = {"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_UNKNOWN", "from": 1, "until": 2}
+    reader, _ = make_reader({"gpus": [gpu(faults=[fault])]}, clock)
+    counters = Counters()
+    outcomes = []
+    for second in range(3):
+        snapshot, problems = poll(reader, clock, float(second))
+        counters.fold(snapshot)
+        outcomes.append((snapshot.devices[0].memory_used_kib, sorted(problems.values())))
+    assert outcomes == [
+        (1000 * 1024, []),
+        (None, ["GPU 00000000:65:00.0: nvmlDeviceGetMemoryInfo: NVML_ERROR_UNKNOWN"]),
+        (1000 * 1024, []),
+    ]
+    assert counters.devices[0].samples == 2
+
+
+def test_a_lost_gpu_is_absent_and_the_other_is_read():
+    """GPU_IS_LOST on one card makes it absent for that poll; the other card is unaffected."""
+    clock = [0.0]
+    fault = {"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_GPU_IS_LOST", "from": 1}
+    scenario = {"gpus": [gpu(faults=[fault]), gpu(busid="00000000:66:00.0")]}
+    reader, _ = make_reader(scenario, clock)
+    poll(reader, clock, 0.0)
+    snapshot, problems = poll(reader, clock, 1.0)
+    assert [d.present for d in snapshot.devices] == [False, True]
+    assert list(problems) == ["GPU-5111a7ed-0000-4000-8000-000000000000 lost"]

@@ -1,0 +1,228 @@
+"""The simulator: a pynvml stand-in that matches the real binding, and its scenario checks."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atopgpud_tw.readers import nvml as nvml_reader
+from atopgpud_tw.sim import ScenarioError, SimulatedNvml, demo_scenario, load_scenario, parse_scenario
+from atopgpud_tw.sim import nvml as sim_module
+
+pynvml = pytest.importorskip("pynvml")
+
+SHIM = Path(sim_module.__file__).with_name("shim")
+
+
+def simulated_functions() -> dict[str, object]:
+    sim = SimulatedNvml(demo_scenario())
+    return {
+        name: getattr(sim, name)
+        for name in dir(sim)
+        if name.startswith("nvml") and callable(getattr(sim, name))
+    }
+
+
+def shape(function: object) -> list[tuple[str, object, object]]:
+    """Parameter names, kinds and defaults: what a caller depends on."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+def test_installed_pynvml_is_the_real_binding():
+    """The signature test compares with nvidia-ml-py, not with the simulator's own shim."""
+    assert hasattr(pynvml, "_nvmlGetFunctionPointer")
+
+
+def test_simulated_functions_match_pynvml_signatures():
+    """Every public nvml* function of SimulatedNvml exists in pynvml with the same parameters."""
+    functions = simulated_functions()
+    assert len(functions) >= 20
+    for name, function in functions.items():
+        real = getattr(pynvml, name, None)
+        assert real is not None, f"pynvml has no {name}"
+        assert shape(function) == shape(real), name
+
+
+def test_every_function_the_reader_calls_is_simulated():
+    """Each NVML function named in the reader's source is one the simulator has."""
+    source = inspect.getsource(nvml_reader)
+    used = set(re.findall(r"\b(nvml[A-Z]\w+)\b", source))
+    assert {"nvmlDeviceGetMigMode", "nvmlDeviceGetMigDeviceHandleByIndex"} <= used
+    assert used - set(simulated_functions()) == set()
+
+
+def test_error_classes_carry_pynvml_names_and_codes():
+    """NVMLError(code) is the subclass pynvml would raise, under the same name and code."""
+    for name, cls in sim_module.ERROR_CLASSES.items():
+        value = getattr(pynvml, name)
+        assert hasattr(pynvml, cls.__name__)
+        error = sim_module.NVMLError(value)
+        assert type(error) is cls and error.value == value
+        assert isinstance(cls(), sim_module.NVMLError)
+
+
+# -- scenario errors ----------------------------------------------------------------
+
+BAD_SCENARIOS = [
+    ({"gpus": {}}, "gpus must be a list"),
+    ({"gpu": []}, "gpu is not a known field"),
+    ({"gpus": [{"memory_totl_mib": 1}]}, "gpus[0].memory_totl_mib is not a known field"),
+    ({"gpus": [{"gpu_util": 120}]}, "gpus[0].gpu_util is a percentage"),
+    ({"gpus": [{"memory_used_mib": []}]}, "gpus[0].memory_used_mib must not be an empty list"),
+    ({"gpus": [{"compute_list": "yes"}]}, "gpus[0].compute_list must be true or false"),
+    ({"gpus": [{"processes": [{"pid": 0}]}]}, "gpus[0].processes[0].pid must be a positive integer"),
+    ({"gpus": [{"processes": [{"pid": 1, "type": "X"}]}]}, "gpus[0].processes[0].type must be one of"),
+    ({"gpus": [{"processes": [{"pid": 1, "start": 5, "stop": 2}]}]}, "processes[0].stop must come after"),
+    ({"gpus": [{"faults": [{"call": "x", "error": "NVML_ERROR_UNKNOWN"}]}]}, "faults[0].call must name"),
+    ({"gpus": [{"faults": [{"call": "nvmlInit", "error": "NOPE"}]}]}, "gpus[0].faults[0].error 'NOPE'"),
+    ({"gpus": [{}, {"busid": "00000000:17:00.0"}]}, "gpus: two GPUs have the same busid"),
+    ({"gpus": [{"mig": [{"profile": "3g 40gb"}]}]}, "gpus[0].mig[0].profile must be a name"),
+    ({"gpus": [{"mig": [{"profile": "1g.10gb", "slot": -1}]}]}, "gpus[0].mig[0].slot must be an integer"),
+    ({"gpus": [{"mig": [{"profile": "1g.10gb", "gpu_instance": 1.5}]}]}, "mig[0].gpu_instance must be"),
+    ({"gpus": [{"mig": [{"profile": "a", "processes": [{"pid": 1, "sm": 1}]}]}]},
+     "gpus[0].mig[0].processes[0].sm is not a known field"),
+    ({"gpus": [{"mig": [{"profile": "a", "gpu_instance": 1}, {"profile": "b", "gpu_instance": 1}]}]},
+     "gpus[0].mig[1]: gpu_instance/compute_instance 1/0 is in use by mig[0] at the same time"),
+    ({"gpus": [{"mig": [{"profile": "a", "slot": 3}, {"profile": "b", "slot": 3, "start": 1}]}]},
+     "gpus[0].mig[1].slot 3 is in use by mig[0] at the same time"),
+    ({"gpus": [{"mig_capable": False, "mig": []}]}, "gpus[0].mig_capable cannot be false"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_SCENARIOS)
+def test_a_bad_scenario_file_names_the_field_in_one_line(tmp_path, data, message):
+    """load_scenario: ScenarioError, one line, the file and the field that is wrong."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(path)
+    text = str(raised.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text
+    assert message in text
+
+
+def test_a_file_that_is_missing_or_not_json_is_a_one_line_error(tmp_path):
+    """Neither a missing file nor broken JSON raises anything but a one-line ScenarioError."""
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"gpus": [\n  {"name": }\n]}')
+    messages = []
+    for path in (tmp_path / "missing.json", broken):
+        with pytest.raises(ScenarioError) as raised:
+            load_scenario(path)
+        messages.append(str(raised.value))
+    assert messages[0].startswith(f"{tmp_path / 'missing.json'}: ")
+    assert messages[1].startswith(f"{broken}: not JSON (") and messages[1].endswith("at line 2)")
+    assert all("\n" not in text for text in messages)
+
+
+def test_carving_may_reuse_ids_and_slots_over_time_and_take_comments():
+    """A later instance may take a destroyed one's ids and slot; `_` keys are comments."""
+    scenario = parse_scenario({
+        "_comment": "an A100 carved again at 10 s",
+        "gpus": [{"mig": [
+            {"profile": "7g.80gb", "gpu_instance": 0, "stop": 10},
+            {"profile": "3g.40gb", "gpu_instance": 0, "start": 10, "slot": 0, "_note": "same ids"},
+        ]}],
+    })
+    assert [m.slot for m in scenario.gpus[0].mig] == [0, 0]
+    assert scenario.gpus[0].mig_capable
+
+
+# -- MIG behaviour ---------------------------------------------------------------------
+
+
+def mig_host(clock: list[float]) -> SimulatedNvml:
+    sim = SimulatedNvml(
+        parse_scenario({"gpus": [
+            {"name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "mig": [
+                {"profile": "3g.40gb", "gpu_instance": 2, "memory_total_mib": 40192, "memory_used_mib": 100,
+                 "processes": [{"pid": 11, "memory_mib": 60}], "slot": 1},
+                {"profile": "4g.40gb", "gpu_instance": 1, "memory_total_mib": 40192, "memory_used_mib": 20,
+                 "processes": [{"pid": 12, "memory_mib": 10}], "slot": 4, "stop": 5,
+                 "faults": [{"call": "nvmlDeviceGetUUID", "error": "NVML_ERROR_UNKNOWN"}]},
+            ]},
+            {"busid": "00000000:65:00.0"},
+            {"busid": "00000000:66:00.0", "mig_capable": True},
+        ]}),
+        clock=lambda: clock[0],
+    )
+    sim.nvmlInit()
+    return sim
+
+
+def test_mig_mode_and_sparse_slots_behave_like_nvml():
+    """GetMigMode per card; empty slots NOT_FOUND, out of range INVALID_ARGUMENT."""
+    sim = mig_host([0.0])
+    card, plain, capable = (sim.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+    assert sim.nvmlDeviceGetMigMode(card) == [1, 1]
+    assert sim.nvmlDeviceGetMigMode(capable) == [0, 0]
+    with pytest.raises(sim.NVMLError_NotSupported):
+        sim.nvmlDeviceGetMigMode(plain)
+    assert [sim.nvmlDeviceGetMaxMigDeviceCount(h) for h in (card, plain, capable)] == [7, 0, 0]
+    with pytest.raises(sim.NVMLError_NotFound):
+        sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 0)
+    with pytest.raises(sim.NVMLError_InvalidArgument):
+        sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 7)
+    handle = sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 1)
+    assert bool(sim.nvmlDeviceIsMigDeviceHandle(handle)) and not bool(sim.nvmlDeviceIsMigDeviceHandle(card))
+    assert sim.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) == card
+    assert sim.nvmlDeviceGetName(handle) == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    assert (sim.nvmlDeviceGetGpuInstanceId(handle), sim.nvmlDeviceGetComputeInstanceId(handle)) == (2, 0)
+    assert sim.nvmlDeviceGetUUID(handle).startswith("MIG-")
+
+
+def test_mig_handles_have_their_own_memory_and_processes_and_no_utilization():
+    """Memory and processes per instance; utilization NOT_SUPPORTED on the card and the instances."""
+    sim = mig_host([0.0])
+    card = sim.nvmlDeviceGetHandleByIndex(0)
+    first, second = (sim.nvmlDeviceGetMigDeviceHandleByIndex(card, slot) for slot in (1, 4))
+    assert (sim.nvmlDeviceGetMemoryInfo(first).total, sim.nvmlDeviceGetMemoryInfo(first).used) == (
+        40192 << 20, 100 << 20
+    )
+    assert (sim.nvmlDeviceGetMemoryInfo(card).total, sim.nvmlDeviceGetMemoryInfo(card).used) == (
+        81920 << 20, 120 << 20
+    )
+    listed = sim.nvmlDeviceGetComputeRunningProcesses(first)
+    assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId) for p in listed] == [(11, 60 << 20, 2)]
+    assert sorted(p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)) == [11, 12]
+    for handle in (card, first, second):
+        with pytest.raises(sim.NVMLError_NotSupported):
+            sim.nvmlDeviceGetUtilizationRates(handle)
+        with pytest.raises(sim.NVMLError_NotSupported):
+            sim.nvmlDeviceGetProcessUtilization(handle, 0)
+    with pytest.raises(sim.NVMLError_Unknown):
+        sim.nvmlDeviceGetUUID(second)  # a fault of that instance only
+    assert sim.nvmlDeviceGetUUID(first).startswith("MIG-")
+
+
+def test_a_destroyed_instance_handle_is_invalid():
+    """After an instance's stop its slot is empty and its old handle fails with INVALID_ARGUMENT."""
+    clock = [0.0]
+    sim = mig_host(clock)
+    card = sim.nvmlDeviceGetHandleByIndex(0)
+    handle = sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 4)
+    clock[0] = 5.0
+    for call in ("nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses"):
+        with pytest.raises(sim.NVMLError_InvalidArgument):
+            getattr(sim, call)(handle)
+    with pytest.raises(sim.NVMLError_NotFound):
+        sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 4)
+    assert [p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)] == [11]
+
+
+def test_the_shim_is_the_simulator_as_pynvml(tmp_path):
+    """With the shim first on PYTHONPATH and ATOPGPUD_SCENARIO set, `import pynvml` is the simulator."""
+    scenario = tmp_path / "one.json"
+    scenario.write_text(json.dumps({"gpus": [{"name": "NVIDIA Shim Test"}]}))
+    code = "import pynvml as p; p.nvmlInit(); print(p.nvmlDeviceGetName(p.nvmlDeviceGetHandleByIndex(0)))"
+    path = os.pathsep.join([str(SHIM), *sys.path])
+    env = dict(os.environ, PYTHONPATH=path, ATOPGPUD_SCENARIO=str(scenario))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout.strip()) == (0, "NVIDIA Shim Test"), done.stderr
