@@ -324,11 +324,16 @@ class DeviceStats:
     processes: tuple[ProcessStats, ...]
 
 
+def _is_integer(field: str) -> bool:
+    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
+    digits = field[1:] if field.startswith("-") else field
+    return digits.isascii() and digits.isdigit()
+
+
 def _ints(fields: Sequence[str], what: str) -> list[int]:
-    try:
-        return [int(f) for f in fields]
-    except ValueError:
-        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)!r}") from None
+    if not all(_is_integer(f) for f in fields):
+        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)!r}")
+    return [int(f) for f in fields]
 
 
 def _ascii(body: bytes) -> str:
@@ -384,3 +389,40 @@ def _parse_process(text: str, version: int) -> ProcessStats:
             raise ProtocolError(f"unknown process type {kind!r}")
         pid, gpu, mem, now, cum, samples = _ints(fields[1:2] + fields[3:], "process record")
     return ProcessStats(fields[0], pid, kind, gpu, mem, now, cum, samples)
+
+
+def _check_busy(value: int, high: int, what: str) -> None:
+    if not -1 <= value <= high:
+        raise ProtocolError(f"{what} {value} is outside -1..{high}")
+
+
+def _check_not_below(value: int, floor: int, what: str) -> None:
+    if value < floor:
+        raise ProtocolError(f"{what} {value} is below {floor}")
+
+
+def check_stats(devices: Sequence[DeviceStats], version: int) -> None:
+    """Refuse parsed ``S`` figures that no daemon can mean (a `ProtocolError`).
+
+    Percentages are -1..100; a sum of per-sample percentages is at most 100 per
+    sample; counts and memory are not negative (-1 means "not available").
+    """
+    for index, dev in enumerate(devices):
+        where = f"GPU {index}"
+        _check_not_below(dev.samples, 0, f"{where} samples")
+        _check_busy(dev.gpu_busy_now, 100, f"{where} gpupercnow")
+        _check_busy(dev.mem_busy_now, 100, f"{where} mempercnow")
+        _check_busy(dev.gpu_busy_cum, 100 * dev.samples, f"{where} gpuperccum")
+        _check_busy(dev.mem_busy_cum, 100 * dev.samples, f"{where} memperccum")
+        for name in ("memory_total_kib", "memory_used_kib", "memory_used_cum_kib"):
+            _check_not_below(getattr(dev, name), -1, f"{where} {name}")
+        for proc in dev.processes:
+            what = f"{where} process {proc.pid}"
+            _check_not_below(proc.pid, 1, f"{where} process pid")
+            _check_not_below(proc.samples, 0, f"{what} samples")
+            # version 1 sends averages, version 2 sums of per-sample percentages
+            high = 100 if version == 1 else 100 * proc.samples
+            _check_busy(proc.gpu_busy, high, f"{what} gpu busy")
+            _check_busy(proc.mem_busy, high, f"{what} memory busy")
+            _check_not_below(proc.memory_now_kib, -1, f"{what} memory")
+            _check_not_below(proc.memory_cum_kib, -1, f"{what} cumulative memory")

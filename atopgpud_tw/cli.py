@@ -1,0 +1,281 @@
+"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON.
+
+Averages are worked out as atop works them out: a busy figure over a span is the
+change of its cumulative sum divided by the change of the sample count.  The first
+report covers the time since the daemon started; with ``--watch`` each later one
+covers the interval since the previous report, on the same connection (so a
+process that ends shows once, marked ``E``, as atop sees it).  The JSON schema and
+the table are described in docs/atopgpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from atopgpud_tw import codec
+from atopgpud_tw.client import (
+    DEFAULT_CONNECT,
+    ClientError,
+    Connection,
+    Reading,
+    command_name,
+    parse_endpoint,
+    take_reading,
+)
+
+_NO_DEVICE = codec.DeviceStats(0, 0, 0, 0, 0, 0, 0, 0, ())
+
+
+def _average(cum: int, base: int, samples: int) -> float | None:
+    """A sum's change per sample; None when unsupported or nothing was sampled."""
+    if cum < 0 or base < 0 or samples <= 0:
+        return None
+    return round((cum - base) / samples, 2)
+
+
+def _process_sums(proc: codec.ProcessStats, version: int) -> tuple[int, int, int, int]:
+    """(samples, gpu busy sum, memory busy sum, memory sum) as atop derives them."""
+    if version == 1:
+        # version 1 sends averages; atop multiplies them by the sample count
+        gpu = proc.gpu_busy * proc.samples if proc.gpu_busy >= 0 else -1
+        mem = proc.mem_busy * proc.samples if proc.mem_busy >= 0 else -1
+        return proc.samples, gpu, mem, proc.memory_cum_kib
+    return proc.samples, proc.gpu_busy, proc.mem_busy, proc.memory_cum_kib
+
+
+def _process_report(
+    proc: codec.ProcessStats, before: codec.ProcessStats | None, version: int
+) -> dict[str, Any]:
+    now = _process_sums(proc, version)
+    base = _process_sums(before, version) if before is not None else (0, 0, 0, 0)
+    if now[0] < base[0]:
+        base = (0, 0, 0, 0)  # a new process with a reused pid
+    samples = now[0] - base[0]
+    return {
+        "pid": proc.pid,
+        "state": "exited" if proc.state == "E" else "active",
+        "type": None if version == 1 else proc.kind,
+        "command": command_name(proc.pid),
+        "memory_kib": proc.memory_now_kib if proc.memory_now_kib >= 0 else None,
+        "samples": samples,
+        "gpu_busy_avg": _average(now[1], base[1], samples),
+        "mem_busy_avg": _average(now[2], base[2], samples),
+        "memory_avg_kib": _average(now[3], base[3], samples),
+        "counters": {
+            "samples": proc.samples,
+            "gpubusy": proc.gpu_busy,
+            "membusy": proc.mem_busy,
+            "memcum": proc.memory_cum_kib,
+        },
+    }
+
+
+def _gpu_report(
+    index: int, kind: codec.DeviceType, dev: codec.DeviceStats, before: codec.DeviceStats | None, version: int
+) -> dict[str, Any]:
+    base = before if before is not None and before.samples <= dev.samples else _NO_DEVICE
+    samples = dev.samples - base.samples
+    earlier = {p.pid: p for p in (before.processes if before is not None else ())}
+    return {
+        "index": index,
+        "busid": kind.busid,
+        "type": kind.name,
+        "task_support": kind.task_support,
+        "gpu_busy_now": dev.gpu_busy_now if dev.gpu_busy_now >= 0 else None,
+        "mem_busy_now": dev.mem_busy_now if dev.mem_busy_now >= 0 else None,
+        "memory_total_kib": dev.memory_total_kib,
+        "memory_used_kib": dev.memory_used_kib,
+        "samples": samples,
+        "gpu_busy_avg": _average(dev.gpu_busy_cum, base.gpu_busy_cum, samples),
+        "mem_busy_avg": _average(dev.mem_busy_cum, base.mem_busy_cum, samples),
+        "memory_used_avg_kib": _average(dev.memory_used_cum_kib, base.memory_used_cum_kib, samples),
+        "counters": {
+            "samples": dev.samples,
+            "gpuperccum": dev.gpu_busy_cum,
+            "memperccum": dev.mem_busy_cum,
+            "memusedcum": dev.memory_used_cum_kib,
+        },
+        "processes": [_process_report(p, earlier.get(p.pid), version) for p in dev.processes],
+    }
+
+
+def report(reading: Reading, previous: Reading | None, endpoint: str) -> dict[str, Any]:
+    """The JSON document for a reading: since start, or since `previous`."""
+    before: list[codec.DeviceStats | None] = [None] * len(reading.stats)
+    if previous is not None:
+        for index, (kind, dev) in enumerate(zip(previous.types, previous.stats)):
+            # a GPU keeps its place in T order; a different bus id there is another GPU
+            if index < len(before) and reading.types[index].busid == kind.busid:
+                before[index] = dev
+    return {
+        "endpoint": endpoint,
+        "version": reading.version,
+        "time": round(time.time(), 3),
+        "span": "start" if previous is None else "interval",
+        "seconds": None if previous is None else round(reading.taken - previous.taken, 3),
+        "gpus": [
+            _gpu_report(index, kind, dev, before[index], reading.version)
+            for index, (kind, dev) in enumerate(zip(reading.types, reading.stats))
+        ],
+    }
+
+
+# -- the table ------------------------------------------------------------------
+
+
+def _percent(value: float | None, decimals: int = 1) -> str:
+    return "-" if value is None else f"{value:.{decimals}f}%"
+
+
+def _size(kib: float | None) -> str:
+    if kib is None or kib < 0:
+        return "-"
+    if kib >= 1024 * 1024:
+        return f"{kib / (1024 * 1024):.1f}G"
+    if kib >= 1024:
+        return f"{kib / 1024:.0f}M"
+    return f"{kib:.0f}K"
+
+
+def _columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
+    """Header and rows as aligned lines: columns in `left` to the left, the rest right."""
+    widths = [max(len(row[i]) for row in [list(header), *rows]) for i in range(len(header))]
+    lines = []
+    for row in [list(header), *rows]:
+        cells = [cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in
+                 enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+_GPU_HEADER = ("GPU", "BUSID", "TYPE", "BUSY", "AVGBUSY", "MEMBUSY", "MEMUSED", "MEMTOTAL", "SAMPLES")
+_PROC_HEADER = ("PID", "S", "T", "COMMAND", "MEMORY", "AVGBUSY", "MEMBUSY", "SAMPLES")
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    """The report as text: a row per GPU, its processes indented below it."""
+    if doc["span"] == "start":
+        span = "averages since the daemon started"
+    else:
+        span = f"averages over the last {doc['seconds']:.1f} s"
+    lines = [f"atopgpud at {doc['endpoint']} (API {doc['version']}), {span}"]
+    gpu_rows, proc_rows = [], []
+    for gpu in doc["gpus"]:
+        gpu_rows.append([
+            str(gpu["index"]), gpu["busid"], gpu["type"], _percent(gpu["gpu_busy_now"], 0),
+            _percent(gpu["gpu_busy_avg"]), _percent(gpu["mem_busy_avg"]), _size(gpu["memory_used_kib"]),
+            _size(gpu["memory_total_kib"]), str(gpu["samples"]),
+        ])
+        for proc in gpu["processes"]:
+            proc_rows.append([
+                str(proc["pid"]), "E" if proc["state"] == "exited" else "A", proc["type"] or "-",
+                proc["command"] or "-", _size(proc["memory_kib"]), _percent(proc["gpu_busy_avg"]),
+                _percent(proc["mem_busy_avg"]), str(proc["samples"]),
+            ])
+    gpu_lines = _columns(_GPU_HEADER, gpu_rows, {1, 2})
+    proc_lines = _columns(_PROC_HEADER, proc_rows, {1, 2, 3})
+    lines.append(gpu_lines[0])
+    taken = 1
+    for gpu, line in zip(doc["gpus"], gpu_lines[1:]):
+        lines.append(line)
+        count = len(gpu["processes"])
+        if count:
+            lines.extend("     " + text for text in [proc_lines[0], *proc_lines[taken : taken + count]])
+            taken += count
+    if not doc["gpus"]:
+        lines.append("(no GPUs)")
+    return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------------
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if not 0 < number < 1e6:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return number
+
+
+def _count(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line of ``atopgpu``."""
+    parser = argparse.ArgumentParser(
+        prog="atopgpu",
+        description="Show the GPU and per-process figures a running atopgpud serves to atop.",
+    )
+    parser.add_argument("--connect", default=DEFAULT_CONNECT, metavar="ENDPOINT",
+                        help="where the daemon listens: unix:@NAME, unix:/path, "
+                        "tcp:PORT:interface=HOST or tcp:HOST:PORT (default: %(default)s)")
+    parser.add_argument("--version", type=int, choices=codec.VERSIONS, default=codec.NEWEST_VERSION,
+                        metavar="N", help="the API version to ask for, 1 or 2 (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--watch", type=_positive, metavar="SECONDS",
+                        help="report again every SECONDS, with figures over each interval")
+    parser.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N reports")
+    return parser
+
+
+def _emit(doc: dict[str, Any], as_json: bool, watching: bool) -> None:
+    if as_json:
+        text = json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2)
+    else:
+        text = render_table(doc) + ("\n" if watching else "")
+    print(text, flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Report once, or every --watch seconds until --count reports."""
+    address = parse_endpoint(args.connect)
+    with Connection(address) as connection:
+        previous: Reading | None = None
+        shown = 0
+        start = time.monotonic()
+        while True:
+            reading = take_reading(connection, args.version)
+            _emit(report(reading, previous, args.connect), args.json, args.watch is not None)
+            shown += 1
+            if args.watch is None or (args.count is not None and shown >= args.count):
+                return
+            previous = reading
+            # on a fixed grid, so that slow replies do not stretch the intervals
+            time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: 0 on success, 1 no daemon, 2 bad usage, 3 bad reply."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.count is not None and args.watch is None:
+        parser.error("--count needs --watch")
+    try:
+        parse_endpoint(args.connect)
+    except ValueError as error:
+        parser.error(f"--connect {args.connect}: {error}")
+    try:
+        run(args)
+    except ClientError as error:
+        sys.stderr.write(f"atopgpu: {error}\n")
+        return error.exit_status
+    except KeyboardInterrupt:
+        return 0 if args.watch is not None else 130
+    except BrokenPipeError:
+        # the reader of our output went away (| head): not an error worth a trace,
+        # and the flush at exit must not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
