@@ -203,10 +203,10 @@ class Connection:
             left = deadline - time.monotonic()
             try:
                 if left <= 0:
-                    raise socket.timeout()
+                    raise TimeoutError()
                 self._sock.settimeout(left)
                 chunk = self._sock.recv(size - len(data))
-            except socket.timeout:
+            except TimeoutError:
                 if data:
                     raise BadReply(f"the reply to the {name} stopped after {len(data)} of "
                                    f"{size} bytes (waited {self.timeout:g} s)") from None

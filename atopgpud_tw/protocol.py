@@ -13,6 +13,7 @@ may connect at all (`access.AllowList`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -44,7 +45,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     """One client connection (atop keeps one open and asks every interval)."""
 
     log = Logger()
-    factory: "AtopGpuFactory"
+    factory: AtopGpuFactory
 
     def __init__(self) -> None:
         self._buffer = b""

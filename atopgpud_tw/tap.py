@@ -10,8 +10,8 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.python import usage
 
-from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.access import AllowList
+from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
@@ -111,15 +111,15 @@ class Options(usage.Options):
         self["allow-gid"] = set()
 
     def opt_listen(self, description: str) -> None:
-        """Where to accept clients (repeatable): a Twisted server endpoint string, or unix:@NAME for an abstract socket. Default: unix:@atopgpud_nvidia."""
+        """Where to accept clients (repeatable): endpoint string, or unix:@NAME. Default: unix:@atopgpud_nvidia."""
         self["listen"].append(description)
 
     def opt_allow_uid(self, users: str) -> None:
-        """Only these users (names or uids, comma-separated; repeatable) may connect to UNIX sockets; root always may."""
+        """Only these users (names or uids, comma-separated, repeatable; root always) may use UNIX sockets."""
         self["allow-uid"] |= {_user_id(u) for u in users.split(",") if u}
 
     def opt_allow_gid(self, groups: str) -> None:
-        """Only members of these groups (names or gids, comma-separated; repeatable) may connect to UNIX sockets."""
+        """Only members of these groups (names or gids, comma-separated, repeatable) may use UNIX sockets."""
         self["allow-gid"] |= {_group_id(g) for g in groups.split(",") if g}
 
     def postOptions(self) -> None:

@@ -56,7 +56,7 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def abuse(address: bytes, until: float, seed: int, counts: "multiprocessing.Queue[dict]") -> None:
+def abuse(address: bytes, until: float, seed: int, counts: multiprocessing.Queue[dict]) -> None:
     rng = random.Random(seed)
     done = {"connections": 0, "garbage": 0, "half": 0, "floods": 0, "idle": 0, "refused": 0}
     idle: list[socket.socket] = []

@@ -85,7 +85,7 @@ class Daemon:
         self.log_path = tmp / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait: bool = True) -> "Daemon":
+    def start(self, wait: bool = True) -> Daemon:
         command = [
             *twistd(), "-n", "--pidfile=", "atopgpud",
             "--listen", f"unix:@{self.name}", *self.args,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot
 
 
-def proc(pid: int, kind: str = "C", memory: int | None = 1024, gpu: int | None = 10, mem: int | None = 5) -> ProcessSample:
+def proc(
+    pid: int, kind: str = "C", memory: int | None = 1024, gpu: int | None = 10, mem: int | None = 5
+) -> ProcessSample:
     return ProcessSample(pid, kind, memory, gpu, mem)
 
 

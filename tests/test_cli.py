@@ -274,7 +274,7 @@ class FakeDaemon:
         while not self.stopping.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(5)

@@ -126,7 +126,9 @@ def test_defect_6_library_mismatch_is_contained():
                 {
                     "gpu_util": 40,
                     "processes": [{"pid": 3, "memory_mib": 2}],
-                    "faults": [{"call": "nvmlDeviceGetComputeRunningProcesses", "error": "NVMLLibraryMismatchError", "from": 1}],
+                    "faults": [
+                        {"call": "nvmlDeviceGetComputeRunningProcesses", "error": "NVMLLibraryMismatchError", "from": 1}
+                    ],
                 }
             ]
         },

@@ -80,8 +80,8 @@ def test_bad_scenario_is_one_line(tmp_path):
 
 def test_plugin_is_found():
     """twistd finds the atopgpud plugin through getPlugins."""
-    from twisted.plugin import IPlugin, getPlugins
     from twisted.application.service import IServiceMaker
+    from twisted.plugin import IPlugin, getPlugins
 
     names = [p.tapname for p in getPlugins(IServiceMaker) if IPlugin.providedBy(p)]
     assert "atopgpud" in names

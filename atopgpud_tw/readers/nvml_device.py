@@ -1,0 +1,322 @@
+"""One NVML device: the choke point every call goes through, and one poll of it.
+
+`NvmlDevice.call` maps NVML's errors: NOT_SUPPORTED (and a function the binding
+or the driver lacks, `NVMLLibraryMismatchError` included) is remembered per
+device and not asked again; NOT_FOUND is the idle case; GPU_IS_LOST makes the
+device absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
+LIB_RM_VERSION_MISMATCH mean NVML must be set up again; anything else, an
+unexpected exception included, fails that one reading for this poll.
+Everything here runs in the reader's worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from atopgpud_tw.snapshot import (
+    TASK_COMPUTE,
+    TASK_GRAPHICS,
+    UNSUPPORTED,
+    DeviceSample,
+    ProcessSample,
+    clamp_percent,
+)
+
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+FUNCTION_NOT_FOUND = 13
+#: errors after which NVML has to be initialised again
+LIFECYCLE = {1: "UNINITIALIZED", 9: "DRIVER_NOT_LOADED", 18: "LIB_RM_VERSION_MISMATCH"}
+GPU_IS_LOST = 15
+GPU_NOT_FOUND = 28
+_ERROR_NAMES = {
+    INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    NOT_SUPPORTED: "NOT_SUPPORTED",
+    NO_PERMISSION: "NO_PERMISSION",
+    NOT_FOUND: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    10: "TIMEOUT",
+    12: "LIBRARY_NOT_FOUND",
+    FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
+    GPU_IS_LOST: "GPU_IS_LOST",
+    17: "OPERATING_SYSTEM",
+    GPU_NOT_FOUND: "GPU_NOT_FOUND",
+    999: "UNKNOWN",
+    **LIFECYCLE,
+}
+#: seconds between attempts to set NVML up again, doubling up to the last
+BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+#: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
+MIG_ENABLED = 1
+MIG_MODES = ("instances", "card")
+
+
+def error_name(error: BaseException) -> str:
+    """A short stable name for an NVML error (also the key of a logged problem)."""
+    value = getattr(error, "value", None)
+    if isinstance(value, int):
+        return "NVML_ERROR_" + _ERROR_NAMES.get(value, str(value))
+    return type(error).__name__
+
+
+def as_text(value: Any) -> str:
+    """Names and bus ids as str, whether the binding returns bytes or str."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\0")
+    return str(value)
+
+
+class Unsupported(Exception):
+    """The device cannot do this; the call is not made again."""
+
+
+class Idle(Exception):
+    """NOT_FOUND: no samples since the last read (the device was idle)."""
+
+
+class Failed(Exception):
+    """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
+
+    def __init__(self, cause: str, value: int | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.value = value
+
+
+class DeviceLost(Failed):
+    """The device cannot be read at all in this poll."""
+
+
+class Reinitialise(Failed):
+    """NVML itself has to be set up again."""
+
+
+@dataclass(eq=False)
+class MigState:
+    """What is known of a card's MIG mode and, in MIG mode, of its instances."""
+
+    enabled: bool = False
+    #: nvmlDeviceGetMaxMigDeviceCount, asked once per spell in MIG mode
+    slots: int | None = None
+    #: the instances found at the last poll, by key
+    instances: dict[str, NvmlDevice] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class NvmlDevice:
+    """One discovered device (a card or a MIG instance): its handle, identity and what it cannot do."""
+
+    nvml: Any
+    handle: Any
+    key: str
+    busid: str
+    name: str
+    task_support: int = 0
+    unsupported: set[str] = field(default_factory=set)
+    #: the newest process-utilization timestamp NVML returned for this device
+    last_seen: int = 0
+    #: a MIG instance: no utilization of its own, device-wide or per process
+    mig_instance: bool = False
+    #: a card's MIG mode and instances
+    mig: MigState = field(default_factory=MigState)
+
+    def call(self, function: str, *args: Any) -> Any:
+        """Call ``nvml.<function>(handle, *args)`` through the error mapping."""
+        if function in self.unsupported:
+            raise Unsupported(function)
+        bound = getattr(self.nvml, function, None)
+        if bound is None:
+            # a binding too old to have the function: it can never work here
+            self.unsupported.add(function)
+            raise Unsupported(function)
+        try:
+            return bound(self.handle, *args)
+        except self.nvml.NVMLError as error:
+            value = getattr(error, "value", None)
+            if value in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+                self.unsupported.add(function)
+                raise Unsupported(function) from None
+            if value == NOT_FOUND:
+                raise Idle(function) from None
+            cause = f"{function}: {error_name(error)}"
+            if value in LIFECYCLE:
+                raise Reinitialise(cause, value) from None
+            if value in (GPU_IS_LOST, GPU_NOT_FOUND):
+                raise DeviceLost(cause, value) from None
+            raise Failed(cause, value) from None
+        except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
+            # the binding wants a symbol the installed driver lacks: the call can
+            # never work with this library, like NOT_SUPPORTED
+            self.unsupported.add(function)
+            raise Unsupported(f"{function}: {error}") from None
+
+
+def probe_support(device: NvmlDevice) -> int:
+    support = 0
+    for bit, function in (
+        (TASK_COMPUTE, "nvmlDeviceGetComputeRunningProcesses"),
+        (TASK_GRAPHICS, "nvmlDeviceGetGraphicsRunningProcesses"),
+    ):
+        try:
+            device.call(function)
+            support |= bit
+        except Unsupported:
+            pass
+        except (Failed, Idle):
+            support |= bit  # a passing failure says nothing about support
+    return support
+
+
+def attempter(device: NvmlDevice, problems: dict[str, str]) -> Callable[..., Any]:
+    """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
+
+    It returns `unsupported` when the device cannot do it, ``None`` when it
+    failed in this poll, and lets a lost device or a broken NVML through.
+    """
+    subject = f"GPU {device.busid}"
+
+    def attempt(function: Callable[[], Any], unsupported: Any = UNSUPPORTED) -> Any:
+        try:
+            return function()
+        except Unsupported:
+            return unsupported
+        except (DeviceLost, Reinitialise):
+            raise
+        except Failed as failure:
+            problems[f"{device.key} {failure.cause}"] = f"{subject}: {failure.cause}"
+            return None
+        except Idle as idle:
+            # NOT_FOUND where a value was expected: nothing to count in this poll
+            problems[f"{device.key} {idle} not found"] = f"{subject}: {idle}: NVML_ERROR_NOT_FOUND"
+            return None
+
+    return attempt
+
+
+def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+    """Everything about one device in this poll (runs in the worker thread)."""
+    attempt = attempter(device, problems)
+    gpu_busy, mem_busy = read_rates(device, attempt)
+    total, used = read_memory(device, attempt)
+    processes = attempt(lambda: _read_processes(device, attempt), unsupported=())
+    return DeviceSample(
+        key=device.key,
+        busid=device.busid,
+        name=device.name,
+        task_support=device.task_support,
+        gpu_busy=gpu_busy,
+        mem_busy=mem_busy,
+        memory_total_kib=total,
+        memory_used_kib=used,
+        processes=processes,
+    )
+
+
+def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+    """The GPU and memory busy percentages of one device in this poll.
+
+    A MIG instance has none: NVML reports no utilization under MIG.
+    """
+    if device.mig_instance:
+        return UNSUPPORTED, UNSUPPORTED
+    rates = attempt(lambda: device.call("nvmlDeviceGetUtilizationRates"))
+    if rates is None or rates is UNSUPPORTED:
+        return rates, rates
+    return clamp_percent(rates.gpu), clamp_percent(rates.memory)
+
+
+def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+    """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed)."""
+    memory = attempt(lambda: device.call("nvmlDeviceGetMemoryInfo"))
+    if memory is None:
+        return None, None
+    if memory is UNSUPPORTED:
+        return 0, 0
+    return int(memory.total) // 1024, int(memory.used) // 1024
+
+
+def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[ProcessSample, ...] | None:
+    found: dict[int, tuple[str, int]] = {}
+    for kind, function in (
+        ("C", "nvmlDeviceGetComputeRunningProcesses"),
+        ("G", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ):
+        listed = attempt(lambda function=function: device.call(function), unsupported=())
+        if listed is None:
+            return None  # a partial list would make processes seem to end
+        for proc in listed:
+            memory = getattr(proc, "usedGpuMemory", None)
+            memory_kib = int(memory) // 1024 if isinstance(memory, int) else 0
+            seen = found.get(int(proc.pid))
+            if seen is None:
+                found[int(proc.pid)] = (kind, memory_kib)
+            else:
+                merged = seen[0] if seen[0] == kind else "C+G"
+                found[int(proc.pid)] = (merged, max(seen[1], memory_kib))
+    if not found:
+        return ()
+    # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
+    busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device))
+    result = []
+    for pid, (kind, memory_kib) in found.items():
+        if busy is None or busy is UNSUPPORTED:
+            gpu = mem = busy
+        else:
+            gpu, mem = busy.get(pid, (0, 0))
+        result.append(ProcessSample(pid, kind, memory_kib, gpu, mem))
+    return tuple(result)
+
+
+def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
+    """Per-pid busy percentages since the device's last-seen timestamp.
+
+    Samples no newer than the timestamp we asked with, or over 100 %, are bogus
+    (NVML-FACTS.md section 3) and dropped.  Several samples of one pid are
+    averaged.  On the first read (no timestamp yet) the whole driver buffer comes
+    back; only each pid's newest sample is used then.  A pid without a sample was
+    idle: 0 %.
+    """
+    since = device.last_seen
+    try:
+        samples = device.call("nvmlDeviceGetProcessUtilization", since)
+    except Idle:
+        return {}
+    except Failed as failure:
+        if "NVML_ERROR_0" in failure.cause:
+            return {}  # SUCCESS on the size query: the wrapper's way of saying "none"
+        raise
+    per_pid: dict[int, list[tuple[int, int, int]]] = {}
+    newest = since
+    for sample in samples:
+        stamp = int(sample.timeStamp)
+        if stamp <= since or sample.smUtil > 100 or sample.memUtil > 100:
+            continue
+        newest = max(newest, stamp)
+        per_pid.setdefault(int(sample.pid), []).append((stamp, sample.smUtil, sample.memUtil))
+    device.last_seen = newest
+    busy = {}
+    for pid, entries in per_pid.items():
+        if since == 0:
+            entries = [max(entries)]
+        busy[pid] = (
+            clamp_percent(sum(e[1] for e in entries) / len(entries)),
+            clamp_percent(sum(e[2] for e in entries) / len(entries)),
+        )
+    return busy
+
+
+def placeholder(device: NvmlDevice) -> DeviceSample:
+    return DeviceSample(device.key, device.busid, device.name, device.task_support)
+
+
+def absent_sample(sample: DeviceSample) -> DeviceSample:
+    return DeviceSample(
+        key=sample.key,
+        busid=sample.busid,
+        name=sample.name,
+        task_support=sample.task_support,
+        present=False,
+    )

@@ -1,0 +1,248 @@
+"""MIG: a card in MIG mode read as its instances, or as their sum (docs/mig.md).
+
+Each instance is a device named by `atopgpud_tw.identity`, with its own memory
+and processes and no utilization (NVML has none under MIG).  The mode and the
+instances are looked up again at every poll, a few cheap calls, so instances
+created or destroyed while the daemon runs are picked up.  With ``mig="card"``
+the instances are summed into one device for the card.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
+from atopgpud_tw.readers.nvml_device import (
+    INVALID_ARGUMENT,
+    MIG_ENABLED,
+    UNSUPPORTED,
+    DeviceLost,
+    Failed,
+    Idle,
+    MigState,
+    NvmlDevice,
+    Reinitialise,
+    Unsupported,
+    absent_sample,
+    as_text,
+    attempter,
+    placeholder,
+    probe_support,
+    read_device,
+    read_memory,
+)
+from atopgpud_tw.snapshot import DeviceSample, ProcessSample
+
+log = Logger()
+
+
+def read_card(card: NvmlDevice, mig: str, problems: dict[str, str]) -> list[DeviceSample]:
+    """A card's devices in this poll: the card, or its MIG instances (or their sum).
+
+    A lost card raises `DeviceLost`; a MIG instance that fails does not touch
+    the card or the other instances.
+    """
+    if not _mig_enabled(card, mig, problems):
+        return [read_device(card, problems)]
+    instances, complete = _enumerate(card, problems)
+    if not instances and complete:
+        problems[f"{card.key} mig-empty"] = (
+            f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
+        )
+        total, used = read_memory(card, attempter(card, problems))
+        return [_card_sample(card, total, used, ())]
+    samples = [_read_instance(instance, problems) for instance in instances]
+    if not complete:
+        # an instance that could not be looked at now is not gone: it counts nothing this poll
+        seen = {instance.key for instance in instances}
+        samples += [_unread(i) for key, i in card.mig.instances.items() if key not in seen]
+        if not samples:
+            return [_card_sample(card, None, None, None)] if mig == "card" else []
+    if mig == "card":
+        return [_card_total(card, samples)]
+    return samples
+
+
+def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
+    """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
+    try:
+        enabled = int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
+    except Unsupported:
+        enabled = False
+    except Idle:
+        return card.mig.enabled
+    except (DeviceLost, Reinitialise):
+        raise
+    except Failed as failure:
+        problems[f"{card.key} {failure.cause}"] = f"GPU {card.busid}: {failure.cause}"
+        return card.mig.enabled
+    if enabled != card.mig.enabled:
+        card.mig = MigState(enabled=enabled)
+        # what a card supports depends on its mode
+        card.unsupported.clear()
+        shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
+        log.info(
+            "nvml: GPU {busid} is {state}",
+            busid=card.busid,
+            state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
+        )
+    return enabled
+
+
+def _enumerate(card: NvmlDevice, problems: dict[str, str]) -> tuple[list[NvmlDevice], bool]:
+    """The card's MIG instances now, in slot order, and whether the list is complete.
+
+    Slots are sparse: NOT_FOUND or INVALID_ARGUMENT means nothing is there (or it
+    was destroyed while being looked at).  Any other failure leaves the list
+    incomplete, so that no instance is taken for gone on a passing error.
+    """
+    state = card.mig
+    if state.slots is None:
+        slots = attempter(card, problems)(lambda: card.call("nvmlDeviceGetMaxMigDeviceCount"), 0)
+        if slots is None:
+            return [], False
+        state.slots = int(slots)
+    found: dict[str, NvmlDevice] = {}
+    complete = True
+    for slot in range(state.slots):
+        try:
+            handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
+        except (Idle, Unsupported):
+            continue
+        except (DeviceLost, Reinitialise):
+            raise
+        except Failed as failure:
+            complete &= _empty_slot(card, slot, failure, problems)
+            continue
+        try:
+            instance = _identify(card, handle)
+        except Idle:
+            continue
+        except Unsupported as unsupported:
+            # a driver that cannot say which instance this is: said once, not guessed
+            problems[f"{card.key} mig identity"] = (
+                f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported"
+            )
+            continue
+        except Reinitialise:
+            raise
+        except Failed as failure:
+            complete &= _empty_slot(card, slot, failure, problems)
+            continue
+        found.setdefault(instance.key, instance)
+    _note_changes(card, found, complete)
+    return list(found.values()), complete
+
+
+def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: dict[str, str]) -> bool:
+    """Whether a failure at a slot means "nothing there" (else it is a problem)."""
+    if failure.value == INVALID_ARGUMENT:
+        return True
+    problems[f"{card.key} mig slot {slot} {failure.cause}"] = (
+        f"GPU {card.busid}: MIG device {slot}: {failure.cause}"
+    )
+    return False
+
+
+def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
+    """The instance behind a fresh MIG handle: one already known by its ids, or a new one.
+
+    Handles of destroyed instances become invalid and may be reused, so the ids
+    and the profile are read again at every poll.
+    """
+    probe = NvmlDevice(card.nvml, handle, card.key, card.busid, card.name, mig_instance=True)
+    gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
+    compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
+    profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
+    key = mig_key(card.key, gpu_instance, compute_instance)
+    instance = card.mig.instances.get(key)
+    if instance is None or instance.name != profile:
+        busid = mig_busid(card.busid, gpu_instance, compute_instance)
+        instance = NvmlDevice(card.nvml, handle, key, busid, profile, mig_instance=True)
+        instance.task_support = probe_support(instance)
+    instance.handle = handle
+    return instance
+
+
+def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
+    known = card.mig.instances
+    for key, instance in found.items():
+        if key not in known:
+            log.info(
+                "nvml: GPU {card}: MIG instance {busid} ({profile}) is there",
+                card=card.busid,
+                busid=instance.busid,
+                profile=instance.name,
+            )
+    if not complete:
+        known.update(found)
+        return
+    for key, instance in known.items():
+        if key not in found:
+            log.info("nvml: GPU {card}: MIG instance {busid} is gone", card=card.busid, busid=instance.busid)
+    card.mig.instances = dict(found)
+
+
+def _read_instance(instance: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+    try:
+        return read_device(instance, problems)
+    except DeviceLost as failure:
+        problems[f"{instance.key} lost"] = f"MIG instance {instance.busid}: {failure.cause}"
+        return absent_sample(placeholder(instance))
+
+
+def _unread(instance: NvmlDevice) -> DeviceSample:
+    """An instance that is there but could not be read in this poll."""
+    return DeviceSample(
+        instance.key, instance.busid, instance.name, instance.task_support,
+        memory_total_kib=None, memory_used_kib=None, processes=None,
+    )
+
+
+def _card_sample(
+    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None
+) -> DeviceSample:
+    """A card in MIG mode as one device: no utilization of its own."""
+    return DeviceSample(
+        card.key, card.busid, card.name, card.task_support,
+        gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
+        memory_total_kib=total, memory_used_kib=used, processes=processes,
+    )
+
+
+def _card_total(card: NvmlDevice, parts: list[DeviceSample]) -> DeviceSample:
+    """``--mig card``: the card's instances summed; a lost instance no longer counts."""
+    parts = [part for part in parts if part.present]
+    lists = [part.processes for part in parts]
+    processes = None if any(listed is None for listed in lists) else _sum_processes(lists)
+    return _card_sample(
+        card,
+        _sum([part.memory_total_kib for part in parts]),
+        _sum([part.memory_used_kib for part in parts]),
+        processes,
+    )
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if None in values else sum(values)  # type: ignore[arg-type]
+
+
+def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
+    """One entry per pid; a pid on two instances holds memory on both."""
+    merged: dict[int, ProcessSample] = {}
+    for listed in lists:
+        for proc in listed:
+            seen = merged.get(proc.pid)
+            if seen is None:
+                merged[proc.pid] = proc
+                continue
+            merged[proc.pid] = ProcessSample(
+                proc.pid,
+                seen.kind if seen.kind == proc.kind else "C+G",
+                _sum([seen.memory_kib, proc.memory_kib]),
+                seen.gpu_busy,
+                seen.mem_busy,
+            )
+    return tuple(merged.values())
