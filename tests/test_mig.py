@@ -217,7 +217,8 @@ def test_sparse_slots_are_skipped_and_the_count_is_asked_once():
     assert [d.busid for d in snapshot.devices[:2]] == ["00000000:17:00.0/1.0", "00000000:17:00.0/2.0"]
     assert nvml.calls["nvmlDeviceGetMaxMigDeviceCount"] == 1
     assert nvml.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 3 * 7
-    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 3  # the A10 only: never asked of a MIG handle
+    # the A10 only (GPU and memory samples each poll): never asked of a MIG handle
+    assert nvml.calls["nvmlDeviceGetSamples"] == 3 * 2
     assert nvml.calls["nvmlDeviceGetProcessUtilization"] == 3
 
 

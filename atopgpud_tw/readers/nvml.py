@@ -155,6 +155,7 @@ class NvmlReader:
                 return self._absent(), problems
         samples = []
         for card in self._devices:
+            card.now_us = int(now * 1_000_000)
             try:
                 found = read_card(card, self.mig, problems)
             except Reinitialise as failure:

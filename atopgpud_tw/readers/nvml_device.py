@@ -14,6 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from atopgpud_tw.readers.nvml_samples import (
+    FIRST_WINDOW_US,
+    fold_device_samples,
+    fold_process_samples,
+    smallest_gap,
+)
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
     TASK_GRAPHICS,
@@ -51,6 +57,11 @@ _ERROR_NAMES = {
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 #: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
 MIG_ENABLED = 1
+#: nvmlDeviceGetSamples sample types
+GPU_UTILIZATION_SAMPLES = 1
+MEMORY_UTILIZATION_SAMPLES = 2
+#: what a reading returns when the sample buffer is not there: use the rates call
+_NO_SAMPLES = object()
 MIG_MODES = ("instances", "card")
 
 
@@ -118,6 +129,20 @@ class NvmlDevice:
     unsupported: set[str] = field(default_factory=set)
     #: the newest process-utilization timestamp NVML returned for this device
     last_seen: int = 0
+    #: the newest utilization-sample timestamp NVML returned, per sample type
+    samples_seen: dict[int, int] = field(default_factory=dict)
+    #: how many GPU utilization samples this poll brought (None: not known)
+    poll_periods: int | None = None
+    #: the driver's sample period in microseconds, once two samples showed it
+    period_us: int | None = None
+    #: per sample type, where the accounting of the driver's time got to (µs):
+    #: past the last sample after polls that found the buffer empty
+    accounted: dict[int, int] = field(default_factory=dict)
+    #: this poll's time in microseconds on the reader's clock (the reader sets it)
+    now_us: int = 0
+    #: the smallest (reader's clock - newest sample) seen: maps the reader's time
+    #: onto the driver's sample clock, whatever epoch that clock counts from
+    clock_offset_us: int | None = None
     #: a MIG instance: no utilization of its own, device-wide or per process
     mig_instance: bool = False
     #: a card's MIG mode and instances
@@ -152,6 +177,9 @@ class NvmlDevice:
             # never work with this library, like NOT_SUPPORTED
             self.unsupported.add(function)
             raise Unsupported(f"{function}: {error}") from None
+        except Exception as error:
+            # a binding or driver bug: this reading fails, the rest of the poll goes on
+            raise Failed(f"{function}: {type(error).__name__}: {error}") from None
 
 
 def probe_support(device: NvmlDevice) -> int:
@@ -216,16 +244,62 @@ def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
 
 
 def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
-    """The GPU and memory busy percentages of one device in this poll.
+    """The GPU and memory busy percentages of one device over this poll.
 
-    A MIG instance has none: NVML reports no utilization under MIG.
+    From the driver's sample buffer where it has one (every sample since the
+    previous poll, `nvml_samples`), else from the rates call, which covers only
+    the driver's last sample period.  A MIG instance has none: NVML reports no
+    utilization under MIG.
     """
+    device.poll_periods = None
     if device.mig_instance:
         return UNSUPPORTED, UNSUPPORTED
+    gpu = attempt(lambda: _sampled(device, GPU_UTILIZATION_SAMPLES), unsupported=_NO_SAMPLES)
+    if gpu is not _NO_SAMPLES:
+        mem = attempt(lambda: _sampled(device, MEMORY_UTILIZATION_SAMPLES), unsupported=_NO_SAMPLES)
+        if mem is not _NO_SAMPLES:
+            return gpu, mem
     rates = attempt(lambda: device.call("nvmlDeviceGetUtilizationRates"))
     if rates is None or rates is UNSUPPORTED:
         return rates, rates
     return clamp_percent(rates.gpu), clamp_percent(rates.memory)
+
+
+def _sampled(device: NvmlDevice, kind: int) -> int:
+    since = device.samples_seen.get(kind, 0)
+    try:
+        _, samples = device.call("nvmlDeviceGetSamples", kind, since)
+    except Idle:
+        # nothing since the last poll: the buffer runs dry while the GPU is idle;
+        # that time is accounted for as idle, so the next samples do not claim it
+        if kind == GPU_UTILIZATION_SAMPLES:
+            device.poll_periods = 0
+        if since and device.clock_offset_us is not None:
+            driver_now = device.now_us - device.clock_offset_us
+            device.accounted[kind] = max(device.accounted.get(kind, since), driver_now)
+        return 0
+    pairs = [(int(s.timeStamp), _sample_value(s)) for s in samples]
+    gap = smallest_gap(stamp for stamp, _ in pairs if stamp > since)
+    if gap and (device.period_us is None or gap < device.period_us):
+        device.period_us = gap
+    driver_now = None if device.clock_offset_us is None else device.now_us - device.clock_offset_us
+    value, newest, end = fold_device_samples(pairs, since, device.accounted.get(kind), device.period_us, driver_now)
+    if kind == GPU_UTILIZATION_SAMPLES:
+        first = since or newest - FIRST_WINDOW_US
+        device.poll_periods = sum(1 for stamp, _ in pairs if stamp > first)
+    device.samples_seen[kind] = newest
+    device.accounted[kind] = end
+    if device.now_us and newest > since:
+        lag = device.now_us - newest
+        device.clock_offset_us = lag if device.clock_offset_us is None else min(device.clock_offset_us, lag)
+    if value is None:
+        raise Failed("nvmlDeviceGetSamples: no usable sample (all older or above 100 %)")
+    return value
+
+
+def _sample_value(sample: Any) -> float:
+    value = sample.sampleValue
+    return float(getattr(value, "uiVal", value))
 
 
 def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
@@ -271,40 +345,20 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
 
 
 def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
-    """Per-pid busy percentages since the device's last-seen timestamp.
-
-    Samples no newer than the timestamp we asked with, or over 100 %, are bogus
-    (NVML-FACTS.md section 3) and dropped.  Several samples of one pid are
-    averaged.  On the first read (no timestamp yet) the whole driver buffer comes
-    back; only each pid's newest sample is used then.  A pid without a sample was
-    idle: 0 %.
-    """
+    """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`)."""
     since = device.last_seen
     try:
         samples = device.call("nvmlDeviceGetProcessUtilization", since)
     except Idle:
-        return {}
+        return {}  # nothing ran since the last poll
     except Failed as failure:
-        if "NVML_ERROR_0" in failure.cause:
+        if failure.value == 0:
             return {}  # SUCCESS on the size query: the wrapper's way of saying "none"
         raise
-    per_pid: dict[int, list[tuple[int, int, int]]] = {}
-    newest = since
-    for sample in samples:
-        stamp = int(sample.timeStamp)
-        if stamp <= since or sample.smUtil > 100 or sample.memUtil > 100:
-            continue
-        newest = max(newest, stamp)
-        per_pid.setdefault(int(sample.pid), []).append((stamp, sample.smUtil, sample.memUtil))
-    device.last_seen = newest
-    busy = {}
-    for pid, entries in per_pid.items():
-        if since == 0:
-            entries = [max(entries)]
-        busy[pid] = (
-            clamp_percent(sum(e[1] for e in entries) / len(entries)),
-            clamp_percent(sum(e[2] for e in entries) / len(entries)),
-        )
+    gap = smallest_gap(int(s.timeStamp) for s in samples)
+    if gap and (device.period_us is None or gap < device.period_us):
+        device.period_us = gap
+    busy, device.last_seen = fold_process_samples(samples, since, device.poll_periods, device.period_us)
     return busy
 
 

@@ -47,6 +47,8 @@ NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_MEMORY_UTILIZATION_SAMPLES = 2
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_DEVICE_MIG_DISABLE = 0
+#: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
+SAMPLE_BUFFER = 100
 NVML_DEVICE_MIG_ENABLE = 1
 
 
@@ -126,6 +128,10 @@ class c_nvmlSample_t(_Record):
     pass
 
 
+class c_nvmlValue_t(_Record):
+    pass
+
+
 @dataclass(frozen=True)
 class Handle:
     """A device handle: a card, or a MIG instance of a card."""
@@ -181,7 +187,7 @@ class SimulatedNvml:
             if handle.instance is not None:
                 faults = faults + handle.instance.faults
         for fault in faults:
-            if fault.call == call and fault.active(now):
+            if fault.call in (call, "*") and fault.active(now):
                 _raise_fault(fault.error)
         if call != "nvmlInit" and not self._initialised:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_UNINITIALIZED"])
@@ -325,10 +331,60 @@ class SimulatedNvml:
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        # like the driver: the busy share of its last sample period only
+        last = self._periods(gpu)[-1:]
         return c_nvmlUtilization_t(
-            gpu=int(self._next((handle.gpu, "gpu_util"), gpu.gpu_util)),
-            memory=int(self._next((handle.gpu, "mem_util"), gpu.mem_util)),
+            gpu=self._util(handle, gpu, "gpu", last),
+            memory=self._util(handle, gpu, "mem", last),
         )
+
+    def nvmlDeviceGetSamples(
+        self, device: Handle, sampling_type: int, timeStamp: int
+    ) -> tuple[int, list[c_nvmlSample_t]]:
+        self._enter("nvmlDeviceGetSamples", device)
+        gpu = self._gpu(device)
+        field = {NVML_GPU_UTILIZATION_SAMPLES: "gpu", NVML_MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
+        if field is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        if gpu.mig is not None or not gpu.samples_supported or gpu.gpu_util is None or gpu.mem_util is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        if getattr(gpu, f"{field}_timeline") is None:
+            # no timeline: one new sample per call, the next of the cycled values
+            stamp = self._stamp_us()
+            if stamp <= timeStamp:
+                raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+            value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
+            return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
+        out = [
+            _sample(stamp, self._util(device, gpu, field, [(start, end)]))
+            for stamp, start, end in self._periods(gpu)
+            if stamp > timeStamp
+        ]
+        if not gpu.idle_samples:
+            out = [s for s in out if s.sampleValue.uiVal]
+        if not out:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        return NVML_VALUE_TYPE_UNSIGNED_INT, out
+
+    def _periods(self, gpu: GpuSpec) -> list[tuple[int, float, float]]:
+        """The driver's completed sample periods still in its buffer: (stamp, start, end)."""
+        period = gpu.sample_period
+        last = int(self._clock() / period + 1e-9)
+        first = max(1, last - SAMPLE_BUFFER + 1)
+        return [
+            (self._epoch_us + int(round(k * period * 1_000_000)), (k - 1) * period, k * period)
+            for k in range(first, last + 1)
+        ]
+
+    def _util(self, handle: Handle, gpu: GpuSpec, field: str, periods: list[Any]) -> int:
+        """The GPU's busy percentage over one period (timeline) or its next cycled value."""
+        timeline = getattr(gpu, f"{field}_timeline")
+        if timeline is None:
+            return int(self._next((handle.gpu, f"{field}_util"), getattr(gpu, f"{field}_util")))
+        if not periods:
+            return 0
+        start, end = periods[-1][-2:]
+        return int(round(timeline.percent(start, end)))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
@@ -396,6 +452,9 @@ class SimulatedNvml:
         stamp = self._stamp_us()
         out = []
         for proc in gpu.processes:
+            if proc.sm_timeline is not None or proc.mem_timeline is not None:
+                out.extend(self._process_periods(gpu, proc, timeStamp))
+                continue
             if not proc.alive(now):
                 continue
             sm = self._next((handle.gpu, proc.pid, "sm_util"), proc.sm_util)
@@ -409,6 +468,29 @@ class SimulatedNvml:
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return out
+
+
+    def _process_periods(
+        self, gpu: GpuSpec, proc: ProcessSpec, since: int
+    ) -> list[c_nvmlProcessUtilizationSample_t]:
+        """One sample per completed period in which the process was busy, as the driver keeps them."""
+        out = []
+        for stamp, start, end in self._periods(gpu):
+            if stamp <= since or not (proc.alive(start) or proc.alive(end)):
+                continue
+            sm = round(proc.sm_timeline.percent(start, end)) if proc.sm_timeline else 0
+            mem = round(proc.mem_timeline.percent(start, end)) if proc.mem_timeline else 0
+            if sm or mem:
+                out.append(
+                    c_nvmlProcessUtilizationSample_t(
+                        pid=proc.pid, timeStamp=stamp, smUtil=int(sm), memUtil=int(mem), encUtil=0, decUtil=0
+                    )
+                )
+        return out
+
+
+def _sample(stamp: int, value: int) -> c_nvmlSample_t:
+    return c_nvmlSample_t(timeStamp=stamp, sampleValue=c_nvmlValue_t(uiVal=value))
 
 
 def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:

@@ -56,6 +56,34 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Timeline:
+    """Busy spells repeated every `period` seconds: ``busy`` is a list of
+    ``[from, until]`` offsets within the period, at `level` percent."""
+
+    period: float
+    busy: tuple[tuple[float, float], ...]
+    level: float = 100.0
+
+    def busy_time(self, t: float) -> float:
+        """Seconds of busy time from 0 to `t` (at full level)."""
+        cycles, rest = divmod(max(0.0, t), self.period)
+        per_cycle = sum(b - a for a, b in self.busy)
+        partial = sum(max(0.0, min(b, rest) - a) for a, b in self.busy)
+        return cycles * per_cycle + partial
+
+    def percent(self, start: float, end: float) -> float:
+        """The busy percentage over ``(start, end]``."""
+        if end <= start:
+            return 0.0
+        return (self.busy_time(end) - self.busy_time(start)) / (end - start) * self.level
+
+    @property
+    def average(self) -> float:
+        """The true long-run busy percentage."""
+        return sum(b - a for a, b in self.busy) / self.period * self.level
+
+
+@dataclass(frozen=True)
 class ProcessSpec:
     pid: int
     type: str = "C"
@@ -64,6 +92,9 @@ class ProcessSpec:
     mem_util: Cycled = 0
     start: float = 0.0
     stop: float | None = None
+    #: sub-second busy timelines (then the driver's sample buffer is simulated)
+    sm_timeline: Timeline | None = None
+    mem_timeline: Timeline | None = None
 
     def alive(self, now: float) -> bool:
         return self.start <= now and (self.stop is None or now < self.stop)
@@ -106,6 +137,15 @@ class GpuSpec:
     graphics_list: bool = True
     #: nvmlDeviceGetMigMode works (MIG enabled when `mig` is a list, else disabled)
     mig_capable: bool = False
+    #: the driver's utilization sample period (1/6 s to 1 s depending on the product)
+    sample_period: float = 1 / 6
+    #: sub-second busy timelines, instead of gpu_util/mem_util
+    gpu_timeline: Timeline | None = None
+    mem_timeline: Timeline | None = None
+    #: nvmlDeviceGetSamples works for utilization (false: old GPUs, NOT_SUPPORTED)
+    samples_supported: bool = True
+    #: the driver buffers samples of idle periods too (false: the buffer runs dry when idle)
+    idle_samples: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,8 +203,10 @@ _TOP_FIELDS = {"gpus", "call_delay_ms", "faults", "repeat"}
 _GPU_FIELDS = {
     "name", "busid", "uuid", "memory_total_mib", "memory_used_mib", "gpu_util", "mem_util",
     "processes", "mig", "mig_capable", "faults", "compute_list", "graphics_list",
+    "sample_period", "gpu_timeline", "mem_timeline", "samples_supported", "idle_samples",
 }
-_PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop"}
+_PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop", "sm_timeline", "mem_timeline"}
+_TIMELINE_FIELDS = {"period", "busy", "level"}
 _MIG_FIELDS = {
     "profile", "memory_total_mib", "memory_used_mib", "gpu_instance", "compute_instance",
     "processes", "start", "stop", "slot", "faults",
@@ -237,6 +279,27 @@ def _span(spec: dict[str, Any], where: str) -> tuple[float, float | None]:
     return start, stop
 
 
+def _timeline(value: Any, where: str) -> Timeline | None:
+    if value is None:
+        return None
+    spec = _object(value, where, _TIMELINE_FIELDS)
+    period = _number(spec.get("period"), f"{where}.period", minimum=0.001)
+    busy = []
+    for i, spell in enumerate(_list(spec.get("busy", []), f"{where}.busy")):
+        if not isinstance(spell, list) or len(spell) != 2:
+            raise ScenarioError(f"{where}.busy[{i}] must be [from, until]")
+        a, b = (_number(x, f"{where}.busy[{i}]", minimum=0) for x in spell)
+        if not a < b <= period:
+            raise ScenarioError(f"{where}.busy[{i}] must have from < until <= period")
+        if busy and a < busy[-1][1]:
+            raise ScenarioError(f"{where}.busy[{i}] overlaps the spell before it")
+        busy.append((a, b))
+    level = _number(spec.get("level", 100), f"{where}.level", minimum=0)
+    if level > 100:
+        raise ScenarioError(f"{where}.level is a percentage (0 to 100)")
+    return Timeline(period, tuple(busy), level)
+
+
 def _process(spec: Any, where: str) -> ProcessSpec:
     spec = _object(spec, where, _PROCESS_FIELDS)
     pid = spec.get("pid")
@@ -254,6 +317,8 @@ def _process(spec: Any, where: str) -> ProcessSpec:
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
         start=start,
         stop=stop,
+        sm_timeline=_timeline(spec.get("sm_timeline"), f"{where}.sm_timeline"),
+        mem_timeline=_timeline(spec.get("mem_timeline"), f"{where}.mem_timeline"),
     )
 
 
@@ -265,8 +330,8 @@ def _processes(spec: dict[str, Any], where: str) -> tuple[ProcessSpec, ...]:
 def _fault(spec: Any, where: str) -> Fault:
     spec = _object(spec, where, _FAULT_FIELDS)
     call = spec.get("call")
-    if not isinstance(call, str) or not call.startswith("nvml"):
-        raise ScenarioError(f"{where}.call must name an NVML function")
+    if not isinstance(call, str) or not (call.startswith("nvml") or call == "*"):
+        raise ScenarioError(f"{where}.call must name an NVML function, or be * for every call")
     error = spec.get("error")
     if error not in NVML_ERRORS and error not in OTHER_FAULTS:
         raise ScenarioError(f"{where}.error {error!r} is not a known NVML error")
@@ -350,4 +415,9 @@ def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
         compute_list=_flag(spec.get("compute_list", True), f"{where}.compute_list"),
         graphics_list=_flag(spec.get("graphics_list", True), f"{where}.graphics_list"),
         mig_capable=capable,
+        sample_period=_number(spec.get("sample_period", 1 / 6), f"{where}.sample_period", minimum=0.001),
+        gpu_timeline=_timeline(spec.get("gpu_timeline"), f"{where}.gpu_timeline"),
+        mem_timeline=_timeline(spec.get("mem_timeline"), f"{where}.mem_timeline"),
+        samples_supported=_flag(spec.get("samples_supported", True), f"{where}.samples_supported"),
+        idle_samples=_flag(spec.get("idle_samples", True), f"{where}.idle_samples"),
     )
