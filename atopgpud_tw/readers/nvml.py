@@ -74,6 +74,13 @@ class NvmlReader:
         self._initialised = False
         self._retry_at = 0.0
         self._attempts = 0
+        #: re-discovery while a device is lost or missing, with its own backoff
+        self._rediscover_at = 0.0
+        self._rediscoveries = 0
+        self._lost = False
+        #: every card ever discovered (its key), to notice one missing
+        self._cards: set[str] = set()
+        self._announced: set[str] = set()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -115,13 +122,16 @@ class NvmlReader:
             device = NvmlDevice(self.nvml, handle, key, busid, name)
             device.task_support = probe_support(device)
             devices.append(device)
+        self._cards.update(device.key for device in devices)
         for device in devices:
-            log.info(
-                "nvml: GPU {busid} {name} (processes: {support})",
-                busid=device.busid,
-                name=device.name,
-                support=_support_text(device.task_support),
-            )
+            if device.key not in self._announced:
+                self._announced.add(device.key)
+                log.info(
+                    "nvml: GPU {busid} {name} (processes: {support})",
+                    busid=device.busid,
+                    name=device.name,
+                    support=_support_text(device.task_support),
+                )
         return devices
 
     # -- polling --
@@ -138,7 +148,19 @@ class NvmlReader:
         return snapshot
 
     def read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
-        """One blocking poll of every device, and the problems it met."""
+        """One blocking poll of every device, and the problems it met.
+
+        An exception that escapes (a bug, or a binding gone wrong) fails this poll
+        and has NVML set up again, with backoff, from the next one.
+        """
+        try:
+            return self._read(now)
+        except Exception:
+            self._shutdown()
+            self._schedule_retry(now)
+            raise
+
+    def _read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
         problems: dict[str, str] = {}
         if not self._initialised or not self._devices:
             if now < self._retry_at:
@@ -153,7 +175,10 @@ class NvmlReader:
                 self._schedule_retry(now)
                 problems["init"] = f"cannot set up NVML ({_describe_init_failure(error)})"
                 return self._absent(), problems
+        elif self._missing() and now >= self._rediscover_at:
+            self._rediscover()
         samples = []
+        lost = False
         for card in self._devices:
             card.now_us = int(now * 1_000_000)
             try:
@@ -164,6 +189,7 @@ class NvmlReader:
                 self._schedule_retry(now)
                 return self._absent(), problems
             except DeviceLost as failure:
+                lost = True
                 problems[f"{card.key} lost"] = f"GPU {card.busid}: {failure.cause}"
                 if card.mig.enabled and card.mig.instances and self.mig == "instances":
                     continue  # its instances are shown absent, as vanished ones are
@@ -171,7 +197,37 @@ class NvmlReader:
             for sample in found:
                 self._known[sample.key] = sample
             samples.extend(found)
+        if lost or self._missing():
+            if now >= self._rediscover_at:
+                delay = BACKOFF[min(self._rediscoveries, len(BACKOFF) - 1)]
+                self._rediscover_at = now + delay
+                self._rediscoveries += 1
+            self._lost = lost
+        else:
+            self._rediscoveries = 0
         return self._with_vanished(samples), problems
+
+    def _missing(self) -> bool:
+        """Whether a card seen before is not among the devices read now."""
+        current = {card.key for card in self._devices}
+        return self._lost or any(key not in current for key in self._cards)
+
+    def _rediscover(self) -> None:
+        """Look for the GPUs again; a card found again keeps its state and counters."""
+        try:
+            fresh = self._discover()
+        except Exception:
+            return  # NVML itself trouble: the lost devices' reads will say so
+        old = {card.key: card for card in self._devices}
+        devices = []
+        for card in fresh:
+            known = old.get(card.key)
+            if known is not None:
+                known.handle = card.handle
+                card = known
+            devices.append(card)
+        self._devices = devices
+        self._lost = False
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
         present = {s.key for s in samples}
