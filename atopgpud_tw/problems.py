@@ -31,4 +31,5 @@ class ProblemLog:
                 self.log.info(
                     "{subject}: recovered ({problem})", subject=self.subject, problem=text
                 )
-        self.active = dict(problems)
+        # a cause keeps the words it was first logged with, so its recovery names it
+        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
