@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -48,8 +48,7 @@ class PollerService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        self.reader.close()
-        return succeed(None)
+        return maybeDeferred(self.reader.close)
 
     def poll_once(self) -> Deferred:
         """One poll; the returned Deferred never fails."""

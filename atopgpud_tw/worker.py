@@ -52,7 +52,16 @@ class SerialWorker:
             try:
                 value = function(*args)
             except BaseException:
-                outcome = Failure()
-                self._reactor.callFromThread(result.errback, outcome)
+                self._reactor.callFromThread(_fire, result, Failure())
             else:
-                self._reactor.callFromThread(result.callback, value)
+                self._reactor.callFromThread(_fire, result, value)
+
+
+def _fire(result: Deferred, outcome: Any) -> None:
+    """Fire a job's Deferred, unless it was given up on (cancelled, timed out)."""
+    if result.called:
+        return
+    if isinstance(outcome, Failure):
+        result.errback(outcome)
+    else:
+        result.callback(outcome)

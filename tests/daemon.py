@@ -133,11 +133,11 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self) -> int | None:
+    def stop(self, signum: int = signal.SIGTERM) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signum)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:

@@ -164,10 +164,36 @@ def test_tcp_listener_serves_old_atop(tmp_path):
         client.close()
 
 
-def test_sigterm_stops_cleanly(tmp_path):
-    """SIGTERM ends the daemon cleanly (twistd re-raises the signal for its status) and frees its socket."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_cleanly(tmp_path, signum):
+    """SIGTERM and SIGINT end the daemon cleanly: NVML shut down, socket freed."""
     daemon = Daemon(tmp_path, ["--reader", "sim"]).start()
-    assert daemon.stop() in (0, -signal.SIGTERM)
-    assert "Server Shut Down." in daemon.log() and "Traceback" not in daemon.log()
+    assert daemon.stop(signum) in (0, -signum)
+    log = daemon.log()
+    assert "nvml: shut down" in log and "Server Shut Down." in log and "Traceback" not in log
     with pytest.raises(OSError):
         daemon.client()
+
+
+def test_nvml_call_stuck_in_the_driver_stalls_nothing(tmp_path):
+    """A hung NVML call: clients are still answered at once, and the daemon still stops."""
+    stuck = {"call": "nvmlDeviceGetMemoryInfo", "error": "hang", "from": 1.5}
+    daemon = Daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": [dict(GPU_A, faults=[stuck])]}).start()
+    try:
+        client = daemon.client()
+        history = [client.stats()[0].samples]
+        deadline = time.monotonic() + 30
+        while len(history) < 6 or len(set(history[-6:])) > 1:  # frozen for a second: the call hangs
+            assert time.monotonic() < deadline, history
+            time.sleep(0.2)
+            history.append(client.stats()[0].samples)
+        frozen = history[-1]
+        for _ in range(10):
+            time.sleep(0.2)
+            (device,) = client.stats()  # the client's socket times out after 5 s: a reply came
+            assert device.samples == frozen
+        client.close()
+    finally:
+        status = daemon.stop()
+    assert status in (0, -signal.SIGTERM)
+    assert "nvml: not shut down" in daemon.log()

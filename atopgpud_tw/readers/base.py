@@ -27,8 +27,9 @@ class IReader(Interface):
         Never blocks the reactor.  A failure fails this poll only.
         """
 
-    def close() -> None:
-        """Release what the reader holds (NVML, child processes)."""
+    def close() -> Deferred | None:
+        """Release what the reader holds (NVML, child processes); may return a
+        Deferred that fires when done (stopping waits for it, briefly)."""
 
 
 class PollError(Exception):

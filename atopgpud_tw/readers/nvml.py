@@ -49,6 +49,9 @@ from atopgpud_tw.worker import SerialWorker
 
 log = Logger()
 
+#: seconds stopping waits for NVML to shut down
+CLOSE_TIMEOUT = 0.5
+
 
 @implementer(IReader)
 class NvmlReader:
@@ -250,10 +253,26 @@ class NvmlReader:
             except Exception:
                 pass  # shutting down a broken library may fail; it is let go anyway
 
-    def close(self) -> None:
-        """Shut NVML down (from the worker, after any poll in flight) and stop the worker."""
-        self._worker.submit(self._shutdown)
+    def close(self) -> Deferred | None:
+        """Shut NVML down (in the worker, after any poll in flight) and stop the worker.
+
+        The Deferred fires when NVML is shut down, or after `CLOSE_TIMEOUT`
+        seconds if a call is stuck in the driver: stopping never waits longer.
+        """
+        if self._reactor is None:  # read synchronously (tests, benchmarks)
+            self._close_nvml()
+            return None
+        done = self._worker.submit(self._close_nvml)
         self._worker.stop()
+        done.addTimeout(CLOSE_TIMEOUT, self._reactor)
+        done.addErrback(lambda failure: log.warn("nvml: not shut down ({error})", error=failure.getErrorMessage()))
+        return done
+
+    def _close_nvml(self) -> None:
+        was_initialised = self._initialised
+        self._shutdown()
+        if was_initialised:
+            log.info("nvml: shut down")
 
 
 

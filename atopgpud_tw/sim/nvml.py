@@ -188,6 +188,10 @@ class SimulatedNvml:
                 faults = faults + handle.instance.faults
         for fault in faults:
             if fault.call in (call, "*") and fault.active(now):
+                if fault.error == "hang":
+                    # stuck in the driver: until the fault ends (an hour at most)
+                    time.sleep(min(3600.0, (fault.until or now + 3600.0) - now))
+                    continue
                 _raise_fault(fault.error)
         if call != "nvmlInit" and not self._initialised:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_UNINITIALIZED"])

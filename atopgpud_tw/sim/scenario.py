@@ -36,7 +36,7 @@ NVML_ERRORS = {
     "NVML_ERROR_UNKNOWN": 999,
 }
 #: faults that are not NVML error codes
-OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError")
+OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError", "hang")
 PROCESS_TYPES = ("C", "G", "C+G")
 
 
