@@ -39,6 +39,18 @@ class ProcessTotals:
     def add(self, sample: ProcessSample) -> None:
         """Count one poll of this process, unless one of its readings failed."""
         self.kind = sample.kind
+        gpu, mem, memory = sample.gpu_busy, sample.mem_busy, sample.memory_kib
+        if memory is not None and gpu is not None and mem is not None and gpu >= 0 and mem >= 0:
+            # the common case, run for every process every poll: two real readings,
+            # which `_reading` passes through and `_accumulate` adds unless a sum is -1
+            self.samples += 1
+            self.memory_now_kib = memory
+            self.memory_cum_kib += memory
+            if self.gpu_busy_cum != UNSUPPORTED:
+                self.gpu_busy_cum += gpu
+            if self.mem_busy_cum != UNSUPPORTED:
+                self.mem_busy_cum += mem
+            return
         gpu = _reading(self.gpu_busy_cum if self.samples else None, sample.gpu_busy)
         mem = _reading(self.mem_busy_cum if self.samples else None, sample.mem_busy)
         if None in (gpu, mem, sample.memory_kib):
@@ -128,6 +140,14 @@ class Counters:
         self.layout_generation = 0
         self.polls = 0
 
+    def declare(self, snapshot: Snapshot) -> None:
+        """Take the devices' identity and order from a snapshot, counting nothing.
+
+        What the reader found at start-up: ``T`` lists it before the first poll.
+        """
+        for sample in snapshot.devices:
+            self._device_index(sample)
+
     def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
         """Count one poll and return the processes that ended in it."""
         exited: list[ExitedProcess] = []
@@ -195,24 +215,34 @@ class Counters:
     def _fold_processes(
         self, index: int, device: DeviceTotals, processes: tuple[ProcessSample, ...]
     ) -> list[ExitedProcess]:
-        merged: dict[int, ProcessSample] = {}
-        for proc in processes:
-            first = merged.get(proc.pid)
-            if first is None:
-                merged[proc.pid] = proc
-            elif first.kind != proc.kind:
-                merged[proc.pid] = ProcessSample(
-                    first.pid,
-                    _merge_kind(first.kind, proc.kind),
-                    first.memory_kib,
-                    first.gpu_busy,
-                    first.mem_busy,
-                )
+        merged = {proc.pid: proc for proc in processes}
+        if len(merged) != len(processes):
+            merged = _merge_duplicates(processes)
         active = device.processes
         for pid, proc in merged.items():
             totals = active.get(pid)
             if totals is None:
                 totals = active[pid] = ProcessTotals(pid, proc.kind)
             totals.add(proc)
+        if len(active) == len(merged):
+            return []  # every active process was seen in this poll
         ended = [pid for pid in active if pid not in merged]
         return [ExitedProcess(index, active.pop(pid)) for pid in ended]
+
+
+def _merge_duplicates(processes: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:
+    """One sample per pid: the first listed, its kind merged with the others' (C+G)."""
+    merged: dict[int, ProcessSample] = {}
+    for proc in processes:
+        first = merged.get(proc.pid)
+        if first is None:
+            merged[proc.pid] = proc
+        elif first.kind != proc.kind:
+            merged[proc.pid] = ProcessSample(
+                first.pid,
+                _merge_kind(first.kind, proc.kind),
+                first.memory_kib,
+                first.gpu_busy,
+                first.mem_busy,
+            )
+    return merged

@@ -138,10 +138,11 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     if reactor is None:
         from twisted.internet import reactor
     try:
-        reader = make_reader(options, reactor)
+        reader, layout = make_reader(options, reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
     board = Board(exited_limit=options["max-exited"])
+    board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)

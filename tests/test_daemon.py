@@ -197,3 +197,16 @@ def test_nvml_call_stuck_in_the_driver_stalls_nothing(tmp_path):
         status = daemon.stop()
     assert status in (0, -signal.SIGTERM)
     assert "nvml: not shut down" in daemon.log()
+
+
+def test_types_lists_the_gpus_before_the_first_poll(tmp_path):
+    """T is right from the start (atop asks it once), even while the first poll is still running."""
+    stuck = {"call": "nvmlDeviceGetMemoryInfo", "error": "hang"}
+    daemon = Daemon(tmp_path, [], scenario={"gpus": [dict(GPU_A, faults=[stuck]), GPU_B]}).start()
+    try:
+        client = daemon.client()
+        assert [d.busid for d in client.types()] == ["00000000:17:00.0", "00000000:65:00.0"]
+        assert [d.samples for d in client.stats()] == [0, 0]
+        client.close()
+    finally:
+        daemon.stop()

@@ -216,7 +216,8 @@ def test_sparse_slots_are_skipped_and_the_count_is_asked_once():
         assert problems == {}
     assert [d.busid for d in snapshot.devices[:2]] == ["00000000:17:00.0/1.0", "00000000:17:00.0/2.0"]
     assert nvml.calls["nvmlDeviceGetMaxMigDeviceCount"] == 1
-    assert nvml.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 3 * 7
+    # every slot once at start-up (the devices T lists before the first poll), then once per poll
+    assert nvml.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == (1 + 3) * 7
     # the A10 only (GPU and memory samples each poll): never asked of a MIG handle
     assert nvml.calls["nvmlDeviceGetSamples"] == 3 * 2
     assert nvml.calls["nvmlDeviceGetProcessUtilization"] == 3
@@ -319,7 +320,8 @@ def test_a_mig_capable_card_out_of_mig_mode_is_a_whole_card():
         snapshot, _ = poll(reader, clock, float(second))
     card = snapshot.devices[0]
     assert (card.busid, card.gpu_busy, card.mem_busy) == ("00000000:17:00.0", 12, 3)
-    assert nvml.calls["nvmlDeviceGetMigMode"] == 2 + 1  # every poll on the A100, once on the A10
+    # at start-up and every poll on the A100, once on the A10 (NOT_SUPPORTED is remembered)
+    assert nvml.calls["nvmlDeviceGetMigMode"] == 1 + 2 + 1
     assert nvml.calls["nvmlDeviceGetMaxMigDeviceCount"] == 0
 
 

@@ -19,5 +19,7 @@ def test_each_cause_logged_once_and_its_recovery_once_in_its_first_words():
         log.report({})
     finally:
         globalLogPublisher.removeObserver(events.append)
-    lines = [(e["log_level"].name, e.get("problem")) for e in events if e.get("log_namespace", "").endswith("ProblemLog")]
+    lines = [
+        (e["log_level"].name, e.get("problem")) for e in events if e.get("log_namespace", "").endswith("ProblemLog")
+    ]
     assert lines == [("warn", "driver gone"), ("warn", "GPU 0 lost"), ("info", "driver gone"), ("info", "GPU 0 lost")]

@@ -11,6 +11,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
+from atopgpud_tw.snapshot import Snapshot
 
 log = Logger()
 
@@ -49,18 +50,21 @@ def _sim(options: Any, reactor: Any) -> IReader:
 _MAKERS = {"nvml": _nvml, "nvidia-smi": _smi, "sim": _sim}
 
 
-def make_reader(options: Any, reactor: Any) -> IReader:
-    """The reader the options ask for, opened; `auto` tries nvml, then nvidia-smi."""
+def make_reader(options: Any, reactor: Any) -> tuple[IReader, Snapshot]:
+    """The reader the options ask for, opened, and the devices it found.
+
+    `auto` tries nvml, then nvidia-smi.
+    """
     choice = options["reader"]
     order = ("nvml", "nvidia-smi") if choice == "auto" else (choice,)
     reasons = []
     for name in order:
         try:
             reader = _MAKERS[name](options, reactor)
-            reader.open()
+            layout = reader.open()
         except ReaderUnavailable as error:
             reasons.append(f"{name}: {error}")
             continue
         log.info("reading GPUs through {reader}", reader=reader.name)
-        return reader
+        return reader, layout
     raise ReaderUnavailable("; ".join(reasons))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
+from atopgpud_tw.snapshot import Snapshot
+
 
 class ReaderUnavailable(Exception):
     """This reader cannot work on this machine; the message says why, in one line."""
@@ -15,10 +17,12 @@ class IReader(Interface):
 
     name = Attribute("a short name for logs: 'nvml', 'nvidia-smi', 'sim'")
 
-    def open() -> None:
+    def open() -> Snapshot:
         """Check at start-up that the reader can work; raise ReaderUnavailable if not.
 
-        May block (it runs once, before the reactor starts).
+        Returns the devices found, by identity (their readings are not used), so
+        that ``T`` lists them before the first poll.  May block (it runs once,
+        before the reactor starts).
         """
 
     def poll() -> Deferred:

@@ -43,7 +43,7 @@ from atopgpud_tw.readers.nvml_device import (
     placeholder,
     probe_support,
 )
-from atopgpud_tw.readers.nvml_mig import read_card
+from atopgpud_tw.readers.nvml_mig import layout_card, read_card
 from atopgpud_tw.snapshot import DeviceSample, Snapshot
 from atopgpud_tw.worker import SerialWorker
 
@@ -87,14 +87,20 @@ class NvmlReader:
 
     # -- start-up (blocking, before the reactor runs) --
 
-    def open(self) -> None:
-        """Initialise NVML and discover the devices; raise ReaderUnavailable if NVML is not usable."""
+    def open(self) -> Snapshot:
+        """Initialise NVML and discover the devices; raise ReaderUnavailable if NVML is not usable.
+
+        Returns the devices by identity (MIG instances included), read nothing
+        from yet: what ``T`` shows from the start.
+        """
         try:
             self._initialise()
+            layout = [sample for card in self._devices for sample in layout_card(card, self.mig)]
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
         if not self._devices:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
+        return Snapshot(tuple(layout))
 
     def _initialise(self) -> None:
         self.nvml.nvmlInit()

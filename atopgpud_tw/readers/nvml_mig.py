@@ -65,6 +65,17 @@ def read_card(card: NvmlDevice, mig: str, problems: dict[str, str]) -> list[Devi
     return samples
 
 
+def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
+    """A card's devices as a poll would show them, by identity only (no readings)."""
+    problems: dict[str, str] = {}
+    if not _mig_enabled(card, mig, problems):
+        return [placeholder(card)]
+    instances, _ = _enumerate(card, problems)
+    if mig == "card" or not instances:
+        return [placeholder(card)]
+    return [placeholder(instance) for instance in instances]
+
+
 def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
     try:

@@ -65,6 +65,8 @@ class _Run(ProcessProtocol):
         self._size = 0
         self._err = b""
         self._on_exit = on_exit
+        #: why it was killed, while it has not been reaped yet
+        self.killed: str | None = None
         self._timer = reactor.callLater(timeout, self._abort, f"did not finish within {timeout:g} s")
 
     def connectionMade(self) -> None:
@@ -98,6 +100,7 @@ class _Run(ProcessProtocol):
 
     def _abort(self, message: str) -> None:
         self.kill()
+        self.killed = f"{self.command} {message}; killed"
         self.fail(f"{message}; killed")
 
     def processEnded(self, reason: Failure) -> None:
@@ -145,8 +148,13 @@ class SmiReader:
 
     # -- start-up (blocking, before the reactor runs) --
 
-    def open(self) -> None:
-        """Find nvidia-smi and run it once; raise ReaderUnavailable if it gives no report."""
+    def open(self) -> Snapshot:
+        """Find nvidia-smi and run it once; raise ReaderUnavailable if it gives no report.
+
+        Returns the devices it lists (their identity: what ``T`` shows from the
+        start), with MIG profile names from ``nvidia-smi -L`` when there are MIG
+        instances.
+        """
         self._binary = self._locate()
         try:
             root, _ = read_report(_run_blocking([self._binary, "-q", "-x"], self._timeout))
@@ -166,6 +174,15 @@ class SmiReader:
             )
         if not cards:
             log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
+        if self._mig == "instances" and slots:
+            self._slots = slots
+            try:
+                listing = _run_blocking([self._binary, "-L"], self._timeout)
+                self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
+            except (SmiRunError, SmiReportError):
+                self._slots = ()  # asked again at the first poll, which logs why it fails
+        devices, _ = read_devices(root, self._mig, self._profiles)
+        return Snapshot(devices)
 
     def _locate(self) -> str:
         wanted = self._configured or "nvidia-smi"
@@ -231,6 +248,9 @@ class SmiReader:
         if self._binary is None:
             return fail(SmiRunError("nvidia-smi: the reader was not opened"))
         if self._child is not None:
+            if self._child.killed is not None:
+                # the same cause as the kill, so that it is logged once, not alternating
+                return fail(SmiRunError(self._child.killed))
             pid = self._child.transport.pid
             return fail(SmiRunError(f"{self._child.command}: the previous run (pid {pid}) has not ended yet"))
         command = " ".join([self._binary, *arguments])
