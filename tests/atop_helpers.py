@@ -13,7 +13,6 @@ import functools
 import json
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from atop_output import AtopRun
+from daemon import stop_process
 
 ATOP_PORT = 59123
 ATOP_HOST = "127.0.0.1"
@@ -168,17 +168,11 @@ class TcpDaemon:
         """SIGTERM, then SIGKILL if it lingers; the exit status."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        status = stop_process(self.proc)
         if self._log is not None:
             self._log.close()
             self._log = None
-        return self.proc.returncode
+        return status
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -27,6 +27,25 @@ def twistd() -> list[str]:
     return [path]
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> int:
+    """Signal a child (SIGTERM by default), SIGKILL it if it lingers; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signum)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
 def unique_name(prefix: str = "atopgpud-test") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
@@ -136,15 +155,9 @@ class Daemon:
     def stop(self, signum: int = signal.SIGTERM) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        status = stop_process(self.proc, signum)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 def run_daemon(tmp: Path, args: Sequence[str] = (), scenario: Any = None) -> Iterator[Daemon]:

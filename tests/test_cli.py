@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-from daemon import run_daemon
+from daemon import free_port, run_daemon
+from scenarios import A10, H100
 
 from atopgpud_tw import cli, client, codec
 
@@ -24,34 +25,17 @@ MY_PID = os.getpid()
 SCENARIO = {
     "gpus": [
         {
-            "name": "NVIDIA H100 80GB HBM3",
-            "busid": "00000000:17:00.0",
-            "memory_total_mib": 81559,
-            "memory_used_mib": 2048,
-            "gpu_util": 40,
-            "mem_util": 10,
+            **H100,
             "processes": [
                 {"pid": MY_PID, "type": "C", "memory_mib": 1024, "sm_util": 30, "mem_util": 5},
                 {"pid": ABSENT_PID, "type": "G", "memory_mib": 512, "sm_util": 20, "mem_util": 2},
             ],
         },
-        {
-            "name": "NVIDIA A10",
-            "busid": "00000000:65:00.0",
-            "memory_total_mib": 24000,
-            "memory_used_mib": 100,
-            "gpu_util": None,
-            "mem_util": None,
-        },
+        A10,
     ]
 }
 MIB_KIB = 1024
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

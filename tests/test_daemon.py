@@ -7,23 +7,14 @@ import socket
 import time
 
 import pytest
-from daemon import Client, Daemon, run_daemon
+from daemon import Client, Daemon, free_port, run_daemon
+from scenarios import A10, H100
 
 from atopgpud_tw import codec
 
-GPU_A = {
-    "name": "NVIDIA H100 80GB HBM3",
-    "busid": "00000000:17:00.0",
-    "memory_total_mib": 81559,
-    "memory_used_mib": 2048,
-    "gpu_util": 40,
-    "mem_util": 10,
-    "processes": [{"pid": 4242, "type": "C", "memory_mib": 1024, "sm_util": 30, "mem_util": 5}],
-}
+GPU_A = H100
 GPU_B = {
-    "name": "NVIDIA A10",
-    "busid": "00000000:65:00.0",
-    "memory_total_mib": 24000,
+    **A10,
     "memory_used_mib": [100, 300],
     "gpu_util": [10, 20, 30],
     "mem_util": [1, 2],
@@ -153,10 +144,7 @@ def test_eight_gpus_forty_processes_fit(tmp_path):
 
 def test_tcp_listener_serves_old_atop(tmp_path):
     """--listen tcp:PORT:interface=127.0.0.1 answers API version 1 as atop 2.8 asks."""
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     for _ in run_daemon(tmp_path, ["--reader", "sim", "--listen", f"tcp:{port}:interface=127.0.0.1"]):
         client = Client(("127.0.0.1", port), socket.AF_INET)
         version, body = client.ask("T", 1)

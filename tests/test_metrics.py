@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import urllib.request
 
 import pytest
-from daemon import run_daemon
+from daemon import free_port, run_daemon
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from scenarios import A10, H100
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 from twisted.web.test.requesthelper import DummyRequest
@@ -23,32 +23,9 @@ from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snaps
 INTERVAL = 0.2
 MIB = 1024 * 1024
 SCENARIO = {
-    "gpus": [
-        {
-            "name": "NVIDIA H100 80GB HBM3",
-            "busid": "00000000:17:00.0",
-            "memory_total_mib": 81559,
-            "memory_used_mib": 2048,
-            "gpu_util": 40,
-            "mem_util": 10,
-            "processes": [{"pid": 4242, "type": "C", "memory_mib": 1024, "sm_util": 30, "mem_util": 5}],
-        },
-        {
-            "name": "NVIDIA A10",
-            "busid": "00000000:65:00.0",
-            "memory_total_mib": 24000,
-            "memory_used_mib": 100,
-            "gpu_util": None,
-            "mem_util": None,
-        },
-    ]
+    "gpus": [H100, A10]
 }
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def samples_of(text: str) -> dict[tuple[str, frozenset], float]:
