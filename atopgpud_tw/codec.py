@@ -24,6 +24,7 @@ atop's limits, is in docs/protocol.md.
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -71,8 +72,15 @@ def negotiate(version: int) -> int:
     return version if version in VERSIONS else NEWEST_VERSION
 
 
+#: every valid request, parsed once: a daemon parses one per reply
+_REQUESTS = {bytes([c, v]): Request(c, v) for c in (COMMAND_TYPES, COMMAND_STATS) for v in range(256)}
+
+
 def parse_request(data: bytes) -> Request:
     """Two bytes to a `Request`; anything but ``T`` or ``S`` is a `ProtocolError`."""
+    known = _REQUESTS.get(data) if type(data) is bytes else None
+    if known is not None:
+        return known
     if len(data) != REQUEST_SIZE:
         raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
     command, version = data[0], data[1]
@@ -287,6 +295,154 @@ def render_stats(
     """An ``S`` body straight from the counters, without any caching."""
     records = [(index, render_process(totals, version, b"E")) for index, totals in exited]
     return assemble_stats(render_devices(devices, version), records)
+
+
+class PreparedStats:
+    """The part of an ``S`` body that every client shares until the next poll.
+
+    Built once per poll and version from `render_devices`; `body` then gives one
+    client's body with its own exited records added.  It follows the rules of
+    `assemble_stats` to the byte (a test compares the two) but does the shared
+    work once: each device's records are joined in advance, so a reply that fits
+    costs work in proportion to the devices and the client's exited records only,
+    and the order in which active processes are kept when the limit bites is
+    sorted once.
+    """
+
+    __slots__ = ("devices", "full", "_blocks", "_counts", "_room", "_active_size", "_order")
+
+    def __init__(self, devices: Sequence[RenderedDevice], budget: int = REPLY_LIMIT - PRELUDE.size) -> None:
+        self.devices = tuple(devices)
+        headers = sum(len(d.header) for d in self.devices)
+        self._room = budget - headers
+        if self._room < 0:
+            raise ProtocolError("the device records alone exceed the reply limit")
+        self._blocks = [d.header + b"".join([rec for _, _, rec in d.active]) for d in self.devices]
+        self._counts = [len(d.active) for d in self.devices]
+        self._active_size = sum(map(len, self._blocks)) - headers
+        self._order: _Order | None = None
+        #: the body for a client with no exited processes to hear of
+        self.full = self.body(())
+
+    def body(self, exited: Sequence[tuple[int, bytes]] = ()) -> StatsBody:
+        """One client's body: `exited` is its ``(device index, E record)`` list in queue order."""
+        count = self._counts
+        size = self._active_size
+        if exited:
+            count = list(count)
+            for index, record in exited:
+                count[index] += 1
+                size += len(record)
+        if size > self._room or max(count, default=0) > MAX_PROCESSES_PER_DEVICE:
+            return self._select(exited)
+        if not exited:
+            return StatsBody(b"".join(self._blocks), (), False)
+        tails: dict[int, list[bytes]] = {}
+        for index, record in exited:
+            tails.setdefault(index, []).append(record)
+        parts: list[bytes] = []
+        for index, block in enumerate(self._blocks):
+            parts.append(block)
+            parts.extend(tails.get(index, ()))
+        return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
+
+    def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
+        """The rules of `_join_selected`: exited records first, then the largest active processes."""
+        devices = self.devices
+        room = self._room
+        count = [0] * len(devices)
+        tails: list[list[bytes]] = [[] for _ in devices]
+        sent: list[int] = []
+        for position, (index, record) in enumerate(exited):
+            if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
+                room -= len(record)
+                count[index] += 1
+                tails[index].append(record)
+                sent.append(position)
+        order = self._order or self._sorted()
+        if any(c + n > MAX_PROCESSES_PER_DEVICE for c, n in zip(count, self._counts)):
+            return self._select_capped(order, room, count, tails, sent)
+        # no device can reach its cap: the largest processes that fit in a row are a
+        # prefix of the order (found by bisection), and each device's share of that
+        # prefix is a prefix of its own joined records (a slice of its block)
+        taken = bisect_right(order.sizes, room) - 1
+        room -= order.sizes[taken]
+        extra: list[list[bytes]] = [[] for _ in devices]
+        kept = taken
+        for position in range(taken + 1, len(order.records)):
+            if room < order.smallest_after[position]:
+                break
+            index, record = order.records[position]
+            if len(record) <= room:
+                room -= len(record)
+                extra[index].append(record)
+                kept += 1
+        parts: list[bytes] = []
+        for index, device in enumerate(devices):
+            share = bisect_left(order.positions[index], taken)
+            parts.append(self._blocks[index][: len(device.header) + order.offsets[index][share]])
+            parts.extend(extra[index])
+            parts.extend(tails[index])
+        return StatsBody(b"".join(parts), tuple(sent), kept < len(order.records))
+
+    def _select_capped(
+        self, order: _Order, room: int, count: list[int], tails: list[list[bytes]], sent: list[int]
+    ) -> StatsBody:
+        """`_select` where a device may reach atop's 255 processes: one candidate at a time."""
+        chosen: list[set[int]] = [set() for _ in self.devices]
+        cut = False
+        for index, pid, record in order.candidates:
+            if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
+                room -= len(record)
+                count[index] += 1
+                chosen[index].add(pid)
+            else:
+                cut = True
+        parts: list[bytes] = []
+        for device, keep, tail in zip(self.devices, chosen, tails):
+            parts.append(device.header)
+            parts.extend(rec for _, pid, rec in device.active if pid in keep)
+            parts.extend(tail)
+        return StatsBody(b"".join(parts), tuple(sent), cut)
+
+    def _sorted(self) -> _Order:
+        self._order = _Order(self.devices)
+        return self._order
+
+
+class _Order:
+    """Every active process of a `PreparedStats`, largest memory first, and sums over that order."""
+
+    __slots__ = ("candidates", "records", "sizes", "smallest_after", "positions", "offsets")
+
+    def __init__(self, devices: Sequence[RenderedDevice]) -> None:
+        ranked = sorted(
+            (-memory, index, pid, record)
+            for index, device in enumerate(devices)
+            for memory, pid, record in device.active
+        )
+        self.candidates = [(index, pid, record) for _, index, pid, record in ranked]
+        self.records = [(index, record) for index, _, record in self.candidates]
+        #: sizes[k]: bytes of the first k records
+        self.sizes = [0]
+        for _, record in self.records:
+            self.sizes.append(self.sizes[-1] + len(record))
+        #: smallest_after[k]: the shortest record from position k on
+        self.smallest_after = [0] * len(self.records) + [0]
+        shortest = 1 << 30
+        for position in range(len(self.records) - 1, -1, -1):
+            shortest = min(shortest, len(self.records[position][1]))
+            self.smallest_after[position] = shortest
+        #: per device, its records' positions in the order, and its cumulative record sizes
+        self.positions: list[list[int]] = [[] for _ in devices]
+        for position, (index, _) in enumerate(self.records):
+            self.positions[index].append(position)
+        self.offsets = []
+        for device in devices:
+            sums = [0]
+            for _, _, record in device.active:
+                sums.append(sums[-1] + len(record))
+            self.offsets.append(sums)
 
 
 # -- parsing replies (clients and tests) --------------------------------------------

@@ -1,0 +1,241 @@
+"""Start, watch and stop the daemons bench/perf.py compares: ours and the reference.
+
+Both run on the simulator, from the same scenario file.  Ours is ``twistd -n
+atopgpud --reader sim`` on a unique abstract socket.  The reference is atop's
+Python ``atopgpud`` with the simulator installed as its ``pynvml`` module
+(``atopgpud_tw/sim/shim`` first on PYTHONPATH); it always listens on the abstract
+socket ``atopgpud_nvidia``, so it is started only when nothing else answers there.
+Figures of a running daemon come from /proc: CPU seconds (utime + stime of all
+its threads, and the finer schedstat sum of its live threads), RSS now and its
+peak (VmHWM), open descriptors.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "atopgpud_tw" / "sim" / "shim"
+REFERENCE_ADDRESS = b"\0atopgpud_nvidia"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot go on; the message says why."""
+
+
+def ask(address: bytes, request: bytes, timeout: float = 5.0, sock: socket.socket | None = None) -> bytes:
+    """One request, on `sock` or a fresh connection; the reply body."""
+    if sock is None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as fresh:
+            fresh.settimeout(timeout)
+            fresh.connect(address)
+            return ask(address, request, timeout, fresh)
+    sock.sendall(request)
+    data = b""
+    while len(data) < 4 or len(data) < 4 + (int.from_bytes(data[:4], "big") & 0xFFFFFF):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before the whole reply")
+        data += chunk
+    return data[4:]
+
+
+def samples(address: bytes, sock: socket.socket | None = None) -> int:
+    """The first GPU's sample count (polls so far) from an ``S`` reply."""
+    body = ask(address, b"S\x02", sock=sock)
+    return int(body.split(b"@")[1].split(b"#")[0].split()[4])
+
+
+def idle_cpu_per_poll(daemon: Daemon, seconds: float) -> float:
+    """CPU seconds per poll of a daemon that serves no client for `seconds`.
+
+    The polls are counted by two ``S`` requests on one connection kept open
+    around the window, whose own work falls outside it: the reference serves a
+    connection in a thread of its own, and the CPU time of a thread that has
+    ended can no longer be read.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5.0)
+        sock.connect(daemon.address)
+        first = samples(daemon.address, sock)
+        before = threads_cpu(daemon.pid)
+        time.sleep(seconds)
+        after = threads_cpu(daemon.pid)
+        polls = samples(daemon.address, sock) - first
+    return (after - before) / max(1, polls)
+
+
+def answers(address: bytes) -> bool:
+    """Whether anything accepts connections on an abstract socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(address)
+        except OSError:
+            return False
+        return True
+
+
+def proc_figures(pid: int) -> dict[str, float]:
+    """CPU seconds, RSS and peak RSS (KiB) and open descriptors of a process."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    figures = {"cpu": (int(fields[11]) + int(fields[12])) / _TICKS}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                figures[key] = int(value.split()[0])
+    figures["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    figures["thread_cpu"] = threads_cpu(pid)
+    return figures
+
+
+def threads_cpu(pid: int) -> float:
+    """CPU seconds of the threads alive now, in nanosecond resolution (schedstat).
+
+    Finer than utime + stime (clock ticks), which a poll of a few milliseconds
+    hardly moves; threads that have ended are not counted.
+    """
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended meanwhile
+    return total / 1e9
+
+
+class Daemon:
+    """A daemon child process on the simulator; `label` names it in reports."""
+
+    label = "daemon"
+    address: bytes
+
+    def __init__(self, scenario: Path, workdir: Path) -> None:
+        self.scenario = scenario
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.label}-{uuid.uuid4().hex[:8]}.log"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    def start(self, min_samples: int = 2, timeout: float = 60.0) -> None:
+        """Start it and wait until it has polled `min_samples` times."""
+        command, env = self.command()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"{self.label} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if samples(self.address) >= min_samples:
+                    return
+            except (OSError, IndexError, ValueError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise BenchError(f"{self.label} did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def figures(self) -> dict[str, float]:
+        return proc_figures(self.pid)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Ours(Daemon):
+    """``twistd -n atopgpud --reader sim`` on a unique abstract socket."""
+
+    label = "ours"
+
+    def __init__(self, scenario: Path, workdir: Path, source: str | None = None) -> None:
+        super().__init__(scenario, workdir)
+        self.name = f"atopgpud-bench-{uuid.uuid4().hex[:12]}"
+        self.address = b"\0" + self.name.encode()
+        self.source = source
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        twistd = Path(sys.executable).with_name("twistd")
+        env = dict(os.environ)
+        if self.source:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.source, env.get("PYTHONPATH")]))
+        return [
+            str(twistd), "-n", "--pidfile=", "atopgpud", "--reader", "sim",
+            "--scenario", str(self.scenario), "--listen", f"unix:@{self.name}",
+        ], env
+
+
+class Reference(Daemon):
+    """atop's ``atopgpud`` (Python) in the foreground, on the simulator as ``pynvml``."""
+
+    label = "reference"
+    address = REFERENCE_ADDRESS
+
+    def __init__(self, scenario: Path, workdir: Path, script: Path) -> None:
+        super().__init__(scenario, workdir)
+        self.script = script
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
+        env["ATOPGPUD_SCENARIO"] = str(self.scenario)
+        # -s as its "#!" line asks, but not -E: the simulator comes in through PYTHONPATH
+        return [sys.executable, "-s", str(self.script), "-f"], env
+
+    def start(self, min_samples: int = 2, timeout: float = 60.0) -> None:
+        if answers(REFERENCE_ADDRESS):
+            raise BenchError(
+                "something already listens on the abstract socket @atopgpud_nvidia (an atopgpud?); "
+                "the reference daemon can only listen there: stop it and run the benchmark again"
+            )
+        super().start(min_samples, timeout)
+
+
+def reference_script(path: Path, workdir: Path) -> Path:
+    """The reference daemon as a runnable script: whatever precedes its ``#!`` line is dropped."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise BenchError(f"--reference {path}: {error.strerror or error}") from None
+    start = text.find("#!")
+    if start < 0 or "gpuformatter" not in text:
+        raise BenchError(f"--reference {path}: not atop's Python atopgpud (no '#!' line or no formatters)")
+    script = workdir / "reference_atopgpud.py"
+    script.write_text(text[start:], encoding="utf-8")
+    return script
+
+
+def workdir() -> Path:
+    """A fresh folder for scenario files, logs and the reference script."""
+    return Path(tempfile.mkdtemp(prefix="atopgpud-bench-"))

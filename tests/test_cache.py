@@ -1,0 +1,199 @@
+"""Replies rendered once per poll are byte-identical to replies rendered from scratch.
+
+The uncached path is `codec.render_stats` (every record rendered, then joined or
+selected by `assemble_stats`); the cached one is what the Board serves
+(`codec.PreparedStats`, exited records rendered once per version, one body per
+batch of exits).  Random counter states, with exited processes, replies cut to
+atop's limit and devices at atop's 255-process cap, in both versions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from snapshots import dev, proc, snap
+
+from atopgpud_tw import codec
+from atopgpud_tw.board import Board
+from atopgpud_tw.counters import DeviceTotals, ProcessTotals
+
+KINDS = ("C", "G", "C+G")
+
+
+def random_totals(rng: random.Random, pid: int) -> ProcessTotals:
+    samples = rng.randint(0, 10 ** rng.randint(0, 6))
+    busy = rng.choice((-1, 0, rng.randint(0, 100 * samples)))
+    return ProcessTotals(
+        pid,
+        rng.choice(KINDS),
+        samples,
+        rng.randint(0, 10 ** rng.randint(0, 8)),
+        rng.randint(0, 10 ** rng.randint(0, 12)),
+        busy,
+        rng.choice((busy, rng.randint(0, 100 * samples))),
+    )
+
+
+def random_devices(rng: random.Random) -> list[DeviceTotals]:
+    devices = []
+    for index in range(rng.choice((0, 1, 2, 4, 8))):
+        device = DeviceTotals(
+            f"gpu{index}", f"00000000:{index + 16:02X}:00.0", "NVIDIA Test GPU", 3,
+            present=rng.random() > 0.1,
+            gpu_busy_now=rng.randint(-1, 100),
+            mem_busy_now=rng.randint(-1, 100),
+            memory_total_kib=rng.randint(0, 10**8),
+            memory_used_kib=rng.randint(0, 10**8),
+            samples=rng.randint(0, 10**6),
+            gpu_busy_cum=rng.choice((None, -1, rng.randint(0, 10**8))),
+            mem_busy_cum=rng.choice((None, -1, rng.randint(0, 10**8))),
+            memory_used_cum_kib=rng.randint(0, 10**13),
+        )
+        # 0 to 300 processes: from fitting easily to atop's 255 cap and the byte limit
+        count = rng.choice((0, 1, 3, 20, 40, 120, 300))
+        for pid in rng.sample(range(1, 4 * 10**6), count):
+            device.processes[pid] = random_totals(rng, pid)
+        devices.append(device)
+    return devices
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_prepared_bodies_match_uncached_rendering(seed):
+    """PreparedStats gives the bytes, the sent exits and the cut flag of render_stats."""
+    rng = random.Random(seed)
+    for _ in range(60):
+        devices = random_devices(rng)
+        for version in (1, 2):
+            prepared = codec.PreparedStats(codec.render_devices(devices, version))
+            assert prepared.full == codec.render_stats(devices, version)
+            for _ in range(3):
+                count = rng.choice((0, 1, 5, 60, 400)) if devices else 0
+                exited = [
+                    (rng.randrange(len(devices)), random_totals(rng, rng.randint(1, 10**7))) for _ in range(count)
+                ]
+                records = [(i, codec.render_process(t, version, b"E")) for i, t in exited]
+                assert prepared.body(records) == codec.render_stats(devices, version, exited)
+
+
+def test_random_states_reach_every_selection_rule():
+    """The random states above include cut replies, capped devices and replies that fit."""
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(60):
+        devices = random_devices(rng)
+        result = codec.render_stats(devices, 2)
+        seen.add("cut" if result.active_cut else "whole")
+        if any(len(d.processes) > codec.MAX_PROCESSES_PER_DEVICE for d in devices):
+            seen.add("capped")
+    assert seen == {"cut", "whole", "capped"}
+
+
+def churning_snapshot(rng: random.Random, alive: dict[int, set[int]]) -> object:
+    """One poll of 3 GPUs whose processes start and end at random."""
+    devices = []
+    for index in range(3):
+        pids = alive.setdefault(index, set())
+        for pid in list(pids):
+            if rng.random() < 0.2:
+                pids.discard(pid)
+        for _ in range(rng.choice((0, 2, 10, 40))):
+            pids.add(rng.randint(1, 10**6))
+        processes = tuple(
+            proc(pid, rng.choice(KINDS), rng.randint(0, 10**8), rng.choice((None, -1, rng.randint(0, 100))),
+                 rng.randint(0, 100))
+            for pid in sorted(pids)
+        )
+        devices.append(dev(f"gpu{index}", processes=processes, busid=f"00000000:{index + 16:02X}:00.0"))
+    return snap(*devices)
+
+
+@pytest.mark.parametrize("limit", [8192, 50])
+def test_board_replies_match_uncached_rendering_for_every_client(limit):
+    """Clients asking at different rates, in both versions, each get the uncached bytes.
+
+    A model queue per client (its exits since its previous S, the oldest dropped
+    beyond the limit, those left out of a cut reply kept) gives the expected reply.
+    """
+    rng = random.Random(limit)
+    board = Board(exited_limit=limit)
+    clients = [(board.attach(), version, every) for version in (1, 2) for every in (1, 1, 2, 3)]
+    silent = board.attach()  # never sends S: nothing may pile up for it
+    models: list[list | None] = [None] * len(clients)
+    alive: dict[int, set[int]] = {}
+    for poll in range(60):
+        exited = board.fold(churning_snapshot(rng, alive))
+        for model in models:
+            if model is not None:
+                model.extend((e.device_index, e.totals) for e in exited)
+                del model[: max(0, len(model) - limit)]
+        for number, (queue, version, every) in enumerate(clients):
+            if poll % every:
+                continue
+            expected = codec.render_stats(board.counters.devices, version, models[number] or ())
+            reply = board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
+            assert reply == codec.frame(version, expected.body)
+            sent = set(expected.exited_sent)
+            models[number] = [e for i, e in enumerate(models[number] or ()) if i not in sent]
+            assert [(e.device_index, e.totals) for e in queue.entries] == models[number]
+    assert not silent.entries
+    assert (board.exited_dropped > 0) == (limit == 50)
+
+
+def counting(monkeypatch, owner: object, name: str) -> list[int]:
+    """Count the calls of a function or method, which keeps working."""
+    calls = [0]
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("clients", [1, 40])
+def test_render_work_per_poll_does_not_grow_with_clients(monkeypatch, clients):
+    """After a poll, every record is rendered once per version, however many clients ask."""
+    active = tuple(proc(pid, memory=pid) for pid in range(100, 130))
+    board = Board()
+    queues = [board.attach() for _ in range(clients)]
+    board.fold(snap(dev("a", processes=active + (proc(7), proc(8))), dev("b", processes=(proc(9),))))
+    for queue in queues:
+        board.reply(codec.Request(codec.COMMAND_STATS, 2), queue)  # subscribe
+    board.fold(snap(dev("a", processes=active), dev("b", processes=())))  # 7, 8 and 9 end
+    processes = counting(monkeypatch, codec, "render_process")
+    devices = counting(monkeypatch, codec, "render_devices")
+    types = counting(monkeypatch, codec, "render_types")
+    for _ in range(3):
+        for queue in queues:
+            for version in (1, 2):
+                board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
+                board.reply(codec.Request(codec.COMMAND_TYPES, version), queue)
+    assert devices[0] == 2  # one rendering per version
+    # 30 active per version; the 3 exits once, in version 1, whose requests take them off the queues
+    assert processes[0] == 2 * len(active) + 3
+    assert types[0] == 1
+
+
+def test_clients_asking_once_per_poll_share_one_body(monkeypatch):
+    """Clients whose queues hold just the last poll's exits get one shared rendering."""
+    board = Board()
+    queues = [board.attach() for _ in range(20)]
+    board.fold(snap(dev("a", processes=(proc(1), proc(2)))))
+    for queue in queues:
+        board.stats_body(2, queue)
+    board.fold(snap(dev("a", processes=(proc(2),))))
+    original = codec.PreparedStats.body
+    bodies = [0]
+
+    def counted(self, exited=()):
+        bodies[0] += bool(exited)
+        return original(self, exited)
+
+    monkeypatch.setattr(codec.PreparedStats, "body", counted)
+    replies = {board.stats_body(2, queue) for queue in queues}
+    assert len(replies) == 1 and b"#E 1 " in replies.pop()
+    assert bodies[0] == 1  # one body with the exits, for all 20 clients
+    assert all(not queue.entries for queue in queues)
