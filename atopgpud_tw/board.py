@@ -57,6 +57,9 @@ class ClientQueue:
     subscribed: bool = False
     entries: deque[Exited] = field(default_factory=deque)
     dropped: int = 0
+    #: version 1 only: per (device index, pid), the busy sums and samples at this
+    #: client's previous ``S`` and the busy figures it was sent then
+    seen_v1: dict[tuple[int, int], tuple[int, int, int, int, int]] = field(default_factory=dict)
     #: the list of one poll's exits when the queue holds exactly that list, else None
     #: (a client that asks once per poll): its reply is then the same as that of every
     #: other such client, and is rendered once
@@ -146,6 +149,8 @@ class Board:
             if framed is None:
                 framed = self._types_framed[version] = codec.frame(version, body)
             return framed
+        if version == 1:
+            return codec.frame(version, self.stats_v1(queue))
         if queue.entries:
             return codec.frame(version, self.stats_body(version, queue))
         queue.subscribed = True
@@ -185,6 +190,44 @@ class Board:
             self.replies_cut += 1
         return result.body
 
+    def stats_v1(self, queue: ClientQueue) -> bytes:
+        """The version 1 ``S`` body for one client, with busy figures over its interval.
+
+        atop 2.12 and older show a process's version 1 busy figures as they come,
+        as the figures of the interval since their previous request; so they are
+        worked out per client from the sums it saw then.  This costs work in
+        proportion to the processes per request, for version 1 clients only.
+        """
+        queue.subscribed = True
+        prepared = self._rendered(1).prepared
+        seen, now_seen = queue.seen_v1, {}
+        devices = []
+        for index, (device, rendered) in enumerate(zip(self.counters.devices, prepared.devices)):
+            active = []
+            for totals in device.processes.values():
+                key = (index, totals.pid)
+                busy, now_seen[key] = _interval_busy(totals, seen.get(key))
+                active.append((totals.memory_now_kib, totals.pid, codec.render_process(totals, 1, b"A", busy)))
+            active.sort(key=lambda item: (-item[0], item[1]))
+            devices.append(codec.RenderedDevice(rendered.header, tuple(active)))
+        entries = list(queue.entries)
+        records = []
+        for entry in entries:
+            busy, _ = _interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
+            records.append((entry.device_index, codec.render_process(entry.totals, 1, b"E", busy)))
+        result = codec.assemble_stats(devices, records)
+        sent = set(result.exited_sent)
+        for position, entry in enumerate(entries):
+            key = (entry.device_index, entry.totals.pid)
+            if position not in sent and key in seen:
+                now_seen.setdefault(key, seen[key])  # still to be told: keep its starting point
+        queue.entries = deque(e for position, e in enumerate(entries) if position not in sent)
+        queue.batch = None
+        queue.seen_v1 = now_seen
+        if result.active_cut:
+            self.replies_cut += 1
+        return result.body
+
     def _rendered(self, version: int) -> _Rendered:
         generation = self.counters.generation
         cached = self._stats.get(version)
@@ -207,6 +250,29 @@ class Board:
             )
         else:
             log.info("version {version} replies: every process fits again", version=version)
+
+
+def _interval_busy(
+    totals: ProcessTotals, before: tuple[int, int, int, int, int] | None
+) -> tuple[tuple[int, int], tuple[int, int, int, int, int]]:
+    """A process's busy figures since a client's previous request, and what to remember.
+
+    Without an earlier request (or when the pid is another process now, its
+    samples fewer than before) the interval is the process's whole life.  With no
+    new sample since, the figures sent last time stand.
+    """
+    gpu_cum, mem_cum, samples = totals.gpu_busy_cum, totals.mem_busy_cum, totals.samples
+    if before is None or before[2] > samples or before[0] > gpu_cum or before[1] > mem_cum:
+        before = (0, 0, 0, 0, 0)
+    count = samples - before[2]
+    if count:
+        gpu = -1 if gpu_cum < 0 else (gpu_cum - before[0]) // count
+        mem = -1 if mem_cum < 0 else (mem_cum - before[1]) // count
+    elif before[2]:
+        gpu, mem = before[3], before[4]
+    else:
+        gpu, mem = (-1 if gpu_cum < 0 else 0), (-1 if mem_cum < 0 else 0)
+    return (gpu, mem), (gpu_cum, mem_cum, samples, gpu, mem)
 
 
 def _records(entries: Sequence[Exited], version: int) -> list[tuple[int, bytes]]:

@@ -152,14 +152,25 @@ def _average(cum: int, samples: int) -> int:
     return cum // samples if samples else 0
 
 
-def render_process(totals: ProcessTotals, version: int, state: bytes = b"A") -> bytes:
-    """A process's ``#`` record for a reply version; `state` is ``A`` or ``E``."""
+def render_process(
+    totals: ProcessTotals, version: int, state: bytes = b"A", busy: tuple[int, int] | None = None
+) -> bytes:
+    """A process's ``#`` record for a reply version; `state` is ``A`` or ``E``.
+
+    Version 1 carries busy percentages, not sums: atop shows them as the
+    interval's figures.  `busy` gives them (the board works them out per client
+    over its interval); without it they are the averages since the process began.
+    """
     if version == 1:
+        gpu, mem = busy or (
+            _average(totals.gpu_busy_cum, totals.samples),
+            _average(totals.mem_busy_cum, totals.samples),
+        )
         return b"#%s %d %d %d 0 %d %d %d" % (
             state,
             totals.pid,
-            _average(totals.gpu_busy_cum, totals.samples),
-            _average(totals.mem_busy_cum, totals.samples),
+            gpu,
+            mem,
             totals.memory_now_kib,
             totals.memory_cum_kib,
             totals.samples,

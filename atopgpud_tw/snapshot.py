@@ -12,6 +12,7 @@ and know nothing of counters or sockets.  Values follow one convention throughou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 UNSUPPORTED = -1
 
@@ -20,9 +21,8 @@ TASK_COMPUTE = 1
 TASK_GRAPHICS = 2
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessSample:
-    """One process on one device in one poll."""
+class ProcessSample(NamedTuple):
+    """One process on one device in one poll (a named tuple: many are made every poll)."""
 
     pid: int
     #: "C" (compute), "G" (graphics) or "C+G" (both lists named it)

@@ -222,11 +222,6 @@ def test_atop_shows_process_figures_and_their_end(
             assert line.mem_cum_kib == line.samples * 128 * MIB, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API 1 sends each process's busy average since it appeared on the GPU; atop 2.8.1 "
-    "shows that figure as is, as 'busy percentage during interval' (see docs/atop.md)",
-)
 def test_atop_process_busy_is_the_interval_average(
     start_daemon: Callable[..., TcpDaemon], processes: Callable[[int], list[subprocess.Popen[bytes]]]
 ) -> None:

@@ -110,14 +110,14 @@ def churning_snapshot(rng: random.Random, alive: dict[int, set[int]]) -> object:
 
 @pytest.mark.parametrize("limit", [8192, 50])
 def test_board_replies_match_uncached_rendering_for_every_client(limit):
-    """Clients asking at different rates, in both versions, each get the uncached bytes.
+    """Clients asking at different rates get the uncached bytes (version 2: cached per poll).
 
     A model queue per client (its exits since its previous S, the oldest dropped
     beyond the limit, those left out of a cut reply kept) gives the expected reply.
     """
     rng = random.Random(limit)
     board = Board(exited_limit=limit)
-    clients = [(board.attach(), version, every) for version in (1, 2) for every in (1, 1, 2, 3)]
+    clients = [(board.attach(), 2, every) for every in (1, 1, 2, 3, 1, 2)]
     silent = board.attach()  # never sends S: nothing may pile up for it
     models: list[list | None] = [None] * len(clients)
     alive: dict[int, set[int]] = {}
@@ -168,12 +168,12 @@ def test_render_work_per_poll_does_not_grow_with_clients(monkeypatch, clients):
     types = counting(monkeypatch, codec, "render_types")
     for _ in range(3):
         for queue in queues:
-            for version in (1, 2):
+            for version in (2, 0):
                 board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
                 board.reply(codec.Request(codec.COMMAND_TYPES, version), queue)
-    assert devices[0] == 2  # one rendering per version
-    # 30 active per version; the 3 exits once, in version 1, whose requests take them off the queues
-    assert processes[0] == 2 * len(active) + 3
+    assert devices[0] == 1  # one rendering for version 2 (0 means the newest)
+    # 30 active once, and the 3 exits once each, shared by every client's queue
+    assert processes[0] == len(active) + 3
     assert types[0] == 1
 
 
@@ -197,3 +197,50 @@ def test_clients_asking_once_per_poll_share_one_body(monkeypatch):
     assert len(replies) == 1 and b"#E 1 " in replies.pop()
     assert bodies[0] == 1  # one body with the exits, for all 20 clients
     assert all(not queue.entries for queue in queues)
+
+
+def test_version_1_busy_figures_are_per_client_intervals():
+    """Version 1 sends busy figures over each client's own interval, as atop shows them.
+
+    Everything else in the reply is what the uncached rendering gives.
+    """
+    busy = [0, 0, 0, 0, 100, 100, 100, 100]
+    board = Board()
+    fast, slow = board.attach(), board.attach()
+    seen: dict[int, tuple[int, int]] = {}  # per client: (cumulative busy, samples) at its last S
+    sums = [0, 0]
+    for poll in range(16):
+        value = busy[poll % 8]
+        board.fold(snap(dev("a", processes=(proc(7, gpu=value, mem=value // 10),))))
+        sums = [sums[0] + value, sums[1] + 1]
+        for name, queue, every in (("fast", fast, 1), ("slow", slow, 4)):
+            if poll % every != every - 1:
+                continue
+            reply = board.reply(codec.Request(codec.COMMAND_STATS, 1), queue)
+            (device,) = codec.parse_stats(reply[4:], 1)
+            (record,) = device.processes
+            before = seen.get(id(queue), (0, 0))
+            expected = (sums[0] - before[0]) // (sums[1] - before[1])
+            assert record.gpu_busy == expected, (name, poll)
+            seen[id(queue)] = tuple(sums)
+            uncached = codec.parse_stats(codec.render_stats(board.counters.devices, 1).body, 1)[0].processes[0]
+            assert (record.memory_now_kib, record.memory_cum_kib, record.samples) == (
+                uncached.memory_now_kib, uncached.memory_cum_kib, uncached.samples
+            )
+    # the slow client saw 0 then 100 in alternate 4-poll intervals, not a drifting average
+    assert seen[id(slow)] == (sums[0], 16)
+
+
+def test_version_1_exited_process_busy_covers_the_rest_of_its_life():
+    """An E record in version 1 carries the busy figure since the client's previous S."""
+    board = Board()
+    queue = board.attach()
+    board.fold(snap(dev("a", processes=(proc(7, gpu=10),))))
+    board.reply(codec.Request(codec.COMMAND_STATS, 1), queue)
+    board.fold(snap(dev("a", processes=(proc(7, gpu=90),))))
+    board.fold(snap(dev("a", processes=())))
+    reply = board.reply(codec.Request(codec.COMMAND_STATS, 1), queue)
+    (device,) = codec.parse_stats(reply[4:], 1)
+    (record,) = device.processes
+    assert (record.state, record.pid, record.gpu_busy, record.samples) == ("E", 7, 90, 2)
+    assert queue.seen_v1 == {}

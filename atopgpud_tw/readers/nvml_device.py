@@ -147,12 +147,16 @@ class NvmlDevice:
     mig_instance: bool = False
     #: a card's MIG mode and instances
     mig: MigState = field(default_factory=MigState)
+    #: the binding's functions by name, looked up once
+    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def call(self, function: str, *args: Any) -> Any:
         """Call ``nvml.<function>(handle, *args)`` through the error mapping."""
         if function in self.unsupported:
             raise Unsupported(function)
-        bound = getattr(self.nvml, function, None)
+        bound = self._bound.get(function)
+        if bound is None:
+            bound = self._bound[function] = getattr(self.nvml, function, None)
         if bound is None:
             # a binding too old to have the function: it can never work here
             self.unsupported.add(function)
@@ -279,9 +283,10 @@ def _sampled(device: NvmlDevice, kind: int) -> int:
             device.accounted[kind] = max(device.accounted.get(kind, since), driver_now)
         return 0
     pairs = [(int(s.timeStamp), _sample_value(s)) for s in samples]
-    gap = smallest_gap(stamp for stamp, _ in pairs if stamp > since)
-    if gap and (device.period_us is None or gap < device.period_us):
-        device.period_us = gap
+    if len(pairs) > 1:
+        gap = smallest_gap(stamp for stamp, _ in pairs if stamp > since)
+        if gap and (device.period_us is None or gap < device.period_us):
+            device.period_us = gap
     driver_now = None if device.clock_offset_us is None else device.now_us - device.clock_offset_us
     value, newest, end = fold_device_samples(pairs, since, device.accounted.get(kind), device.period_us, driver_now)
     if kind == GPU_UTILIZATION_SAMPLES:
@@ -322,26 +327,22 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
         if listed is None:
             return None  # a partial list would make processes seem to end
         for proc in listed:
-            memory = getattr(proc, "usedGpuMemory", None)
-            memory_kib = int(memory) // 1024 if isinstance(memory, int) else 0
-            seen = found.get(int(proc.pid))
+            pid = int(proc.pid)
+            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM)
+            memory_kib = memory // 1024 if memory else 0
+            seen = found.get(pid)
             if seen is None:
-                found[int(proc.pid)] = (kind, memory_kib)
+                found[pid] = (kind, memory_kib)
             else:
-                merged = seen[0] if seen[0] == kind else "C+G"
-                found[int(proc.pid)] = (merged, max(seen[1], memory_kib))
+                found[pid] = (seen[0] if seen[0] == kind else "C+G", max(seen[1], memory_kib))
     if not found:
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device))
-    result = []
-    for pid, (kind, memory_kib) in found.items():
-        if busy is None or busy is UNSUPPORTED:
-            gpu = mem = busy
-        else:
-            gpu, mem = busy.get(pid, (0, 0))
-        result.append(ProcessSample(pid, kind, memory_kib, gpu, mem))
-    return tuple(result)
+    if busy is None or busy is UNSUPPORTED:
+        return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
+    idle = (0, 0)
+    return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
 
 
 def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
@@ -355,9 +356,8 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
         if failure.value == 0:
             return {}  # SUCCESS on the size query: the wrapper's way of saying "none"
         raise
-    gap = smallest_gap(int(s.timeStamp) for s in samples)
-    if gap and (device.period_us is None or gap < device.period_us):
-        device.period_us = gap
+    if device.period_us is None:
+        device.period_us = smallest_gap(int(s.timeStamp) for s in samples)
     busy, device.last_seen = fold_process_samples(samples, since, device.poll_periods, device.period_us)
     return busy
 

@@ -85,15 +85,18 @@ def fold_process_samples(
     among the process samples.  A pid's figure is the sum of its samples over
     the number of periods: busy in 2 periods of 6 at 90 % is 30 %.
     """
+    # one sample per pid and timestamp; stale ones and impossible values left out
     latest: dict[tuple[int, int], tuple[int, int]] = {}
+    newest = since
     for sample in samples:
-        stamp = int(sample.timeStamp)
-        if stamp <= since or not (0 <= sample.smUtil <= 100 and 0 <= sample.memUtil <= 100):
-            continue
-        latest[(int(sample.pid), stamp)] = (int(sample.smUtil), int(sample.memUtil))
+        stamp = sample.timeStamp
+        sm, mem = sample.smUtil, sample.memUtil
+        if stamp > since and 0 <= sm <= 100 and 0 <= mem <= 100:
+            latest[(sample.pid, stamp)] = (sm, mem)
+            if stamp > newest:
+                newest = stamp
     if not latest:
         return {}, since
-    newest = max(stamp for _, stamp in latest)
     if since == 0:
         # the first read brings the buffer's whole past: take its last second
         since = newest - FIRST_WINDOW_US
@@ -104,18 +107,21 @@ def fold_process_samples(
             periods = len({stamp for _, stamp in latest})
     sums: dict[int, list[int]] = {}
     for (pid, _), (sm, mem) in latest.items():
-        total = sums.setdefault(pid, [0, 0, 0])
-        total[0] += sm
-        total[1] += mem
-        total[2] += 1
+        total = sums.get(pid)
+        if total is None:
+            sums[pid] = [sm, mem, 1]
+        else:
+            total[0] += sm
+            total[1] += mem
+            total[2] += 1
     count = periods or len({stamp for _, stamp in latest})
     if not periods and period_us:
         count = max(count, round((newest - since) / period_us))
-    count = max([count] + [n for _, _, n in sums.values()])
-    busy = {
-        pid: (clamp_percent(sm / count) or 0, clamp_percent(mem / count) or 0) for pid, (sm, mem, _) in sums.items()
-    }
-    return busy, newest
+    count = max(count, max(n for _, _, n in sums.values()))
+    if count == 1:
+        return {pid: (sm, mem) for pid, (sm, mem, _) in sums.items()}, newest
+    # at least every pid's own sample count: the figures stay within 0..100
+    return {pid: (round(sm / count), round(mem / count)) for pid, (sm, mem, _) in sums.items()}, newest
 
 
 def smallest_gap(stamps: Iterable[int]) -> int | None:

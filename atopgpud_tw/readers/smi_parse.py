@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import replace
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
@@ -337,7 +336,7 @@ def _merged(samples: Iterable[ProcessSample], add_memory: bool = False) -> tuple
             # the same allocation listed under both kinds: counted once
             memory = max(seen.memory_kib, sample.memory_kib)
         kind = seen.kind if seen.kind == sample.kind else "C+G"
-        found[sample.pid] = replace(seen, kind=kind, memory_kib=memory)
+        found[sample.pid] = seen._replace(kind=kind, memory_kib=memory)
     return tuple(found.values())
 
 
