@@ -1,118 +1,46 @@
-"""The atopgpud wire format, both ways: pure functions over bytes.
-
-Request: two bytes, a command (``T`` GPU types, ``S`` statistics) and an API version;
-version 0, or one above `NEWEST_VERSION`, means the newest.
-
-Reply: a four-byte big-endian prelude ``version << 24 | length`` and ``length`` bytes
-of ASCII.  atop rejects a reply whose body is longer than 8192 bytes; this codec keeps
-the whole reply, prelude included, within `REPLY_LIMIT`.
+"""Rendering ``T`` and ``S`` bodies from the counters, within atop's limits.
 
 ``T`` body: ``N@busid name tasksupport@busid name tasksupport...``
 
 ``S`` body: per device, in ``T`` order, ``@gpupercnow mempercnow memtotal memused
 samples gpuperccum memperccum memusedcum`` followed by its processes:
 
-- version 1: ``#A pid gpubusy membusy 0 memnow memcum samples`` (busy figures are
-  averages; atop multiplies them by ``samples``);
+- version 1: ``#A pid gpubusy membusy 0 memnow memcum samples`` (busy percentages,
+  which atop shows as the interval's);
 - version 2: ``#A pid type gpubusycum membusycum memnow memcum samples``;
 
 ``A`` for an active process, ``E`` for one that ended since the client's previous
-``S``.  Memory is in KiB, -1 means "not available".  The full description, with
-atop's limits, is in docs/protocol.md.
+``S``.  Memory is in KiB, -1 means "not available".
 """
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from atopgpud_tw.codec.wire import (
+    MAX_PROCESSES_PER_DEVICE,
+    PRELUDE,
+    REPLY_LIMIT,
+    ProtocolError,
+    wire_token,
+)
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 
-PRELUDE = struct.Struct(">I")
-REQUEST_SIZE = 2
-NEWEST_VERSION = 2
-VERSIONS = (1, 2)
-COMMAND_TYPES = ord("T")
-COMMAND_STATS = ord("S")
-#: atop's hard limit on a reply body
-ATOP_REPLY_LIMIT = 8192
-#: what this daemon allows a whole reply, prelude included, so that no reading of
-#: atop's limit (body or whole reply) is ever exceeded
-REPLY_LIMIT = ATOP_REPLY_LIMIT
-#: atop keeps at most this many process entries per GPU (an unsigned char)
-MAX_PROCESSES_PER_DEVICE = 255
-#: atop shows at most this many GPUs
-ATOP_MAX_GPUS = 32
-#: atop keeps the last characters of a bus id and of a type name
-ATOP_ID_CHARS = 12
+__all__ = [
+    "render_types",
+    "render_device",
+    "render_process",
+    "RenderedDevice",
+    "render_devices",
+    "StatsBody",
+    "assemble_stats",
+    "render_stats",
+    "PreparedStats",
+]
 
 _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
-_SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
-
-
-class ProtocolError(ValueError):
-    """A request or reply that breaks the wire format."""
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    command: int
-    version: int
-
-    @property
-    def reply_version(self) -> int:
-        """The version the reply is rendered in and stamped with."""
-        return negotiate(self.version)
-
-
-def negotiate(version: int) -> int:
-    """The reply version for a requested one: 0 and unknown ones mean the newest."""
-    return version if version in VERSIONS else NEWEST_VERSION
-
-
-#: every valid request, parsed once: a daemon parses one per reply
-_REQUESTS = {bytes([c, v]): Request(c, v) for c in (COMMAND_TYPES, COMMAND_STATS) for v in range(256)}
-
-
-def parse_request(data: bytes) -> Request:
-    """Two bytes to a `Request`; anything but ``T`` or ``S`` is a `ProtocolError`."""
-    known = _REQUESTS.get(data) if type(data) is bytes else None
-    if known is not None:
-        return known
-    if len(data) != REQUEST_SIZE:
-        raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
-    command, version = data[0], data[1]
-    if command not in (COMMAND_TYPES, COMMAND_STATS):
-        raise ProtocolError(f"unknown command byte 0x{command:02x}")
-    return Request(command, version)
-
-
-def encode_request(command: str, version: int) -> bytes:
-    """The two request bytes for a command letter and version (clients, tests)."""
-    return command.encode("ascii") + bytes([version])
-
-
-def frame(version: int, body: bytes) -> bytes:
-    """Prefix a body with its prelude."""
-    if len(body) > 0xFFFFFF:
-        raise ProtocolError("reply body too long for the prelude")
-    return PRELUDE.pack(version << 24 | len(body)) + body
-
-
-def parse_prelude(prelude: bytes) -> tuple[int, int]:
-    """The (version, length) of a reply's first four bytes."""
-    if len(prelude) != PRELUDE.size:
-        raise ProtocolError(f"a prelude is {PRELUDE.size} bytes, got {len(prelude)}")
-    (word,) = PRELUDE.unpack(prelude)
-    return word >> 24, word & 0xFFFFFF
-
-
-def wire_token(text: str) -> bytes:
-    """A name or bus id as one ``T`` token: ASCII, no space, ``@`` or ``#``."""
-    raw = text.encode("ascii", errors="replace") or b"?"
-    return raw.translate(_SAFE)
 
 
 # -- T ---------------------------------------------------------------------------
@@ -303,6 +231,7 @@ def render_stats(
     version: int,
     exited: Iterable[tuple[int, ProcessTotals]] = (),
 ) -> StatsBody:
+
     """An ``S`` body straight from the counters, without any caching."""
     records = [(index, render_process(totals, version, b"E")) for index, totals in exited]
     return assemble_stats(render_devices(devices, version), records)
@@ -454,142 +383,3 @@ class _Order:
             for _, _, record in device.active:
                 sums.append(sums[-1] + len(record))
             self.offsets.append(sums)
-
-
-# -- parsing replies (clients and tests) --------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceType:
-    busid: str
-    name: str
-    task_support: int
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessStats:
-    state: str
-    pid: int
-    kind: str
-    gpu_busy: int
-    mem_busy: int
-    memory_now_kib: int
-    memory_cum_kib: int
-    samples: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceStats:
-    gpu_busy_now: int
-    mem_busy_now: int
-    memory_total_kib: int
-    memory_used_kib: int
-    samples: int
-    gpu_busy_cum: int
-    mem_busy_cum: int
-    memory_used_cum_kib: int
-    processes: tuple[ProcessStats, ...]
-
-
-def _is_integer(field: str) -> bool:
-    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
-    digits = field[1:] if field.startswith("-") else field
-    return digits.isascii() and digits.isdigit()
-
-
-def _ints(fields: Sequence[str], what: str) -> list[int]:
-    if not all(_is_integer(f) for f in fields):
-        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)!r}")
-    return [int(f) for f in fields]
-
-
-def _ascii(body: bytes) -> str:
-    try:
-        return body.decode("ascii")
-    except UnicodeDecodeError:
-        raise ProtocolError("reply body is not ASCII") from None
-
-
-def parse_types(body: bytes) -> list[DeviceType]:
-    """Parse a ``T`` body; every field is checked."""
-    head, *entries = _ascii(body).split("@")
-    (count,) = _ints([head], "T count") if head else (None,)
-    if count is None or count != len(entries):
-        raise ProtocolError(f"T reply announces {head!r} devices and lists {len(entries)}")
-    out = []
-    for entry in entries:
-        fields = entry.split(" ")
-        if len(fields) != 3 or not fields[0] or not fields[1]:
-            raise ProtocolError(f"malformed T entry {entry!r}")
-        (support,) = _ints(fields[2:], "T task support")
-        out.append(DeviceType(fields[0], fields[1], support))
-    return out
-
-
-def parse_stats(body: bytes, version: int) -> list[DeviceStats]:
-    """Parse an ``S`` body of a given version; every field is checked."""
-    text = _ascii(body)
-    if not text:
-        return []
-    if not text.startswith("@"):
-        raise ProtocolError("S reply does not start with a device record")
-    out = []
-    for chunk in text[1:].split("@"):
-        head, *procs = chunk.split("#")
-        values = _ints(head.split(" "), "device record")
-        if len(values) != 8:
-            raise ProtocolError(f"device record has {len(values)} fields, not 8")
-        out.append(DeviceStats(*values, tuple(_parse_process(p, version) for p in procs)))
-    return out
-
-
-def _parse_process(text: str, version: int) -> ProcessStats:
-    fields = text.split(" ")
-    if len(fields) != 8 or fields[0] not in ("A", "E"):
-        raise ProtocolError(f"malformed process record {text!r}")
-    if version == 1:
-        pid, gpu, mem, _zero, now, cum, samples = _ints(fields[1:], "process record")
-        kind = "U"
-    else:
-        kind = fields[2]
-        if kind not in ("C", "G", "U"):
-            raise ProtocolError(f"unknown process type {kind!r}")
-        pid, gpu, mem, now, cum, samples = _ints(fields[1:2] + fields[3:], "process record")
-    return ProcessStats(fields[0], pid, kind, gpu, mem, now, cum, samples)
-
-
-def _check_busy(value: int, high: int, what: str) -> None:
-    if not -1 <= value <= high:
-        raise ProtocolError(f"{what} {value} is outside -1..{high}")
-
-
-def _check_not_below(value: int, floor: int, what: str) -> None:
-    if value < floor:
-        raise ProtocolError(f"{what} {value} is below {floor}")
-
-
-def check_stats(devices: Sequence[DeviceStats], version: int) -> None:
-    """Refuse parsed ``S`` figures that no daemon can mean (a `ProtocolError`).
-
-    Percentages are -1..100; a sum of per-sample percentages is at most 100 per
-    sample; counts and memory are not negative (-1 means "not available").
-    """
-    for index, dev in enumerate(devices):
-        where = f"GPU {index}"
-        _check_not_below(dev.samples, 0, f"{where} samples")
-        _check_busy(dev.gpu_busy_now, 100, f"{where} gpupercnow")
-        _check_busy(dev.mem_busy_now, 100, f"{where} mempercnow")
-        _check_busy(dev.gpu_busy_cum, 100 * dev.samples, f"{where} gpuperccum")
-        _check_busy(dev.mem_busy_cum, 100 * dev.samples, f"{where} memperccum")
-        for name in ("memory_total_kib", "memory_used_kib", "memory_used_cum_kib"):
-            _check_not_below(getattr(dev, name), -1, f"{where} {name}")
-        for proc in dev.processes:
-            what = f"{where} process {proc.pid}"
-            _check_not_below(proc.pid, 1, f"{where} process pid")
-            _check_not_below(proc.samples, 0, f"{what} samples")
-            # version 1 sends averages, version 2 sums of per-sample percentages
-            high = 100 if version == 1 else 100 * proc.samples
-            _check_busy(proc.gpu_busy, high, f"{what} gpu busy")
-            _check_busy(proc.mem_busy, high, f"{what} memory busy")
-            _check_not_below(proc.memory_now_kib, -1, f"{what} memory")
-            _check_not_below(proc.memory_cum_kib, -1, f"{what} cumulative memory")

@@ -1,0 +1,119 @@
+"""The wire format's framing: requests, the reply prelude, atop's limits.
+
+Request: two bytes, a command (``T`` GPU types, ``S`` statistics) and an API version;
+version 0, or one above `NEWEST_VERSION`, means the newest.
+
+Reply: a four-byte big-endian prelude ``version << 24 | length`` and ``length`` bytes
+of ASCII.  atop rejects a reply whose body is longer than 8192 bytes; this codec keeps
+the whole reply, prelude included, within `REPLY_LIMIT`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "PRELUDE",
+    "REQUEST_SIZE",
+    "NEWEST_VERSION",
+    "VERSIONS",
+    "COMMAND_TYPES",
+    "COMMAND_STATS",
+    "ATOP_REPLY_LIMIT",
+    "REPLY_LIMIT",
+    "MAX_PROCESSES_PER_DEVICE",
+    "ATOP_MAX_GPUS",
+    "ATOP_ID_CHARS",
+    "ProtocolError",
+    "Request",
+    "negotiate",
+    "parse_request",
+    "encode_request",
+    "frame",
+    "parse_prelude",
+    "wire_token",
+]
+
+PRELUDE = struct.Struct(">I")
+REQUEST_SIZE = 2
+NEWEST_VERSION = 2
+VERSIONS = (1, 2)
+COMMAND_TYPES = ord("T")
+COMMAND_STATS = ord("S")
+#: atop's hard limit on a reply body
+ATOP_REPLY_LIMIT = 8192
+#: what this daemon allows a whole reply, prelude included, so that no reading of
+#: atop's limit (body or whole reply) is ever exceeded
+REPLY_LIMIT = ATOP_REPLY_LIMIT
+#: atop keeps at most this many process entries per GPU (an unsigned char)
+MAX_PROCESSES_PER_DEVICE = 255
+#: atop shows at most this many GPUs
+ATOP_MAX_GPUS = 32
+#: atop keeps the last characters of a bus id and of a type name
+ATOP_ID_CHARS = 12
+
+_SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
+
+
+class ProtocolError(ValueError):
+    """A request or reply that breaks the wire format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    command: int
+    version: int
+
+    @property
+    def reply_version(self) -> int:
+        """The version the reply is rendered in and stamped with."""
+        return negotiate(self.version)
+
+
+def negotiate(version: int) -> int:
+    """The reply version for a requested one: 0 and unknown ones mean the newest."""
+    return version if version in VERSIONS else NEWEST_VERSION
+
+
+#: every valid request, parsed once: a daemon parses one per reply
+_REQUESTS = {bytes([c, v]): Request(c, v) for c in (COMMAND_TYPES, COMMAND_STATS) for v in range(256)}
+
+
+def parse_request(data: bytes) -> Request:
+    """Two bytes to a `Request`; anything but ``T`` or ``S`` is a `ProtocolError`."""
+    known = _REQUESTS.get(data) if type(data) is bytes else None
+    if known is not None:
+        return known
+    if len(data) != REQUEST_SIZE:
+        raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
+    command, version = data[0], data[1]
+    if command not in (COMMAND_TYPES, COMMAND_STATS):
+        raise ProtocolError(f"unknown command byte 0x{command:02x}")
+    return Request(command, version)
+
+
+def encode_request(command: str, version: int) -> bytes:
+    """The two request bytes for a command letter and version (clients, tests)."""
+    return command.encode("ascii") + bytes([version])
+
+
+def frame(version: int, body: bytes) -> bytes:
+    """Prefix a body with its prelude."""
+    if len(body) > 0xFFFFFF:
+        raise ProtocolError("reply body too long for the prelude")
+    return PRELUDE.pack(version << 24 | len(body)) + body
+
+
+def parse_prelude(prelude: bytes) -> tuple[int, int]:
+    """The (version, length) of a reply's first four bytes."""
+    if len(prelude) != PRELUDE.size:
+        raise ProtocolError(f"a prelude is {PRELUDE.size} bytes, got {len(prelude)}")
+    (word,) = PRELUDE.unpack(prelude)
+    return word >> 24, word & 0xFFFFFF
+
+
+def wire_token(text: str) -> bytes:
+    """A name or bus id as one ``T`` token: ASCII, no space, ``@`` or ``#``."""
+    raw = text.encode("ascii", errors="replace") or b"?"
+    return raw.translate(_SAFE)
