@@ -190,11 +190,16 @@ def _join_all(devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, byt
     return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
 
 
-def _join_selected(
-    devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
-) -> StatsBody:
-    count = [0] * len(devices)
-    tails: list[list[bytes]] = [[] for _ in devices]
+def _take_exited(
+    devices: int, exited: Sequence[tuple[int, bytes]], room: int
+) -> tuple[list[int], list[list[bytes]], list[int], int]:
+    """Exited records first, in queue order, as far as room and each device's cap allow.
+
+    Returns the records taken per device (count and list), their positions in
+    `exited`, and the room left.
+    """
+    count = [0] * devices
+    tails: list[list[bytes]] = [[] for _ in range(devices)]
     sent: list[int] = []
     for position, (index, record) in enumerate(exited):
         if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
@@ -202,6 +207,13 @@ def _join_selected(
             count[index] += 1
             tails[index].append(record)
             sent.append(position)
+    return count, tails, sent, room
+
+
+def _join_selected(
+    devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
+) -> StatsBody:
+    count, tails, sent, room = _take_exited(len(devices), exited, room)
     chosen: list[set[int]] = [set() for _ in devices]
     candidates = sorted(
         (
@@ -289,16 +301,7 @@ class PreparedStats:
     def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
         """The rules of `_join_selected`: exited records first, then the largest active processes."""
         devices = self.devices
-        room = self._room
-        count = [0] * len(devices)
-        tails: list[list[bytes]] = [[] for _ in devices]
-        sent: list[int] = []
-        for position, (index, record) in enumerate(exited):
-            if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
-                room -= len(record)
-                count[index] += 1
-                tails[index].append(record)
-                sent.append(position)
+        count, tails, sent, room = _take_exited(len(devices), exited, self._room)
         order = self._order or self._sorted()
         if any(c + n > MAX_PROCESSES_PER_DEVICE for c, n in zip(count, self._counts)):
             return self._select_capped(order, room, count, tails, sent)
