@@ -6,8 +6,10 @@ the bytes of one request.  Everything runs in the reactor thread, so no locks.
 Replies are rendered once per poll and version and reused for every request until
 the next poll; only a client's own exited processes are added per request, and
 each exited process's record is rendered once per version for all the clients
-that hear of it.  A request costs no work that grows with the number of clients
-or, unless the reply must be cut to atop's limit, with the number of processes.
+that hear of it.  A version 2 request costs no work that grows with the number
+of clients or, unless the reply must be cut to atop's limit, with the number of
+processes.  Version 1 replies carry busy figures over each client's own
+interval, so they are rendered per request (`Board.stats_v1`).
 """
 
 from __future__ import annotations
@@ -127,15 +129,18 @@ class Board:
         self._batch_bodies = {}
         if exited:
             shared = self._batch = [Exited(e.device_index, e.totals) for e in exited]
-            dropped = sum(queue.add(shared) for queue in self.clients)
-            if dropped:
+            for queue in self.clients:
+                first = not queue.dropped
+                dropped = queue.add(shared)
                 self.exited_dropped += dropped
-                log.warn(
-                    "{count} exited processes dropped from full client queues "
-                    "({total} since start); raise --max-exited if clients are slow",
-                    count=dropped,
-                    total=self.exited_dropped,
-                )
+                if dropped and first:
+                    # once per client: one that stopped asking would say it every poll
+                    log.warn(
+                        "a client's queue of exited processes is full: its oldest are dropped "
+                        "({total} dropped from all clients since start); raise --max-exited "
+                        "if clients ask less often than that many processes end",
+                        total=self.exited_dropped,
+                    )
         return exited
 
     # -- replies --
