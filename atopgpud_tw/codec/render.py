@@ -214,16 +214,28 @@ def _join_selected(
     devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
 ) -> StatsBody:
     count, tails, sent, room = _take_exited(len(devices), exited, room)
-    chosen: list[set[int]] = [set() for _ in devices]
     candidates = sorted(
-        (
-            (-memory, index, pid, record)
-            for index, device in enumerate(devices)
-            for memory, pid, record in device.active
-        )
+        (-memory, index, pid, record) for index, device in enumerate(devices) for memory, pid, record in device.active
     )
+    return _keep_in_order(devices, (c[1:] for c in candidates), room, count, tails, sent)
+
+
+def _keep_in_order(
+    devices: Sequence[RenderedDevice],
+    candidates: Iterable[tuple[int, int, bytes]],
+    room: int,
+    count: list[int],
+    tails: list[list[bytes]],
+    sent: list[int],
+) -> StatsBody:
+    """Active processes in the candidates' order, as far as room and each device's cap allow.
+
+    `candidates` are ``(device index, pid, record)``, largest memory first; the
+    exited records already taken are in `count`, `tails` and `sent`.
+    """
+    chosen: list[set[int]] = [set() for _ in devices]
     cut = False
-    for _, index, pid, record in candidates:
+    for index, pid, record in candidates:
         if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
             room -= len(record)
             count[index] += 1
@@ -332,21 +344,7 @@ class PreparedStats:
         self, order: _Order, room: int, count: list[int], tails: list[list[bytes]], sent: list[int]
     ) -> StatsBody:
         """`_select` where a device may reach atop's 255 processes: one candidate at a time."""
-        chosen: list[set[int]] = [set() for _ in self.devices]
-        cut = False
-        for index, pid, record in order.candidates:
-            if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
-                room -= len(record)
-                count[index] += 1
-                chosen[index].add(pid)
-            else:
-                cut = True
-        parts: list[bytes] = []
-        for device, keep, tail in zip(self.devices, chosen, tails):
-            parts.append(device.header)
-            parts.extend(rec for _, pid, rec in device.active if pid in keep)
-            parts.extend(tail)
-        return StatsBody(b"".join(parts), tuple(sent), cut)
+        return _keep_in_order(self.devices, order.candidates, room, count, tails, sent)
 
     def _sorted(self) -> _Order:
         self._order = _Order(self.devices)
