@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from typing import Any, Callable, Iterator, Sequence
 
 import pytest
+import scenarios
 from atop_helpers import (
     ATOP_HOST,
     ATOP_PORT,
@@ -56,14 +57,8 @@ from atopgpud_tw import codec
 DAEMON_INTERVAL = 0.25
 ATOP_INTERVAL = 1
 
-H100 = {
-    "name": "NVIDIA H100 80GB HBM3",
-    "busid": "00000000:17:00.0",
-    "memory_total_mib": 81559,
-    "memory_used_mib": 2048,
-    "gpu_util": 40,
-    "mem_util": 10,
-}
+#: the shared H100, without its process: each test puts its own real pids on it
+H100 = {key: value for key, value in scenarios.H100.items() if key != "processes"}
 A4000 = {
     "name": "NVIDIA RTX A4000",
     "busid": "00000000:65:00.0",
