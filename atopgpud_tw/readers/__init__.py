@@ -36,13 +36,13 @@ def _smi(options: Any, reactor: Any) -> IReader:
 
 def _sim(options: Any, reactor: Any) -> IReader:
     from atopgpud_tw.readers.nvml import NvmlReader
-    from atopgpud_tw.sim import ScenarioError, SimulatedNvml, demo_scenario, load_scenario
+    from atopgpud_tw.sim import ScenarioError, demo_scenario, load_scenario, simulated_binding
 
     try:
         scenario = load_scenario(options["scenario"]) if options["scenario"] else demo_scenario()
     except ScenarioError as error:
         raise ReaderUnavailable(f"scenario {error}") from None
-    reader = NvmlReader(SimulatedNvml(scenario), reactor, mig=options["mig"])
+    reader = NvmlReader(simulated_binding(scenario), reactor, mig=options["mig"])
     reader.name = "sim"
     return reader
 
