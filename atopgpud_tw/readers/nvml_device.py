@@ -24,7 +24,6 @@ from atopgpud_tw.readers.nvml_samples import (
     fold_process_samples,
     latest_process_figures,
     lists_busy_periods,
-    smallest_gap,
 )
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
@@ -379,8 +378,11 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
     if stream.mode == PER_CALL:
         busy, newest = latest_process_figures(samples, since)
     else:
-        period = _period(device) or smallest_gap(int(s.timeStamp) for s in samples)
-        busy, newest = fold_process_samples(samples, since, device.poll_periods, period, elapsed)
+        learnt = stream.learn_period(samples, since)
+        gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
+        period = (gpu.period_us if gpu else None) or learnt
+        skipped = gpu.skipped if gpu and device.poll_periods else None
+        busy, newest = fold_process_samples(samples, since, device.poll_periods, period, elapsed, skipped)
     if newest <= since:
         if device.poll_periods == 0 and device.poll_busy:
             return stream.figures  # no new period yet: the load goes on
@@ -429,11 +431,6 @@ def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
         if failure.value == 0:
             return []  # SUCCESS on the size query: the wrapper's way of saying "none"
         raise
-
-
-def _period(device: NvmlDevice) -> int | None:
-    stream = device.streams.get(GPU_UTILIZATION_SAMPLES)
-    return None if stream is None else stream.period_us
 
 
 def placeholder(device: NvmlDevice) -> DeviceSample:

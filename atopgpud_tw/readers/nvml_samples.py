@@ -98,6 +98,7 @@ def fold_process_samples(
     periods: int | None = None,
     period_us: int | None = None,
     elapsed_us: int | None = None,
+    skipped: int | None = 0,
 ) -> tuple[dict[int, tuple[int, int]], int]:
     """Per-pid (sm, mem) percentages since `since` from a driver that lists a
     process once per busy sample period, and the newest timestamp.
@@ -108,8 +109,13 @@ def fold_process_samples(
     own span over the driver's sample period (`period_us`, when known), at most
     the time since the previous poll (`elapsed_us`) and a period; without a
     period, from `periods` (the device samples of the same poll) or the
-    distinct timestamps among the process samples; never fewer than any pid's
-    own samples, so the figures stay within 0..100.
+    distinct timestamps among the process samples; less the periods the driver
+    `skipped` (no sample at all, as its device samples show; None when they
+    cannot tell: then a gap of about two periods in which no process is listed
+    is taken for a skipped sample); never fewer than
+    any pid's own samples, so the figures stay within 0..100.  A span is
+    rounded down unless within 0.3 periods of the next whole one, so a sample
+    stamped late at the end of the span does not add a period.
     """
     latest, newest = _fresh(samples, since)
     if not latest:
@@ -136,7 +142,9 @@ def fold_process_samples(
         span = newest - since
         if elapsed_us is not None:
             span = min(span, elapsed_us + period_us)
-        count = max(1, round(span / period_us))
+        if skipped is None:
+            skipped = skipped_periods([since, *sorted({stamp for _, stamp in latest})], period_us)
+        count = max(1, int(span / period_us + 0.3) - skipped)
     else:
         count = periods or len({stamp for _, stamp in latest})
     count = max(count, max(n for _, _, n in sums.values()))
@@ -218,6 +226,8 @@ class SampleStream:
     lags: deque[int] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     #: recent gaps between consecutive samples
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+    #: periods the driver skipped (no sample) among this poll's
+    skipped: int = 0
 
     def driver_now(self, now_us: int) -> int | None:
         """The reader's time `now_us` on the driver's sample clock, once known."""
@@ -234,6 +244,7 @@ class SampleStream:
         self.gaps.extend(b - a for a, b in zip(fresh, fresh[1:]) if b > a)
         if self.gaps:
             self.period_us = median_gap_of(self.gaps)
+        self.skipped = skipped_periods(([since] if since else []) + fresh, self.period_us)
         value, newest, end = fold_device_samples(
             pairs, since, self.accounted, self.period_us, self.driver_now(now_us)
         )
@@ -252,6 +263,19 @@ class SampleStream:
         driver_now = self.driver_now(now_us)
         if self.since and driver_now is not None:
             self.accounted = max(self.accounted or self.since, driver_now)
+
+
+def skipped_periods(stamps: list[int], period: int | None) -> int:
+    """How many samples the driver skipped among these consecutive stamps: gaps
+    of about two periods (longer ones are dry spells)."""
+    if not period:
+        return 0
+    skipped = 0
+    for a, b in zip(stamps, stamps[1:]):
+        gap = b - a
+        if 1.5 * period < gap <= DRY_GAP * period:
+            skipped += round(gap / period) - 1
+    return skipped
 
 
 def median_gap_of(gaps: Iterable[int]) -> int:
@@ -280,6 +304,20 @@ class ProcessStream:
     settled: bool = False
     #: the pids the previous poll that brought samples listed
     listed: set[int] = field(default_factory=set)
+    #: recent gaps between one pid's consecutive samples (per-period drivers)
+    gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+
+    def learn_period(self, samples: Iterable[Any], since: int) -> int | None:
+        """The driver's sample period as the process samples show it (median gap)."""
+        by_pid: dict[int, set[int]] = {}
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp > since:
+                by_pid.setdefault(int(sample.pid), set()).add(stamp)
+        for stamps in by_pid.values():
+            ordered = sorted(stamps)
+            self.gaps.extend(b - a for a, b in zip(ordered, ordered[1:]))
+        return median_gap_of(self.gaps) if self.gaps else None
     #: the figures of the last poll that brought samples, by pid
     figures: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: the reader's time of the previous poll, µs
