@@ -24,6 +24,7 @@ from atopgpud_tw.readers.nvml_samples import (
     fold_process_samples,
     latest_process_figures,
     lists_busy_periods,
+    samples_per_pid,
 )
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
@@ -313,7 +314,9 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
         device.poll_periods = fresh
     if value is None:
         # nothing new (NOT_FOUND, or only samples already seen or above 100 %)
-        stream.dry(device.now_us)
+        dry = stream.dry(device.now_us)
+        if kind == GPU_UTILIZATION_SAMPLES:
+            device.poll_periods = dry
         return _NOTHING_NEW
     return value
 
@@ -361,7 +364,7 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
     return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
 
 
-def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
+def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]] | None:
     """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`).
 
     A poll that brings no new process sample while the device's own buffer had
@@ -377,12 +380,20 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
         _learn_process_mode(device, stream, samples)
     if stream.mode == PER_CALL:
         busy, newest = latest_process_figures(samples, since)
+        if since == 0 and busy:
+            # averages over the driver's whole buffer, not over this poll: not counted
+            stream.since, stream.listed, stream.figures = newest, set(busy), busy
+            return None
     else:
         learnt = stream.learn_period(samples, since)
         gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
         period = (gpu.period_us if gpu else None) or learnt
-        skipped = gpu.skipped if gpu and device.poll_periods else None
-        busy, newest = fold_process_samples(samples, since, device.poll_periods, period, elapsed, skipped)
+        periods = device.poll_periods
+        if periods is not None and since:
+            # a skipped sample is a period nobody knows of: not an idle one
+            periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
+            stream.credit = max(0, samples_per_pid(samples, since) - periods)
+        busy, newest = fold_process_samples(samples, since, periods or None, period, elapsed)
     if newest <= since:
         if device.poll_periods == 0 and device.poll_busy:
             return stream.figures  # no new period yet: the load goes on

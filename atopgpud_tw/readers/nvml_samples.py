@@ -33,7 +33,7 @@ FIRST_WINDOW_US = 1_000_000
 DRY_GAP = 2.5
 #: this many periods without a new sample, by the driver's clock, and the
 #: buffer has run dry (the GPU went idle) rather than the next sample being late
-DRY_TAIL = 1.5
+DRY_TAIL = DRY_GAP
 
 
 def fold_device_samples(
@@ -98,24 +98,21 @@ def fold_process_samples(
     periods: int | None = None,
     period_us: int | None = None,
     elapsed_us: int | None = None,
-    skipped: int | None = 0,
 ) -> tuple[dict[int, tuple[int, int]], int]:
     """Per-pid (sm, mem) percentages since `since` from a driver that lists a
     process once per busy sample period, and the newest timestamp.
 
     `samples` have ``pid, timeStamp, smUtil, memUtil``.  A pid's figure is the
     sum of its samples over the number of periods the poll covered: busy in 2
-    periods of 6 at 90 % is 30 %.  That number comes from the process samples'
-    own span over the driver's sample period (`period_us`, when known), at most
-    the time since the previous poll (`elapsed_us`) and a period; without a
-    period, from `periods` (the device samples of the same poll) or the
-    distinct timestamps among the process samples; less the periods the driver
-    `skipped` (no sample at all, as its device samples show; None when they
-    cannot tell: then a gap of about two periods in which no process is listed
-    is taken for a skipped sample); never fewer than
-    any pid's own samples, so the figures stay within 0..100.  A span is
-    rounded down unless within 0.3 periods of the next whole one, so a sample
-    stamped late at the end of the span does not add a period.
+    periods of 6 at 90 % is 30 %.  That number is `periods` (from the device's
+    own samples in the same poll: dry periods count, skipped ones do not),
+    else the time since the previous poll (`elapsed_us`) over the driver's
+    sample period (`period_us`), less gaps of about two periods in which no
+    process was listed (taken for skipped samples; and a pid listed in all but
+    one of them was busy in all: the poll fell a moment before a period
+    ended), else the samples' span over
+    the period, else the distinct timestamps among the samples; never fewer
+    than any pid's own samples, so the figures stay within 0..100.
     """
     latest, newest = _fresh(samples, since)
     if not latest:
@@ -124,11 +121,9 @@ def fold_process_samples(
         # the first read brings the buffer's whole past: take its last second
         since = newest - FIRST_WINDOW_US
         latest = {key: values for key, values in latest.items() if key[1] > since}
-        if period_us:
+        if periods is None and period_us:
             periods = max(1, round(FIRST_WINDOW_US / period_us))
-        elif periods is None:
-            periods = len({stamp for _, stamp in latest})
-        period_us = None
+        elapsed_us = None
     sums: dict[int, list[int]] = {}
     for (pid, _), (sm, mem) in latest.items():
         total = sums.get(pid)
@@ -138,19 +133,35 @@ def fold_process_samples(
             total[0] += sm
             total[1] += mem
             total[2] += 1
-    if period_us:
-        span = newest - since
-        if elapsed_us is not None:
-            span = min(span, elapsed_us + period_us)
-        if skipped is None:
-            skipped = skipped_periods([since, *sorted({stamp for _, stamp in latest})], period_us)
-        count = max(1, int(span / period_us + 0.3) - skipped)
+    if periods is not None:
+        count = periods
+    elif period_us and elapsed_us is not None:
+        # by time, less the periods no process was listed in that look skipped
+        stamps = sorted({stamp for _, stamp in latest})
+        count = round(elapsed_us / period_us) - skipped_periods([since, *stamps], period_us)
+        if most_samples(sums.values()) >= count - 1:
+            # a poll a moment before or after a period ended: a period less or more
+            count = most_samples(sums.values())
+    elif period_us:
+        count = round((newest - since) / period_us)
     else:
-        count = periods or len({stamp for _, stamp in latest})
-    count = max(count, max(n for _, _, n in sums.values()))
+        count = len({stamp for _, stamp in latest})
+    count = max(count, most_samples(sums.values()), 1)
     if count == 1:
         return {pid: (sm, mem) for pid, (sm, mem, _) in sums.items()}, newest
     return {pid: (round(sm / count), round(mem / count)) for pid, (sm, mem, _) in sums.items()}, newest
+
+
+def most_samples(sums: Iterable[list[int]]) -> int:
+    return max((n for _, _, n in sums), default=0)
+
+
+def samples_per_pid(samples: Iterable[Any], since: int) -> int:
+    """The most samples any one pid has after `since` (distinct timestamps)."""
+    counts: dict[int, int] = {}
+    for pid, _ in _fresh(samples, since)[0]:
+        counts[pid] = counts.get(pid, 0) + 1
+    return max(counts.values(), default=0)
 
 
 def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int, tuple[int, int]], int]:
@@ -226,7 +237,7 @@ class SampleStream:
     lags: deque[int] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     #: recent gaps between consecutive samples
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
-    #: periods the driver skipped (no sample) among this poll's
+    #: samples the driver skipped in this poll's share (gaps of about two periods)
     skipped: int = 0
 
     def driver_now(self, now_us: int) -> int | None:
@@ -238,31 +249,40 @@ class SampleStream:
 
     def fold(self, pairs: list[tuple[int, float]], now_us: int) -> tuple[int | None, int]:
         """This poll's figure from the (stamp, value) pairs the driver returned,
-        and how many of them were new; None when none was usable."""
+        and how many sample periods the poll covered; None when none was usable."""
         since = self.since
         fresh = sorted(stamp for stamp, _ in pairs if stamp > since)
         self.gaps.extend(b - a for a, b in zip(fresh, fresh[1:]) if b > a)
         if self.gaps:
             self.period_us = median_gap_of(self.gaps)
         self.skipped = skipped_periods(([since] if since else []) + fresh, self.period_us)
-        value, newest, end = fold_device_samples(
-            pairs, since, self.accounted, self.period_us, self.driver_now(now_us)
-        )
+        begin = self.accounted
+        value, newest, end = fold_device_samples(pairs, since, begin, self.period_us, self.driver_now(now_us))
         if value is None:
             return None, 0
         if newest > since:
             self.lags.append(now_us - newest)
         self.since = newest
         self.accounted = end
-        first = since or newest - FIRST_WINDOW_US
-        return value, sum(1 for stamp in fresh if stamp > first)
+        if since == 0 or not self.period_us:
+            first = since or newest - FIRST_WINDOW_US
+            return value, sum(1 for stamp in fresh if stamp > first)
+        # the periods this poll's share of the driver's time spans, dry or skipped ones too
+        start = since if begin is None else max(since, begin)
+        return value, max(1, round((end - start) / self.period_us))
 
-    def dry(self, now_us: int) -> None:
+    def dry(self, now_us: int) -> int:
         """A poll that found nothing new: if periods have passed since the newest
-        sample, that time is idle, and the next samples do not claim it."""
+        sample, that time is idle, and the next samples do not claim it; the
+        whole periods it covered."""
         driver_now = self.driver_now(now_us)
-        if self.since and driver_now is not None:
-            self.accounted = max(self.accounted or self.since, driver_now)
+        if not self.since or driver_now is None:
+            return 0
+        if not self.period_us or driver_now - self.since < DRY_TAIL * self.period_us:
+            return 0  # the next sample is not due yet: nothing is accounted
+        before = self.accounted or self.since
+        self.accounted = max(before, driver_now)
+        return round((self.accounted - before) / self.period_us)
 
 
 def skipped_periods(stamps: list[int], period: int | None) -> int:
@@ -304,6 +324,9 @@ class ProcessStream:
     settled: bool = False
     #: the pids the previous poll that brought samples listed
     listed: set[int] = field(default_factory=set)
+    #: periods counted for processes ahead of the device's samples (a period
+    #: that ended between the two calls of a poll), taken off the next poll
+    credit: int = 0
     #: recent gaps between one pid's consecutive samples (per-period drivers)
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
 

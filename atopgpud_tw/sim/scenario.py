@@ -98,7 +98,9 @@ class ProcessSpec:
     mem_timeline: Timeline | None = None
 
     def alive(self, now: float) -> bool:
-        return self.start <= now and (self.stop is None or now < self.stop)
+        """Whether it runs at `now`; one that starts at 0 was already running
+        before (the driver's buffer has its past)."""
+        return (self.start <= now or not self.start) and (self.stop is None or now < self.stop)
 
 
 @dataclass(frozen=True)
