@@ -84,6 +84,8 @@ class NvmlReader:
         #: every card ever discovered (its key), to notice one missing
         self._cards: set[str] = set()
         self._announced: set[str] = set()
+        #: what the devices said once (a driver without a function), shared by all of them
+        self._said: set[str] = set()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -128,7 +130,7 @@ class NvmlReader:
                 key = as_text(self.nvml.nvmlDeviceGetUUID(handle))
             except self.nvml.NVMLError:
                 key = busid
-            device = NvmlDevice(self.nvml, handle, key, busid, name)
+            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said)
             device.task_support = probe_support(device)
             devices.append(device)
         self._cards.update(device.key for device in devices)
