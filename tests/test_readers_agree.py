@@ -30,7 +30,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import mig_slots, name_slots, parse_mig_names, parse_report, read_report
-from atopgpud_tw.sim import SimulatedNvml, load_scenario
+from atopgpud_tw.sim import load_scenario, simulated_binding
 from atopgpud_tw.snapshot import Snapshot
 
 HERE = Path(__file__).parent
@@ -62,7 +62,7 @@ WHOLE = (81559, 21786, 63, 21, {41001: ("C", 20480, 50, 15), 41002: ("G", 256, 3
 def nvml_counters(mig: str) -> Counters:
     """The NVML reader over the simulated host, `POLLS` polls one second apart."""
     now = [0.0]
-    reader = NvmlReader(SimulatedNvml(load_scenario(SCENARIO), clock=lambda: now[0]), reactor=None, mig=mig)
+    reader = NvmlReader(simulated_binding(load_scenario(SCENARIO), clock=lambda: now[0]), reactor=None, mig=mig)
     reader.open()
     counters = Counters()
     for poll in range(1, POLLS + 1):
