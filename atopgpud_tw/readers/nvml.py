@@ -117,7 +117,8 @@ class NvmlReader:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
                 busid = as_text(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
                 name = as_text(self.nvml.nvmlDeviceGetName(handle))
-            except self.nvml.NVMLError as error:
+            except Exception as error:
+                # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
                 if getattr(error, "value", None) in LIFECYCLE:
                     raise
                 log.warn(
@@ -128,7 +129,7 @@ class NvmlReader:
                 continue
             try:
                 key = as_text(self.nvml.nvmlDeviceGetUUID(handle))
-            except self.nvml.NVMLError:
+            except Exception:
                 key = busid
             device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said)
             device.task_support = probe_support(device)
