@@ -154,10 +154,11 @@ class SimulatedLibrary:
     def _key(self, symbol: str, device: int | None) -> tuple[Any, ...]:
         return (symbol, device, threading.get_ident())
 
-    def _grown(self, device: int | None, symbol: str) -> int:
+    def _grown(self, device: int | None, symbol: str, which: str) -> int:
+        """How many entries the list `which` gains before this size query's fill."""
         handle = self.model_handle(device)
-        spec = self.model.scenario.gpus[handle.gpu]
-        return int(self.model._next((handle.gpu, "grow", symbol), spec.grow_between_calls) or 0)
+        count = self.model.scenario.gpus[handle.gpu].grow_between_calls.get(which, 0)
+        return int(self.model._next((handle.gpu, "grow", symbol), count) or 0)
 
     # -- the library --
 
@@ -351,7 +352,7 @@ class SimulatedLibrary:
                     self._pending[key] = _CORRUPT
                     count[0] = 1
                     return INSUFFICIENT_SIZE
-                grown = self._grown(device, symbol)
+                grown = self._grown(device, symbol, "process_lists")
                 self._pending[key] = listed + [_grown_process(i) for i in range(grown)]
                 count[0] = len(listed)
                 return INSUFFICIENT_SIZE if listed else SUCCESS
@@ -373,7 +374,7 @@ class SimulatedLibrary:
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
         if not buffer:
             samples = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-            grown = self._grown(device, "nvmlDeviceGetProcessUtilization")
+            grown = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
             newest = max((int(s.timeStamp) for s in samples), default=0)
             self._pending[key] = samples + [_grown_sample(i, newest) for i in range(grown)]
             # some drivers answer the size query with their buffer's capacity, not the count
@@ -400,7 +401,7 @@ class SimulatedLibrary:
         if not buffer:
             kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
             samples = list(samples)
-            grown = self._grown(device, "nvmlDeviceGetSamples")
+            grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
             self._pending[key] = (kind_out, samples + samples[-1:] * grown)
             ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
             count[0] = len(samples)

@@ -12,7 +12,7 @@ ignored silently); keys starting with ``_`` are comments.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -77,6 +77,8 @@ DRIVERS = {
     # the _v2 process lists need 450.66: an early R450 has only the unversioned (v1) ones
     "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
 }
+#: the lists a caller sizes first (a NULL buffer), by their name in grow_between_calls
+GROWING_LISTS = ("process_lists", "samples", "process_utilization")
 #: calls whose reply the binding itself decodes, so a reply it fails on can be had (fault "RuntimeError")
 DECODED_CALLS = (
     "nvmlSystemGetDriverVersion",
@@ -198,8 +200,8 @@ class GpuSpec:
     memory_reserved_mib: Number = 0
     #: the size query of nvmlDeviceGetProcessUtilization reports this constant, not the count
     process_list_capacity: int | None = None
-    #: entries a list gains between a size query and its fill (cycled per size query)
-    grow_between_calls: Cycled = 0
+    #: entries a list gains between a size query and its fill (cycled per size query), by list
+    grow_between_calls: dict[str, Cycled] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -500,7 +502,7 @@ def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
         idle_samples=_flag(spec.get("idle_samples", True), f"{where}.idle_samples"),
         memory_reserved_mib=_number(spec.get("memory_reserved_mib", 0), f"{where}.memory_reserved_mib", 0),
         process_list_capacity=_capacity(spec.get("process_list_capacity"), f"{where}.process_list_capacity"),
-        grow_between_calls=_whole(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
+        grow_between_calls=_growth(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
     )
 
 
@@ -517,3 +519,12 @@ def _whole(value: Any, where: str) -> Cycled:
     for entry in value if isinstance(value, list) else [value]:
         _integer(entry, where)
     return _cycled(value, where)
+
+
+def _growth(value: Any, where: str) -> dict[str, Cycled]:
+    """One count for every sized list, or an object of counts by list."""
+    if not isinstance(value, dict):
+        count = _whole(value, where)
+        return {name: count for name in GROWING_LISTS}
+    spec = _object(value, where, set(GROWING_LISTS))
+    return {name: _whole(spec[name], f"{where}.{name}") for name in GROWING_LISTS if name in spec}
