@@ -143,7 +143,7 @@ class Handle:
 
 
 class SimulatedNvml:
-    """The simulated NVML library: call its methods as pynvml's functions."""
+    """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
 
     NVMLError = NVMLError
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
