@@ -143,6 +143,15 @@ BAD_SCENARIOS = [
     ({"gpus": [{"mig": [{"profile": "a", "slot": 3}, {"profile": "b", "slot": 3, "start": 1}]}]},
      "gpus[0].mig[1].slot 3 is in use by mig[0] at the same time"),
     ({"gpus": [{"mig_capable": False, "mig": []}]}, "gpus[0].mig_capable cannot be false"),
+    ({"driver": 470}, "driver must be one of current, 470, 450"),
+    ({"missing_symbols": "nvmlDeviceGetSamples"}, "missing_symbols must be a list"),
+    ({"gpus": [{"memory_reserved_mib": -1}]}, "gpus[0].memory_reserved_mib must be at least 0"),
+    ({"gpus": [{"process_list_capacity": 0}]}, "gpus[0].process_list_capacity must be a positive integer"),
+    ({"gpus": [{"grow_between_calls": 1.5}]}, "gpus[0].grow_between_calls must be an integer"),
+    ({"gpus": [{"grow_between_calls": {"lists": 1}}]}, "gpus[0].grow_between_calls.lists is not a known field"),
+    ({"gpus": [{"grow_between_calls": {"samples": [1, -1]}}]}, "gpus[0].grow_between_calls.samples must be an"),
+    ({"gpus": [{"processes": [{"pid": 1, "memory_mib": [1, None]}]}]}, "gpus[0].processes[0].memory_mib must be a"),
+    ({"faults": [{"call": "*", "error": "RuntimeError"}]}, "faults[0]: a RuntimeError comes from a reply"),
 ]
 
 
@@ -282,3 +291,27 @@ def test_the_shim_is_the_real_pynvml_over_the_simulated_library(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["NVIDIA Shim Test", pynvml.__file__, "SimulatedLibrary", "[]"]
+
+
+def test_driver_library_and_size_query_fields_parse():
+    """driver, missing_symbols and the per-GPU size-query fields; a bare count of growth is for every list."""
+    scenario = parse_scenario({
+        "driver": "470",
+        "missing_symbols": ["nvmlDeviceGetSamples"],
+        "gpus": [{
+            "memory_reserved_mib": 469,
+            "process_list_capacity": 100,
+            "grow_between_calls": [2, 0],
+            "processes": [{"pid": 1, "memory_mib": None}],
+        }],
+    })
+    assert scenario.absent_symbols == {
+        "nvmlDeviceGetSamples", "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    }
+    (gpu,) = scenario.gpus
+    assert (gpu.memory_reserved_mib, gpu.process_list_capacity, gpu.processes[0].memory_mib) == (469, 100, None)
+    assert gpu.grow_between_calls == {"process_lists": (2, 0), "samples": (2, 0), "process_utilization": (2, 0)}
+    assert parse_scenario({"gpus": [{}]}).gpus[0].grow_between_calls == {
+        "process_lists": 0, "samples": 0, "process_utilization": 0
+    }
