@@ -242,7 +242,8 @@ def test_lists_that_grow_between_size_query_and_fill():
 def test_the_reader_asks_again_when_a_buffer_was_too_small():
     """Growth on the first try only: the retry within the poll gets it, and nothing is a problem."""
     clock = [0.0]
-    growth = {"samples": [1, 0], "process_utilization": [1, 0]}
+    # nine new processes do not fit pynvml's buffer for one (2 * 1 + 5)
+    growth = {"samples": [1, 0], "process_utilization": [1, 0], "process_lists": [9, 0]}
     reader = reader_on(clock, gpu={"grow_between_calls": growth})
     for second in range(3):
         clock[0] = float(second)
@@ -250,9 +251,19 @@ def test_the_reader_asks_again_when_a_buffer_was_too_small():
         assert problems == {}
     (device,) = snapshot.devices
     assert (device.gpu_busy, device.processes[0].gpu_busy) == (40, 20)
+    assert [p.pid for p in device.processes] == [300]
     calls = reader.nvml.nvmlLib.calls
-    # two tries of a size query and a fill, per poll
+    # two tries of a size query and a fill, per poll (and, for the list, at start-up)
     assert calls["nvmlDeviceGetProcessUtilization"] == 3 * 2 * 2
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 4 * 2 * 2
+
+
+def test_a_size_query_that_reports_a_capacity_reads_as_usual():
+    clock = [0.0]
+    reader = reader_on(clock, gpu={"process_list_capacity": 100})
+    snapshot, problems = reader.read(0.0)
+    assert problems == {}
+    assert [(p.pid, p.gpu_busy) for p in snapshot.devices[0].processes] == [(300, 20)]
 
 
 def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts():
