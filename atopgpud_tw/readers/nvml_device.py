@@ -17,10 +17,13 @@ from typing import Any, Callable
 from twisted.logger import Logger
 
 from atopgpud_tw.readers.nvml_samples import (
-    FIRST_WINDOW_US,
-    fold_device_samples,
+    PER_CALL,
+    PER_PERIOD,
+    ProcessStream,
+    SampleStream,
     fold_process_samples,
-    smallest_gap,
+    latest_process_figures,
+    lists_busy_periods,
 )
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
@@ -30,6 +33,8 @@ from atopgpud_tw.snapshot import (
     ProcessSample,
     clamp_percent,
 )
+
+log = Logger()
 
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
@@ -65,6 +70,8 @@ GPU_UTILIZATION_SAMPLES = 1
 MEMORY_UTILIZATION_SAMPLES = 2
 #: what a reading returns when the sample buffer is not there: use the rates call
 _NO_SAMPLES = object()
+#: what a reading of the sample buffer returns when it holds nothing new
+_NOTHING_NEW = object()
 MIG_MODES = ("instances", "card")
 
 log = Logger()
@@ -136,22 +143,18 @@ class NvmlDevice:
     name: str
     task_support: int = 0
     unsupported: set[str] = field(default_factory=set)
-    #: the newest process-utilization timestamp NVML returned for this device
-    last_seen: int = 0
-    #: the newest utilization-sample timestamp NVML returned, per sample type
-    samples_seen: dict[int, int] = field(default_factory=dict)
+    #: the driver's utilization sample buffers, per sample type
+    streams: dict[int, SampleStream] = field(default_factory=dict)
+    #: the driver's per-process utilization samples
+    process_stream: ProcessStream = field(default_factory=ProcessStream)
     #: how many GPU utilization samples this poll brought (None: not known)
     poll_periods: int | None = None
-    #: the driver's sample period in microseconds, once two samples showed it
-    period_us: int | None = None
-    #: per sample type, where the accounting of the driver's time got to (µs):
-    #: past the last sample after polls that found the buffer empty
-    accounted: dict[int, int] = field(default_factory=dict)
+    #: this poll's GPU busy figure (None: not known), which process figures may carry on from
+    poll_busy: int | None = None
     #: this poll's time in microseconds on the reader's clock (the reader sets it)
     now_us: int = 0
-    #: the smallest (reader's clock - newest sample) seen: maps the reader's time
-    #: onto the driver's sample clock, whatever epoch that clock counts from
-    clock_offset_us: int | None = None
+    #: the NVML calls whose answers were found wanting, told once
+    noticed: set[str] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
     mig_instance: bool = False
     #: a card's MIG mode and instances
@@ -336,53 +339,64 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | N
 
     From the driver's sample buffer where it has one (every sample since the
     previous poll, `nvml_samples`), else from the rates call, which covers only
-    the driver's last sample period.  A MIG instance has none: NVML reports no
-    utilization under MIG.
+    the driver's last sample period.  A poll that finds no new sample in the
+    buffer (the next one is not due yet, the buffer ran dry while idle, or a
+    driver that never buffers any) takes the rates call's figure: the load of
+    the driver's last period, 0 when idle.  A MIG instance has none: NVML
+    reports no utilization under MIG.
     """
     device.poll_periods = None
+    device.poll_busy = None
     if device.mig_instance:
         return UNSUPPORTED, UNSUPPORTED
-    gpu = attempt(lambda: _sampled(device, GPU_UTILIZATION_SAMPLES), unsupported=_NO_SAMPLES)
-    if gpu is not _NO_SAMPLES:
-        mem = attempt(lambda: _sampled(device, MEMORY_UTILIZATION_SAMPLES), unsupported=_NO_SAMPLES)
-        if mem is not _NO_SAMPLES:
-            return gpu, mem
-    rates = attempt(lambda: device.call("nvmlDeviceGetUtilizationRates"))
-    if rates is None or rates is UNSUPPORTED:
-        return rates, rates
-    return clamp_percent(rates.gpu), clamp_percent(rates.memory)
+    rates: list[Any] = []
+
+    def rate(index: int) -> Any:
+        if not rates:
+            rates.append(attempt(lambda: device.call("nvmlDeviceGetUtilizationRates")))
+        found = rates[0]
+        if found is None or found is UNSUPPORTED:
+            return found
+        return clamp_percent(found.memory if index else found.gpu)
+
+    figures = []
+    for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
+        value = attempt(lambda kind=kind: _sampled(device, kind), unsupported=_NO_SAMPLES)
+        if value is _NO_SAMPLES:
+            figures = [rate(0), rate(1)]
+            break
+        if value is _NOTHING_NEW:
+            value = rate(index)
+            if value is UNSUPPORTED:
+                value = 0  # no rates call to ask: an empty buffer is an idle GPU
+            elif value and kind not in device.noticed and len(device.streams[kind].lags) == 0:
+                device.noticed.add(kind)
+                log.info(
+                    "nvml: GPU {busid}: nvmlDeviceGetSamples has no samples while the rates call reports load; "
+                    "using the rates call until it has",
+                    busid=device.busid,
+                )
+        figures.append(value)
+    device.poll_busy = figures[0] if isinstance(figures[0], int) and figures[0] >= 0 else None
+    return figures[0], figures[1]
 
 
-def _sampled(device: NvmlDevice, kind: int) -> int:
-    since = device.samples_seen.get(kind, 0)
+def _sampled(device: NvmlDevice, kind: int) -> Any:
+    """This poll's figure from the sample buffer, or `_NOTHING_NEW`."""
+    stream = device.streams.get(kind)
+    if stream is None:
+        stream = device.streams[kind] = SampleStream()
     try:
-        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, since)
+        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
     except Idle:
-        # nothing since the last poll: the buffer runs dry while the GPU is idle;
-        # that time is accounted for as idle, so the next samples do not claim it
-        if kind == GPU_UTILIZATION_SAMPLES:
-            device.poll_periods = 0
-        if since and device.clock_offset_us is not None:
-            driver_now = device.now_us - device.clock_offset_us
-            device.accounted[kind] = max(device.accounted.get(kind, since), driver_now)
-        return 0
-    pairs = [(int(s.timeStamp), _sample_value(s)) for s in samples]
-    if len(pairs) > 1:
-        gap = smallest_gap(stamp for stamp, _ in pairs if stamp > since)
-        if gap and (device.period_us is None or gap < device.period_us):
-            device.period_us = gap
-    driver_now = None if device.clock_offset_us is None else device.now_us - device.clock_offset_us
-    value, newest, end = fold_device_samples(pairs, since, device.accounted.get(kind), device.period_us, driver_now)
+        samples = []
+    value, fresh = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], device.now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
-        first = since or newest - FIRST_WINDOW_US
-        device.poll_periods = sum(1 for stamp, _ in pairs if stamp > first)
-    device.samples_seen[kind] = newest
-    device.accounted[kind] = end
-    if device.now_us and newest > since:
-        lag = device.now_us - newest
-        device.clock_offset_us = lag if device.clock_offset_us is None else min(device.clock_offset_us, lag)
+        device.poll_periods = fresh
     if value is None:
-        raise Failed("nvmlDeviceGetSamples: no usable sample (all older or above 100 %)")
+        # nothing new (NOT_FOUND, or only samples already seen or above 100 %)
+        stream.dry(device.now_us)
+        return _NOTHING_NEW
     return value
 
 
@@ -442,20 +456,75 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
 
 
 def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
-    """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`)."""
-    since = device.last_seen
+    """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`).
+
+    A poll that brings no new process sample while the device's own buffer had
+    no new period either, yet the GPU is busy, carries the last figures on: the
+    next sample is not due yet, which is not idleness.
+    """
+    stream = device.process_stream
+    since = stream.since
+    elapsed = None if stream.polled_us is None else device.now_us - stream.polled_us
+    stream.polled_us = device.now_us
+    samples = _process_samples(device, since)
+    if samples:
+        _learn_process_mode(device, stream, samples)
+    if stream.mode == PER_CALL:
+        busy, newest = latest_process_figures(samples, since)
+    else:
+        learnt = stream.learn_period(samples, since)
+        gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
+        period = (gpu.period_us if gpu else None) or learnt
+        skipped = gpu.skipped if gpu and device.poll_periods else None
+        busy, newest = fold_process_samples(samples, since, device.poll_periods, period, elapsed, skipped)
+    if newest <= since:
+        if device.poll_periods == 0 and device.poll_busy:
+            return stream.figures  # no new period yet: the load goes on
+        stream.figures = {}
+        return {}
+    stream.previous_since, stream.since = since, newest
+    stream.figures = busy
+    stream.listed = set(busy)
+    return busy
+
+
+def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list[Any]) -> None:
+    """Which way the driver reports process utilization (`ProcessStream`).
+
+    The first answer that lists a process decides for now, asked with 0 (the
+    whole buffer): a pid at two timestamps means periods, else calls.  "Calls"
+    is then put to the test once a pid is listed in two polls running: asked
+    for both polls' window, a driver that lists periods lists that pid twice.
+    """
+    since = stream.since
+    before = stream.mode
+    if stream.mode is None:
+        probe = samples if since == 0 else _process_samples(device, 0)
+        stream.mode = PER_PERIOD if lists_busy_periods(probe) else PER_CALL
+        stream.settled = stream.mode == PER_PERIOD
+    elif lists_busy_periods(samples, since):
+        stream.mode, stream.settled = PER_PERIOD, True
+    elif not stream.settled and stream.listed & {int(s.pid) for s in samples if int(s.timeStamp) > since}:
+        probe = _process_samples(device, stream.previous_since)
+        stream.mode = PER_PERIOD if lists_busy_periods(probe, stream.previous_since) else PER_CALL
+        stream.settled = True
+    if stream.mode != before:
+        log.info(
+            "nvml: GPU {busid}: the driver reports process utilization {how}",
+            busid=device.busid,
+            how="per busy sample period" if stream.mode == PER_PERIOD else "once per process and call",
+        )
+
+
+def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
     try:
-        samples = call_sized(device, "nvmlDeviceGetProcessUtilization", since)
+        return list(call_sized(device, "nvmlDeviceGetProcessUtilization", since))
     except Idle:
-        return {}  # nothing ran since the last poll
+        return []  # nothing ran since then
     except Failed as failure:
         if failure.value == 0:
-            return {}  # SUCCESS on the size query: the wrapper's way of saying "none"
+            return []  # SUCCESS on the size query: the wrapper's way of saying "none"
         raise
-    if device.period_us is None:
-        device.period_us = smallest_gap(int(s.timeStamp) for s in samples)
-    busy, device.last_seen = fold_process_samples(samples, since, device.poll_periods, device.period_us)
-    return busy
 
 
 def placeholder(device: NvmlDevice) -> DeviceSample:

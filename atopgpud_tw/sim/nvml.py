@@ -24,6 +24,7 @@ destroyed instance does.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -354,17 +355,18 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         if gpu.mig is not None or not gpu.samples_supported or gpu.gpu_util is None or gpu.mem_util is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        if getattr(gpu, f"{field}_timeline") is None:
-            # no timeline: one new sample per call, the next of the cycled values
+        if gpu.samples_not_found:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        if _per_call(gpu, field):
+            # a list of values: one new sample per call, the next of the cycled values
             stamp = self._stamp_us()
             if stamp <= timeStamp:
                 raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
             return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
         out = [
-            _sample(stamp, self._util(device, gpu, field, [(start, end)]))
-            for stamp, start, end in self._periods(gpu)
-            if stamp > timeStamp
+            _sample(stamp, self._util(device, gpu, field, [(stamp, start, end)]))
+            for stamp, start, end in self._periods(gpu, timeStamp, self._sample_base_us(gpu))
         ]
         if not gpu.idle_samples:
             out = [s for s in out if s.sampleValue.uiVal]
@@ -372,24 +374,53 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return NVML_VALUE_TYPE_UNSIGNED_INT, out
 
-    def _periods(self, gpu: GpuSpec) -> list[tuple[int, float, float]]:
-        """The driver's completed sample periods still in its buffer: (stamp, start, end)."""
-        period = gpu.sample_period
-        last = int(self._clock() / period + 1e-9)
-        first = max(1, last - SAMPLE_BUFFER + 1)
-        return [
-            (self._epoch_us + int(round(k * period * 1_000_000)), (k - 1) * period, k * period)
-            for k in range(first, last + 1)
-        ]
+    def _sample_base_us(self, gpu: GpuSpec) -> int:
+        """What the GPU's sample clock reads at simulated time 0, in microseconds."""
+        if gpu.sample_clock is None:
+            return self._epoch_us
+        return int(gpu.sample_clock * 1_000_000)
+
+    def _periods(
+        self, gpu: GpuSpec, since: int = 0, base_us: int | None = None
+    ) -> list[tuple[int, float, float]]:
+        """The driver's completed sample periods in its buffer, stamped after
+        `since`: (stamp, start, end).
+
+        Period k ends at ``sample_phase + k * sample_period``; its stamp is that
+        time on the sample clock (`base_us` at time 0, the epoch by default),
+        off by the GPU's jitter and late stamps; a missing sample is left out,
+        and a sample is there only once its stamp has passed (it is written late).
+        """
+        period, phase = gpu.sample_period, gpu.sample_phase
+        base = self._epoch_us if base_us is None else base_us
+        now = self._clock()
+        last = math.floor((now - phase) / period + 1e-9)
+        # the buffer has a past: the host ran before the simulation started
+        first = last - SAMPLE_BUFFER + 1
+        if since > base:
+            first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
+        plain = not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples)
+        out = []
+        for k in range(first, last + 1):
+            end = phase + k * period
+            shift = 0.0 if plain else _stamp_shift(gpu, k)
+            if shift is None or end + shift > now + 1e-9:
+                continue
+            stamp = base + int(round((end + shift) * 1_000_000))
+            if stamp > since:
+                out.append((stamp, end - period, end))
+        return out
 
     def _util(self, handle: Handle, gpu: GpuSpec, field: str, periods: list[Any]) -> int:
-        """The GPU's busy percentage over one period (timeline) or its next cycled value."""
-        timeline = getattr(gpu, f"{field}_timeline")
-        if timeline is None:
+        """The GPU's busy percentage over one period (timeline or constant) or its next cycled value."""
+        if _per_call(gpu, field):
             return int(self._next((handle.gpu, f"{field}_util"), getattr(gpu, f"{field}_util")))
         if not periods:
             return 0
         start, end = periods[-1][-2:]
+        timeline = getattr(gpu, f"{field}_timeline")
+        if timeline is None:
+            return int(getattr(gpu, f"{field}_util"))
         return int(round(timeline.percent(start, end)))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
@@ -462,43 +493,99 @@ class SimulatedNvml:
         if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         stamp = self._stamp_us()
+        periods = self._periods(gpu, timeStamp)
         out = []
         for proc in gpu.processes:
-            if proc.sm_timeline is not None or proc.mem_timeline is not None:
-                out.extend(self._process_periods(gpu, proc, timeStamp))
-                continue
-            if not proc.alive(now):
-                continue
-            sm = self._next((handle.gpu, proc.pid, "sm_util"), proc.sm_util)
-            mem = self._next((handle.gpu, proc.pid, "mem_util"), proc.mem_util)
-            if (sm or mem) and stamp > timeStamp:
-                out.append(
-                    c_nvmlProcessUtilizationSample_t(
-                        pid=proc.pid, timeStamp=stamp, smUtil=int(sm), memUtil=int(mem), encUtil=0, decUtil=0
-                    )
-                )
+            if _process_per_call(proc):
+                # cycled lists: one entry per call, the next of the values
+                if not proc.alive(now):
+                    continue
+                sm = self._next((handle.gpu, proc.pid, "sm_util"), proc.sm_util)
+                mem = self._next((handle.gpu, proc.pid, "mem_util"), proc.mem_util)
+                if (sm or mem) and stamp > timeStamp:
+                    out.append(_process_sample(proc.pid, stamp, sm, mem))
+            elif gpu.process_utilization == "per-call":
+                out.extend(_window_average(proc, periods))
+            else:
+                out.extend(_busy_periods(proc, periods))
+        if periods:
+            out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
+        if gpu.duplicate_process_samples:
+            out = [copy for sample in out for copy in (sample, _process_sample(**sample.__dict__))]
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return out
 
 
-    def _process_periods(
-        self, gpu: GpuSpec, proc: ProcessSpec, since: int
-    ) -> list[c_nvmlProcessUtilizationSample_t]:
-        """One sample per completed period in which the process was busy, as the driver keeps them."""
-        out = []
-        for stamp, start, end in self._periods(gpu):
-            if stamp <= since or not (proc.alive(start) or proc.alive(end)):
-                continue
-            sm = round(proc.sm_timeline.percent(start, end)) if proc.sm_timeline else 0
-            mem = round(proc.mem_timeline.percent(start, end)) if proc.mem_timeline else 0
-            if sm or mem:
-                out.append(
-                    c_nvmlProcessUtilizationSample_t(
-                        pid=proc.pid, timeStamp=stamp, smUtil=int(sm), memUtil=int(mem), encUtil=0, decUtil=0
-                    )
-                )
-        return out
+def _per_call(gpu: GpuSpec, field: str) -> bool:
+    """A GPU figure given as a list of values: one new value per call."""
+    return getattr(gpu, f"{field}_timeline") is None and isinstance(getattr(gpu, f"{field}_util"), (list, tuple))
+
+
+def _process_per_call(proc: ProcessSpec) -> bool:
+    """A process given lists of values: one new entry per call."""
+    if proc.sm_timeline is not None or proc.mem_timeline is not None:
+        return False
+    return isinstance(proc.sm_util, (list, tuple)) or isinstance(proc.mem_util, (list, tuple))
+
+
+def _process_levels(proc: ProcessSpec, start: float, end: float) -> tuple[float, float]:
+    """A process's SM and memory busy percentages over one period (0 when it did not run)."""
+    if not (proc.alive(start) or proc.alive(end)):
+        return 0.0, 0.0
+    if proc.sm_timeline is None and proc.mem_timeline is None:
+        return float(proc.sm_util or 0), float(proc.mem_util or 0)
+    sm = proc.sm_timeline.percent(start, end) if proc.sm_timeline else 0.0
+    mem = proc.mem_timeline.percent(start, end) if proc.mem_timeline else 0.0
+    return float(sm or 0), float(mem or 0)
+
+
+def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
+    """One entry per period in which the process was busy, as some drivers keep them."""
+    out = []
+    for stamp, start, end in periods:
+        sm, mem = (round(x) for x in _process_levels(proc, start, end))
+        if sm or mem:
+            out.append(_process_sample(proc.pid, stamp, sm, mem))
+    return out
+
+
+def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
+    """One entry for the whole window asked for: the process's average over it,
+    stamped with the window's newest period, as drivers are reported to answer."""
+    if not periods:
+        return []
+    levels = [_process_levels(proc, start, end) for _, start, end in periods]
+    sm = round(sum(level[0] for level in levels) / len(levels))
+    mem = round(sum(level[1] for level in levels) / len(levels))
+    if not (sm or mem):
+        return []
+    return [_process_sample(proc.pid, periods[-1][0], sm, mem)]
+
+
+def _process_sample(pid: int, timeStamp: int, smUtil: float, memUtil: float, **_: Any) -> Any:
+    return c_nvmlProcessUtilizationSample_t(
+        pid=pid, timeStamp=timeStamp, smUtil=int(smUtil), memUtil=int(memUtil), encUtil=0, decUtil=0
+    )
+
+
+def _stamp_shift(gpu: GpuSpec, k: int) -> float | None:
+    """Seconds sample k's stamp is off by (jitter, a late stamp); None when it is missing."""
+    period, phase = gpu.sample_period, gpu.sample_phase
+
+    def due(when: float) -> int:
+        return math.ceil((when - phase) / period - 1e-9)
+
+    if any(due(when) == k for when in gpu.missing_samples):
+        return None
+    shift = 0.0
+    if gpu.sample_jitter_ms:
+        spread = ((k * 2654435761) % 4294967296) / 4294967296.0
+        shift += (2 * spread - 1) * gpu.sample_jitter_ms / 1000
+    for when, ms in gpu.late_samples:
+        if due(when) == k:
+            shift += ms / 1000
+    return shift
 
 
 def _sample(stamp: int, value: int) -> c_nvmlSample_t:

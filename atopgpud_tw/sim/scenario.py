@@ -12,6 +12,7 @@ ignored silently); keys starting with ``_`` are comments.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -114,8 +115,8 @@ class Timeline:
     level: float = 100.0
 
     def busy_time(self, t: float) -> float:
-        """Seconds of busy time from 0 to `t` (at full level)."""
-        cycles, rest = divmod(max(0.0, t), self.period)
+        """Seconds of busy time from 0 to `t` (at full level; negative before 0)."""
+        cycles, rest = divmod(t, self.period)
         per_cycle = sum(b - a for a, b in self.busy)
         partial = sum(max(0.0, min(b, rest) - a) for a, b in self.busy)
         return cycles * per_cycle + partial
@@ -202,6 +203,27 @@ class GpuSpec:
     process_list_capacity: int | None = None
     #: entries a list gains between a size query and its fill (cycled per size query), by list
     grow_between_calls: dict[str, Cycled] = field(default_factory=dict)
+    #: what the sample clock reads at simulated time 0, in seconds: None for the
+    #: Unix epoch (most drivers), or a number (CLOCK_BOOTTIME on some drivers)
+    sample_clock: float | None = None
+    #: sample period boundaries fall at sample_phase + k * sample_period
+    sample_phase: float = 0.0
+    #: each sample's stamp is off by up to this many milliseconds, either way
+    sample_jitter_ms: float = 0.0
+    #: (when, ms): the first sample due at or after `when` is stamped `ms` late
+    late_samples: tuple[tuple[float, float], ...] = ()
+    #: the first sample due at or after each of these times is never buffered
+    missing_samples: tuple[float, ...] = ()
+    #: nvmlDeviceGetSamples answers NOT_FOUND for ever (the rates call still works)
+    samples_not_found: bool = False
+    #: how process utilization is listed: once per busy sample period, or once per
+    #: process and call with its average over the window asked for
+    process_utilization: str = "per-period"
+    #: every process-utilization entry is listed twice
+    duplicate_process_samples: bool = False
+    #: entries listed in every answer besides the processes': pids in no process
+    #: list, figures above 100 %
+    stray_process_samples: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -279,7 +301,10 @@ _GPU_FIELDS = {
     "processes", "mig", "mig_capable", "faults", "compute_list", "graphics_list",
     "sample_period", "gpu_timeline", "mem_timeline", "samples_supported", "idle_samples",
     "memory_reserved_mib", "process_list_capacity", "grow_between_calls",
+    "sample_clock", "sample_phase", "sample_jitter_ms", "late_samples", "missing_samples",
+    "samples_not_found", "process_utilization", "duplicate_process_samples", "stray_process_samples",
 }
+PROCESS_UTILIZATION = ("per-period", "per-call")
 _PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop", "sm_timeline", "mem_timeline"}
 _TIMELINE_FIELDS = {"period", "busy", "level"}
 _MIG_FIELDS = {
@@ -503,6 +528,7 @@ def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
         memory_reserved_mib=_number(spec.get("memory_reserved_mib", 0), f"{where}.memory_reserved_mib", 0),
         process_list_capacity=_capacity(spec.get("process_list_capacity"), f"{where}.process_list_capacity"),
         grow_between_calls=_growth(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
+        **_sample_timing(spec, where),
     )
 
 
@@ -528,3 +554,58 @@ def _growth(value: Any, where: str) -> dict[str, Cycled]:
         return {name: count for name in GROWING_LISTS}
     spec = _object(value, where, set(GROWING_LISTS))
     return {name: _whole(spec[name], f"{where}.{name}") for name in GROWING_LISTS if name in spec}
+
+
+def _sample_timing(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields of how a GPU's driver stamps and lists its samples."""
+    period = spec.get("sample_period", 1 / 6)
+    clock = spec.get("sample_clock", "epoch")
+    if clock == "epoch":
+        clock = None
+    elif clock == "boottime":
+        clock = time.clock_gettime(time.CLOCK_BOOTTIME)
+    else:
+        clock = _number(clock, f"{where}.sample_clock (epoch, boottime or seconds)", minimum=0)
+    phase = _number(spec.get("sample_phase", 0), f"{where}.sample_phase", minimum=0)
+    if phase >= period:
+        raise ScenarioError(f"{where}.sample_phase must be less than the sample_period")
+    jitter = _number(spec.get("sample_jitter_ms", 0), f"{where}.sample_jitter_ms", minimum=0)
+    if jitter / 1000 >= period / 2:
+        raise ScenarioError(f"{where}.sample_jitter_ms must be less than half the sample_period")
+    late = []
+    for i, entry in enumerate(_list(spec.get("late_samples", []), f"{where}.late_samples")):
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise ScenarioError(f"{where}.late_samples[{i}] must be [when, ms]")
+        late.append(tuple(_number(x, f"{where}.late_samples[{i}]", minimum=0) for x in entry))
+    missing = tuple(
+        _number(t, f"{where}.missing_samples[{i}]", minimum=0)
+        for i, t in enumerate(_list(spec.get("missing_samples", []), f"{where}.missing_samples"))
+    )
+    how = spec.get("process_utilization", "per-period")
+    if how not in PROCESS_UTILIZATION:
+        raise ScenarioError(f"{where}.process_utilization must be one of {', '.join(PROCESS_UTILIZATION)}")
+    strays = []
+    listed = _list(spec.get("stray_process_samples", []), f"{where}.stray_process_samples")
+    for i, entry in enumerate(listed):
+        entry_where = f"{where}.stray_process_samples[{i}]"
+        entry = _object(entry, entry_where, {"pid", "sm_util", "mem_util"})
+        strays.append(
+            (
+                _integer(entry.get("pid", 0), f"{entry_where}.pid"),
+                _integer(entry.get("sm_util", 0), f"{entry_where}.sm_util"),
+                _integer(entry.get("mem_util", 0), f"{entry_where}.mem_util"),
+            )
+        )
+    return {
+        "sample_clock": clock,
+        "sample_phase": phase,
+        "sample_jitter_ms": jitter,
+        "late_samples": tuple(late),
+        "missing_samples": missing,
+        "samples_not_found": _flag(spec.get("samples_not_found", False), f"{where}.samples_not_found"),
+        "process_utilization": how,
+        "duplicate_process_samples": _flag(
+            spec.get("duplicate_process_samples", False), f"{where}.duplicate_process_samples"
+        ),
+        "stray_process_samples": tuple(strays),
+    }

@@ -1,0 +1,98 @@
+"""Exact on constant loads whatever the driver does: every behaviour, and every two of them.
+
+Each host runs on a simulated clock (no waiting): polls a second apart, a few
+milliseconds late or early as real polls are, and atop's arithmetic over
+5-second intervals (the difference of two cumulative counters over the
+difference of their sample counts).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from driver_behaviours import BEHAVIOURS, compatible_pairs, expected, host
+
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.sim import parse_scenario, simulated_binding
+
+POLLS = 40
+INTERVAL = 5
+
+
+def run(scenario: dict, seed: int = 0) -> tuple[list[list[tuple]], list[list[tuple]]]:
+    """(every poll's "now" figures, every interval's averages), per GPU:
+    (gpu busy, memory busy, {pid: busy})."""
+    rng = random.Random(seed)
+    clock = [0.0]
+    reader = NvmlReader(simulated_binding(parse_scenario(scenario), clock=lambda: clock[0]), reactor=None)
+    start = 30.0 + rng.uniform(0, 0.01)
+    clock[0] = start
+    reader.open()
+    counters = Counters()
+    nows, marks = [], []
+    for poll in range(POLLS):
+        clock[0] = start + 1.0 + poll + rng.uniform(-0.004, 0.004)
+        snapshot, _ = reader.read(clock[0])
+        counters.fold(snapshot)
+        nows.append([(d.gpu_busy, d.mem_busy, {p.pid: p.gpu_busy for p in d.processes}) for d in snapshot.devices])
+        if poll % INTERVAL == 0:
+            marks.append(
+                [
+                    (
+                        d.gpu_busy_total,
+                        d.mem_busy_total,
+                        d.samples,
+                        {pid: (p.gpu_busy_cum, p.samples) for pid, p in d.processes.items()},
+                    )
+                    for d in counters.devices
+                ]
+            )
+    intervals = []
+    for before, after in zip(marks, marks[1:]):
+        per_gpu = []
+        for (g0, m0, n0, p0), (g1, m1, n1, p1) in zip(before, after):
+            samples = n1 - n0
+            procs = {pid: (p1[pid][0] - p0[pid][0]) / (p1[pid][1] - p0[pid][1]) for pid in p1 if pid in p0}
+            per_gpu.append(((g1 - g0) / samples, (m1 - m0) / samples, procs))
+        intervals.append(per_gpu)
+    return nows, intervals
+
+
+def check(scenario: dict, seed: int = 0) -> None:
+    nows, intervals = run(scenario, seed)
+    truth = expected()
+    for label, figures, bound in (("interval", intervals, 1.0), ("now", nows[1:], 2.0)):
+        for n, per_gpu in enumerate(figures):
+            for index, (gpu_busy, mem_busy, procs) in enumerate(per_gpu):
+                want_gpu, want_mem, want_procs = truth[index]
+                where = f"{label} {n}, GPU {index}"
+                assert abs(gpu_busy - want_gpu) <= bound, f"{where}: GPU busy {gpu_busy}, not {want_gpu}"
+                assert abs(mem_busy - want_mem) <= bound, f"{where}: memory busy {mem_busy}, not {want_mem}"
+                assert set(procs) == set(want_procs), f"{where}: processes {sorted(procs)}"
+                for pid, busy in procs.items():
+                    want = want_procs[pid]
+                    assert abs(busy - want) <= bound, f"{where}: pid {pid} busy {busy}, not {want}"
+
+
+@pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
+def test_each_behaviour(behaviour):
+    """Interval averages within 1 point of the load, every poll's figure within 2."""
+    for seed in range(3):
+        check(host(behaviour), seed)
+
+
+@pytest.mark.parametrize("pair", compatible_pairs(), ids=" + ".join)
+def test_every_two_behaviours(pair):
+    check(host(*pair))
+
+
+def test_point_sampling_is_not_what_is_checked():
+    """The check can fail: a driver whose samples the reader misread shows up."""
+    nows, _ = run(host("plain"))
+    assert nows[-1][0][0] == 40
+    with pytest.raises(AssertionError):
+        scenario = host("plain")
+        scenario["gpus"][0]["gpu_util"] = 45
+        check(scenario)
