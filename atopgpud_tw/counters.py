@@ -54,6 +54,9 @@ class ProcessTotals:
         gpu = _reading(self.gpu_busy_cum if self.samples else None, sample.gpu_busy)
         mem = _reading(self.mem_busy_cum if self.samples else None, sample.mem_busy)
         if None in (gpu, mem, sample.memory_kib):
+            if sample.memory_kib is not None:
+                # the busy figures failed, the memory did not: it is still what is used now
+                self.memory_now_kib = sample.memory_kib
             return
         self.samples += 1
         memory = sample.memory_kib or 0

@@ -2,8 +2,8 @@
 
 Both run on the simulator, from the same scenario file.  Ours is ``twistd -n
 atopgpud --reader sim`` on a unique abstract socket.  The reference is atop's
-Python ``atopgpud`` with the simulator installed as its ``pynvml`` module
-(``atopgpud_tw/sim/shim`` first on PYTHONPATH); it always listens on the abstract
+Python ``atopgpud`` on nvidia-ml-py's real ``pynvml`` over the simulated
+libnvidia-ml (``atopgpud_tw/sim/shim`` first on PYTHONPATH); it always listens on the abstract
 socket ``atopgpud_nvidia``, so it is started only when nothing else answers there.
 Figures of a running daemon come from /proc: CPU seconds (utime + stime of all
 its threads, and the finer schedstat sum of its live threads), RSS now and its
@@ -197,7 +197,7 @@ class Ours(Daemon):
 
 
 class Reference(Daemon):
-    """atop's ``atopgpud`` (Python) in the foreground, on the simulator as ``pynvml``."""
+    """atop's ``atopgpud`` (Python) in the foreground, its ``pynvml`` over the simulated library."""
 
     label = "reference"
     address = REFERENCE_ADDRESS

@@ -28,7 +28,7 @@ import sys
 
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.sim.scenario import Timeline
 
 
@@ -78,7 +78,7 @@ def run(
             ]
         }
     )
-    nvml = SimulatedNvml(scenario, clock=lambda: clock[0])
+    nvml = simulated_binding(scenario, clock=lambda: clock[0])
     reader = NvmlReader(nvml, reactor=None)
     reader.open()
     counters = Counters()

@@ -100,15 +100,15 @@ def bare(args: argparse.Namespace) -> None:
 def inprocess(args: argparse.Namespace) -> None:
     from atopgpud_tw.board import Board
     from atopgpud_tw.readers.nvml import NvmlReader
-    from atopgpud_tw.sim import SimulatedNvml
+    from atopgpud_tw.sim import simulated_binding
     from atopgpud_tw.sim.scenario import parse_scenario
 
     now = [0.0]
-    sim = SimulatedNvml(parse_scenario(HOSTS[args.case]), clock=lambda: now[0])
+    sim = simulated_binding(parse_scenario(HOSTS[args.case]), clock=lambda: now[0])
     spent = [0.0]
 
     class Timed:
-        """The simulator, its nvml* functions timed."""
+        """The binding over the simulated library, its nvml* functions timed."""
 
         def __getattr__(self, name: str) -> Any:
             value = getattr(sim, name)

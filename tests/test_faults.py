@@ -10,7 +10,7 @@ from atopgpud_tw.board import Board
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.nvml_device import BACKOFF
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 
 def gpu(index: int, faults=(), **extra) -> dict:
@@ -30,7 +30,9 @@ class Run:
 
     def __init__(self, scenario: dict) -> None:
         self.clock = Clock()
-        self.nvml = SimulatedNvml(parse_scenario(scenario), clock=self.clock.seconds)
+        self.nvml = simulated_binding(parse_scenario(scenario), clock=self.clock.seconds)
+        #: the driver model beneath the simulated library: its calls are counted
+        self.model = self.nvml.nvmlLib.model
         self.calls: dict[str, int] = {}
         for name in ("nvmlInit", "nvmlDeviceGetCount"):
             self._count(name)
@@ -41,13 +43,13 @@ class Run:
         self.failed_polls = 0
 
     def _count(self, name: str) -> None:
-        real = getattr(self.nvml, name)
+        real = getattr(self.model, name)
 
         def counted(*args):
             self.calls[name] = self.calls.get(name, 0) + 1
             return real(*args)
 
-        setattr(self.nvml, name, counted)
+        setattr(self.model, name, counted)
 
     def poll(self) -> None:
         try:
@@ -147,13 +149,15 @@ def test_library_mismatch_is_contained():
 
 
 def test_unexpected_exception_in_one_call_fails_only_that_reading():
-    """A RuntimeError from one call: that value is not counted in that poll; everything else is."""
-    fault = {"call": "nvmlDeviceGetMemoryInfo", "error": "RuntimeError", "from": 3, "until": 5}
+    """An exception from inside the binding (a process list it cannot copy): the processes
+    are not counted in those polls; everything else is."""
+    fault = {"call": "nvmlDeviceGetGraphicsRunningProcesses", "error": "RuntimeError", "from": 3, "until": 5}
     run = Run({"gpus": [gpu(0, [fault]), gpu(1)]})
     run.until(10)
     assert run.failed_polls == 0
-    assert run.device(0).samples == 8 and run.device(1).samples == 10
-    assert run.device(0).processes[100].samples == 10
+    assert run.device(0).samples == 10 and run.device(1).samples == 10
+    assert run.device(0).processes[100].samples == 8
+    assert run.device(1).processes[101].samples == 10
     run.assert_monotonic()
 
 
@@ -181,7 +185,7 @@ def test_exception_escaping_the_reader_fails_the_poll_and_recovers():
 def test_poller_keeps_polling_through_faults():
     """On task.Clock: a reader failing and recovering never stops the LoopingCall."""
     clock = Clock()
-    nvml = SimulatedNvml(
+    nvml = simulated_binding(
         parse_scenario({"gpus": [gpu(0, [{"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2, "until": 4}])]}),
         clock=clock.seconds,
     )

@@ -12,7 +12,7 @@ from atopgpud_tw.board import Board
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.nvml_samples import fold_device_samples, fold_process_samples
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 BURSTS = {"period": 1.0, "busy": [[0.0, 0.1]]}  # 100 ms of work every second: 10 %
 
@@ -95,7 +95,7 @@ class ClockedReader:
 
     def __init__(self, scenario: dict, clock: Clock) -> None:
         self.clock = clock
-        self.nvml = SimulatedNvml(parse_scenario(scenario), clock=clock.seconds)
+        self.nvml = simulated_binding(parse_scenario(scenario), clock=clock.seconds)
         self.reader = NvmlReader(self.nvml, reactor=None)
         self.reader.open()
 

@@ -18,7 +18,7 @@ from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 CARD_UUID = "GPU-5111a7ed-0000-4000-8000-0000000000a1"
@@ -267,7 +267,7 @@ def test_an_instance_destroyed_while_being_read_is_gone_at_the_next_poll():
     ]
     clock = [0.0]
     nvml = DestroyingNvml(parse_scenario(mixed(*carving)), clock)
-    reader = NvmlReader(nvml, reactor=None)
+    reader = NvmlReader(binding_over(nvml), reactor=None)
     reader.open()
     counters = Counters()
     counters.fold(poll(reader, clock, 0.0)[0])

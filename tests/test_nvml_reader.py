@@ -7,17 +7,19 @@ scenario at a known time; no thread or reactor is involved.
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import UNSUPPORTED, Snapshot
 
 
 class CountingNvml:
-    """An NVML binding that counts the calls made to each function (and can rewrite results)."""
+    """The binding (pynvml over the simulated library), counting the calls made to each
+    of its functions (and able to rewrite results)."""
 
     def __init__(self, nvml: Any, rewrite: dict[str, Any] | None = None) -> None:
         self._nvml = nvml
@@ -44,7 +46,7 @@ def make_reader(
     scenario: dict, clock: list[float], mig: str = "instances", rewrite: dict[str, Any] | None = None
 ) -> tuple[NvmlReader, CountingNvml]:
     """An opened reader on a simulated host whose time is ``clock[0]``."""
-    nvml = CountingNvml(SimulatedNvml(parse_scenario(scenario), clock=lambda: clock[0]), rewrite)
+    nvml = CountingNvml(simulated_binding(parse_scenario(scenario), clock=lambda: clock[0]), rewrite)
     reader = NvmlReader(nvml, reactor=None, mig=mig)
     reader.open()
     return reader, nvml
@@ -133,14 +135,15 @@ def test_process_busy_uses_a_last_seen_timestamp_per_gpu():
     """Each GPU asks for samples newer than its own last stamp, so no GPU's samples are skipped."""
     clock = [0.0]
     scenario = parse_scenario({"gpus": [gpu(), gpu(busid="00000000:66:00.0")]})
-    nvml = CountingNvml(SkewedNvml(scenario, clock=lambda: clock[0]))
+    nvml = CountingNvml(binding_over(SkewedNvml(scenario, clock=lambda: clock[0])))
     reader = NvmlReader(nvml, reactor=None)
     reader.open()
     busy = []
     for second in range(3):
         snapshot, _ = poll(reader, clock, float(second))
         busy.append([d.processes[0].gpu_busy for d in snapshot.devices])
-    calls = [(args[0].gpu, args[1]) for name, args in nvml.args if name == "nvmlDeviceGetProcessUtilization"]
+    gpu_of = nvml.nvmlLib.model_handle
+    calls = [(gpu_of(args[0]).gpu, args[1]) for name, args in nvml.args if name == "nvmlDeviceGetProcessUtilization"]
     # each GPU's first call in a poll (a second one, once, tests how the driver lists processes)
     asked = [call for i, call in enumerate(calls) if i == 0 or calls[i - 1][0] != call[0]]
     assert [g for g, _ in asked] == [0, 1, 0, 1, 0, 1]
@@ -169,13 +172,14 @@ def test_not_found_process_utilization_means_idle():
 
 
 def test_names_are_str_whether_the_binding_gives_bytes_or_str():
-    """Names and bus ids come out as str from bytes (old bindings) and from str."""
+    """Names and bus ids come out as str from bytes (old bindings) and from str (today's)."""
     clock = [0.0]
     as_bytes = {
         "nvmlDeviceGetName": lambda name, handle: name.encode() + b"\0",
         "nvmlDeviceGetUUID": lambda uuid, handle: uuid.encode(),
+        "nvmlDeviceGetPciInfo": lambda info, handle: SimpleNamespace(busId=info.busId.encode()),
     }
-    as_str = {"nvmlDeviceGetPciInfo": lambda info, handle: type(info)(busId=info.busId.decode())}
+    as_str: dict[str, Any] = {}  # the installed binding's own results
     seen = []
     for rewrite in (as_bytes, as_str):
         reader, _ = make_reader({"gpus": [gpu(uuid="GPU-bbbb")]}, clock, rewrite=rewrite)

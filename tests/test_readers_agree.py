@@ -17,6 +17,7 @@ has no per-process utilization, so its per-process busy figures are -1.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import sys
@@ -30,7 +31,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import mig_slots, name_slots, parse_mig_names, parse_report, read_report
-from atopgpud_tw.sim import SimulatedNvml, load_scenario
+from atopgpud_tw.sim import load_scenario, simulated_binding
 from atopgpud_tw.snapshot import Snapshot
 
 HERE = Path(__file__).parent
@@ -59,10 +60,11 @@ INSTANCES = [
 WHOLE = (81559, 21786, 63, 21, {41001: ("C", 20480, 50, 15), 41002: ("G", 256, 3, 1), 41003: ("C", 1024, 7, 2)})
 
 
-def nvml_counters(mig: str) -> Counters:
+def nvml_counters(mig: str, driver: str = "current") -> Counters:
     """The NVML reader over the simulated host, `POLLS` polls one second apart."""
     now = [0.0]
-    reader = NvmlReader(SimulatedNvml(load_scenario(SCENARIO), clock=lambda: now[0]), reactor=None, mig=mig)
+    scenario = dataclasses.replace(load_scenario(SCENARIO), driver=driver)
+    reader = NvmlReader(simulated_binding(scenario, clock=lambda: now[0]), reactor=None, mig=mig)
     reader.open()
     counters = Counters()
     for poll in range(1, POLLS + 1):
@@ -177,6 +179,16 @@ def test_whole_card_agrees_but_for_per_process_busy(
     # the documented difference (docs/nvidia-smi.md): -q -x has no per-process utilization
     assert process_busy(from_nvml) == {pid: (sm * n, pm * n) for pid, (_, _, sm, pm) in processes.items()}
     assert process_busy(from_smi) == {pid: (-1, -1) for pid in processes}
+
+
+def test_reserved_memory_is_left_out_of_used_as_nvidia_smi_does(smi: dict[str, Counters]) -> None:
+    """The whole card reserves 469 MiB: v2 memory info (drivers from 510) agrees with nvidia-smi's
+    "Used"; a 470 driver has only v1, whose "used" includes the reserved memory."""
+    reserved = 469 * MIB
+    smi_used = stats(smi["card"])[-1].memory_used_kib
+    assert smi_used == WHOLE[1] * MIB
+    assert stats(nvml_counters("card"))[-1].memory_used_kib == smi_used
+    assert stats(nvml_counters("card", driver="470"))[-1].memory_used_kib == smi_used + reserved
 
 
 def test_version_1_differs_only_in_per_process_busy(nvml: dict[str, Counters], smi: dict[str, Counters]) -> None:

@@ -12,11 +12,11 @@ from atopgpud_tw import codec
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.sim import SimulatedNvml, parse_scenario
+from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 
 
 def sim_reader(scenario: dict, clock: list[float]) -> NvmlReader:
-    reader = NvmlReader(SimulatedNvml(parse_scenario(scenario), clock=lambda: clock[0]), reactor=None)
+    reader = NvmlReader(simulated_binding(parse_scenario(scenario), clock=lambda: clock[0]), reactor=None)
     reader.open()
     return reader
 
@@ -91,7 +91,7 @@ def test_defect_5_last_seen_timestamp_is_per_gpu():
     clock = [0.0]
     process = {"pid": 5, "memory_mib": 1, "sm_util": 50, "mem_util": 5}
     scenario = parse_scenario({"gpus": [{"processes": [process]}, {"processes": [dict(process, pid=6)]}]})
-    reader = NvmlReader(SkewedNvml(scenario, clock=lambda: clock[0]), reactor=None)
+    reader = NvmlReader(binding_over(SkewedNvml(scenario, clock=lambda: clock[0])), reactor=None)
     reader.open()
     counters = Counters()
     for second in range(4):

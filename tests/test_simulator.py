@@ -1,4 +1,4 @@
-"""The simulator: a pynvml stand-in that matches the real binding, and its scenario checks."""
+"""The simulator: a libnvidia-ml beneath the real pynvml, and its scenario checks."""
 
 from __future__ import annotations
 
@@ -8,55 +8,104 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from atopgpud_tw.readers import nvml as nvml_reader
 from atopgpud_tw.readers import nvml_device, nvml_mig
-from atopgpud_tw.sim import ScenarioError, SimulatedNvml, demo_scenario, load_scenario, parse_scenario
+from atopgpud_tw.sim import (
+    SHIM,
+    ScenarioError,
+    SimulatedNvml,
+    demo_scenario,
+    load_scenario,
+    parse_scenario,
+    pynvml_origin,
+    simulated_binding,
+)
 from atopgpud_tw.sim import nvml as sim_module
+from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
 
 pynvml = pytest.importorskip("pynvml")
 
-SHIM = Path(sim_module.__file__).with_name("shim")
+#: the pynvml functions atop's own atopgpud calls (it runs on the shim)
+REFERENCE_CALLS = {
+    "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+}
 
 
-def simulated_functions() -> dict[str, object]:
-    sim = SimulatedNvml(demo_scenario())
-    return {
-        name: getattr(sim, name)
-        for name in dir(sim)
-        if name.startswith("nvml") and callable(getattr(sim, name))
-    }
+def symbols_behind(name: str, seen: set[str] | None = None) -> set[str]:
+    """The C symbols pynvml's function `name` looks up, following the wrappers it calls."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    source = inspect.getsource(inspect.unwrap(getattr(pynvml, name)))
+    found = set(re.findall(r'_nvmlGetFunctionPointer\("(\w+)"\)', source))
+    for called in set(re.findall(r"\b(nvml[A-Z]\w+)\(", source)) - {name}:
+        if callable(getattr(pynvml, called, None)):
+            found |= symbols_behind(called, seen)
+    return found
 
 
-def shape(function: object) -> list[tuple[str, object, object]]:
-    """Parameter names, kinds and defaults: what a caller depends on."""
-    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+def reader_functions() -> set[str]:
+    source = "".join(inspect.getsource(m) for m in (nvml_reader, nvml_device, nvml_mig))
+    return {name for name in re.findall(r"\b(nvml[A-Z]\w+)\b", source) if callable(getattr(pynvml, name, None))}
 
 
 def test_installed_pynvml_is_the_real_binding():
-    """The signature test compares with nvidia-ml-py, not with the simulator's own shim."""
+    """The binding beneath the reader is nvidia-ml-py's, not a stand-in."""
     assert hasattr(pynvml, "_nvmlGetFunctionPointer")
+    assert pynvml_origin() == pynvml.__file__
 
 
-def test_simulated_functions_match_pynvml_signatures():
-    """Every public nvml* function of SimulatedNvml exists in pynvml with the same parameters."""
-    functions = simulated_functions()
-    assert len(functions) >= 20
-    for name, function in functions.items():
-        real = getattr(pynvml, name, None)
-        assert real is not None, f"pynvml has no {name}"
-        assert shape(function) == shape(real), name
+def test_every_symbol_the_binding_needs_is_in_the_library():
+    """Each C symbol behind a pynvml function the reader or atop's atopgpud calls is simulated."""
+    used = reader_functions()
+    assert {"nvmlDeviceGetMigMode", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetSamples"} <= used
+    needed = set().union(*(symbols_behind(name) for name in used | REFERENCE_CALLS))
+    assert {"nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetComputeRunningProcesses_v3"} <= needed
+    # NVMLError's text for a code pynvml does not know comes from the library
+    assert needed | {"nvmlErrorString"} <= set(LIBRARY_SYMBOLS)
+    library = simulated_binding(demo_scenario()).nvmlLib
+    assert all(callable(getattr(library, symbol)) for symbol in LIBRARY_SYMBOLS)
 
 
-def test_every_function_the_reader_calls_is_simulated():
-    """Each NVML function named in the reader's source is one the simulator has."""
-    source = "".join(inspect.getsource(m) for m in (nvml_reader, nvml_device, nvml_mig))
-    used = set(re.findall(r"\b(nvml[A-Z]\w+)\b", source))
-    assert {"nvmlDeviceGetMigMode", "nvmlDeviceGetMigDeviceHandleByIndex"} <= used
-    assert used - set(simulated_functions()) == set()
+def test_the_reader_calls_the_real_wrappers_down_to_the_c_symbols():
+    """The reader's nvml is a copy of the installed pynvml; its calls reach the library's C functions."""
+    from atopgpud_tw.readers.nvml import NvmlReader
+
+    reader = NvmlReader(simulated_binding(demo_scenario(), clock=lambda: 5.0), reactor=None)
+    reader.open()
+    reader.read(5.0)
+    binding = reader.nvml
+    assert binding is not pynvml and binding.__file__ == pynvml.__file__
+    for name in ("nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetComputeRunningProcesses"):
+        function = getattr(binding, name)
+        assert function.__module__ == binding.__name__
+        assert inspect.unwrap(function).__code__.co_filename == pynvml.__file__
+    calls = binding.nvmlLib.calls
+    for symbol in ("nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+                   "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMemoryInfo_v2",
+                   "nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization"):
+        assert calls[symbol] >= 1, symbol
+    # a size query and a fill per process list
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] % 2 == 0
+    assert binding.nvmlLib.errors == []
+
+
+def test_each_simulated_host_has_its_own_binding():
+    """Two hosts: two module copies, each with its own library, cache and refcount."""
+    first, second = simulated_binding(demo_scenario()), simulated_binding(parse_scenario({"gpus": [{}]}))
+    first.nvmlInit()
+    second.nvmlInit()
+    assert (first.nvmlDeviceGetCount(), second.nvmlDeviceGetCount()) == (2, 1)
+    assert first.nvmlLib is not second.nvmlLib
+    assert first._nvmlGetFunctionPointer_cache is not second._nvmlGetFunctionPointer_cache
+    assert "nvmlLib" not in vars(pynvml) or pynvml.nvmlLib is None
 
 
 def test_error_classes_carry_pynvml_names_and_codes():
@@ -94,6 +143,15 @@ BAD_SCENARIOS = [
     ({"gpus": [{"mig": [{"profile": "a", "slot": 3}, {"profile": "b", "slot": 3, "start": 1}]}]},
      "gpus[0].mig[1].slot 3 is in use by mig[0] at the same time"),
     ({"gpus": [{"mig_capable": False, "mig": []}]}, "gpus[0].mig_capable cannot be false"),
+    ({"driver": 470}, "driver must be one of current, 470, 450"),
+    ({"missing_symbols": "nvmlDeviceGetSamples"}, "missing_symbols must be a list"),
+    ({"gpus": [{"memory_reserved_mib": -1}]}, "gpus[0].memory_reserved_mib must be at least 0"),
+    ({"gpus": [{"process_list_capacity": 0}]}, "gpus[0].process_list_capacity must be a positive integer"),
+    ({"gpus": [{"grow_between_calls": 1.5}]}, "gpus[0].grow_between_calls must be an integer"),
+    ({"gpus": [{"grow_between_calls": {"lists": 1}}]}, "gpus[0].grow_between_calls.lists is not a known field"),
+    ({"gpus": [{"grow_between_calls": {"samples": [1, -1]}}]}, "gpus[0].grow_between_calls.samples must be an"),
+    ({"gpus": [{"processes": [{"pid": 1, "memory_mib": [1, None]}]}]}, "gpus[0].processes[0].memory_mib must be a"),
+    ({"faults": [{"call": "*", "error": "RuntimeError"}]}, "faults[0]: a RuntimeError comes from a reply"),
 ]
 
 
@@ -218,12 +276,42 @@ def test_a_destroyed_instance_handle_is_invalid():
     assert [p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)] == [11]
 
 
-def test_the_shim_is_the_simulator_as_pynvml(tmp_path):
-    """With the shim first on PYTHONPATH and ATOPGPUD_SCENARIO set, `import pynvml` is the simulator."""
+def test_the_shim_is_the_real_pynvml_over_the_simulated_library(tmp_path):
+    """With the shim first on PYTHONPATH and ATOPGPUD_SCENARIO set, `import pynvml` is the
+    installed nvidia-ml-py, its nvmlLib the simulated library."""
     scenario = tmp_path / "one.json"
     scenario.write_text(json.dumps({"gpus": [{"name": "NVIDIA Shim Test"}]}))
-    code = "import pynvml as p; p.nvmlInit(); print(p.nvmlDeviceGetName(p.nvmlDeviceGetHandleByIndex(0)))"
+    code = (
+        "import pynvml as p; p.nvmlInit(); h = p.nvmlDeviceGetHandleByIndex(0); "
+        "print(p.nvmlDeviceGetName(h)); print(p.__file__); print(type(p.nvmlLib).__name__); "
+        "print(p.nvmlDeviceGetComputeRunningProcesses(h))"
+    )
     path = os.pathsep.join([str(SHIM), *sys.path])
     env = dict(os.environ, PYTHONPATH=path, ATOPGPUD_SCENARIO=str(scenario))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
-    assert (done.returncode, done.stdout.strip()) == (0, "NVIDIA Shim Test"), done.stderr
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["NVIDIA Shim Test", pynvml.__file__, "SimulatedLibrary", "[]"]
+
+
+def test_driver_library_and_size_query_fields_parse():
+    """driver, missing_symbols and the per-GPU size-query fields; a bare count of growth is for every list."""
+    scenario = parse_scenario({
+        "driver": "470",
+        "missing_symbols": ["nvmlDeviceGetSamples"],
+        "gpus": [{
+            "memory_reserved_mib": 469,
+            "process_list_capacity": 100,
+            "grow_between_calls": [2, 0],
+            "processes": [{"pid": 1, "memory_mib": None}],
+        }],
+    })
+    assert scenario.absent_symbols == {
+        "nvmlDeviceGetSamples", "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    }
+    (gpu,) = scenario.gpus
+    assert (gpu.memory_reserved_mib, gpu.process_list_capacity, gpu.processes[0].memory_mib) == (469, 100, None)
+    assert gpu.grow_between_calls == {"process_lists": (2, 0), "samples": (2, 0), "process_utilization": (2, 0)}
+    assert parse_scenario({"gpus": [{}]}).gpus[0].grow_between_calls == {
+        "process_lists": 0, "samples": 0, "process_utilization": 0
+    }

@@ -84,6 +84,8 @@ class NvmlReader:
         #: every card ever discovered (its key), to notice one missing
         self._cards: set[str] = set()
         self._announced: set[str] = set()
+        #: what the devices said once (a driver without a function), shared by all of them
+        self._said: set[str] = set()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -115,7 +117,8 @@ class NvmlReader:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
                 busid = as_text(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
                 name = as_text(self.nvml.nvmlDeviceGetName(handle))
-            except self.nvml.NVMLError as error:
+            except Exception as error:
+                # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
                 if getattr(error, "value", None) in LIFECYCLE:
                     raise
                 log.warn(
@@ -126,9 +129,9 @@ class NvmlReader:
                 continue
             try:
                 key = as_text(self.nvml.nvmlDeviceGetUUID(handle))
-            except self.nvml.NVMLError:
+            except Exception:
                 key = busid
-            device = NvmlDevice(self.nvml, handle, key, busid, name)
+            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said)
             device.task_support = probe_support(device)
             devices.append(device)
         self._cards.update(device.key for device in devices)

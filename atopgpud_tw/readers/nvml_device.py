@@ -41,6 +41,7 @@ INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
 FUNCTION_NOT_FOUND = 13
 #: errors after which NVML has to be initialised again
 LIFECYCLE = {1: "UNINITIALIZED", 9: "DRIVER_NOT_LOADED", 18: "LIB_RM_VERSION_MISMATCH"}
@@ -51,7 +52,7 @@ _ERROR_NAMES = {
     NOT_SUPPORTED: "NOT_SUPPORTED",
     NO_PERMISSION: "NO_PERMISSION",
     NOT_FOUND: "NOT_FOUND",
-    7: "INSUFFICIENT_SIZE",
+    INSUFFICIENT_SIZE: "INSUFFICIENT_SIZE",
     10: "TIMEOUT",
     12: "LIBRARY_NOT_FOUND",
     FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
@@ -74,6 +75,8 @@ _NO_SAMPLES = object()
 _NOTHING_NEW = object()
 MIG_MODES = ("instances", "card")
 
+log = Logger()
+
 
 def error_name(error: BaseException) -> str:
     """A short stable name for an NVML error (also the key of a logged problem)."""
@@ -92,6 +95,10 @@ def as_text(value: Any) -> str:
 
 class Unsupported(Exception):
     """The device cannot do this; the call is not made again."""
+
+
+class Missing(Unsupported):
+    """The binding or the driver's library lacks the function: a fallback may have it."""
 
 
 class Idle(Exception):
@@ -153,27 +160,43 @@ class NvmlDevice:
     mig_instance: bool = False
     #: a card's MIG mode and instances
     mig: MigState = field(default_factory=MigState)
+    #: functions the binding or the driver's library lacks (kept across MIG mode changes)
+    missing: set[str] = field(default_factory=set)
+    #: how each process list is read, once found: kind ("C", "G") -> binding function
+    list_functions: dict[str, str] = field(default_factory=dict)
+    #: what was said once per reader (shared by its devices)
+    said: set[str] = field(default_factory=set, repr=False)
     #: the binding's functions by name, looked up once
     _bound: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def call(self, function: str, *args: Any) -> Any:
-        """Call ``nvml.<function>(handle, *args)`` through the error mapping."""
-        if function in self.unsupported:
-            raise Unsupported(function)
+    def call(self, function: str, *args: Any, variant: str | None = None) -> Any:
+        """Call ``nvml.<function>(handle, *args)`` through the error mapping.
+
+        `variant` names what is remembered as unsupported or missing when it is
+        not the function itself (one function asked for a newer structure).
+        """
+        key = variant or function
+        if key in self.missing:
+            raise Missing(key)
+        if key in self.unsupported:
+            raise Unsupported(key)
         bound = self._bound.get(function)
         if bound is None:
             bound = self._bound[function] = getattr(self.nvml, function, None)
         if bound is None:
             # a binding too old to have the function: it can never work here
-            self.unsupported.add(function)
-            raise Unsupported(function)
+            self.missing.add(key)
+            raise Missing(key)
         try:
             return bound(self.handle, *args)
         except self.nvml.NVMLError as error:
             value = getattr(error, "value", None)
-            if value in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
-                self.unsupported.add(function)
-                raise Unsupported(function) from None
+            if value == FUNCTION_NOT_FOUND:
+                self.missing.add(key)
+                raise Missing(key) from None
+            if value == NOT_SUPPORTED:
+                self.unsupported.add(key)
+                raise Unsupported(key) from None
             if value == NOT_FOUND:
                 raise Idle(function) from None
             cause = f"{function}: {error_name(error)}"
@@ -184,22 +207,81 @@ class NvmlDevice:
             raise Failed(cause, value) from None
         except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
             # the binding wants a symbol the installed driver lacks: the call can
-            # never work with this library, like NOT_SUPPORTED
-            self.unsupported.add(function)
-            raise Unsupported(f"{function}: {error}") from None
+            # never work with this library
+            self.missing.add(key)
+            raise Missing(f"{key}: {error}") from None
         except Exception as error:
             # a binding or driver bug: this reading fails, the rest of the poll goes on
             raise Failed(f"{function}: {type(error).__name__}: {error}") from None
 
+    def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
+        """Log `message` the first time this reader meets `what`."""
+        if what in self.said:
+            return
+        self.said.add(what)
+        (log.warn if warn else log.info)(message, **fields)
+
+
+#: the process lists, newest first: the binding's unversioned function is the _v3 one
+PROCESS_LISTS = {
+    "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+}
+#: times one poll asks again for a list or samples that grew between the size query and the fill
+SIZE_RETRIES = 3
+
+
+def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
+    """`NvmlDevice.call` for a function that sizes a buffer first: INSUFFICIENT_SIZE (the
+    list grew between the binding's size query and its fill) is asked again, a few times."""
+    for _ in range(SIZE_RETRIES):
+        try:
+            return device.call(function, *args, variant=variant)
+        except Failed as failure:
+            if failure.value != INSUFFICIENT_SIZE:
+                raise
+    return device.call(function, *args, variant=variant)
+
+
+def list_processes(device: NvmlDevice, kind: str) -> Any:
+    """One process list ("C" or "G"), through the newest function the driver has.
+
+    Drivers before 510 lack the _v3 lists the binding calls by default; from
+    450.66 they have the _v2 ones.  Which is used is said once per reader; a
+    driver with neither lists no processes, and that is said once too.
+    """
+    newest, *older = PROCESS_LISTS[kind]
+    for function in (newest, *older):
+        try:
+            listed = call_sized(device, function)
+        except Missing:
+            continue  # remembered: the next poll goes straight to the one that works
+        if device.list_functions.get(kind) == function:
+            return listed
+        device.list_functions[kind] = function
+        if function != newest:
+            device.say_once(
+                function,
+                "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
+                newest=newest,
+                function=function,
+            )
+        return listed
+    device.say_once(
+        f"no {newest}",
+        "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
+        warn=True,
+        which="compute" if kind == "C" else "graphics",
+        newest=newest,
+    )
+    raise Unsupported(newest)
+
 
 def probe_support(device: NvmlDevice) -> int:
     support = 0
-    for bit, function in (
-        (TASK_COMPUTE, "nvmlDeviceGetComputeRunningProcesses"),
-        (TASK_GRAPHICS, "nvmlDeviceGetGraphicsRunningProcesses"),
-    ):
+    for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
         try:
-            device.call(function)
+            list_processes(device, kind)
             support |= bit
         except Unsupported:
             pass
@@ -306,7 +388,7 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
     if stream is None:
         stream = device.streams[kind] = SampleStream()
     try:
-        _, samples = device.call("nvmlDeviceGetSamples", kind, stream.since)
+        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
     except Idle:
         samples = []
     value, fresh = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], device.now_us)
@@ -327,8 +409,13 @@ def _sample_value(sample: Any) -> float:
 
 
 def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
-    """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed)."""
-    memory = attempt(lambda: device.call("nvmlDeviceGetMemoryInfo"))
+    """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed).
+
+    Through the v2 structure where the driver has it (510 on): its "used"
+    leaves out the memory the driver reserves, as nvidia-smi's "Used" does;
+    v1's "used" includes it.
+    """
+    memory = attempt(lambda: _memory_info(device))
     if memory is None:
         return None, None
     if memory is UNSUPPORTED:
@@ -336,13 +423,20 @@ def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | 
     return int(memory.total) // 1024, int(memory.used) // 1024
 
 
+def _memory_info(device: NvmlDevice) -> Any:
+    version = getattr(device.nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return device.call("nvmlDeviceGetMemoryInfo", version, variant="nvmlDeviceGetMemoryInfo_v2")
+        except Missing:
+            pass  # a driver before 510, or a binding without the v2 structure
+    return device.call("nvmlDeviceGetMemoryInfo")
+
+
 def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[ProcessSample, ...] | None:
     found: dict[int, tuple[str, int]] = {}
-    for kind, function in (
-        ("C", "nvmlDeviceGetComputeRunningProcesses"),
-        ("G", "nvmlDeviceGetGraphicsRunningProcesses"),
-    ):
-        listed = attempt(lambda function=function: device.call(function), unsupported=())
+    for kind in ("C", "G"):
+        listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
         if listed is None:
             return None  # a partial list would make processes seem to end
         for proc in listed:
@@ -435,7 +529,7 @@ def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list
 
 def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
     try:
-        return list(device.call("nvmlDeviceGetProcessUtilization", since))
+        return list(call_sized(device, "nvmlDeviceGetProcessUtilization", since))
     except Idle:
         return []  # nothing ran since then
     except Failed as failure:

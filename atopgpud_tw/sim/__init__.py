@@ -1,10 +1,23 @@
-"""The GPU simulator: a pynvml stand-in driven by a JSON scenario (docs/simulator.md)."""
+"""The GPU simulator: a simulated libnvidia-ml beneath the real pynvml, driven by a JSON scenario.
+
+See docs/simulator.md.  `simulated_binding` is the one way in: it gives a
+private copy of nvidia-ml-py's `pynvml` module with the simulated library
+(`library.SimulatedLibrary`) installed as its ``nvmlLib``, over the driver
+model (`nvml.SimulatedNvml`) of a scenario.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.machinery
+import importlib.util
+import itertools
 import json
+import sys
 from importlib import resources
-from typing import Any, Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
 
 from atopgpud_tw.sim.nvml import SimulatedNvml
 from atopgpud_tw.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
@@ -12,12 +25,18 @@ from atopgpud_tw.sim.scenario import Scenario, ScenarioError, load_scenario, par
 __all__ = [
     "SimulatedNvml",
     "simulated_binding",
+    "binding_over",
+    "fresh_pynvml",
     "Scenario",
     "ScenarioError",
     "load_scenario",
     "parse_scenario",
     "demo_scenario",
 ]
+
+#: the folder that puts a simulated `pynvml` first on PYTHONPATH (shim/pynvml.py)
+SHIM = Path(__file__).resolve().with_name("shim")
+_copies = itertools.count(1)
 
 
 def demo_scenario() -> Scenario:
@@ -26,10 +45,47 @@ def demo_scenario() -> Scenario:
     return parse_scenario(json.loads(text))
 
 
-def simulated_binding(scenario: Scenario, clock: Callable[[], float] | None = None) -> Any:
-    """The NVML binding a reader is given on a simulated host.
+@functools.cache
+def pynvml_origin() -> str:
+    """The file of the installed nvidia-ml-py `pynvml` module, never a stand-in such as the shim's."""
+    for entry in sys.path:
+        spec = importlib.machinery.PathFinder.find_spec("pynvml", [entry])
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        if "def _nvmlGetFunctionPointer(" in Path(spec.origin).read_text(encoding="utf-8", errors="replace"):
+            return spec.origin
+    raise ImportError("the simulator needs nvidia-ml-py (the pynvml module) installed")
+
+
+def fresh_pynvml(name: str | None = None) -> ModuleType:
+    """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount."""
+    name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
+    spec = importlib.util.spec_from_file_location(name, pynvml_origin())
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # the module looks itself up in sys.modules while it is being executed
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> ModuleType:
+    """`module` (a fresh copy of pynvml by default) with a simulated library over `model` as its nvmlLib."""
+    from atopgpud_tw.sim.library import SimulatedLibrary
+
+    module = module or fresh_pynvml()
+    module.nvmlLib = SimulatedLibrary(model, module)
+    return module
+
+
+def simulated_binding(scenario: Scenario, clock: Callable[[], float] | None = None) -> ModuleType:
+    """The NVML binding a reader is given on a simulated host: the real pynvml over the simulated library.
 
     Readers, tests and benchmarks get their simulated NVML through this one
-    function, whatever stands beneath it.
+    function.  ``binding.nvmlLib`` is the library (its ``calls`` count the C
+    calls), ``binding.nvmlLib.model`` the driver model.
     """
-    return SimulatedNvml(scenario, clock=clock)
+    return binding_over(SimulatedNvml(scenario, clock=clock))

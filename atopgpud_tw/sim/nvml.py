@@ -1,10 +1,11 @@
-"""A stand-in for the `pynvml` module, driven by a scenario.
+"""The simulated driver: what a scenario's GPUs report, call by call.
 
-`SimulatedNvml` has the functions of nvidia-ml-py that the NVML reader (and the
-reference atopgpud) use, with the same names, parameters, return shapes and
-`NVMLError` codes, so `--reader sim` runs the real NVML reader unchanged.  It does
-not import pynvml: it can itself be installed as the module ``pynvml``
-(``atopgpud_tw/sim/shim``) to run other NVML programs on a simulated host.
+`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml
+(`atopgpud_tw.sim.library`): the values, timelines, faults and MIG layout of a
+scenario, as Python methods named and shaped like nvidia-ml-py's functions
+(results as Python objects, failures as `NVMLError` codes).  Programs do not
+call it directly: the library adapts each C call into one of these methods and
+its result into the caller's C structures, beneath the real `pynvml` module.
 
 Behaviour follows the driver where it matters for a poller: NOT_SUPPORTED for
 utilization on MIG cards and for null percentages, NOT_FOUND from the process
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from atopgpud_tw.sim.scenario import (
+    DRIVERS,
     NVML_ERRORS,
     Fault,
     GpuSpec,
@@ -142,7 +144,7 @@ class Handle:
 
 
 class SimulatedNvml:
-    """The simulated NVML library: call its methods as pynvml's functions."""
+    """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
 
     NVMLError = NVMLError
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
@@ -241,7 +243,7 @@ class SimulatedNvml:
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._enter("nvmlSystemGetDriverVersion")
-        return "999.99.99-sim"
+        return DRIVERS[self.scenario.driver][0]
 
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
@@ -435,7 +437,13 @@ class SimulatedNvml:
         # the card itself always has all its memory; its use is what its instances use
         total = gpu.memory_total_mib if handle.instance is None else handle.instance.memory_total_mib
         total_b, used_b = int(total * 1048576), int(used * 1048576)
-        return c_nvmlMemory_t(total=total_b, used=used_b, free=max(0, total_b - used_b))
+        reserved_b = int(gpu.memory_reserved_mib * 1048576) if handle.instance is None else 0
+        if version is None:
+            # v1: the driver's reserved memory counts as used
+            used_b += reserved_b
+            return c_nvmlMemory_t(total=total_b, used=used_b, free=max(0, total_b - used_b))
+        free_b = max(0, total_b - used_b - reserved_b)
+        return c_nvmlMemory_t(version=version, total=total_b, reserved=reserved_b, used=used_b, free=free_b)
 
     def _running(
         self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool
@@ -461,7 +469,7 @@ class SimulatedNvml:
                     out.append(
                         nvmlFriendlyObject(
                             pid=proc.pid,
-                            usedGpuMemory=int(memory * 1048576),
+                            usedGpuMemory=None if memory is None else int(memory * 1048576),
                             gpuInstanceId=NO_INSTANCE if owner is None else owner.gpu_instance,
                             computeInstanceId=NO_INSTANCE if owner is None else owner.compute_instance,
                         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +39,55 @@ NVML_ERRORS = {
 #: faults that are not NVML error codes
 OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError", "hang")
 PROCESS_TYPES = ("C", "G", "C+G")
+#: the C symbols of libnvidia-ml the simulated library has (atopgpud_tw/sim/library.py)
+LIBRARY_SYMBOLS = (
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetSamples",
+    "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+)
+_V3_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
+_V2_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")
+#: driver branches: the version the library reports and the symbols its libnvidia-ml lacks
+DRIVERS = {
+    "current": ("999.99.99-sim", ()),
+    # 510.39.01 brought the _v3 process lists and nvmlDeviceGetMemoryInfo_v2
+    "470": ("470.256.02", _V3_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
+    # the _v2 process lists need 450.66: an early R450 has only the unversioned (v1) ones
+    "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
+}
+#: the lists a caller sizes first (a NULL buffer), by their name in grow_between_calls
+GROWING_LISTS = ("process_lists", "samples", "process_utilization")
+#: calls whose reply the binding itself decodes, so a reply it fails on can be had (fault "RuntimeError")
+DECODED_CALLS = (
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
 
 
 class ScenarioError(ValueError):
@@ -88,6 +137,7 @@ class Timeline:
 class ProcessSpec:
     pid: int
     type: str = "C"
+    #: None: usedGpuMemory is not available (WDDM, vGPU guests)
     memory_mib: Cycled = 0
     sm_util: Cycled = 0
     mem_util: Cycled = 0
@@ -149,6 +199,12 @@ class GpuSpec:
     samples_supported: bool = True
     #: the driver buffers samples of idle periods too (false: the buffer runs dry when idle)
     idle_samples: bool = True
+    #: memory the driver reserves: v2 memory info reports it apart, v1's `used` includes it
+    memory_reserved_mib: Number = 0
+    #: the size query of nvmlDeviceGetProcessUtilization reports this constant, not the count
+    process_list_capacity: int | None = None
+    #: entries a list gains between a size query and its fill (cycled per size query), by list
+    grow_between_calls: dict[str, Cycled] = field(default_factory=dict)
     #: what the sample clock reads at simulated time 0, in seconds: None for the
     #: Unix epoch (most drivers), or a number (CLOCK_BOOTTIME on some drivers)
     sample_clock: float | None = None
@@ -180,6 +236,15 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     #: when set, simulated time wraps around after this many seconds
     repeat: float | None = None
+    #: the driver branch (DRIVERS): which symbols its library has, the version it reports
+    driver: str = "current"
+    #: C symbols the simulated library lacks, besides those its driver branch lacks
+    missing_symbols: tuple[str, ...] = ()
+
+    @property
+    def absent_symbols(self) -> frozenset[str]:
+        """Every C symbol the simulated library lacks."""
+        return frozenset(DRIVERS[self.driver][1]) | frozenset(self.missing_symbols)
 
 
 def cycled(value: Cycled, index: int) -> Number | None:
@@ -215,19 +280,29 @@ def parse_scenario(data: Any) -> Scenario:
     if len(set(busids)) != len(busids):
         raise ScenarioError("gpus: two GPUs have the same busid")
     repeat = top.get("repeat")
+    driver = top.get("driver", "current")
+    if driver not in DRIVERS:
+        raise ScenarioError(f"driver must be one of {', '.join(DRIVERS)}")
+    missing = _list(top.get("missing_symbols", []), "missing_symbols")
+    for i, symbol in enumerate(missing):
+        if symbol not in LIBRARY_SYMBOLS:
+            raise ScenarioError(f"missing_symbols[{i}] {symbol!r} is not a symbol of the simulated library")
     return Scenario(
         gpus=gpus,
         call_delay_ms=_number(top.get("call_delay_ms", 0), "call_delay_ms", minimum=0),
         faults=tuple(_fault(f, f"faults[{i}]") for i, f in enumerate(_list(top.get("faults", []), "faults"))),
         repeat=None if repeat is None else _number(repeat, "repeat", minimum=0.001),
+        driver=driver,
+        missing_symbols=tuple(missing),
     )
 
 
-_TOP_FIELDS = {"gpus", "call_delay_ms", "faults", "repeat"}
+_TOP_FIELDS = {"gpus", "call_delay_ms", "faults", "repeat", "driver", "missing_symbols"}
 _GPU_FIELDS = {
     "name", "busid", "uuid", "memory_total_mib", "memory_used_mib", "gpu_util", "mem_util",
     "processes", "mig", "mig_capable", "faults", "compute_list", "graphics_list",
     "sample_period", "gpu_timeline", "mem_timeline", "samples_supported", "idle_samples",
+    "memory_reserved_mib", "process_list_capacity", "grow_between_calls",
     "sample_clock", "sample_phase", "sample_jitter_ms", "late_samples", "missing_samples",
     "samples_not_found", "process_utilization", "duplicate_process_samples", "stray_process_samples",
 }
@@ -339,7 +414,7 @@ def _process(spec: Any, where: str) -> ProcessSpec:
     return ProcessSpec(
         pid=pid,
         type=kind,
-        memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib"),
+        memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib", nullable=True),
         sm_util=_cycled(spec.get("sm_util", 0), f"{where}.sm_util", nullable=True, percent=True),
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
         start=start,
@@ -362,6 +437,11 @@ def _fault(spec: Any, where: str) -> Fault:
     error = spec.get("error")
     if error not in NVML_ERRORS and error not in OTHER_FAULTS:
         raise ScenarioError(f"{where}.error {error!r} is not a known NVML error")
+    if error == "RuntimeError" and call not in DECODED_CALLS:
+        raise ScenarioError(
+            f"{where}: a RuntimeError comes from a reply the binding decodes, so only from "
+            + ", ".join(DECODED_CALLS)
+        )
     return Fault(call, error, _time(spec, "from", where) or 0.0, _time(spec, "until", where))
 
 
@@ -447,8 +527,35 @@ def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
         mem_timeline=_timeline(spec.get("mem_timeline"), f"{where}.mem_timeline"),
         samples_supported=_flag(spec.get("samples_supported", True), f"{where}.samples_supported"),
         idle_samples=_flag(spec.get("idle_samples", True), f"{where}.idle_samples"),
+        memory_reserved_mib=_number(spec.get("memory_reserved_mib", 0), f"{where}.memory_reserved_mib", 0),
+        process_list_capacity=_capacity(spec.get("process_list_capacity"), f"{where}.process_list_capacity"),
+        grow_between_calls=_growth(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
         **_sample_timing(spec, where),
     )
+
+
+def _capacity(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(f"{where} must be a positive integer")
+    return value
+
+
+def _whole(value: Any, where: str) -> Cycled:
+    """A cycled count: an integer >= 0, or a list of them."""
+    for entry in value if isinstance(value, list) else [value]:
+        _integer(entry, where)
+    return _cycled(value, where)
+
+
+def _growth(value: Any, where: str) -> dict[str, Cycled]:
+    """One count for every sized list, or an object of counts by list."""
+    if not isinstance(value, dict):
+        count = _whole(value, where)
+        return {name: count for name in GROWING_LISTS}
+    spec = _object(value, where, set(GROWING_LISTS))
+    return {name: _whole(spec[name], f"{where}.{name}") for name in GROWING_LISTS if name in spec}
 
 
 def _sample_timing(spec: dict[str, Any], where: str) -> dict[str, Any]:

@@ -1,17 +1,18 @@
-"""The simulator installed as the module ``pynvml``, for programs written against it.
+"""The real nvidia-ml-py `pynvml`, over the simulated libnvidia-ml, for programs written against it.
 
 Put this folder first on PYTHONPATH and name a scenario in ATOPGPUD_SCENARIO (the
-built-in demo without it); every ``pynvml.X`` is then the simulator's X.  See
-docs/simulator.md for the one-liner that runs another NVML program on it.
+built-in demo without it).  ``import pynvml`` then loads the installed
+nvidia-ml-py module itself, with the simulated library as its ``nvmlLib``: every
+wrapper, structure and error class is the binding's own, only the C functions
+beneath are simulated.  See docs/simulator.md.
 """
 
 import os
+import sys
 
-from atopgpud_tw.sim import SimulatedNvml, demo_scenario, load_scenario
+from atopgpud_tw.sim import SimulatedNvml, binding_over, demo_scenario, fresh_pynvml, load_scenario
 
 _path = os.environ.get("ATOPGPUD_SCENARIO")
-_sim = SimulatedNvml(load_scenario(_path) if _path else demo_scenario())
-
-
-def __getattr__(name):
-    return getattr(_sim, name)
+_real = binding_over(SimulatedNvml(load_scenario(_path) if _path else demo_scenario()), fresh_pynvml("pynvml"))
+# the import of this file gives the real module in its place
+sys.modules[__name__] = _real

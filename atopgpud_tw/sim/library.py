@@ -1,0 +1,443 @@
+"""A simulated libnvidia-ml: C functions beneath the real `pynvml` module.
+
+nvidia-ml-py looks every C function up in its module-level ``nvmlLib`` (the
+`CDLL` of libnvidia-ml.so.1), and loads the library only while ``nvmlLib`` is
+unset.  `SimulatedLibrary` takes that place: each of its attributes is a real
+ctypes function pointer (`ctypes.CFUNCTYPE`) made from a Python callable, so
+the binding's own wrappers run unchanged: they allocate their structures, call
+the pointer with ``byref(...)`` and arrays, check the return code and convert
+the result, exactly as on a real driver.
+
+Each callback asks the driver model (`atopgpud_tw.sim.nvml.SimulatedNvml`) and
+writes its answer into the caller's structures, cast to the binding's own
+types.  What a real library does that the binding depends on is played here:
+
+- size queries: a NULL buffer gets the count and INSUFFICIENT_SIZE (process
+  lists: SUCCESS with count 0 when there are none; samples: SUCCESS), and a
+  fill call whose buffer is too small gets INSUFFICIENT_SIZE and the count
+  needed (see the GPU fields ``grow_between_calls`` and
+  ``process_list_capacity``);
+- strings as NUL-terminated bytes, ``usedGpuMemory`` not available as
+  NVML_VALUE_NOT_AVAILABLE_ulonglong, errors as return codes;
+- a symbol the scenario's driver lacks is not an attribute at all, so the
+  binding raises FUNCTION_NOT_FOUND (or NVMLLibraryMismatchError from an
+  unversioned wrapper), as with a real old driver.
+
+Faults: ``hang`` sleeps inside the callback; ``NVMLLibraryMismatchError``
+returns FUNCTION_NOT_FOUND, which the binding's unversioned wrappers turn into
+that exception; ``RuntimeError`` is a reply the binding's own conversion code
+fails on: a string that is not UTF-8 (UnicodeDecodeError from its str
+conversion) or a process list claiming more entries than the caller's buffer
+holds (IndexError from its copy loop).
+
+No Python exception leaves a callback (ctypes would print it and return 0): an
+unexpected one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable, Sequence
+
+from atopgpud_tw.sim.nvml import (
+    _ERROR_TEXT,
+    NO_INSTANCE,
+    Handle,
+    NVMLError,
+    NVMLLibraryMismatchError,
+    SimulatedNvml,
+)
+from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
+
+SUCCESS = 0
+INVALID_ARGUMENT = 2
+INSUFFICIENT_SIZE = 7
+FUNCTION_NOT_FOUND = 13
+ARGUMENT_VERSION_MISMATCH = 25
+UNKNOWN = 999
+#: usedGpuMemory when the driver cannot tell (WDDM, vGPU guests)
+VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+#: pids of the processes a list gains between its size query and its fill
+GROWN_PID = 4_000_000
+#: what a reply the binding cannot decode looks like: not UTF-8
+NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
+_HANDLE_BASE = 0x5100_0000
+_HANDLE_STEP = 0x40
+
+_int = ctypes.c_int
+_uint = ctypes.c_uint
+_ull = ctypes.c_ulonglong
+_ptr = ctypes.c_void_p
+
+
+class _Corrupt:
+    """A pending reply the binding's conversion code will fail on (fault RuntimeError)."""
+
+
+_CORRUPT = _Corrupt()
+
+
+class SimulatedLibrary:
+    """libnvidia-ml over a driver model; install it as a binding's ``nvmlLib``.
+
+    `binding` is the pynvml module it is installed into: its structure types are
+    the ones the callbacks fill.  `calls` counts the C calls by symbol.
+    """
+
+    def __init__(self, model: SimulatedNvml, binding: ModuleType) -> None:
+        self.model = model
+        self.calls: Counter[str] = Counter()
+        #: unexpected exceptions met inside callbacks (each returned NVML_ERROR_UNKNOWN)
+        self.errors: list[str] = []
+        self._b = binding
+        self._lock = threading.Lock()
+        self._handles: dict[int, Handle] = {}
+        self._ids: dict[Handle, int] = {}
+        self._pending: dict[tuple[Any, ...], Any] = {}
+        self._strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        absent = model.scenario.absent_symbols
+        for symbol, (restype, argtypes, function) in self._table().items():
+            if symbol not in absent:
+                setattr(self, symbol, self._export(symbol, restype, argtypes, function))
+        self.symbols = frozenset(s for s in LIBRARY_SYMBOLS if s not in absent)
+
+    # -- handles --
+
+    def handle_id(self, handle: Handle) -> int:
+        """The opaque pointer value a model handle is given out as."""
+        with self._lock:
+            ident = self._ids.get(handle)
+            if ident is None:
+                ident = _HANDLE_BASE + len(self._ids) * _HANDLE_STEP
+                self._ids[handle] = ident
+                self._handles[ident] = handle
+            return ident
+
+    def model_handle(self, device: Any) -> Handle:
+        """The model's `Handle` behind a handle the binding holds (a ``c_nvmlDevice_t``) or its value."""
+        value = device if isinstance(device, int) else ctypes.cast(device, _ptr).value
+        handle = self._handles.get(value or 0)
+        if handle is None:
+            raise NVMLError(INVALID_ARGUMENT)
+        return handle
+
+    def _put_handle(self, out: int | None, handle: Handle) -> int:
+        if not out:
+            return INVALID_ARGUMENT
+        ctypes.cast(out, ctypes.POINTER(_ptr))[0] = self.handle_id(handle)
+        return SUCCESS
+
+    # -- plumbing --
+
+    def _export(self, symbol: str, restype: Any, argtypes: Sequence[Any], function: Callable[..., int]) -> Any:
+        def callback(*args: Any) -> Any:
+            try:
+                self.calls[symbol] += 1
+                return function(*args)
+            except NVMLError as error:
+                return error.value
+            except NVMLLibraryMismatchError:
+                return FUNCTION_NOT_FOUND
+            except BaseException as error:  # noqa: BLE001 - nothing may leave a C callback
+                self.errors.append(f"{symbol}: {type(error).__name__}: {error}")
+                return UNKNOWN
+
+        return ctypes.CFUNCTYPE(restype, *argtypes)(callback)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """One model call, looked up at call time (tests may wrap the model's methods)."""
+        return getattr(self.model, method)(*args)
+
+    def _key(self, symbol: str, device: int | None) -> tuple[Any, ...]:
+        return (symbol, device, threading.get_ident())
+
+    def _grown(self, device: int | None, symbol: str, which: str) -> int:
+        """How many entries the list `which` gains before this size query's fill."""
+        handle = self.model_handle(device)
+        count = self.model.scenario.gpus[handle.gpu].grow_between_calls.get(which, 0)
+        return int(self.model._next((handle.gpu, "grow", symbol), count) or 0)
+
+    # -- the library --
+
+    def _table(self) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
+        h = _ptr
+        table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
+            "nvmlInit_v2": (_int, (), self._init),
+            "nvmlInitWithFlags": (_int, (_uint,), self._init_with_flags),
+            "nvmlShutdown": (_int, (), self._shutdown),
+            "nvmlErrorString": (_ptr, (_int,), self._error_string),
+            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._driver_version),
+            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self._count),
+            "nvmlDeviceGetHandleByIndex_v2": (_int, (_uint, _ptr), self._handle_by_index),
+            "nvmlDeviceGetName": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetName")),
+            "nvmlDeviceGetUUID": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetUUID")),
+            "nvmlDeviceGetPciInfo_v3": (_int, (h, _ptr), self._pci_info),
+            "nvmlDeviceGetMemoryInfo": (_int, (h, _ptr), self._memory_v1),
+            "nvmlDeviceGetMemoryInfo_v2": (_int, (h, _ptr), self._memory_v2),
+            "nvmlDeviceGetUtilizationRates": (_int, (h, _ptr), self._rates),
+            "nvmlDeviceGetSamples": (_int, (h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
+            "nvmlDeviceGetProcessUtilization": (_int, (h, _ptr, _ptr, _ull), self._process_utilization),
+            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self._mig_mode),
+            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self._uint("nvmlDeviceGetMaxMigDeviceCount")),
+            "nvmlDeviceGetMigDeviceHandleByIndex": (_int, (h, _uint, _ptr), self._mig_handle),
+            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self._uint("nvmlDeviceIsMigDeviceHandle")),
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (_int, (h, _ptr), self._parent_handle),
+            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetGpuInstanceId")),
+            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetComputeInstanceId")),
+        }
+        for kind in ("Compute", "Graphics"):
+            for version in ("_v3", "_v2"):
+                symbol = f"nvmlDeviceGet{kind}RunningProcesses{version}"
+                table[symbol] = (_int, (h, _ptr, _ptr), self._processes(symbol, f"nvmlDeviceGet{kind}RunningProcesses"))
+        assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
+        return table
+
+    def _init(self) -> int:
+        self._call("nvmlInit")
+        return SUCCESS
+
+    def _init_with_flags(self, flags: int) -> int:
+        self._call("nvmlInitWithFlags", flags)
+        return SUCCESS
+
+    def _shutdown(self) -> int:
+        self._call("nvmlShutdown")
+        return SUCCESS
+
+    def _error_string(self, code: int) -> int:
+        """A static string, as the C library returns (the binding sets restype c_char_p)."""
+        with self._lock:
+            text = self._strings.get(code)
+            if text is None:
+                words = "Success" if code == SUCCESS else _ERROR_TEXT.get(code, "Unknown Error")
+                text = self._strings[code] = ctypes.create_string_buffer(words.encode("ascii"))
+        return ctypes.addressof(text)
+
+    def _write_text(self, buffer: int | None, length: int, value: Any) -> int:
+        data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        if not buffer:
+            return INVALID_ARGUMENT
+        if len(data) + 1 > length:
+            return INSUFFICIENT_SIZE
+        ctypes.memmove(buffer, data + b"\0", len(data) + 1)
+        return SUCCESS
+
+    def _driver_version(self, buffer: int | None, length: int) -> int:
+        try:
+            value = self._call("nvmlSystemGetDriverVersion")
+        except RuntimeError:
+            value = NOT_UTF8
+        return self._write_text(buffer, length, value)
+
+    def _text(self, method: str) -> Callable[..., int]:
+        def text(device: int | None, buffer: int | None, length: int) -> int:
+            handle = self.model_handle(device)
+            try:
+                value = self._call(method, handle)
+            except RuntimeError:
+                value = NOT_UTF8
+            return self._write_text(buffer, length, value)
+
+        return text
+
+    def _uint(self, method: str) -> Callable[..., int]:
+        def answer(device: int | None, out: int | None) -> int:
+            value = self._call(method, self.model_handle(device))
+            if not out:
+                return INVALID_ARGUMENT
+            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(getattr(value, "value", value))
+            return SUCCESS
+
+        return answer
+
+    def _count(self, out: int | None) -> int:
+        value = self._call("nvmlDeviceGetCount")
+        if not out:
+            return INVALID_ARGUMENT
+        ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)
+        return SUCCESS
+
+    def _handle_by_index(self, index: int, out: int | None) -> int:
+        return self._put_handle(out, self._call("nvmlDeviceGetHandleByIndex", index))
+
+    def _mig_handle(self, device: int | None, index: int, out: int | None) -> int:
+        handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", self.model_handle(device), index)
+        return self._put_handle(out, handle)
+
+    def _parent_handle(self, device: int | None, out: int | None) -> int:
+        handle = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self.model_handle(device))
+        return self._put_handle(out, handle)
+
+    def _struct(self, out: int | None, name: str) -> Any:
+        if not out:
+            raise NVMLError(INVALID_ARGUMENT)
+        return ctypes.cast(out, ctypes.POINTER(getattr(self._b, name)))[0]
+
+    def _pci_info(self, device: int | None, out: int | None) -> int:
+        info = self._call("nvmlDeviceGetPciInfo", self.model_handle(device))
+        target = self._struct(out, "nvmlPciInfo_t")
+        bus_id = info.busId if isinstance(info.busId, bytes) else str(info.busId).encode("ascii")
+        target.busId = bus_id[:31]
+        target.busIdLegacy = bytes(getattr(info, "busIdLegacy", bus_id[-12:]))[:15]
+        try:
+            domain, bus, rest = bus_id.decode("ascii").split(":")
+            target.domain, target.bus, target.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        except ValueError:
+            pass  # a bus id not in the usual form: the numbers stay 0
+        return SUCCESS
+
+    def _memory_v1(self, device: int | None, out: int | None) -> int:
+        memory = self._call("nvmlDeviceGetMemoryInfo", self.model_handle(device))
+        target = self._struct(out, "c_nvmlMemory_t")
+        target.total, target.used, target.free = int(memory.total), int(memory.used), int(memory.free)
+        return SUCCESS
+
+    def _memory_v2(self, device: int | None, out: int | None) -> int:
+        target = self._struct(out, "c_nvmlMemory_v2_t")
+        if target.version != self._b.nvmlMemory_v2:
+            return ARGUMENT_VERSION_MISMATCH
+        memory = self._call("nvmlDeviceGetMemoryInfo", self.model_handle(device), target.version)
+        target.total, target.reserved = int(memory.total), int(getattr(memory, "reserved", 0))
+        target.used, target.free = int(memory.used), int(memory.free)
+        return SUCCESS
+
+    def _rates(self, device: int | None, out: int | None) -> int:
+        rates = self._call("nvmlDeviceGetUtilizationRates", self.model_handle(device))
+        target = self._struct(out, "c_nvmlUtilization_t")
+        target.gpu, target.memory = int(rates.gpu), int(rates.memory)
+        return SUCCESS
+
+    def _mig_mode(self, device: int | None, current: int | None, pending: int | None) -> int:
+        mode = self._call("nvmlDeviceGetMigMode", self.model_handle(device))
+        if not (current and pending):
+            return INVALID_ARGUMENT
+        ctypes.cast(current, ctypes.POINTER(_uint))[0] = int(mode[0])
+        ctypes.cast(pending, ctypes.POINTER(_uint))[0] = int(mode[1])
+        return SUCCESS
+
+    # -- lists: a size query with a NULL buffer, then the fill --
+
+    def _fill(
+        self,
+        items: list[Any],
+        count: Any,
+        buffer: int | None,
+        struct: str,
+        write: Callable[[Any, Any], None],
+    ) -> int:
+        """Write `items` into the caller's array of `count` entries, or say how many are needed."""
+        if len(items) > count[0]:
+            count[0] = len(items)
+            return INSUFFICIENT_SIZE
+        array = ctypes.cast(buffer, ctypes.POINTER(getattr(self._b, struct)))
+        for index, item in enumerate(items):
+            write(array[index], item)
+        count[0] = len(items)
+        return SUCCESS
+
+    def _processes(self, symbol: str, method: str) -> Callable[..., int]:
+        def processes(device: int | None, count_out: int | None, buffer: int | None) -> int:
+            handle = self.model_handle(device)
+            if not count_out:
+                return INVALID_ARGUMENT
+            count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+            key = self._key(symbol, device)
+            if not buffer:
+                try:
+                    listed = list(self._call(method, handle))
+                except RuntimeError:
+                    self._pending[key] = _CORRUPT
+                    count[0] = 1
+                    return INSUFFICIENT_SIZE
+                grown = self._grown(device, symbol, "process_lists")
+                self._pending[key] = listed + [_grown_process(i) for i in range(grown)]
+                count[0] = len(listed)
+                return INSUFFICIENT_SIZE if listed else SUCCESS
+            pending = self._pending.pop(key, None)
+            if pending is _CORRUPT:
+                count[0] = count[0] + 1  # more than the buffer holds: the binding's copy loop fails
+                return SUCCESS
+            items = pending if pending is not None else list(self._call(method, handle))
+            return self._fill(items, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process)
+
+        return processes
+
+    def _process_utilization(self, device: int | None, buffer: int | None, count_out: int | None, since: int) -> int:
+        handle = self.model_handle(device)
+        if not count_out:
+            return INVALID_ARGUMENT
+        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        key = self._key("nvmlDeviceGetProcessUtilization", device)
+        capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
+        if not buffer:
+            samples = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
+            grown = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
+            newest = max((int(s.timeStamp) for s in samples), default=0)
+            self._pending[key] = samples + [_grown_sample(i, newest) for i in range(grown)]
+            # some drivers answer the size query with their buffer's capacity, not the count
+            count[0] = capacity if capacity is not None else len(samples)
+            return INSUFFICIENT_SIZE
+        pending = self._pending.pop(key, None)
+        items = pending if pending is not None else list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
+        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample)
+
+    def _samples(
+        self,
+        device: int | None,
+        kind: int,
+        since: int,
+        value_type: int | None,
+        count_out: int | None,
+        buffer: int | None,
+    ) -> int:
+        handle = self.model_handle(device)
+        if not (count_out and value_type):
+            return INVALID_ARGUMENT
+        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        key = self._key("nvmlDeviceGetSamples", device)
+        if not buffer:
+            kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
+            samples = list(samples)
+            grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
+            self._pending[key] = (kind_out, samples + samples[-1:] * grown)
+            ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+            count[0] = len(samples)
+            return SUCCESS
+        pending = self._pending.pop(key, None)
+        kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
+        ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+        return self._fill(list(items), count, buffer, "c_nvmlSample_t", _write_sample)
+
+
+def _grown_process(index: int) -> SimpleNamespace:
+    """A process that started between a list's size query and its fill."""
+    return SimpleNamespace(
+        pid=GROWN_PID + index, usedGpuMemory=0, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE
+    )
+
+
+def _grown_sample(index: int, stamp: int) -> SimpleNamespace:
+    """An idle sample of such a process."""
+    return SimpleNamespace(pid=GROWN_PID + index, timeStamp=stamp, smUtil=0, memUtil=0, encUtil=0, decUtil=0)
+
+
+def _write_process(target: Any, proc: Any) -> None:
+    memory = proc.usedGpuMemory
+    target.pid = int(proc.pid)
+    target.usedGpuMemory = VALUE_NOT_AVAILABLE if memory is None else int(memory)
+    target.gpuInstanceId = int(proc.gpuInstanceId)
+    target.computeInstanceId = int(proc.computeInstanceId)
+
+
+def _write_process_sample(target: Any, sample: Any) -> None:
+    target.pid, target.timeStamp = int(sample.pid), int(sample.timeStamp)
+    target.smUtil, target.memUtil = int(sample.smUtil), int(sample.memUtil)
+    target.encUtil, target.decUtil = int(sample.encUtil), int(sample.decUtil)
+
+
+def _write_sample(target: Any, sample: Any) -> None:
+    target.timeStamp = int(sample.timeStamp)
+    target.sampleValue.uiVal = int(sample.sampleValue.uiVal)
