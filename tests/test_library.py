@@ -214,7 +214,7 @@ def test_unknown_driver_and_symbol_names_are_scenario_errors():
 
 def test_process_utilization_size_query_may_report_a_constant_capacity():
     """As go-nvml issue 11 saw: the NULL-buffer query says 100; the fill returns the real count."""
-    binding = host(gpu={"process_list_capacity": 100})
+    binding = host(gpu={"process_list_capacity": 100, "process_utilization": "per-call"})
     handle = binding.nvmlDeviceGetHandleByIndex(0)
     count = ctypes.c_uint(0)
     ret = binding.nvmlLib.nvmlDeviceGetProcessUtilization(handle, None, ctypes.byref(count), ctypes.c_ulonglong(0))
