@@ -25,13 +25,16 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.nvml_device import (
     BACKOFF,
+    FUNCTION_NOT_FOUND,
     LIFECYCLE,
     MIG_MODES,
     NO_PERMISSION,
+    NOT_SUPPORTED,
     TASK_COMPUTE,
     TASK_GRAPHICS,
     DeviceLost,
@@ -83,6 +86,10 @@ class NvmlReader:
         self._lost = False
         #: every card ever discovered (its key), to notice one missing
         self._cards: set[str] = set()
+        #: cards' keys, unique even where two cards report the same UUID
+        self._keys = CardKeys()
+        #: devices (by index) that could not be identified at the last discovery, and why
+        self._unusable: dict[int, str] = {}
         self._announced: set[str] = set()
 
     # -- start-up (blocking, before the reactor runs) --
@@ -98,7 +105,8 @@ class NvmlReader:
             layout = [sample for card in self._devices for sample in layout_card(card, self.mig)]
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
-        if not self._devices:
+        self._problems.report(self._unusable_problems())
+        if not self._devices and not self._unusable:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
 
@@ -109,28 +117,32 @@ class NvmlReader:
         self._attempts = 0
 
     def _discover(self) -> list[NvmlDevice]:
-        devices = []
+        """The devices that can be used now, in index order.
+
+        A device that cannot be identified now (lost, or one call failing) is
+        left in `_unusable` and looked for again by `_rediscover`, with backoff.
+        """
+        found = []
+        unusable: dict[int, str] = {}
         for index in range(self.nvml.nvmlDeviceGetCount()):
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
                 busid = as_text(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
                 name = as_text(self.nvml.nvmlDeviceGetName(handle))
-            except self.nvml.NVMLError as error:
+                uuid = self._uuid(handle)
+            except Exception as error:
                 if getattr(error, "value", None) in LIFECYCLE:
                     raise
-                log.warn(
-                    "nvml: GPU index {index} cannot be used: {error}",
-                    index=index,
-                    error=error_name(error),
-                )
+                unusable[index] = error_name(error)
                 continue
-            try:
-                key = as_text(self.nvml.nvmlDeviceGetUUID(handle))
-            except self.nvml.NVMLError:
-                key = busid
+            found.append((handle, uuid, busid, name))
+        keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
+        devices = []
+        for (handle, _, busid, name), key in zip(found, keys):
             device = NvmlDevice(self.nvml, handle, key, busid, name)
             device.task_support = probe_support(device)
             devices.append(device)
+        self._unusable = unusable
         self._cards.update(device.key for device in devices)
         for device in devices:
             if device.key not in self._announced:
@@ -142,6 +154,28 @@ class NvmlReader:
                     support=_support_text(device.task_support),
                 )
         return devices
+
+    def _uuid(self, handle: Any) -> str | None:
+        """The device's UUID; None where it has none (then its bus id is its key)."""
+        try:
+            return as_text(self.nvml.nvmlDeviceGetUUID(handle))
+        except self.nvml.NVMLError as error:
+            if getattr(error, "value", None) in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+                return None
+            raise  # a passing failure: the device is looked at again, not keyed otherwise
+        except getattr(self.nvml, "NVMLLibraryMismatchError", ()):
+            return None
+
+    def _unusable_problems(self) -> dict[str, str]:
+        """One problem per device that cannot be used now, keyed by its index only.
+
+        So a retry that fails again, with the same cause or another, is not
+        logged again, and the device's recovery is logged when it joins.
+        """
+        return {
+            f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
+            for index, cause in self._unusable.items()
+        }
 
     # -- polling --
 
@@ -163,15 +197,17 @@ class NvmlReader:
         and has NVML set up again, with backoff, from the next one.
         """
         try:
-            return self._read(now)
+            snapshot, problems = self._read(now)
         except Exception:
             self._shutdown()
             self._schedule_retry(now)
             raise
+        problems.update(self._unusable_problems())
+        return snapshot, problems
 
     def _read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
         problems: dict[str, str] = {}
-        if not self._initialised or not self._devices:
+        if not self._initialised or not (self._devices or self._unusable):
             if now < self._retry_at:
                 problems["init"] = "NVML is being set up again"
                 return self._absent(), problems
@@ -217,9 +253,11 @@ class NvmlReader:
         return self._with_vanished(samples), problems
 
     def _missing(self) -> bool:
-        """Whether a card seen before is not among the devices read now."""
+        """Whether a card seen before is not among the devices read now, or one could not be used."""
+        if self._lost or self._unusable:
+            return True
         current = {card.key for card in self._devices}
-        return self._lost or any(key not in current for key in self._cards)
+        return any(key not in current for key in self._cards)
 
     def _rediscover(self) -> None:
         """Look for the GPUs again; a card found again keeps its state and counters."""

@@ -17,7 +17,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
+from atopgpud_tw.identity import CardKeys, mig_busid, mig_key, mig_profile
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, clamp_percent
 
 MIG_MODES = ("instances", "card")
@@ -75,32 +75,36 @@ def read_report(data: bytes) -> tuple[ET.Element, str]:
 
 
 def parse_report(
-    data: bytes, mig: str = "instances", profiles: Profiles | None = None
+    data: bytes, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
 ) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
     """The devices of one ``-q -x`` report and the problems met reading their values."""
     root, preamble = read_report(data)
-    devices, problems = read_devices(root, mig, profiles)
+    devices, problems = read_devices(root, mig, profiles, keys)
     if preamble:
         problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
     return devices, problems
 
 
 def read_devices(
-    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None
+    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
 ) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
     ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
     reports a MIG card as one device holding all its instances' memory and processes.
+    `keys` keeps cards' keys across reports (a reader's own); without it they are
+    unique within this report only.
     """
     if mig not in MIG_MODES:
         raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
     problems: dict[str, str] = {}
     devices: list[DeviceSample] = []
-    for position, gpu in enumerate(root.findall("gpu")):
-        card = _card(gpu, position, problems)
-        if card is None:
-            continue
+    found = [(gpu, _card(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
+    cards = [(gpu, card) for gpu, card in found if card is not None]
+    # two cards with one UUID (anonymised, cloned VMs) are both kept: keys unique per report
+    unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
+    for (gpu, card), key in zip(cards, unique):
+        card = card._replace(key=key)
         entries = _process_entries(gpu, card, problems)
         if _value(gpu, "mig_mode/current_mig") != "Enabled":
             devices.append(_whole_card(gpu, card, entries, problems))

@@ -1,0 +1,321 @@
+"""What real drivers and hosts do that a tidy one would not, in both readers.
+
+- two cards reporting one UUID (anonymised reports, VMs cloned from one image);
+- product names with characters beyond printable ASCII;
+- a GPU that cannot be read at start-up (lost, or one call failing);
+- an NVML call that hangs in the driver;
+- processes whose memory NVML cannot tell (WDDM, some vGPU guests).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from daemon import Daemon, run_daemon
+
+from atopgpud_tw import codec
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.identity import CardKeys
+from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.smi_parse import parse_report
+from atopgpud_tw.sim import parse_scenario, simulated_binding
+from atopgpud_tw.snapshot import Snapshot
+
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures" / "smi"
+CORPUS = HERE.resolve().parents[1] / "shared" / "fixtures" / "nvidia-smi"
+MIB = 1024
+SHARED_UUID = "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
+#: what T shows for clones.xml and for CLONES: both cards, "®" and the space each "_"
+CLONES_TYPES = b"2@00000000:01:00.0 NVIDIA_GeForce__RTX_2070 3@00000000:02:00.0 NVIDIA_GeForce__RTX_2070 3"
+
+
+def card(busid: str, pid: int, memory_mib: int, **extra: Any) -> dict:
+    return {
+        "name": "NVIDIA GeForce\u00ae RTX 2070",
+        "busid": busid,
+        "uuid": SHARED_UUID,
+        "memory_total_mib": 8192,
+        "gpu_util": 30,
+        "mem_util": 5,
+        "samples_supported": False,
+        "processes": [{"pid": pid, "memory_mib": memory_mib, "sm_util": 10, "mem_util": 1}],
+        **extra,
+    }
+
+
+def clones(faults: tuple[list, list] = ([], [])) -> dict:
+    """The host of clones.xml as a scenario: two cards with one UUID."""
+    return {
+        "gpus": [
+            card("00000000:01:00.0", 301, 512, memory_used_mib=1024, faults=faults[0]),
+            card("00000000:02:00.0", 302, 1536, memory_used_mib=2048, faults=faults[1]),
+        ]
+    }
+
+
+class Host:
+    """The NVML reader over a simulated host, read synchronously at simulated times."""
+
+    def __init__(self, scenario: dict, mig: str = "instances") -> None:
+        self.now = 0.0
+        self.nvml = simulated_binding(parse_scenario(scenario), clock=lambda: self.now)
+        self.reader = NvmlReader(self.nvml, reactor=None, mig=mig)
+        self.layout = self.reader.open()
+        self.counters = Counters()
+        self.counters.declare(self.layout)
+        self.problems: list[dict[str, str]] = []
+        self.history: list[list[tuple[int, ...]]] = []
+
+    def poll(self) -> Snapshot:
+        snapshot, problems = self.reader.read(self.now)
+        self.problems.append(problems)
+        self.counters.fold(snapshot)
+        self.history.append([
+            (d.samples, d.gpu_busy_total, d.mem_busy_total, d.memory_used_cum_kib) for d in self.counters.devices
+        ])
+        return snapshot
+
+    def until(self, seconds: float) -> None:
+        while self.now < seconds:
+            self.poll()
+            self.now += 1.0
+
+    def types(self) -> bytes:
+        return codec.render_types(self.counters.devices)
+
+    def assert_monotonic(self) -> None:
+        for before, after in zip(self.history, self.history[1:]):
+            for old, new in zip(before, after):
+                assert all(b >= a for a, b in zip(old, new)), (old, new)
+
+
+def smi_binary(tmp_path: Path, report: Path) -> Path:
+    """An executable nvidia-smi printing `report` (tests/fake_nvidia_smi.py in report mode)."""
+    state = tmp_path / "smi-state"
+    state.mkdir()
+    shutil.copy(report, state / "report.xml")
+    binary = tmp_path / "nvidia-smi"
+    command = [sys.executable, str(HERE / "fake_nvidia_smi.py"), str(state)]
+    binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
+def first_poll(daemon: Daemon) -> tuple[bytes, list[codec.DeviceStats]]:
+    daemon.wait_samples(1)
+    client = daemon.client()
+    try:
+        return client.ask("T")[1], client.stats()
+    finally:
+        client.close()
+
+
+# -- two cards with one UUID --
+
+
+def test_card_keys_are_unique_and_stable() -> None:
+    """The second card with a UUID is keyed by UUID and bus id, and keeps its key when the first is gone."""
+    keys = CardKeys()
+    assert keys.assign([("U", "01"), ("U", "02"), (None, "03")]) == ["U", "U@02", "03"]
+    assert keys.assign([("U", "02")]) == ["U@02"]
+    assert keys.assign([("U", "02"), ("U", "01")]) == ["U@02", "U"]
+    assert keys.assign([("U", "05"), ("U", "05")]) == ["U", "U@05"]
+
+
+def test_nvml_shows_both_cards_with_one_uuid() -> None:
+    """NVML: two cards with one UUID are two devices, each with its own counters and processes."""
+    host = Host(clones())
+    assert len({d.key for d in host.layout.devices}) == 2
+    host.until(3)
+    assert host.types() == CLONES_TYPES
+    first, second = host.counters.devices
+    assert (first.samples, second.samples) == (3, 3)
+    assert (first.memory_used_kib, second.memory_used_kib) == (1024 * MIB, 2048 * MIB)
+    assert (list(first.processes), list(second.processes)) == ([301], [302])
+
+
+def test_nvml_clone_keys_stay_when_one_card_is_lost() -> None:
+    """The first of the two lost for a while: the second carries on under its key, the first comes back."""
+    lost = [{"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 3, "until": 9}]
+    host = Host(clones((lost, [])))
+    keys = [d.key for d in host.layout.devices]
+    host.until(30)
+    assert [d.key for d in host.counters.devices] == keys
+    first, second = host.counters.devices
+    assert second.samples == 30 and first.present and 3 + 10 <= first.samples < 30
+    assert 301 in first.processes and 302 in second.processes
+    host.assert_monotonic()
+
+
+def test_smi_shows_both_cards_with_one_uuid() -> None:
+    """nvidia-smi: the same two cards from clones.xml, T byte-identical to the NVML reader's."""
+    data = (FIXTURES / "clones.xml").read_bytes()
+    keys = CardKeys()
+    counters = Counters()
+    for _ in range(3):
+        devices, problems = parse_report(data, keys=keys)
+        assert problems == {}
+        counters.fold(Snapshot(devices))
+    assert codec.render_types(counters.devices) == CLONES_TYPES
+    first, second = counters.devices
+    assert (first.samples, second.samples) == (3, 3)
+    assert (first.processes[301].memory_now_kib, second.processes[302].memory_now_kib) == (512 * MIB, 1536 * MIB)
+
+
+def test_smi_clone_keys_stay_when_one_card_is_missing() -> None:
+    """A report without the first clone: the second keeps its key, so its counters carry on."""
+    data = (FIXTURES / "clones.xml").read_bytes()
+    start = data.index(b"\t<gpu ")
+    second_start = data.index(b"\t<gpu ", start + 1)
+    without_first = data[:start] + data[second_start:]
+    keys = CardKeys()
+    counters = Counters()
+    for report in (data, without_first, data):
+        devices, _ = parse_report(report, keys=keys)
+        counters.fold(Snapshot(devices))
+    first, second = counters.devices
+    assert (len(counters.devices), first.samples, second.samples) == (2, 2, 3)
+
+
+@pytest.mark.skipif(not (CORPUS / "geforce-rtx-2070-x2-590.44.01.xml").exists(), reason="no shared corpus")
+def test_smi_corpus_report_with_anonymised_uuids_shows_both() -> None:
+    """A real report whose two GPUs were given one UUID upstream: both are shown."""
+    devices, _ = parse_report((CORPUS / "geforce-rtx-2070-x2-590.44.01.xml").read_bytes())
+    counters = Counters()
+    counters.fold(Snapshot(devices))
+    assert [d.busid for d in counters.devices] == ["00000000:01:00.0", "00000000:02:00.0"]
+
+
+@pytest.fixture
+def clone_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
+    """A simulated daemon and an nvidia-smi daemon, each on the clones host."""
+    common = ["--interval", "0.2"]
+    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_binary(tmp_path, FIXTURES / "clones.xml"))]
+    for sim_daemon in run_daemon(tmp_path, common, scenario=clones()):
+        for smi_daemon in run_daemon(tmp_path, [*smi, *common]):
+            yield sim_daemon, smi_daemon
+
+
+def test_daemons_show_both_clones_with_safe_names(clone_daemons: tuple[Daemon, Daemon]) -> None:
+    """Over the socket, from either reader: both cards in T, "®" as "_", each with its own process."""
+    for daemon in clone_daemons:
+        types, stats = first_poll(daemon)
+        assert types == CLONES_TYPES
+        assert [[p.pid for p in d.processes] for d in stats] == [[301], [302]]
+
+
+# -- names beyond printable ASCII --
+
+
+def test_nvml_names_beyond_ascii_are_underscores() -> None:
+    """NVML: a name with a control character and an accent: each "_" in T."""
+    host = Host({"gpus": [card("00000000:01:00.0", 301, 512, name="NVIDIA T\u00e9sla\x07T4")]})
+    host.until(1)
+    assert host.types() == b"1@00000000:01:00.0 NVIDIA_T_sla_T4 3"
+
+
+# -- a GPU that cannot be read at start-up --
+
+
+def two_cards(faults: list) -> dict:
+    """Two plain cards; the second has `faults`."""
+    plain = {"gpu_util": 40, "mem_util": 10, "samples_supported": False,
+             "processes": [{"pid": 500, "memory_mib": 64, "sm_util": 20, "mem_util": 2}]}
+    return {"gpus": [{"busid": "00000000:17:00.0", **plain}, {"busid": "00000000:65:00.0", **plain, "faults": faults}]}
+
+
+def counting(host: Host, name: str) -> list[float]:
+    """Record the simulated time of every call of `name`."""
+    real = getattr(host.nvml, name)
+    times: list[float] = []
+
+    def counted(*args: Any) -> Any:
+        times.append(host.now)
+        return real(*args)
+
+    setattr(host.nvml, name, counted)
+    return times
+
+
+UNUSABLE = "index 1 unusable"
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        ("nvmlDeviceGetHandleByIndex", "NVML_ERROR_GPU_IS_LOST"),
+        ("nvmlDeviceGetHandleByIndex", "NVML_ERROR_GPU_NOT_FOUND"),
+        ("nvmlDeviceGetPciInfo", "NVML_ERROR_GPU_IS_LOST"),
+        ("nvmlDeviceGetName", "NVML_ERROR_UNKNOWN"),
+        ("nvmlDeviceGetUUID", "NVML_ERROR_GPU_IS_LOST"),
+    ],
+)
+def test_gpu_unusable_at_start_up_joins_when_it_works(call: str, error: str) -> None:
+    """A card whose discovery fails is looked for again with backoff and joins T when it works."""
+    host = Host(two_cards([{"call": call, "error": error, "until": 5}]))
+    handles = counting(host, "nvmlDeviceGetHandleByIndex")
+    assert [d.busid for d in host.layout.devices] == ["00000000:17:00.0"]
+    host.until(30)
+    # looked for at the first poll, then 1, 2, 4 s later: found at 7 (its fault ended at 5)
+    assert sorted(set(handles)) == [0.0, 1.0, 3.0, 7.0]
+    assert [UNUSABLE in p for p in host.problems] == [True] * 7 + [False] * 23
+    assert host.types() == b"2@00000000:17:00.0 NVIDIA_Simulated_GPU 3@00000000:65:00.0 NVIDIA_Simulated_GPU 3"
+    first, second = host.counters.devices
+    assert (first.samples, second.samples) == (30, 23)
+    assert second.key == "GPU-5111a7ed-0000-4000-8000-000000000001" and 500 in second.processes
+    host.assert_monotonic()
+
+
+def test_only_gpu_lost_at_start_up_is_looked_for_with_backoff() -> None:
+    """The one card lost at start-up: no "no GPU" case, looked for with backoff, not at every poll."""
+    lost = {"call": "nvmlDeviceGetHandleByIndex", "error": "NVML_ERROR_GPU_IS_LOST", "until": 40}
+    host = Host({"gpus": [{"busid": "00000000:17:00.0", "faults": [lost]}]})
+    handles = counting(host, "nvmlDeviceGetHandleByIndex")
+    assert host.layout.devices == ()
+    host.until(40)
+    assert host.counters.devices == []
+    assert sorted(set(handles)) == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0]
+    assert all(list(p) == ["index 0 unusable"] for p in host.problems)
+    host.until(120)
+    assert host.counters.devices[0].present and host.counters.devices[0].samples == 120 - 61
+
+
+def test_uuid_not_supported_keys_by_bus_id_at_once() -> None:
+    """No UUID at all (NOT_SUPPORTED) is no failure: the card is keyed by its bus id from the start."""
+    host = Host(two_cards([{"call": "nvmlDeviceGetUUID", "error": "NVML_ERROR_NOT_SUPPORTED"}]))
+    assert [d.key for d in host.layout.devices] == ["GPU-5111a7ed-0000-4000-8000-000000000000", "00000000:65:00.0"]
+    host.until(2)
+    assert not any(host.problems)
+
+
+@pytest.fixture
+def late_gpu_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """The second card cannot be identified for the first simulated second."""
+    fault = {"call": "nvmlDeviceGetPciInfo", "error": "NVML_ERROR_GPU_IS_LOST", "until": 1.0}
+    yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario=two_cards([fault]))
+
+
+def test_daemon_logs_an_unusable_gpu_once_and_its_recovery_once(late_gpu_daemon: Daemon) -> None:
+    """Over the socket: T gains the card when it works; one warning, however many retries, one recovery."""
+    daemon = late_gpu_daemon
+    deadline = time.monotonic() + 15
+    while True:
+        client = daemon.client()
+        try:
+            types = codec.parse_types(client.ask("T")[1])
+        finally:
+            client.close()
+        if len(types) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [t.busid for t in types] == ["00000000:17:00.0", "00000000:65:00.0"], daemon.log()
+    log = daemon.log()
+    assert log.count("GPU index 1 cannot be used: NVML_ERROR_GPU_IS_LOST") == 2, log  # the warning, the recovery
+    assert log.count("nvml: recovered (GPU index 1 cannot be used") == 1, log
