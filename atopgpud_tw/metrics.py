@@ -134,7 +134,8 @@ class BoardCollector:
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid)]
-                memory.add_metric(labels, totals.memory_now_kib * KIB)
+                if _known(totals.memory_now_kib):
+                    memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
                 if _known(totals.gpu_busy_cum):
                     busy.add_metric(labels, totals.gpu_busy_cum * self.interval)

@@ -18,14 +18,17 @@ from typing import Any, Iterator
 
 import pytest
 from daemon import Daemon, run_daemon
+from prometheus_client.exposition import generate_latest
 
 from atopgpud_tw import codec
+from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.identity import CardKeys
+from atopgpud_tw.metrics import make_registry
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import parse_report
 from atopgpud_tw.sim import parse_scenario, simulated_binding
-from atopgpud_tw.snapshot import Snapshot
+from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot, add_memory
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures" / "smi"
@@ -309,3 +312,111 @@ def test_daemon_logs_an_unusable_gpu_once_and_its_recovery_once(late_gpu_daemon:
     log = daemon.log()
     assert log.count("GPU index 1 cannot be used: NVML_ERROR_GPU_IS_LOST") == 2, log  # the warning, the recovery
     assert log.count("nvml: recovered (GPU index 1 cannot be used") == 1, log
+
+
+# -- process memory the driver cannot tell --
+
+
+def test_process_memory_unknown_is_minus_one_and_poisons_nothing() -> None:
+    """Unknown from the first sample: -1 now and summed, still counted, its busy sums go on."""
+    counters = Counters()
+    for _ in range(3):
+        counters.fold(Snapshot((DeviceSample("k", "b", "n", gpu_busy=50, mem_busy=5, memory_total_kib=100,
+                                             memory_used_kib=40, processes=(ProcessSample(9, "C", -1, 20, 2),)),)))
+    device = counters.devices[0]
+    totals = device.processes[9]
+    assert (totals.samples, totals.memory_now_kib, totals.memory_cum_kib) == (3, -1, -1)
+    assert (totals.gpu_busy_cum, totals.mem_busy_cum) == (60, 6)
+    assert (device.samples, device.memory_used_cum_kib) == (3, 120)
+    v2 = codec.render_process(totals, 2)
+    assert v2 == b"#A 9 C 60 6 -1 -1 3"
+    assert codec.render_process(totals, 1) == b"#A 9 20 2 0 -1 -1 3"
+
+
+def test_process_memory_known_then_unknown_is_a_failed_read() -> None:
+    """Known first, then not: that poll is not counted (the sum stays exact); unknown first stays -1."""
+    def fold(counters: Counters, memory: int) -> None:
+        counters.fold(Snapshot((DeviceSample("k", "b", "n", processes=(ProcessSample(9, "C", memory, 0, 0),)),)))
+
+    known_first = Counters()
+    for memory in (100, -1, 100):
+        fold(known_first, memory)
+    totals = known_first.devices[0].processes[9]
+    assert (totals.samples, totals.memory_now_kib, totals.memory_cum_kib) == (2, 100, 200)
+    unknown_first = Counters()
+    for memory in (-1, 100):
+        fold(unknown_first, memory)
+    totals = unknown_first.devices[0].processes[9]
+    assert (totals.samples, totals.memory_now_kib, totals.memory_cum_kib) == (2, 100, -1)
+
+
+def test_add_memory() -> None:
+    """A pid on two MIG instances: its memory is added, unknown if either is, failed if either failed."""
+    assert (add_memory(1, 2), add_memory(1, -1), add_memory(-1, None), add_memory(None, 3)) == (3, -1, None, None)
+
+
+def unknown_memory_host() -> dict:
+    """One card: a process whose memory NVML cannot tell (memory_mib null) and one it can."""
+    return {"gpus": [{
+        "busid": "00000000:0A:00.0", "gpu_util": 10, "mem_util": 1, "samples_supported": False,
+        "processes": [
+            {"pid": 7724, "type": "C+G", "memory_mib": None, "sm_util": 5, "mem_util": 1},
+            {"pid": 8000, "memory_mib": 64, "sm_util": 5, "mem_util": 1},
+        ],
+    }]}
+
+
+def test_nvml_lists_a_process_whose_memory_is_not_available() -> None:
+    """usedGpuMemory None: the process is listed, memory -1 on the wire; the other as usual."""
+    host = Host(unknown_memory_host())
+    (proc,) = [p for p in host.nvml.nvmlDeviceGetComputeRunningProcesses(host.nvml.nvmlDeviceGetHandleByIndex(0))
+               if p.pid == 7724]
+    assert proc.usedGpuMemory is None
+    host.until(3)
+    (device,) = codec.parse_stats(codec.render_stats(host.counters.devices, 2).body, 2)
+    figures = {p.pid: (p.kind, p.memory_now_kib, p.memory_cum_kib, p.samples) for p in device.processes}
+    assert figures == {7724: ("C", -1, -1, 3), 8000: ("C", 64 * MIB, 3 * 64 * MIB, 3)}
+    assert device.samples == 3
+
+
+def test_smi_lists_a_process_whose_memory_is_n_a() -> None:
+    """nvidia-smi's used_memory N/A (WDDM): listed, memory -1, as the NVML reader shows it."""
+    counters = Counters()
+    for _ in range(3):
+        devices, _ = parse_report((FIXTURES / "not-available.xml").read_bytes())
+        counters.fold(Snapshot(devices))
+    wddm = codec.parse_stats(codec.render_stats(counters.devices, 2).body, 2)[0]
+    assert {p.pid: (p.memory_now_kib, p.memory_cum_kib, p.samples) for p in wddm.processes} == {
+        7724: (-1, -1, 3), 10808: (-1, -1, 3),
+    }
+
+
+def test_metrics_leave_out_unknown_process_memory() -> None:
+    """/metrics: a process whose memory is not known has no memory series (not -1024 bytes)."""
+    board = Board()
+    board.fold(Snapshot((DeviceSample("k", "00000000:0A:00.0", "n", processes=(ProcessSample(9, "C", -1, 0, 0),)),)))
+    text = generate_latest(make_registry(board, Poller(), 1.0, processes=True)).decode()
+    assert "atopgpud_process_samples_total{" in text
+    assert "atopgpud_process_memory_used_bytes{" not in text
+
+
+class Poller:
+    polls = 0
+    failed_polls: dict[str, int] = {}
+
+
+@pytest.fixture
+def unknown_memory_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
+    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_binary(tmp_path, FIXTURES / "not-available.xml"))]
+    for sim_daemon in run_daemon(tmp_path, ["--interval", "0.2"], scenario=unknown_memory_host()):
+        for smi_daemon in run_daemon(tmp_path, [*smi, "--interval", "0.2"]):
+            yield sim_daemon, smi_daemon
+
+
+def test_daemons_send_minus_one_for_unknown_process_memory(unknown_memory_daemons: tuple[Daemon, Daemon]) -> None:
+    """Over the socket, from either reader: pid 7724 is listed with memory -1 now and summed."""
+    for daemon in unknown_memory_daemons:
+        _, stats = first_poll(daemon)
+        (proc,) = [p for p in stats[0].processes if p.pid == 7724]
+        assert (proc.memory_now_kib, proc.memory_cum_kib) == (-1, -1)
+        assert proc.samples >= 1

@@ -344,8 +344,8 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
             return None  # a partial list would make processes seem to end
         for proc in listed:
             pid = int(proc.pid)
-            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM)
-            memory_kib = memory // 1024 if memory else 0
+            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM, some vGPU guests)
+            memory_kib = UNSUPPORTED if memory is None else int(memory) // 1024
             seen = found.get(pid)
             if seen is None:
                 found[pid] = (kind, memory_kib)

@@ -33,7 +33,7 @@ from atopgpud_tw.readers.nvml_device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.snapshot import DeviceSample, ProcessSample
+from atopgpud_tw.snapshot import DeviceSample, ProcessSample, add_memory
 
 log = Logger()
 
@@ -252,7 +252,7 @@ def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
             merged[proc.pid] = ProcessSample(
                 proc.pid,
                 seen.kind if seen.kind == proc.kind else "C+G",
-                _sum([seen.memory_kib, proc.memory_kib]),
+                add_memory(seen.memory_kib, proc.memory_kib),
                 seen.gpu_busy,
                 seen.mem_busy,
             )

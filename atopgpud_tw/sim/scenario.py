@@ -337,7 +337,7 @@ def _process(spec: Any, where: str) -> ProcessSpec:
     return ProcessSpec(
         pid=pid,
         type=kind,
-        memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib"),
+        memory_mib=_cycled(spec.get("memory_mib", 0), f"{where}.memory_mib", nullable=True),
         sm_util=_cycled(spec.get("sm_util", 0), f"{where}.sm_util", nullable=True, percent=True),
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
         start=start,
