@@ -13,12 +13,16 @@ import shlex
 import shutil
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from daemon import Daemon, run_daemon
+from daemon import Daemon, free_port, run_daemon
 from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 
 from atopgpud_tw import codec
 from atopgpud_tw.board import Board
@@ -29,6 +33,7 @@ from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import parse_report
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot, add_memory
+from atopgpud_tw.watchdog import CallWatch, HangWatchdog
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures" / "smi"
@@ -398,6 +403,7 @@ def test_metrics_leave_out_unknown_process_memory() -> None:
     text = generate_latest(make_registry(board, Poller(), 1.0, processes=True)).decode()
     assert "atopgpud_process_samples_total{" in text
     assert "atopgpud_process_memory_used_bytes{" not in text
+    assert "atopgpud_nvml_" not in text  # no NVML watchdog given (the nvidia-smi reader has none)
 
 
 class Poller:
@@ -420,3 +426,154 @@ def test_daemons_send_minus_one_for_unknown_process_memory(unknown_memory_daemon
         (proc,) = [p for p in stats[0].processes if p.pid == 7724]
         assert (proc.memory_now_kib, proc.memory_cum_kib) == (-1, -1)
         assert proc.samples >= 1
+
+
+# -- a hung NVML call --
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """The text of every log event while the test runs."""
+    lines: list[str] = []
+
+    def observe(event: dict) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield lines
+    globalLogPublisher.removeObserver(observe)
+
+
+def test_watchdog_warns_once_after_ten_seconds_and_once_on_return(log_lines: list[str]) -> None:
+    """On task.Clock: one warning at 10 s naming the call and GPU, one line with the time it took."""
+    clock = Clock()
+    watch = CallWatch(clock.seconds)
+    watchdog = HangWatchdog(watch, clock)
+    watchdog.start()
+    watch.begin("nvmlDeviceGetSamples", "GPU 00000000:17:00.0")
+    clock.pump([1.0] * 9)
+    assert log_lines == [] and watchdog.hung_calls == 0
+    clock.pump([1.0] * 21)
+    assert log_lines == [
+        "NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 has not returned for 10 s; "
+        "no poll starts until it does"
+    ]
+    assert (watchdog.hung_calls, watchdog.running_seconds()) == (1, 30.0)
+    clock.advance(0.5)
+    watch.end()
+    clock.pump([1.0] * 5)
+    assert log_lines[1:] == ["NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 returned after 30.5 s"]
+    assert (watchdog.hung_calls, watchdog.running_seconds()) == (1, 0.0)
+    watchdog.stop()
+    assert clock.getDelayedCalls() == []
+
+
+def test_watchdog_is_quiet_about_quick_calls(log_lines: list[str]) -> None:
+    """Many short calls, a library call of 9 s: nothing logged, nothing counted."""
+    clock = Clock()
+    watch = CallWatch(clock.seconds)
+    watchdog = HangWatchdog(watch, clock)
+    watchdog.start()
+    for _ in range(50):
+        watch.begin("nvmlDeviceGetMemoryInfo", "GPU 00000000:17:00.0")
+        clock.advance(0.3)
+        watch.end()
+    watch.begin("nvmlInit")
+    clock.pump([1.0] * 9)
+    watch.end()
+    clock.pump([1.0] * 20)
+    assert log_lines == [] and watchdog.hung_calls == 0
+
+
+def test_watchdog_names_a_library_call_without_a_gpu(log_lines: list[str]) -> None:
+    """A hung nvmlInit has no GPU to name; a second hung call is warned of again."""
+    clock = Clock()
+    watch = CallWatch(clock.seconds)
+    watchdog = HangWatchdog(watch, clock, after=2.0)
+    watchdog.start()
+    for function in ("nvmlInit", "nvmlDeviceGetCount"):
+        watch.begin(function)
+        clock.pump([0.2] * 15)
+        watch.end()
+        clock.pump([0.2] * 2)
+    assert [line.split(" has ")[0].split(" returned")[0] for line in log_lines] == [
+        "NVML call nvmlInit", "NVML call nvmlInit", "NVML call nvmlDeviceGetCount", "NVML call nvmlDeviceGetCount",
+    ]
+    assert watchdog.hung_calls == 2
+
+
+def test_every_nvml_call_of_a_poll_is_noted_with_its_gpu() -> None:
+    """The reader notes the call in progress, and what it is on, for device and library calls alike."""
+    host = Host(two_cards([]))
+    seen: list[tuple[str, str | None]] = []
+    for name in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"):
+        real = getattr(host.nvml, name)
+
+        def noted(*args: Any, real: Any = real) -> Any:
+            call = host.reader.calls.current
+            seen.append((call.function, call.where))
+            return real(*args)
+
+        setattr(host.nvml, name, noted)
+    host.reader._rediscover()
+    host.poll()
+    assert seen == [
+        ("nvmlDeviceGetCount", None),
+        ("nvmlDeviceGetHandleByIndex", "GPU index 0"),
+        ("nvmlDeviceGetHandleByIndex", "GPU index 1"),
+        ("nvmlDeviceGetMemoryInfo", "GPU 00000000:17:00.0"),
+        ("nvmlDeviceGetMemoryInfo", "GPU 00000000:65:00.0"),
+    ]
+    assert host.reader.calls.current is None
+
+
+@pytest.fixture
+def hung_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, int]]:
+    """GPU 0's samples call hangs from 0.6 s (simulated) until 2.2 s; --hang-warning 0.5."""
+    hang = {"call": "nvmlDeviceGetSamples", "error": "hang", "from": 0.6, "until": 2.2}
+    port = free_port()
+    args = ["--interval", "0.2", "--hang-warning", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"]
+    scenario = two_cards([])
+    scenario["gpus"][0].update(samples_supported=True, faults=[hang])
+    for daemon in run_daemon(tmp_path, args, scenario=scenario):
+        yield daemon, port
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("atopgpud_nvml_")
+    }
+
+
+def test_daemon_warns_of_a_hung_call_and_shows_it_in_metrics(hung_daemon: tuple[Daemon, int]) -> None:
+    """Installed daemon: one warning naming the call and GPU, /metrics counting it, one line on return."""
+    daemon, port = hung_daemon
+    warning = "NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 has not returned for 0.5 s"
+    returned = "NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 returned after"
+    deadline = time.monotonic() + 15
+    while warning not in daemon.log():
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    during = scrape(port)
+    assert during["atopgpud_nvml_hung_calls_total"] == 1
+    assert during["atopgpud_nvml_call_seconds"] >= 0.5
+    client = daemon.client()
+    try:
+        assert len(client.stats()) == 2  # still answered at once
+    finally:
+        client.close()
+    while returned not in daemon.log():
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    daemon.wait_samples(daemon.wait_samples(1)[0].samples + 2)  # polls go on
+    after = scrape(port)
+    assert after["atopgpud_nvml_hung_calls_total"] == 1 and after["atopgpud_nvml_call_seconds"] < 0.5
+    log = daemon.log()
+    assert (log.count(warning), log.count(returned)) == (1, 1), log
+    took = float(log.split(returned)[1].split()[0])
+    assert 0.5 <= took <= 2.2

@@ -18,6 +18,7 @@ the instances are summed into one device for the card.
 
 from __future__ import annotations
 
+import time
 from types import ModuleType
 from typing import Any
 
@@ -48,6 +49,7 @@ from atopgpud_tw.readers.nvml_device import (
 )
 from atopgpud_tw.readers.nvml_mig import layout_card, read_card
 from atopgpud_tw.snapshot import DeviceSample, Snapshot
+from atopgpud_tw.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.worker import SerialWorker
 
 log = Logger()
@@ -66,13 +68,18 @@ class NvmlReader:
 
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances") -> None:
+    def __init__(
+        self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances", hang_after: float = HANG_AFTER
+    ) -> None:
         if mig not in MIG_MODES:
             raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
         self._worker = SerialWorker(reactor)
+        #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
+        self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
+        self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
         self._problems = ProblemLog("nvml")
         self._devices: list[NvmlDevice] = []
         #: devices ever discovered, by key, so a device that vanishes stays listed
@@ -110,8 +117,16 @@ class NvmlReader:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
 
+    def _call(self, function: str, where: str | None, *args: Any) -> Any:
+        """A call of the library (not through a device's choke point), noted for the watchdog."""
+        self.calls.begin(function, where)
+        try:
+            return getattr(self.nvml, function)(*args)
+        finally:
+            self.calls.end()
+
     def _initialise(self) -> None:
-        self.nvml.nvmlInit()
+        self._call("nvmlInit", None)
         self._initialised = True
         self._devices = self._discover()
         self._attempts = 0
@@ -124,12 +139,14 @@ class NvmlReader:
         """
         found = []
         unusable: dict[int, str] = {}
-        for index in range(self.nvml.nvmlDeviceGetCount()):
+        for index in range(self._call("nvmlDeviceGetCount", None)):
+            where = f"GPU index {index}"
             try:
-                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
-                busid = as_text(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
-                name = as_text(self.nvml.nvmlDeviceGetName(handle))
-                uuid = self._uuid(handle)
+                handle = self._call("nvmlDeviceGetHandleByIndex", where, index)
+                busid = as_text(self._call("nvmlDeviceGetPciInfo", where, handle).busId)
+                where = f"GPU {busid}"
+                name = as_text(self._call("nvmlDeviceGetName", where, handle))
+                uuid = self._uuid(handle, where)
             except Exception as error:
                 if getattr(error, "value", None) in LIFECYCLE:
                     raise
@@ -139,7 +156,7 @@ class NvmlReader:
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
         for (handle, _, busid, name), key in zip(found, keys):
-            device = NvmlDevice(self.nvml, handle, key, busid, name)
+            device = NvmlDevice(self.nvml, handle, key, busid, name, watch=self.calls)
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
@@ -155,10 +172,10 @@ class NvmlReader:
                 )
         return devices
 
-    def _uuid(self, handle: Any) -> str | None:
+    def _uuid(self, handle: Any, where: str) -> str | None:
         """The device's UUID; None where it has none (then its bus id is its key)."""
         try:
-            return as_text(self.nvml.nvmlDeviceGetUUID(handle))
+            return as_text(self._call("nvmlDeviceGetUUID", where, handle))
         except self.nvml.NVMLError as error:
             if getattr(error, "value", None) in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
                 return None
@@ -181,6 +198,8 @@ class NvmlReader:
 
     def poll(self) -> Deferred:
         """Read all devices in the worker thread; fires with a Snapshot."""
+        if self.watchdog is not None:
+            self.watchdog.start()
         result = self._worker.submit(self.read, self._reactor.seconds())
         result.addCallback(self._reported)
         return result
@@ -293,7 +312,7 @@ class NvmlReader:
             self._initialised = False
             self._devices = []
             try:
-                self.nvml.nvmlShutdown()
+                self._call("nvmlShutdown", None)
             except Exception:
                 pass  # shutting down a broken library may fail; it is let go anyway
 
@@ -303,6 +322,8 @@ class NvmlReader:
         The Deferred fires when NVML is shut down, or after `CLOSE_TIMEOUT`
         seconds if a call is stuck in the driver: stopping never waits longer.
         """
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self._reactor is None:  # read synchronously (tests, benchmarks)
             self._close_nvml()
             return None

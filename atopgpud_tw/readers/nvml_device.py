@@ -33,6 +33,7 @@ from atopgpud_tw.snapshot import (
     ProcessSample,
     clamp_percent,
 )
+from atopgpud_tw.watchdog import CallWatch
 
 log = Logger()
 
@@ -152,8 +153,15 @@ class NvmlDevice:
     mig_instance: bool = False
     #: a card's MIG mode and instances
     mig: MigState = field(default_factory=MigState)
+    #: where the reader's thread notes the call in progress, for the hang watchdog
+    watch: CallWatch | None = field(default=None, repr=False)
     #: the binding's functions by name, looked up once
     _bound: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def where(self) -> str:
+        """The device as log lines name it."""
+        return f"GPU {self.busid}"
 
     def call(self, function: str, *args: Any) -> Any:
         """Call ``nvml.<function>(handle, *args)`` through the error mapping."""
@@ -166,6 +174,9 @@ class NvmlDevice:
             # a binding too old to have the function: it can never work here
             self.unsupported.add(function)
             raise Unsupported(function)
+        watch = self.watch
+        if watch is not None:
+            watch.begin(function, self.where)
         try:
             return bound(self.handle, *args)
         except self.nvml.NVMLError as error:
@@ -189,6 +200,9 @@ class NvmlDevice:
         except Exception as error:
             # a binding or driver bug: this reading fails, the rest of the poll goes on
             raise Failed(f"{function}: {type(error).__name__}: {error}") from None
+        finally:
+            if watch is not None:
+                watch.end()
 
 
 def probe_support(device: NvmlDevice) -> int:

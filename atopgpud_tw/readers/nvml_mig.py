@@ -163,7 +163,7 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     Handles of destroyed instances become invalid and may be reused, so the ids
     and the profile are read again at every poll.
     """
-    probe = NvmlDevice(card.nvml, handle, card.key, card.busid, card.name, mig_instance=True)
+    probe = NvmlDevice(card.nvml, handle, card.key, card.busid, card.name, mig_instance=True, watch=card.watch)
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
     profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
@@ -171,7 +171,7 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     instance = card.mig.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
-        instance = NvmlDevice(card.nvml, handle, key, busid, profile, mig_instance=True)
+        instance = NvmlDevice(card.nvml, handle, key, busid, profile, mig_instance=True, watch=card.watch)
         instance.task_support = probe_support(instance)
     instance.handle = handle
     return instance
