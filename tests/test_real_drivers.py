@@ -577,3 +577,16 @@ def test_daemon_warns_of_a_hung_call_and_shows_it_in_metrics(hung_daemon: tuple[
     assert (log.count(warning), log.count(returned)) == (1, 1), log
     took = float(log.split(returned)[1].split()[0])
     assert 0.5 <= took <= 2.2
+
+
+def test_a_known_gpu_lost_is_one_problem_until_it_is_back() -> None:
+    """A card lost mid-run stays one "lost" problem while re-discovery misses it: no false recovery, no second line."""
+    lost = {"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 3, "until": 12}
+    host = Host(two_cards([lost]))
+    host.until(30)
+    key = "GPU-5111a7ed-0000-4000-8000-000000000001 lost"
+    spells = [sorted(p) for p in host.problems]
+    back = next(i for i in range(3, 30) if not spells[i])
+    assert spells[:3] == [[]] * 3 and spells[3:back] == [[key]] * (back - 3)
+    assert 12 <= back <= 12 + 8 and not any(spells[back:])
+    assert host.counters.devices[1].present

@@ -97,6 +97,9 @@ class NvmlReader:
         self._keys = CardKeys()
         #: devices (by index) that could not be identified at the last discovery, and why
         self._unusable: dict[int, str] = {}
+        self._unusable_reported: dict[str, str] = {}
+        #: why each card that was lost was (its problem stands while it is missing)
+        self._gone: dict[str, str] = {}
         self._announced: set[str] = set()
 
     # -- start-up (blocking, before the reactor runs) --
@@ -187,12 +190,20 @@ class NvmlReader:
         """One problem per device that cannot be used now, keyed by its index only.
 
         So a retry that fails again, with the same cause or another, is not
-        logged again, and the device's recovery is logged when it joins.
+        logged again, and the device's recovery is logged when it joins.  Devices
+        already known that are gone are reported as lost instead: as many
+        unusable indices as there are of those say nothing new.  While NVML is
+        being set up again nothing is known anew, and the last report stands.
         """
-        return {
+        if not self._initialised:
+            return self._unusable_reported
+        present = {card.key for card in self._devices}
+        gone = sum(1 for key in self._cards if key not in present)
+        self._unusable_reported = {} if len(self._unusable) <= gone else {
             f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
             for index, cause in self._unusable.items()
         }
+        return self._unusable_reported
 
     # -- polling --
 
@@ -254,13 +265,18 @@ class NvmlReader:
                 return self._absent(), problems
             except DeviceLost as failure:
                 lost = True
-                problems[f"{card.key} lost"] = f"GPU {card.busid}: {failure.cause}"
+                problems[f"{card.key} lost"] = self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
                 if card.mig.enabled and card.mig.instances and self.mig == "instances":
                     continue  # its instances are shown absent, as vanished ones are
                 found = [absent_sample(self._known.get(card.key) or placeholder(card))]
             for sample in found:
                 self._known[sample.key] = sample
             samples.extend(found)
+        # a lost card that re-discovery did not find again is still lost, not recovered
+        present = {card.key for card in self._devices}
+        for key, text in self._gone.items():
+            if key not in present:
+                problems.setdefault(f"{key} lost", text)
         if lost or self._missing():
             if now >= self._rediscover_at:
                 delay = BACKOFF[min(self._rediscoveries, len(BACKOFF) - 1)]
