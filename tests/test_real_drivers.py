@@ -39,7 +39,7 @@ HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures" / "smi"
 MIB = 1024
 SHARED_UUID = "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
-#: what T shows for clones.xml and for CLONES: both cards, "®" and the space each "_"
+#: what T shows for clones.xml and for clones(): both cards, "®" and the space each "_"
 CLONES_TYPES = b"2@00000000:01:00.0 NVIDIA_GeForce__RTX_2070 3@00000000:02:00.0 NVIDIA_GeForce__RTX_2070 3"
 
 
