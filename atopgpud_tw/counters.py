@@ -9,6 +9,8 @@ what atop's arithmetic depends on (DESIGN.md, "Counter semantics"):
   one that fails in a poll is skipped for that poll and does not poison the sum;
 - a process counts once per poll per device whatever lists named it; its busy sums
   start at 0 and are -1 only when the device cannot report per-process busy figures;
+  its memory (now and summed) is -1 when the driver cannot tell it from its first
+  sample on, and it is still counted: nothing else is summed from it;
 - a process that leaves a device, or whose device is gone, is handed back once as
   an `ExitedProcess` under the device it ran on;
 - every counter is monotonic while the daemon runs: devices are never forgotten,
@@ -40,12 +42,13 @@ class ProcessTotals:
         """Count one poll of this process, unless one of its readings failed."""
         self.kind = sample.kind
         gpu, mem, memory = sample.gpu_busy, sample.mem_busy, sample.memory_kib
-        if memory is not None and gpu is not None and mem is not None and gpu >= 0 and mem >= 0:
-            # the common case, run for every process every poll: two real readings,
+        if memory is not None and gpu is not None and mem is not None and memory >= 0 and gpu >= 0 and mem >= 0:
+            # the common case, run for every process every poll: three real readings,
             # which `_reading` passes through and `_accumulate` adds unless a sum is -1
             self.samples += 1
             self.memory_now_kib = memory
-            self.memory_cum_kib += memory
+            if self.memory_cum_kib != UNSUPPORTED:
+                self.memory_cum_kib += memory
             if self.gpu_busy_cum != UNSUPPORTED:
                 self.gpu_busy_cum += gpu
             if self.mem_busy_cum != UNSUPPORTED:
@@ -53,15 +56,15 @@ class ProcessTotals:
             return
         gpu = _reading(self.gpu_busy_cum if self.samples else None, sample.gpu_busy)
         mem = _reading(self.mem_busy_cum if self.samples else None, sample.mem_busy)
-        if None in (gpu, mem, sample.memory_kib):
-            if sample.memory_kib is not None:
+        memory = _reading(self.memory_cum_kib if self.samples else None, sample.memory_kib)
+        if gpu is None or mem is None or memory is None:
+            if memory is not None:
                 # the busy figures failed, the memory did not: it is still what is used now
-                self.memory_now_kib = sample.memory_kib
+                self.memory_now_kib = memory
             return
         self.samples += 1
-        memory = sample.memory_kib or 0
         self.memory_now_kib = memory
-        self.memory_cum_kib += memory
+        self.memory_cum_kib = _accumulate(self.memory_cum_kib, memory)
         self.gpu_busy_cum = _accumulate(self.gpu_busy_cum, gpu)
         self.mem_busy_cum = _accumulate(self.mem_busy_cum, mem)
 

@@ -11,9 +11,17 @@ instance must be told apart within them:
   than its GPU instance), as NVML names the MIG device (``... MIG 3g.40gb``) and as
   ``nvidia-smi -L`` lists it.
 - key (internal identity across polls): the card's UUID, ``/``, ``gi.ci``.
+
+A card's key is its UUID (its bus id where it has none).  Some hosts show two
+cards with one UUID (anonymised reports, VMs cloned from one image): `CardKeys`
+then keys the second by UUID and bus id, ``GPU-...@00000000:65:00.0``, so that
+both are shown and counted, and keeps every key it gave to the same card at
+later polls, whichever of the two is missing then.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 MIG_SEPARATOR = " MIG "
 
@@ -38,3 +46,38 @@ def mig_profile(name: str) -> str:
     if name.startswith("MIG "):
         return name[4:].strip()
     return name.strip()
+
+
+class CardKeys:
+    """Keys for the cards of each poll: unique within it, the same for a card across polls."""
+
+    def __init__(self) -> None:
+        #: the key given to each (UUID or None, bus id) seen
+        self._given: dict[tuple[str | None, str], str] = {}
+
+    def assign(self, cards: Sequence[tuple[str | None, str]]) -> list[str]:
+        """The keys of `cards`, each given as (its UUID or None, its bus id), in their order.
+
+        A card seen before keeps its key; a new one gets its UUID (else its bus
+        id) unless another card of this poll has that already, and then its UUID
+        and bus id.
+        """
+        keys: list[str | None] = [None] * len(cards)
+        taken: set[str] = set()
+        for position, card in enumerate(cards):
+            given = self._given.get(card)
+            if given is not None and given not in taken:
+                keys[position] = given
+                taken.add(given)
+        for position, (uuid, busid) in enumerate(cards):
+            if keys[position] is not None:
+                continue
+            key = uuid or busid
+            if key in taken:
+                key = f"{key}@{busid}"
+            while key in taken:  # the same bus id twice as well: a report gone wrong
+                key += "+"
+            keys[position] = key
+            taken.add(key)
+            self._given[(uuid, busid)] = key
+        return [key for key in keys if key is not None]

@@ -45,20 +45,42 @@ def _known(value: int | None) -> bool:
     return value is not None and value >= 0
 
 
+class CallStatistics(Protocol):
+    """What the collector needs of the NVML hang watchdog (`HangWatchdog` has it)."""
+
+    hung_calls: int
+
+    def running_seconds(self) -> float: ...
+
+
 class BoardCollector:
-    """A prometheus_client collector over a Board, read at scrape time."""
+    """A prometheus_client collector over a Board, read at scrape time.
+
+    `calls` is the NVML reader's hang watchdog; the nvidia-smi reader has none.
+    """
 
     def __init__(
-        self, board: Board, poller: PollStatistics, interval: float, processes: bool = False
+        self,
+        board: Board,
+        poller: PollStatistics,
+        interval: float,
+        processes: bool = False,
+        calls: CallStatistics | None = None,
     ) -> None:
         self.board = board
         self.poller = poller
         self.interval = interval
         self.processes = processes
+        self.calls = calls
 
     def collect(self) -> Iterator[Metric]:
         """Every family, built afresh from the Board as it is now."""
         yield from self._health()
+        if self.calls is not None:
+            yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
+                                    "been running (0 between calls).", value=self.calls.running_seconds())
+            yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
+                                      "seconds or more.", value=self.calls.hung_calls)
         yield from self._gpus(self.board.counters.devices)
         if self.processes:
             yield from self._processes(self.board.counters.devices)
@@ -134,7 +156,8 @@ class BoardCollector:
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid)]
-                memory.add_metric(labels, totals.memory_now_kib * KIB)
+                if _known(totals.memory_now_kib):
+                    memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
                 if _known(totals.gpu_busy_cum):
                     busy.add_metric(labels, totals.gpu_busy_cum * self.interval)
@@ -182,19 +205,29 @@ class MetricsSite(Site):
 
 
 def make_registry(
-    board: Board, poller: PollStatistics, interval: float, processes: bool = False
+    board: Board,
+    poller: PollStatistics,
+    interval: float,
+    processes: bool = False,
+    calls: CallStatistics | None = None,
 ) -> CollectorRegistry:
     """A registry holding only this daemon's collector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(board, poller, interval, processes))
+    registry.register(BoardCollector(board, poller, interval, processes, calls))
     return registry
 
 
-def make_site(board: Board, poller: PollStatistics, interval: float, processes: bool = False) -> Site:
+def make_site(
+    board: Board,
+    poller: PollStatistics,
+    interval: float,
+    processes: bool = False,
+    calls: CallStatistics | None = None,
+) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for."""
     root = Resource()
     root.putChild(b"", _Index())
-    metrics = MetricsResource(make_registry(board, poller, interval, processes))
+    metrics = MetricsResource(make_registry(board, poller, interval, processes, calls))
     root.putChild(b"metrics", EncodingResourceWrapper(metrics, [GzipEncoderFactory()]))
     site = MetricsSite(root)
     site.displayTracebacks = False

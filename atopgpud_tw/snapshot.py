@@ -6,7 +6,9 @@ and know nothing of counters or sockets.  Values follow one convention throughou
 - a percentage is an ``int`` from 0 to 100; `UNSUPPORTED` (-1) when the device cannot
   report it at all (it stays -1 for ever); ``None`` when reading it failed in this
   poll only (the counters then skip this poll for that device or process);
-- memory is in KiB; ``None`` when it could not be read in this poll.
+- memory is in KiB; ``None`` when it could not be read in this poll; a process's
+  memory is `UNSUPPORTED` (-1) when the driver cannot tell it (WDDM, some vGPU
+  guests: NVML's usedGpuMemory is "not available", nvidia-smi prints N/A).
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ class Snapshot:
     """Every device of one poll, in the order the reader discovered them."""
 
     devices: tuple[DeviceSample, ...] = field(default_factory=tuple)
+
+
+def add_memory(first: int | None, second: int | None) -> int | None:
+    """Two memory figures of one process added: failed (None) or unknown (-1) if either is."""
+    if first is None or second is None:
+        return None
+    if first == UNSUPPORTED or second == UNSUPPORTED:
+        return UNSUPPORTED
+    return first + second
 
 
 def clamp_percent(value: int | float | None) -> int | None:

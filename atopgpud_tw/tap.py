@@ -85,6 +85,8 @@ class Options(usage.Options):
         ["nvidia-smi", None, None, "The nvidia-smi binary (default: found on PATH)."],
         ["smi-timeout", None, 5.0, "Seconds an nvidia-smi run may take before it is "
          "killed and that poll is skipped.", _seconds("smi-timeout")],
+        ["hang-warning", None, 10.0, "Seconds an NVML call may run before it is logged as hung "
+         "(once, and once more when it returns).", _seconds("hang-warning")],
         ["mig", None, "instances", "How a card in MIG mode is shown: instances (each "
          "MIG instance a device) or card (one device).", _choice("mig", "instances", "card")],
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
@@ -167,6 +169,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
             endpoint = listen_endpoint(reactor, options["metrics"])
         except ValueError as error:
             raise SystemExit(f"atopgpud: --metrics {options['metrics']}: {error}") from None
-        site = make_site(board, poller, options["interval"], options["metrics-processes"])
+        site = make_site(
+            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
+        )
         StreamServerEndpointService(endpoint, site).setServiceParent(top)
     return top

@@ -54,6 +54,13 @@ def test_types_body_lists_devices_with_safe_names():
     assert codec.render_types([]) == b"0"
 
 
+def test_wire_token_makes_every_odd_character_one_underscore() -> None:
+    """Spaces, @, #, control characters and anything beyond ASCII: one "_" each; empty is "_"."""
+    assert codec.wire_token("NVIDIA T\u00e9sla\tT4\x07") == b"NVIDIA_T_sla_T4_"
+    assert codec.wire_token("A@B#C\u00ae\u2122") == b"A_B_C__"
+    assert codec.wire_token("") == b"_"
+
+
 def test_stats_v2_records_are_exact():
     """S v2: the device record and a process record with cumulative busy figures."""
     dev = device(

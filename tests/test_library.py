@@ -98,8 +98,9 @@ def test_an_exception_in_the_model_never_leaves_a_callback(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_unavailable_process_memory_is_none_from_the_binding_and_zero_in_the_reader():
-    """memory_mib null: the C struct holds NVML_VALUE_NOT_AVAILABLE_ulonglong, which pynvml makes None."""
+def test_unavailable_process_memory_is_none_from_the_binding_and_not_available_in_the_reader():
+    """memory_mib null: the C struct holds NVML_VALUE_NOT_AVAILABLE_ulonglong, which pynvml makes None;
+    the reader sends it as -1, "not available"."""
     processes = [{"pid": 7, "memory_mib": None}, {"pid": 8, "memory_mib": 5}]
     binding = host(gpu={"processes": processes})
     listed = binding.nvmlDeviceGetComputeRunningProcesses(binding.nvmlDeviceGetHandleByIndex(0))
@@ -107,7 +108,7 @@ def test_unavailable_process_memory_is_none_from_the_binding_and_zero_in_the_rea
     clock = [0.0]
     snapshot, problems = reader_on(clock, gpu={"processes": processes}).read(0.0)
     assert problems == {}
-    assert sorted((p.pid, p.memory_kib) for p in snapshot.devices[0].processes) == [(7, 0), (8, 5 * 1024)]
+    assert sorted((p.pid, p.memory_kib) for p in snapshot.devices[0].processes) == [(7, -1), (8, 5 * 1024)]
 
 
 # -- memory: v1 and v2 ---------------------------------------------------------------------

@@ -133,7 +133,8 @@ EXPECTED: dict[str, list[Gpu]] = {
             862,
             2,
             7,
-            tuple((pid, "C+G", 0) for pid in WINDOWS_PIDS),
+            # WDDM: used_memory N/A for every process, not known: -1 KiB
+            tuple((pid, "C+G", NA / 1024) for pid in WINDOWS_PIDS),
         ),
     ],
     "geforce-rtx-2080-ti-x2-410.73.xml": same(

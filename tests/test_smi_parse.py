@@ -108,12 +108,12 @@ def test_not_available_values_are_permanent() -> None:
     assert locked.processes == ()
 
 
-def test_wddm_process_memory_not_available_is_zero() -> None:
-    """Under WDDM every used_memory is N/A: the processes are kept with 0 KiB."""
+def test_wddm_process_memory_not_available_is_unknown() -> None:
+    """Under WDDM every used_memory is N/A: the processes are kept, their memory -1 (not known)."""
     wddm, _ = parse_report(fixture("not-available.xml"))[0]
     assert wddm.processes == (
-        ProcessSample(7724, "C+G", 0, UNSUPPORTED, UNSUPPORTED),
-        ProcessSample(10808, "C+G", 0, UNSUPPORTED, UNSUPPORTED),
+        ProcessSample(7724, "C+G", UNSUPPORTED, UNSUPPORTED, UNSUPPORTED),
+        ProcessSample(10808, "C+G", UNSUPPORTED, UNSUPPORTED, UNSUPPORTED),
     )
 
 

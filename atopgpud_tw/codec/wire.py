@@ -53,6 +53,7 @@ ATOP_MAX_GPUS = 32
 #: atop keeps the last characters of a bus id and of a type name
 ATOP_ID_CHARS = 12
 
+#: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
 _SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
 
 
@@ -114,6 +115,11 @@ def parse_prelude(prelude: bytes) -> tuple[int, int]:
 
 
 def wire_token(text: str) -> bytes:
-    """A name or bus id as one ``T`` token: ASCII, no space, ``@`` or ``#``."""
-    raw = text.encode("ascii", errors="replace") or b"?"
+    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``.
+
+    Every other character (space, control, anything beyond ASCII) becomes one
+    ``_``; an empty text is ``_``, so that the token is still there.
+    """
+    # a character beyond ASCII becomes 0x80 first, which the table turns into "_"
+    raw = bytes(min(ord(c), 0x80) for c in text) or b"_"
     return raw.translate(_SAFE)

@@ -25,7 +25,7 @@ def _nvml(options: Any, reactor: Any) -> IReader:
         raise ReaderUnavailable("the Python module pynvml (nvidia-ml-py) is not installed") from None
     from atopgpud_tw.readers.nvml import NvmlReader
 
-    return NvmlReader(pynvml, reactor, mig=options["mig"])
+    return NvmlReader(pynvml, reactor, mig=options["mig"], hang_after=_hang_after(options))
 
 
 def _smi(options: Any, reactor: Any) -> IReader:
@@ -42,9 +42,15 @@ def _sim(options: Any, reactor: Any) -> IReader:
         scenario = load_scenario(options["scenario"]) if options["scenario"] else demo_scenario()
     except ScenarioError as error:
         raise ReaderUnavailable(f"scenario {error}") from None
-    reader = NvmlReader(simulated_binding(scenario), reactor, mig=options["mig"])
+    reader = NvmlReader(simulated_binding(scenario), reactor, mig=options["mig"], hang_after=_hang_after(options))
     reader.name = "sim"
     return reader
+
+
+def _hang_after(options: Any) -> float:
+    from atopgpud_tw.watchdog import HANG_AFTER
+
+    return options.get("hang-warning") or HANG_AFTER
 
 
 _MAKERS = {"nvml": _nvml, "nvidia-smi": _smi, "sim": _sim}

@@ -18,6 +18,7 @@ the instances are summed into one device for the card.
 
 from __future__ import annotations
 
+import time
 from types import ModuleType
 from typing import Any
 
@@ -25,13 +26,16 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.nvml_device import (
     BACKOFF,
+    FUNCTION_NOT_FOUND,
     LIFECYCLE,
     MIG_MODES,
     NO_PERMISSION,
+    NOT_SUPPORTED,
     TASK_COMPUTE,
     TASK_GRAPHICS,
     DeviceLost,
@@ -45,6 +49,7 @@ from atopgpud_tw.readers.nvml_device import (
 )
 from atopgpud_tw.readers.nvml_mig import layout_card, read_card
 from atopgpud_tw.snapshot import DeviceSample, Snapshot
+from atopgpud_tw.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.worker import SerialWorker
 
 log = Logger()
@@ -63,13 +68,18 @@ class NvmlReader:
 
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances") -> None:
+    def __init__(
+        self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances", hang_after: float = HANG_AFTER
+    ) -> None:
         if mig not in MIG_MODES:
             raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
         self._worker = SerialWorker(reactor)
+        #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
+        self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
+        self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
         self._problems = ProblemLog("nvml")
         self._devices: list[NvmlDevice] = []
         #: devices ever discovered, by key, so a device that vanishes stays listed
@@ -83,6 +93,13 @@ class NvmlReader:
         self._lost = False
         #: every card ever discovered (its key), to notice one missing
         self._cards: set[str] = set()
+        #: cards' keys, unique even where two cards report the same UUID
+        self._keys = CardKeys()
+        #: devices (by index) that could not be identified at the last discovery, and why
+        self._unusable: dict[int, str] = {}
+        self._unusable_reported: dict[str, str] = {}
+        #: why each card that was lost was (its problem stands while it is missing)
+        self._gone: dict[str, str] = {}
         self._announced: set[str] = set()
         #: what the devices said once (a driver without a function), shared by all of them
         self._said: set[str] = set()
@@ -100,40 +117,55 @@ class NvmlReader:
             layout = [sample for card in self._devices for sample in layout_card(card, self.mig)]
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
-        if not self._devices:
+        self._problems.report(self._unusable_problems())
+        if not self._devices and not self._unusable:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
 
+    def _call(self, function: str, where: str | None, *args: Any) -> Any:
+        """A call of the library (not through a device's choke point), noted for the watchdog."""
+        self.calls.begin(function, where)
+        try:
+            return getattr(self.nvml, function)(*args)
+        finally:
+            self.calls.end()
+
     def _initialise(self) -> None:
-        self.nvml.nvmlInit()
+        self._call("nvmlInit", None)
         self._initialised = True
         self._devices = self._discover()
         self._attempts = 0
 
     def _discover(self) -> list[NvmlDevice]:
-        devices = []
-        for index in range(self.nvml.nvmlDeviceGetCount()):
+        """The devices that can be used now, in index order.
+
+        A device that cannot be identified now (lost, or one call failing) is
+        left in `_unusable` and looked for again by `_rediscover`, with backoff.
+        """
+        found = []
+        unusable: dict[int, str] = {}
+        for index in range(self._call("nvmlDeviceGetCount", None)):
+            where = f"GPU index {index}"
             try:
-                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
-                busid = as_text(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
-                name = as_text(self.nvml.nvmlDeviceGetName(handle))
+                handle = self._call("nvmlDeviceGetHandleByIndex", where, index)
+                busid = as_text(self._call("nvmlDeviceGetPciInfo", where, handle).busId)
+                where = f"GPU {busid}"
+                name = as_text(self._call("nvmlDeviceGetName", where, handle))
+                uuid = self._uuid(handle, where)
             except Exception as error:
                 # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
                 if getattr(error, "value", None) in LIFECYCLE:
                     raise
-                log.warn(
-                    "nvml: GPU index {index} cannot be used: {error}",
-                    index=index,
-                    error=error_name(error),
-                )
+                unusable[index] = error_name(error)
                 continue
-            try:
-                key = as_text(self.nvml.nvmlDeviceGetUUID(handle))
-            except Exception:
-                key = busid
-            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said)
+            found.append((handle, uuid, busid, name))
+        keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
+        devices = []
+        for (handle, _, busid, name), key in zip(found, keys):
+            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said, watch=self.calls)
             device.task_support = probe_support(device)
             devices.append(device)
+        self._unusable = unusable
         self._cards.update(device.key for device in devices)
         for device in devices:
             if device.key not in self._announced:
@@ -146,10 +178,42 @@ class NvmlReader:
                 )
         return devices
 
+    def _uuid(self, handle: Any, where: str) -> str | None:
+        """The device's UUID; None where it has none (then its bus id is its key)."""
+        try:
+            return as_text(self._call("nvmlDeviceGetUUID", where, handle))
+        except self.nvml.NVMLError as error:
+            if getattr(error, "value", None) in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+                return None
+            raise  # a passing failure: the device is looked at again, not keyed otherwise
+        except getattr(self.nvml, "NVMLLibraryMismatchError", ()):
+            return None
+
+    def _unusable_problems(self) -> dict[str, str]:
+        """One problem per device that cannot be used now, keyed by its index only.
+
+        So a retry that fails again, with the same cause or another, is not
+        logged again, and the device's recovery is logged when it joins.  Devices
+        already known that are gone are reported as lost instead: as many
+        unusable indices as there are of those say nothing new.  While NVML is
+        being set up again nothing is known anew, and the last report stands.
+        """
+        if not self._initialised:
+            return self._unusable_reported
+        present = {card.key for card in self._devices}
+        gone = sum(1 for key in self._cards if key not in present)
+        self._unusable_reported = {} if len(self._unusable) <= gone else {
+            f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
+            for index, cause in self._unusable.items()
+        }
+        return self._unusable_reported
+
     # -- polling --
 
     def poll(self) -> Deferred:
         """Read all devices in the worker thread; fires with a Snapshot."""
+        if self.watchdog is not None:
+            self.watchdog.start()
         result = self._worker.submit(self.read, self._reactor.seconds())
         result.addCallback(self._reported)
         return result
@@ -166,15 +230,17 @@ class NvmlReader:
         and has NVML set up again, with backoff, from the next one.
         """
         try:
-            return self._read(now)
+            snapshot, problems = self._read(now)
         except Exception:
             self._shutdown()
             self._schedule_retry(now)
             raise
+        problems.update(self._unusable_problems())
+        return snapshot, problems
 
     def _read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
         problems: dict[str, str] = {}
-        if not self._initialised or not self._devices:
+        if not self._initialised or not (self._devices or self._unusable):
             if now < self._retry_at:
                 problems["init"] = "NVML is being set up again"
                 return self._absent(), problems
@@ -202,13 +268,18 @@ class NvmlReader:
                 return self._absent(), problems
             except DeviceLost as failure:
                 lost = True
-                problems[f"{card.key} lost"] = f"GPU {card.busid}: {failure.cause}"
+                problems[f"{card.key} lost"] = self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
                 if card.mig.enabled and card.mig.instances and self.mig == "instances":
                     continue  # its instances are shown absent, as vanished ones are
                 found = [absent_sample(self._known.get(card.key) or placeholder(card))]
             for sample in found:
                 self._known[sample.key] = sample
             samples.extend(found)
+        # a lost card that re-discovery did not find again is still lost, not recovered
+        present = {card.key for card in self._devices}
+        for key, text in self._gone.items():
+            if key not in present:
+                problems.setdefault(f"{key} lost", text)
         if lost or self._missing():
             if now >= self._rediscover_at:
                 delay = BACKOFF[min(self._rediscoveries, len(BACKOFF) - 1)]
@@ -220,9 +291,11 @@ class NvmlReader:
         return self._with_vanished(samples), problems
 
     def _missing(self) -> bool:
-        """Whether a card seen before is not among the devices read now."""
+        """Whether a card seen before is not among the devices read now, or one could not be used."""
+        if self._lost or self._unusable:
+            return True
         current = {card.key for card in self._devices}
-        return self._lost or any(key not in current for key in self._cards)
+        return any(key not in current for key in self._cards)
 
     def _rediscover(self) -> None:
         """Look for the GPUs again; a card found again keeps its state and counters."""
@@ -258,7 +331,7 @@ class NvmlReader:
             self._initialised = False
             self._devices = []
             try:
-                self.nvml.nvmlShutdown()
+                self._call("nvmlShutdown", None)
             except Exception:
                 pass  # shutting down a broken library may fail; it is let go anyway
 
@@ -268,6 +341,8 @@ class NvmlReader:
         The Deferred fires when NVML is shut down, or after `CLOSE_TIMEOUT`
         seconds if a call is stuck in the driver: stopping never waits longer.
         """
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self._reactor is None:  # read synchronously (tests, benchmarks)
             self._close_nvml()
             return None

@@ -34,6 +34,7 @@ from atopgpud_tw.snapshot import (
     ProcessSample,
     clamp_percent,
 )
+from atopgpud_tw.watchdog import CallWatch
 
 log = Logger()
 
@@ -166,8 +167,15 @@ class NvmlDevice:
     list_functions: dict[str, str] = field(default_factory=dict)
     #: what was said once per reader (shared by its devices)
     said: set[str] = field(default_factory=set, repr=False)
+    #: where the reader's thread notes the call in progress, for the hang watchdog
+    watch: CallWatch | None = field(default=None, repr=False)
     #: the binding's functions by name, looked up once
     _bound: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def where(self) -> str:
+        """The device as log lines name it."""
+        return f"GPU {self.busid}"
 
     def call(self, function: str, *args: Any, variant: str | None = None) -> Any:
         """Call ``nvml.<function>(handle, *args)`` through the error mapping.
@@ -187,6 +195,9 @@ class NvmlDevice:
             # a binding too old to have the function: it can never work here
             self.missing.add(key)
             raise Missing(key)
+        watch = self.watch
+        if watch is not None:
+            watch.begin(function, self.where)
         try:
             return bound(self.handle, *args)
         except self.nvml.NVMLError as error:
@@ -213,6 +224,9 @@ class NvmlDevice:
         except Exception as error:
             # a binding or driver bug: this reading fails, the rest of the poll goes on
             raise Failed(f"{function}: {type(error).__name__}: {error}") from None
+        finally:
+            if watch is not None:
+                watch.end()
 
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
@@ -441,8 +455,8 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
             return None  # a partial list would make processes seem to end
         for proc in listed:
             pid = int(proc.pid)
-            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM)
-            memory_kib = memory // 1024 if memory else 0
+            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM, some vGPU guests)
+            memory_kib = UNSUPPORTED if memory is None else int(memory) // 1024
             seen = found.get(pid)
             if seen is None:
                 found[pid] = (kind, memory_kib)

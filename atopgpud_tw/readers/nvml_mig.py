@@ -33,7 +33,7 @@ from atopgpud_tw.readers.nvml_device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.snapshot import DeviceSample, ProcessSample
+from atopgpud_tw.snapshot import DeviceSample, ProcessSample, add_memory
 
 log = Logger()
 
@@ -163,7 +163,9 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     Handles of destroyed instances become invalid and may be reused, so the ids
     and the profile are read again at every poll.
     """
-    probe = NvmlDevice(card.nvml, handle, card.key, card.busid, card.name, mig_instance=True, said=card.said)
+    probe = NvmlDevice(
+        card.nvml, handle, card.key, card.busid, card.name, mig_instance=True, said=card.said, watch=card.watch
+    )
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
     profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
@@ -171,7 +173,9 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     instance = card.mig.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
-        instance = NvmlDevice(card.nvml, handle, key, busid, profile, mig_instance=True, said=card.said)
+        instance = NvmlDevice(
+            card.nvml, handle, key, busid, profile, mig_instance=True, said=card.said, watch=card.watch
+        )
         instance.task_support = probe_support(instance)
     instance.handle = handle
     return instance
@@ -252,7 +256,7 @@ def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
             merged[proc.pid] = ProcessSample(
                 proc.pid,
                 seen.kind if seen.kind == proc.kind else "C+G",
-                _sum([seen.memory_kib, proc.memory_kib]),
+                add_memory(seen.memory_kib, proc.memory_kib),
                 seen.gpu_busy,
                 seen.mem_busy,
             )

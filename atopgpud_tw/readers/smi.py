@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, PollError, ReaderUnavailable
 from atopgpud_tw.readers.smi_parse import (
@@ -135,6 +136,8 @@ class SmiReader:
         self._child: _Run | None = None
         #: devices ever reported, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
+        #: cards' keys across reports, unique even where two cards report the same UUID
+        self._keys = CardKeys()
         #: the MIG instances the profile names were last asked for, and the names
         self._slots: tuple[MigSlot, ...] = ()
         self._profiles: dict[tuple[str, int, int], str] = {}
@@ -162,7 +165,7 @@ class SmiReader:
             raise ReaderUnavailable(str(error)) from None
         except SmiReportError as error:
             raise ReaderUnavailable(f"{self._binary} -q -x: {error}") from None
-        cards, _ = read_devices(root, "card")
+        cards, _ = read_devices(root, "card", keys=self._keys)
         slots = mig_slots(root)
         for card in cards:
             instances = sum(1 for slot in slots if slot.card_key == card.key)
@@ -181,7 +184,7 @@ class SmiReader:
                 self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
-        devices, _ = read_devices(root, self._mig, self._profiles)
+        devices, _ = read_devices(root, self._mig, self._profiles, self._keys)
         return Snapshot(devices)
 
     def _locate(self) -> str:
@@ -212,7 +215,7 @@ class SmiReader:
             problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
         if self._mig == "instances":
             await self._learn_names(mig_slots(root), problems)
-        devices, found = read_devices(root, self._mig, self._profiles)
+        devices, found = read_devices(root, self._mig, self._profiles, self._keys)
         problems.update(found)
         self._problems.report(problems)
         for device in devices:

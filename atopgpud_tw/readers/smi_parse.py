@@ -4,7 +4,8 @@ The ``-q -x`` schema grew from v9 to v13, elements moving and changing names, so
 values are found by the elements present, never by the DTD the DOCTYPE line names
 (which may be missing, as may the final newline; line ends may be CRLF).
 docs/nvidia-smi.md lists what is read.  A value nvidia-smi cannot give ("N/A",
-"Not Supported", ...) is permanent: `UNSUPPORTED` for a percentage, 0 for memory.
+"Not Supported", ...) is permanent: `UNSUPPORTED` for a percentage and for a
+process's memory, 0 for a device's memory.
 A value present but unreadable is ``None`` for this poll plus a problem
 ``{cause: description}`` for `ProblemLog`.  Only output that is not an
 nvidia-smi report at all raises `SmiReportError`.
@@ -17,8 +18,9 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
+from atopgpud_tw.identity import CardKeys, mig_busid, mig_key, mig_profile
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, clamp_percent
+from atopgpud_tw.snapshot import add_memory as add_memory_figures
 
 MIG_MODES = ("instances", "card")
 #: profile names per (card bus id, GPU instance id, compute instance id)
@@ -75,32 +77,36 @@ def read_report(data: bytes) -> tuple[ET.Element, str]:
 
 
 def parse_report(
-    data: bytes, mig: str = "instances", profiles: Profiles | None = None
+    data: bytes, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
 ) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
     """The devices of one ``-q -x`` report and the problems met reading their values."""
     root, preamble = read_report(data)
-    devices, problems = read_devices(root, mig, profiles)
+    devices, problems = read_devices(root, mig, profiles, keys)
     if preamble:
         problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
     return devices, problems
 
 
 def read_devices(
-    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None
+    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
 ) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
     ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
     reports a MIG card as one device holding all its instances' memory and processes.
+    `keys` keeps cards' keys across reports (a reader's own); without it they are
+    unique within this report only.
     """
     if mig not in MIG_MODES:
         raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
     problems: dict[str, str] = {}
     devices: list[DeviceSample] = []
-    for position, gpu in enumerate(root.findall("gpu")):
-        card = _card(gpu, position, problems)
-        if card is None:
-            continue
+    found = [(gpu, _card(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
+    cards = [(gpu, card) for gpu, card in found if card is not None]
+    # two cards with one UUID (anonymised, cloned VMs) are both kept: keys unique per report
+    unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
+    for (gpu, card), key in zip(cards, unique):
+        card = card._replace(key=key)
         entries = _process_entries(gpu, card, problems)
         if _value(gpu, "mig_mode/current_mig") != "Enabled":
             devices.append(_whole_card(gpu, card, entries, problems))
@@ -311,8 +317,8 @@ def _process_entries(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> 
             problems[f"{card.key} pid"] = f"GPU {card.busid}: unreadable pid {_value(info, 'pid')!r}"
             return None
         kind = _value(info, "type")
-        # N/A, as for every process under WDDM, is never known: 0, not a failure
-        memory = _reading(info, "used_memory", _kib, 0, (card.key, card.busid), problems)
+        # N/A, as for every process under WDDM, is not known: -1, not a failure
+        memory = _reading(info, "used_memory", _kib, UNSUPPORTED, (card.key, card.busid), problems)
         sample = ProcessSample(pid, kind if kind in _PROCESS_KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
         gi = _integer(_value(info, "gpu_instance_id"))
         ci = _integer(_value(info, "compute_instance_id"))
@@ -331,7 +337,7 @@ def _merged(samples: Iterable[ProcessSample], add_memory: bool = False) -> tuple
         if seen.memory_kib is None or sample.memory_kib is None:
             memory = None
         elif add_memory:
-            memory = seen.memory_kib + sample.memory_kib
+            memory = add_memory_figures(seen.memory_kib, sample.memory_kib)
         else:
             # the same allocation listed under both kinds: counted once
             memory = max(seen.memory_kib, sample.memory_kib)

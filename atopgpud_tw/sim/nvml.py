@@ -469,6 +469,7 @@ class SimulatedNvml:
                     out.append(
                         nvmlFriendlyObject(
                             pid=proc.pid,
+                            # None: "not available", as pynvml gives it (WDDM, some vGPU guests)
                             usedGpuMemory=None if memory is None else int(memory * 1048576),
                             gpuInstanceId=NO_INSTANCE if owner is None else owner.gpu_instance,
                             computeInstanceId=NO_INSTANCE if owner is None else owner.compute_instance,

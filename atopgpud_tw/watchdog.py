@@ -1,0 +1,128 @@
+"""Hung NVML calls: what the reader's thread is calling, watched from the reactor.
+
+An NVML call can hang in the driver, for minutes or for good (NVML-FACTS.md
+section 6).  The reader's thread cannot be interrupted, and while it is stuck no
+poll starts; the counters freeze and nothing says why.  So the thread notes each
+call it makes in a `CallWatch` (two attribute writes, no lock, no reactor call),
+and a `HangWatchdog` on the reactor looks at it once a second: one warning when
+a call has run for `after` seconds, naming the call and the GPU, one line when
+it returns, with how long it took.  The watchdog only reads; it never blocks the
+reactor, and it runs on any `IReactorTime` (a `task.Clock` in tests).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+#: seconds an NVML call may run before it is logged as hung (--hang-warning)
+HANG_AFTER = 10.0
+#: the longest the watchdog waits between two looks
+TICK = 1.0
+
+
+class Call(NamedTuple):
+    """One NVML call in progress."""
+
+    serial: int
+    function: str
+    #: what it was called on, "GPU 00000000:17:00.0" (None: the library itself)
+    where: str | None
+    started: float
+
+    def describe(self) -> str:
+        return f"NVML call {self.function}" + (f" on {self.where}" if self.where else "")
+
+
+class CallWatch:
+    """The NVML call in progress: written by the reader's thread, read by the reactor.
+
+    Each write replaces one attribute with an immutable value, so a reader in
+    another thread sees either the old value or the new one, never half of one.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._serial = 0
+        #: the call in progress, or None between calls
+        self.current: Call | None = None
+        #: calls that run this long or longer leave their duration in `long`
+        self.long_after = float("inf")
+        #: (serial, seconds it took) of the last call that ran `long_after` or more
+        self.long: tuple[int, float] | None = None
+
+    def begin(self, function: str, where: str | None = None) -> None:
+        """A call starts (in the reader's thread)."""
+        self._serial += 1
+        self.current = Call(self._serial, function, where, self._clock())
+
+    def end(self) -> None:
+        """The call in progress returned or raised (in the reader's thread)."""
+        call = self.current
+        if call is None:
+            return
+        took = self._clock() - call.started
+        if took >= self.long_after:
+            self.long = (call.serial, took)
+        self.current = None
+
+
+class HangWatchdog:
+    """Logs an NVML call that has not returned after `after` seconds, once, and its return, once."""
+
+    log = Logger()
+
+    def __init__(self, watch: CallWatch, clock: IReactorTime, after: float = HANG_AFTER) -> None:
+        self.watch = watch
+        self.clock = clock
+        self.after = after
+        watch.long_after = after
+        #: calls that ran for `after` seconds or more since start
+        self.hung_calls = 0
+        self._warned: Call | None = None
+        self._loop: LoopingCall | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None
+
+    def start(self) -> None:
+        """Look at the call in progress every second (more often for a short `after`)."""
+        if self._loop is None:
+            self._loop = LoopingCall(self.check)
+            self._loop.clock = self.clock
+            self._loop.start(min(TICK, self.after / 10), now=False)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            if self._loop.running:
+                self._loop.stop()
+            self._loop = None
+
+    def running_seconds(self) -> float:
+        """How long the call in progress has been running (0 between calls)."""
+        call = self.watch.current
+        return 0.0 if call is None else max(0.0, self.clock.seconds() - call.started)
+
+    def check(self) -> None:
+        """One look: warn of a call that has run too long, or say that the one warned of returned."""
+        call = self.watch.current
+        now = self.clock.seconds()
+        warned = self._warned
+        if warned is not None and (call is None or call.serial != warned.serial):
+            long = self.watch.long
+            took = long[1] if long is not None and long[0] == warned.serial else now - warned.started
+            self.log.info("{call} returned after {took:.1f} s", call=warned.describe(), took=took)
+            self._warned = None
+        if call is not None and self._warned is None and now - call.started >= self.after:
+            self._warned = call
+            self.hung_calls += 1
+            self.log.warn(
+                "{call} has not returned for {after:g} s; no poll starts until it does",
+                call=call.describe(),
+                after=self.after,
+            )
