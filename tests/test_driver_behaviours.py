@@ -17,7 +17,7 @@ from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
-POLLS = 40
+POLLS = 30
 INTERVAL = 5
 
 

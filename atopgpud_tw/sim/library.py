@@ -374,6 +374,9 @@ class SimulatedLibrary:
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
         if not buffer:
             samples = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
+            if capacity is not None:
+                # the driver keeps that many entries at most: the newest
+                samples = sorted(samples, key=lambda s: int(s.timeStamp))[-capacity:]
             grown = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
             newest = max((int(s.timeStamp) for s in samples), default=0)
             self._pending[key] = samples + [_grown_sample(i, newest) for i in range(grown)]
