@@ -166,7 +166,7 @@ def main() -> int:
                 if period <= 0.5:
                     bad = max(ours) > 1.0
                 else:
-                    bad = ours[0] > max(1.0, point[0]) or ours[1] > max(1.0, point[0])
+                    bad = ours[0] > max(1.0, point[0]) or ours[1] > max(1.0, point[1])
                 if bad:
                     missed.append(f"{name}, {period} s, {behaviour}")
                 print(f"{name:36} {period:6.3f} {behaviour:18} {average:6.2f} {ours[0]:8.2f} {ours[1]:9.2f} "

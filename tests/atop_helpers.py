@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from atop_output import AtopRun
-from daemon import stop_process
+from daemon import Client, stop_process
 
 ATOP_PORT = 59123
 ATOP_HOST = "127.0.0.1"
@@ -162,7 +162,19 @@ class TcpDaemon:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not listen within {timeout} s:\n{self.log()}")
             time.sleep(0.05)
+        # and once its first poll is counted: an atop that asks before sees no figures yet
+        while not self._polled():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not poll within {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
         return self
+
+    def _polled(self) -> bool:
+        client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+        try:
+            return all(device.samples for device in client.stats(2))
+        finally:
+            client.close()
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL if it lingers; the exit status."""

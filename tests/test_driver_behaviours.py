@@ -21,19 +21,29 @@ POLLS = 30
 INTERVAL = 5
 
 
-def run(scenario: dict, seed: int = 0) -> tuple[list[list[tuple]], list[list[tuple]]]:
+def run(
+    scenario: dict, seed: int = 0, call_s: float = 0.0, every: float = 1.0
+) -> tuple[list[list[tuple]], list[list[tuple]]]:
     """(every poll's "now" figures, every interval's averages), per GPU:
-    (gpu busy, memory busy, {pid: busy})."""
+    (gpu busy, memory busy, {pid: busy}); each NVML call takes `call_s`
+    seconds of simulated time, polls come `every` seconds."""
     rng = random.Random(seed)
     clock = [0.0]
-    reader = NvmlReader(simulated_binding(parse_scenario(scenario), clock=lambda: clock[0]), reactor=None)
+    calls = [0]
+
+    def now() -> float:
+        calls[0] += 1
+        return clock[0] + calls[0] * call_s
+
+    reader = NvmlReader(simulated_binding(parse_scenario(scenario), clock=now), reactor=None)
     start = 30.0 + rng.uniform(0, 0.01)
     clock[0] = start
     reader.open()
     counters = Counters()
     nows, marks = [], []
     for poll in range(POLLS):
-        clock[0] = start + 1.0 + poll + rng.uniform(-0.004, 0.004)
+        calls[0] = 0
+        clock[0] = start + (1.0 + poll) * every + rng.uniform(-0.004, 0.004)
         snapshot, _ = reader.read(clock[0])
         counters.fold(snapshot)
         nows.append([(d.gpu_busy, d.mem_busy, {p.pid: p.gpu_busy for p in d.processes}) for d in snapshot.devices])
@@ -60,8 +70,8 @@ def run(scenario: dict, seed: int = 0) -> tuple[list[list[tuple]], list[list[tup
     return nows, intervals
 
 
-def check(scenario: dict, seed: int = 0) -> None:
-    nows, intervals = run(scenario, seed)
+def check(scenario: dict, seed: int = 0, call_s: float = 0.0, every: float = 1.0) -> None:
+    nows, intervals = run(scenario, seed, call_s, every)
     truth = expected()
     for label, figures, bound in (("interval", intervals, 1.0), ("now", nows[1:], 2.0)):
         for n, per_gpu in enumerate(figures):
@@ -86,6 +96,15 @@ def test_each_behaviour(behaviour):
 @pytest.mark.parametrize("pair", compatible_pairs(), ids=" + ".join)
 def test_every_two_behaviours(pair):
     check(host(*pair))
+
+
+@pytest.mark.parametrize("every", [1.0, 0.25])
+@pytest.mark.parametrize("behaviour", ["plain", "jitter 5 ms", "process utilization once per call", "period 1/2 s"])
+def test_calls_that_take_time(behaviour, every):
+    """A poll's calls spread over several milliseconds: a period may end between
+    a GPU's samples call and its process call, and nothing is counted twice."""
+    for seed in range(3):
+        check(host(behaviour), seed, call_s=0.003, every=every)
 
 
 def test_point_sampling_is_not_what_is_checked():

@@ -70,6 +70,8 @@ MIG_ENABLED = 1
 #: nvmlDeviceGetSamples sample types
 GPU_UTILIZATION_SAMPLES = 1
 MEMORY_UTILIZATION_SAMPLES = 2
+#: process and device samples stamped this close are on one clock
+SAME_CLOCK_US = 5_000_000
 #: what a reading returns when the sample buffer is not there: use the rates call
 _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new
@@ -384,7 +386,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | N
             value = rate(index)
             if value is UNSUPPORTED:
                 value = 0  # no rates call to ask: an empty buffer is an idle GPU
-            elif value and kind not in device.noticed and len(device.streams[kind].lags) == 0:
+            elif value and kind not in device.noticed:
                 device.noticed.add(kind)
                 log.info(
                     "nvml: GPU {busid}: nvmlDeviceGetSamples has no samples while the rates call reports load; "
@@ -405,15 +407,11 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
         _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
     except Idle:
         samples = []
-    value, fresh = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], device.now_us)
+    value, periods = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], device.now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
-        device.poll_periods = fresh
+        device.poll_periods = periods
     if value is None:
-        # nothing new (NOT_FOUND, or only samples already seen or above 100 %)
-        dry = stream.dry(device.now_us)
-        if kind == GPU_UTILIZATION_SAMPLES:
-            device.poll_periods = dry
-        return _NOTHING_NEW
+        return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
     return value
 
 
@@ -472,7 +470,7 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
     return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
 
 
-def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]] | None:
+def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
     """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`).
 
     A poll that brings no new process sample while the device's own buffer had
@@ -481,6 +479,12 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]] | None:
     """
     stream = device.process_stream
     since = stream.since
+    gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
+    if stream.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
+        # a driver that averages over the window asked for: ask for this poll's,
+        # from the device's newest sample of the previous poll, on the same clock
+        # (polls that listed nobody would leave `since` behind)
+        since = max(since, gpu.before)
     elapsed = None if stream.polled_us is None else device.now_us - stream.polled_us
     stream.polled_us = device.now_us
     samples = _process_samples(device, since)
@@ -488,13 +492,8 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]] | None:
         _learn_process_mode(device, stream, samples)
     if stream.mode == PER_CALL:
         busy, newest = latest_process_figures(samples, since)
-        if since == 0 and busy:
-            # averages over the driver's whole buffer, not over this poll: not counted
-            stream.since, stream.listed, stream.figures = newest, set(busy), busy
-            return None
     else:
         learnt = stream.learn_period(samples, since)
-        gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
         period = (gpu.period_us if gpu else None) or learnt
         periods = device.poll_periods
         if periods is not None and since:
@@ -502,6 +501,9 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]] | None:
             periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
             stream.credit = max(0, samples_per_pid(samples, since) - periods)
         busy, newest = fold_process_samples(samples, since, periods or None, period, elapsed)
+        if not since and gpu is not None and period and abs(newest - gpu.since) < SAME_CLOCK_US:
+            # the first read: periods that ended between the device's call and this one
+            stream.credit = max(0, round((newest - gpu.since) / period))
     if newest <= since:
         if device.poll_periods == 0 and device.poll_busy:
             return stream.figures  # no new period yet: the load goes on

@@ -217,28 +217,50 @@ def smallest_gap(stamps: Iterable[int]) -> int | None:
 
 @dataclass(eq=False)
 class SampleStream:
-    """What the reader knows of one device's sample buffer of one kind.
+    """What the reader knows of one device's sample buffer of one kind, and
+    the figure of each poll from it.
+
+    Each sample tells how busy the GPU was from the sample before it to its own
+    timestamp (from one period before it after a dry spell, the rest of which
+    was idle).  Each poll's figure is the time-weighted mean over a window of
+    the driver's time that starts where the previous poll's ended and ends a
+    period and a little (`lag_us`) before the driver's "now", by when every
+    sample covering it is in the buffer: the windows tile the driver's time and
+    are as long as the time between the polls, however the samples fall
+    against them, so atop's equal weighting of every poll is right.  While the
+    buffer has not shown whether it ran dry (less than `DRY_TAIL` periods
+    without a sample) the window ends at the newest sample instead, and a poll
+    with no new time to show carries the last figure on: "no new sample yet" is
+    not idleness.
 
     The driver stamps its samples on a clock of its own (the Unix epoch in
     microseconds on most drivers, CLOCK_BOOTTIME on some): only timestamps it
     returned are passed back, and its "now" is the reader's time less an offset
-    learnt from recent polls.  The offset is the second smallest of the recent
-    lags between the reader's time and the newest sample, so one sample stamped
-    late moves it for no poll, and it follows the driver's clock if that jumps.
+    learnt from recent polls: the second smallest of the recent lags between
+    the reader's time and the newest sample, so one sample stamped late moves
+    it for no poll, and it follows the driver's clock if that jumps.
     """
 
     #: the newest timestamp NVML returned (0: none yet, ask for the whole buffer)
     since: int = 0
-    #: where the accounting of the driver's time got to (past `since` after a dry tail)
-    accounted: int | None = None
+    #: `since` as it was before this poll
+    before: int = 0
     #: the driver's sample period in microseconds, once samples showed it
     period_us: int | None = None
     #: recent (reader's time - newest sample), one per poll that brought samples
     lags: deque[int] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     #: recent gaps between consecutive samples
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
-    #: samples the driver skipped in this poll's share (gaps of about two periods)
+    #: samples the driver skipped among this poll's (gaps of about two periods)
     skipped: int = 0
+    #: (start, end, percent) of the driver's time known and not yet shown
+    cover: list[tuple[int, int, float]] = field(default_factory=list)
+    #: where the known time ends (past `since` after a dry tail)
+    covered_to: int = 0
+    #: where the last poll's window ended
+    window_end: int | None = None
+    #: the last poll's figure
+    last: int | None = None
 
     def driver_now(self, now_us: int) -> int | None:
         """The reader's time `now_us` on the driver's sample clock, once known."""
@@ -247,42 +269,102 @@ class SampleStream:
         ordered = sorted(self.lags)
         return now_us - ordered[1 if len(ordered) > 2 else 0]
 
-    def fold(self, pairs: list[tuple[int, float]], now_us: int) -> tuple[int | None, int]:
-        """This poll's figure from the (stamp, value) pairs the driver returned,
-        and how many sample periods the poll covered; None when none was usable."""
-        since = self.since
-        fresh = sorted(stamp for stamp, _ in pairs if stamp > since)
-        self.gaps.extend(b - a for a, b in zip(fresh, fresh[1:]) if b > a)
-        if self.gaps:
-            self.period_us = median_gap_of(self.gaps)
-        self.skipped = skipped_periods(([since] if since else []) + fresh, self.period_us)
-        begin = self.accounted
-        value, newest, end = fold_device_samples(pairs, since, begin, self.period_us, self.driver_now(now_us))
-        if value is None:
-            return None, 0
-        if newest > since:
-            self.lags.append(now_us - newest)
-        self.since = newest
-        self.accounted = end
-        if since == 0 or not self.period_us:
-            first = since or newest - FIRST_WINDOW_US
-            return value, sum(1 for stamp in fresh if stamp > first)
-        # the periods this poll's share of the driver's time spans, dry or skipped ones too
-        start = since if begin is None else max(since, begin)
-        return value, max(1, round((end - start) / self.period_us))
+    @property
+    def lag_us(self) -> int:
+        """How far behind the driver's now a window ends: a period, and jitter."""
+        period = self.period_us or 0
+        return period + max(20_000, period // 10)
 
-    def dry(self, now_us: int) -> int:
-        """A poll that found nothing new: if periods have passed since the newest
-        sample, that time is idle, and the next samples do not claim it; the
-        whole periods it covered."""
+    def fold(self, pairs: list[tuple[int, float]], now_us: int) -> tuple[int | None, int]:
+        """This poll's figure from the (stamp, value) pairs the driver returned
+        (none: NOT_FOUND), and how many sample periods came to an end since the
+        previous poll, dry ones too; None when the buffer never had a sample."""
+        since = self.before = self.since
+        fresh = sorted((stamp, value) for stamp, value in pairs if stamp > since and 0 <= value <= 100)
+        stamps = [stamp for stamp, _ in fresh]
+        self.gaps.extend(b - a for a, b in zip(stamps, stamps[1:]) if b > a)
+        if self.gaps:
+            self.period_us = period_from_gaps(self.gaps)
+        period = self.period_us
+        self.skipped = skipped_periods(([since] if since else []) + stamps, period)
         driver_now = self.driver_now(now_us)
-        if not self.since or driver_now is None:
-            return 0
-        if not self.period_us or driver_now - self.since < DRY_TAIL * self.period_us:
-            return 0  # the next sample is not due yet: nothing is accounted
-        before = self.accounted or self.since
-        self.accounted = max(before, driver_now)
-        return round((self.accounted - before) / self.period_us)
+        if not fresh and not self.lags:
+            return None, 0
+        if since == 0:
+            # the first read brings the buffer's whole past: its last second stands for the poll
+            value, newest, _ = fold_device_samples(fresh, 0, None, period, None)
+            self.since = self.covered_to = newest
+            self.window_end = newest
+            self.lags.append(now_us - newest)
+            self.last = value
+            return value, sum(1 for stamp in stamps if stamp > newest - FIRST_WINDOW_US)
+        previous = since
+        for stamp, value in fresh:
+            low = max(previous, self.covered_to)
+            if period and stamp - previous > DRY_GAP * period:
+                # the buffer ran dry: idle, but for the sample's own period
+                self._known(low, stamp - period, 0.0)
+                low = max(low, stamp - period)
+            self._known(low, stamp, value)
+            previous = stamp
+        periods = 0
+        if fresh:
+            newest = fresh[-1][0]
+            self.lags.append(now_us - newest)
+            self.since = newest
+            periods = round((newest - since) / period) if period else len(fresh)
+        if driver_now is None or not period or self.window_end is None:
+            end = self.covered_to
+        else:
+            end = driver_now - self.lag_us
+            if driver_now - self.since >= DRY_TAIL * period:
+                tail = self.covered_to
+                self._known(tail, end, 0.0)  # the buffer ran dry: idle
+                if not fresh:
+                    periods = max(0, round((end - max(tail, self.window_end)) / period))
+            elif end > self.covered_to:
+                end = self.covered_to  # the next sample is not in yet: wait for it
+        return self._show(end), periods
+
+    def _known(self, start: int, end: int, value: float) -> None:
+        if end > start:
+            self.cover.append((start, end, value))
+            self.covered_to = max(self.covered_to, end)
+
+    def _show(self, end: int) -> int | None:
+        """The mean over the window from the last one's end to `end`."""
+        start = self.window_end if self.window_end is not None else end
+        if end <= start:
+            return self.last  # no new time to show
+        total = weight = 0.0
+        for low, high, value in self.cover:
+            overlap = min(high, end) - max(low, start)
+            if overlap > 0:
+                total += value * overlap
+                weight += overlap
+        self.cover = [part for part in self.cover if part[1] > end]
+        self.window_end = end
+        if weight <= 0:
+            return self.last
+        self.last = clamp_percent(total / weight)
+        return self.last
+
+
+def period_from_gaps(gaps: Iterable[int]) -> int:
+    """The driver's sample period from gaps between its samples: the shortest
+    gap that recurs (within 20 %, in a tenth of the gaps or two), so that gaps
+    of dry spells or skipped samples, and one late stamp, do not count.  (A
+    buffer that runs dry between bursts each of one sample shows no period at
+    all: its gaps are the bursts'.)"""
+    ordered = sorted(gaps)
+    need = max(2, len(ordered) // 10)
+    found = ordered[len(ordered) // 2]
+    for index, gap in enumerate(ordered):
+        cluster = [g for g in ordered[index:] if g <= gap * 1.2]
+        if len(cluster) >= need:
+            found = cluster[len(cluster) // 2]
+            break
+    return found
 
 
 def skipped_periods(stamps: list[int], period: int | None) -> int:
@@ -296,11 +378,6 @@ def skipped_periods(stamps: list[int], period: int | None) -> int:
         if 1.5 * period < gap <= DRY_GAP * period:
             skipped += round(gap / period) - 1
     return skipped
-
-
-def median_gap_of(gaps: Iterable[int]) -> int:
-    ordered = sorted(gaps)
-    return ordered[len(ordered) // 2]
 
 
 @dataclass(eq=False)
@@ -331,7 +408,7 @@ class ProcessStream:
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
 
     def learn_period(self, samples: Iterable[Any], since: int) -> int | None:
-        """The driver's sample period as the process samples show it (median gap)."""
+        """The driver's sample period as the process samples show it (`period_from_gaps`)."""
         by_pid: dict[int, set[int]] = {}
         for sample in samples:
             stamp = int(sample.timeStamp)
@@ -340,11 +417,12 @@ class ProcessStream:
         for stamps in by_pid.values():
             ordered = sorted(stamps)
             self.gaps.extend(b - a for a, b in zip(ordered, ordered[1:]))
-        return median_gap_of(self.gaps) if self.gaps else None
+        return period_from_gaps(self.gaps) if self.gaps else None
     #: the figures of the last poll that brought samples, by pid
     figures: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: the reader's time of the previous poll, µs
     polled_us: int | None = None
+
 
 
 PER_PERIOD = "per-period"

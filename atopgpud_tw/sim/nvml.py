@@ -53,6 +53,8 @@ NVML_DEVICE_MIG_DISABLE = 0
 #: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
 SAMPLE_BUFFER = 100
 NVML_DEVICE_MIG_ENABLE = 1
+#: seconds within which a process's cycled utilization is the same sample
+HOLD = 0.05
 
 
 class NVMLError(Exception):
@@ -162,6 +164,7 @@ class SimulatedNvml:
         self._initialised = 0
         self._lock = threading.Lock()
         self._samples: dict[tuple[Any, ...], int] = {}
+        self._drawn: dict[tuple[Any, ...], tuple[float, Any]] = {}
         for name, cls in ERROR_CLASSES.items():
             setattr(self, cls.__name__, cls)
             setattr(self, name, NVML_ERRORS[name])
@@ -208,6 +211,21 @@ class SimulatedNvml:
             index = self._samples.get(key, 0)
             self._samples[key] = index + 1
         return cycled(value, index)
+
+    def _held(self, key: tuple[Any, ...], value: Any, now: float) -> Any:
+        """A cycled field's next sample, unless it was drawn less than `HOLD`
+        seconds ago: asked again at once, a driver answers with the same sample."""
+        if not isinstance(value, (list, tuple)):
+            return value
+        with self._lock:
+            drawn = self._drawn.get(key)
+            if drawn is not None and 0 <= now - drawn[0] < HOLD:
+                return drawn[1]
+            index = self._samples.get(key, 0)
+            self._samples[key] = index + 1
+            picked = cycled(value, index)
+            self._drawn[key] = (now, picked)
+        return picked
 
     def _gpu(self, handle: Any) -> GpuSpec:
         if not isinstance(handle, Handle) or not 0 <= handle.gpu < len(self.scenario.gpus):
@@ -501,8 +519,8 @@ class SimulatedNvml:
                 # cycled lists: one entry per call, the next of the values
                 if not proc.alive(now):
                     continue
-                sm = self._next((handle.gpu, proc.pid, "sm_util"), proc.sm_util)
-                mem = self._next((handle.gpu, proc.pid, "mem_util"), proc.mem_util)
+                sm = self._held((handle.gpu, proc.pid, "sm_util"), proc.sm_util, self._clock())
+                mem = self._held((handle.gpu, proc.pid, "mem_util"), proc.mem_util, self._clock())
                 if (sm or mem) and stamp > timeStamp:
                     out.append(_process_sample(proc.pid, stamp, sm, mem))
             elif gpu.process_utilization == "per-call":
