@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -873,6 +874,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("name an output folder, or set OUT")
+    # stopped from outside (a timeout): the workload processes and the daemon go too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timing = SHORT if args.short else FULL
