@@ -26,7 +26,8 @@ so a reader of the recording knows the truth.  One JSON file per workload
 compares what each source reported with the truth.
 
 Busy means back-to-back matrix products (PyTorch, else CuPy) for the busy part of
-each period, then sleep.  Nothing here changes a GPU setting.
+each period, then sleep (``CALIBRATE_BACKEND``: ``torch``, ``cupy``, or ``sleep``,
+which runs nothing on the GPU).  Nothing here changes a GPU setting.
 
 ``--reader sim`` (or ``CALIBRATE_READER=sim``) records the same way from the
 simulator (`atopgpud_tw.sim.simulated_binding`), with a scenario whose timelines
@@ -670,7 +671,8 @@ def device_info(nvml: Any, handle: Any) -> dict[str, Any]:
 def record_workload(workload: Workload, reader: str, timing: Timing, seconds: float,
                     host: dict[str, Any], workdir: Path, nvml_module: Any) -> dict[str, Any]:
     """Run one workload and record it; the recording as a JSON-ready dict."""
-    workers = Workers(workload.loads, seconds, "sleep" if reader == "sim" else "auto")
+    backend = "sleep" if reader == "sim" else os.environ.get("CALIBRATE_BACKEND", "auto")
+    workers = Workers(workload.loads, seconds, backend)
     daemon = None
     try:
         workers.ready()
