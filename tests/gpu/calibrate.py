@@ -317,12 +317,21 @@ class Workers:
 
 
 def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
-    """One line of a child's stdout within `timeout`, or '' (a thread, so a stuck child cannot hang us)."""
+    """The child's next JSON line within `timeout`, or '' (read in a thread, so a stuck
+    child cannot hang the run); other output (a library's chatter) is skipped."""
     got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("{"):
+                got.append(line.strip())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
-    return got[0].strip() if got else ""
+    return got[0] if got else ""
 
 
 # -- the simulator's stand-in for the workloads --
