@@ -71,9 +71,8 @@ def test_there_is_a_recording_of_each_workload():
     assert sum(p.stat().st_size for p in RECORDINGS if p.name.startswith("sim-")) < 1_000_000
 
 
-@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
-def test_replay_reports_the_known_duty_cycles(path):
-    """Polled once a second, the reader's per-interval averages are the workload's duty cycles."""
+def replayed(path: Path) -> tuple[dict[str, Any], list[tuple[float, int, int, dict[int, tuple[int, int]]]]]:
+    """The recording, and the board's counters before each poll a second apart (the first at 0.5 s)."""
     recording = json.loads(path.read_text(encoding="utf-8"))
     seconds = recording["schedule"]["seconds"]
     clock = Clock()
@@ -88,15 +87,33 @@ def test_replay_reports_the_known_duty_cycles(path):
         seen.append((clock.seconds(), device.gpu_busy_total, device.samples, procs))
         clock.advance(1.0)
     poller.stopService()
-    # from the first poll a second into the spells to the last within them
-    first = next(s for s in seen if s[0] >= 1.0)
-    last = seen[-1]
-    expected = truth(recording, first[0], last[0])
+    return recording, seen
+
+
+def span(seen: list[Any]) -> tuple[Any, Any]:
+    """From the first poll a second into the spells to the last within them."""
+    return next(s for s in seen if s[0] >= 1.0), seen[-1]
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
+def test_replay_reports_the_gpus_duty_cycle(path):
+    """Polled once a second, the reader's per-interval GPU average is the workload's duty cycle."""
+    recording, seen = replayed(path)
+    first, last = span(seen)
+    expected = sum(truth(recording, first[0], last[0]).values())
     gpu = (last[1] - first[1]) / (last[2] - first[2])
-    assert abs(gpu - sum(expected.values())) <= TOLERANCE, (gpu, expected)
-    for pid, busy in expected.items():
+    assert abs(gpu - expected) <= TOLERANCE, (gpu, expected)
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
+def test_replay_reports_each_processs_duty_cycle(path):
+    """Polled once a second, the reader's per-interval average of each workload process is its duty cycle."""
+    recording, seen = replayed(path)
+    first, last = span(seen)
+    for pid, busy in truth(recording, first[0], last[0]).items():
         (cum_a, n_a), (cum_b, n_b) = first[3][pid], last[3][pid]
-        assert abs((cum_b - cum_a) / (n_b - n_a) - busy) <= TOLERANCE, (pid, busy)
+        figure = (cum_b - cum_a) / (n_b - n_a)
+        assert abs(figure - busy) <= TOLERANCE, (pid, figure, busy)
 
 
 def test_replay_answers_on_the_recordings_own_timestamps():
@@ -109,7 +126,8 @@ def test_replay_answers_on_the_recordings_own_timestamps():
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     clock.advance(3.0)
     _, samples = nvml.nvmlDeviceGetSamples(handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
-    shift = nvml._epoch_us - recording.origin_us
+    model = nvml.nvmlLib.model  # the simulated driver beneath the binding
+    shift = model._sample_base_us(model.scenario.gpus[0]) - recording.origin_us
     due = [(stamp + shift, value) for stamp, value in recording.gpu if stamp <= recording.origin_us + 3_000_000]
     assert [(s.timeStamp, s.sampleValue.uiVal) for s in samples] == due[-100:]
     newest = samples[-1].timeStamp
@@ -177,8 +195,8 @@ def test_the_calibration_script_records_on_the_simulator(tmp_path):
     assert {c["type"] for c in calls["samples"] if c.get("samples")} == {"gpu", "memory"}
     assert any(c["stream"] == "buffer" for c in calls["samples"])
     streams = {(c["window"], c["mode"]) for c in calls["process_utilization"]}
-    # the 5 s window is asked once in a short run, before any sample has shown the driver's clock
-    assert streams == {(w, m) for w in (0.2, 1.0) for m in ("last_seen", "now_minus_window")} | {(5.0, "last_seen")}
+    # the 5 s window is asked once in a short run, maybe before any sample has shown the driver's clock
+    assert streams >= {(w, m) for w in (0.2, 1.0) for m in ("last_seen", "now_minus_window")} | {(5.0, "last_seen")}
     pids = {p["pid"] for p in schedule["processes"]}
     assert {s[0] for c in calls["process_utilization"] for s in c.get("samples") or ()} == pids
     assert calls["rates"] and calls["memory"] and calls["processes"]

@@ -658,7 +658,10 @@ def host_info(nvml: Any, reader: str) -> dict[str, Any]:
             except Exception:
                 symbols[name] = False
     info["symbols"] = symbols
-    info["symbols_from"] = "the binding's attributes (simulator)" if pointer is None else "the driver's library"
+    if pointer is None:
+        info["symbols_from"] = "the binding's attributes"
+    else:
+        info["symbols_from"] = "the simulated library" if reader == "sim" else "the driver's library"
     return info
 
 
@@ -790,11 +793,16 @@ def summarise(recording: dict[str, Any]) -> dict[str, Any]:
     stamps = sorted(gpu)
     periods = len(stamps)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    answers = recording["calls"]["process_utilization"]
+    listing = process_listing(answers)
     per_pid: dict[int, dict[int, int]] = collections.defaultdict(dict)
-    for call in recording["calls"]["process_utilization"]:
+    for call in answers:
         for pid, stamp, sm, *_ in call.get("samples") or ():
             if in_span(stamp):
                 per_pid[pid][stamp] = sm
+    # a driver that answers once per process and call: its 1 s windows' figures, averaged
+    windows = [c for c in answers if c["window"] == 1.0 and c["mode"] == "now_minus_window"
+               and start < c["at"][0] <= end and ("samples" in c or c.get("error") == "NVML_ERROR_NOT_FOUND")]
     rates = [c["gpu"] for c in recording["calls"]["rates"] if "gpu" in c and start < c["at"][0] <= end]
     replies = [r for r in recording["daemon"]["replies"] if r.get("stats")]
     first = next((r for r in replies if r["at"][0] >= start), None)
@@ -829,7 +837,10 @@ def summarise(recording: dict[str, Any]) -> dict[str, Any]:
         samples = per_pid.get(proc["pid"], {})
         processes.append({
             "pid": proc["pid"], "duty": round(proc["duty"], 2), "truth": round(truth, 2),
-            "nvml_samples": round(sum(samples.values()) / periods, 2) if periods else None,
+            "nvml_samples": (
+                round(sum(samples.values()) / periods, 2) if periods and listing != "per-call"
+                else _window_mean(windows, proc["pid"])
+            ),
             "daemon": daemon_average(process_pick(proc["pid"])),
         })
     return {
@@ -838,20 +849,44 @@ def summarise(recording: dict[str, Any]) -> dict[str, Any]:
         "nvml_samples": round(sum(gpu.values()) / periods, 2) if periods else None,
         "sample_period_s": round(min(gaps) / 1e6, 4) if gaps else None,
         "samples": periods,
+        "process_listing": listing,
         "rates": round(sum(rates) / len(rates), 2) if rates else None,
         "daemon": daemon_average(device_pick),
         "processes": processes,
     }
 
 
+def process_listing(answers: Sequence[dict[str, Any]]) -> str | None:
+    """How the driver listed process utilization: ``per-period`` (a pid at several
+    timestamps in one answer), ``per-call`` (never), or None (no process listed)."""
+    listed = False
+    for call in answers:
+        stamps: dict[int, set[int]] = collections.defaultdict(set)
+        for pid, stamp, *_ in call.get("samples") or ():
+            stamps[pid].add(stamp)
+        if any(len(found) > 1 for found in stamps.values()):
+            return "per-period"
+        listed = listed or bool(stamps)
+    return "per-call" if listed else None
+
+
+def _window_mean(windows: Sequence[dict[str, Any]], pid: int) -> float | None:
+    """The mean of a pid's figure over answers for 1 s windows (0 where it is not listed)."""
+    if not windows:
+        return None
+    figures = [max((s[2] for s in c.get("samples") or () if s[0] == pid), default=0) for c in windows]
+    return round(sum(figures) / len(figures), 2)
+
+
 def table(summaries: Sequence[dict[str, Any]]) -> str:
     def cell(value: Any) -> str:
         return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
-    lines = [f"{'workload':9} {'what':11} {'truth':>6} {'samples':>8} {'rates':>6} {'daemon':>7}  period"]
+    lines = [f"{'workload':9} {'what':11} {'truth':>6} {'samples':>8} {'rates':>6} {'daemon':>7}  period  listing"]
     for s in summaries:
         lines.append(f"{s['workload']:9} {'GPU':11} {cell(s['truth_gpu']):>6} {cell(s['nvml_samples']):>8} "
-                     f"{cell(s['rates']):>6} {cell(s['daemon']):>7}  {s['sample_period_s'] or '-'}")
+                     f"{cell(s['rates']):>6} {cell(s['daemon']):>7}  {s['sample_period_s'] or '-':<6}  "
+                     f"{s['process_listing'] or '-'}")
         for p in s["processes"]:
             lines.append(f"{'':9} {'pid ' + str(p['pid']):11} {cell(p['truth']):>6} {cell(p['nvml_samples']):>8} "
                          f"{'':>6} {cell(p['daemon']):>7}")
