@@ -141,6 +141,9 @@ def test_replay_answers_on_the_recordings_own_timestamps():
         proc["pid"] for proc in json.loads(path.read_text())["schedule"]["processes"]
     }
     assert nvml.nvmlDeviceGetName(handle) == recording.name
+    v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+    expected = [entry for entry in recording.memory_v2 if entry[0] <= 4.0][-1]
+    assert (v2.total, v2.used, v2.free, v2.reserved) == expected[1:]
 
 
 def test_a_scenario_names_its_recording_relative_to_itself(tmp_path):
@@ -161,6 +164,7 @@ def test_a_scenario_names_its_recording_relative_to_itself(tmp_path):
         ({"replay": "missing.json"}, "gpus[0].replay: "),
         ({"replay": "RECORDING", "processes": []}, "gpus[0].processes cannot be given with replay"),
         ({"replay": "RECORDING", "gpu_timeline": None}, "gpus[0].gpu_timeline cannot be given with replay"),
+        ({"replay": "RECORDING", "sample_jitter_ms": 1}, "gpus[0].sample_jitter_ms cannot be given with replay"),
         ({"replay": "NOT_A_RECORDING"}, "not a calibration recording"),
     ],
 )

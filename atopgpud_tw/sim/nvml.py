@@ -432,7 +432,7 @@ class SimulatedNvml:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
         gpu = self._gpu(handle)
         if gpu.replay is not None:
-            return self._replay_memory(gpu)
+            return self._replay_memory(gpu, version)
         if handle.instance is not None:
             self._check_instance(handle, now)
             parts = [handle.instance]
@@ -543,9 +543,11 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return NVML_VALUE_TYPE_UNSIGNED_INT, out
 
-    def _replay_memory(self, gpu: GpuSpec) -> c_nvmlMemory_t:
-        total, used, free = replay.memory(gpu.replay, self._clock())
-        return c_nvmlMemory_t(total=total, used=used, free=free)
+    def _replay_memory(self, gpu: GpuSpec, version: Any) -> c_nvmlMemory_t:
+        found = replay.memory(gpu.replay, self._clock(), v2=version is not None)
+        if version is None:
+            return c_nvmlMemory_t(total=found[0], used=found[1], free=found[2])
+        return c_nvmlMemory_t(version=version, total=found[0], used=found[1], free=found[2], reserved=found[3])
 
     def _replay_running(self, gpu: GpuSpec, kind: str) -> list[nvmlFriendlyObject]:
         listed = replay.running(gpu.replay, kind, self._clock())

@@ -9,8 +9,9 @@ scenario's values:
   simulated time has reached it, the newest `SAMPLE_BUFFER` of them kept;
 - ``nvmlDeviceGetProcessUtilization``: the recorded per-process samples, in the
   same way, as far back as the oldest GPU sample still kept;
-- the rates call, memory info and the process lists: what the recording's last
-  call before that simulated time returned (its first one before that).
+- the rates call, memory info (v1, or v2 where the recording has v2 answers)
+  and the process lists: what the recording's last call before that simulated
+  time returned (its first one before that).
 
 Simulated time 0 is the start of the workload's busy spells by the recorder's
 clock; the recording's driver timestamps are mapped onto that clock by the
@@ -57,7 +58,9 @@ class Recording:
     processes: tuple[tuple[int, int, int, int, int, int], ...]
     #: (seconds after the start, ...) of the other calls, in call order
     rates: tuple[tuple[float, int, int], ...]
+    #: (seconds after the start, total, used, free) of memory info v1, and of v2 with reserved
     memory: tuple[tuple[float, int, int, int], ...]
+    memory_v2: tuple[tuple[float, int, int, int, int], ...]
     compute: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
     graphics: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
 
@@ -117,7 +120,12 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
     memory = tuple(
         (since_start(c), int(c["v1"]["total"]), int(c["v1"]["used"]), int(c["v1"]["free"]))
         for c in calls["memory"]
-        if isinstance(c.get("v1"), dict)
+        if isinstance(c.get("v1"), dict) and "total" in c["v1"]
+    )
+    memory_v2 = tuple(
+        (since_start(c), *(int(c["v2"][f]) for f in ("total", "used", "free", "reserved")))
+        for c in calls["memory"]
+        if isinstance(c.get("v2"), dict) and "total" in c["v2"]
     )
     lists: dict[str, list[tuple[float, tuple[tuple[int, int], ...]]]] = {"compute": [], "graphics": []}
     for call in calls["processes"]:
@@ -140,6 +148,7 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
         processes=tuple(sorted(processes.values())),
         rates=rates,
         memory=memory,
+        memory_v2=memory_v2,
         compute=tuple(lists["compute"]),
         graphics=tuple(lists["graphics"]),
     )
@@ -197,12 +206,16 @@ def rates(recording: Recording, now: float) -> tuple[int, int] | None:
     return None if entry is None else (entry[1], entry[2])
 
 
-def memory(recording: Recording, now: float) -> tuple[int, int, int]:
-    """(total, used, free) in bytes of nvmlDeviceGetMemoryInfo."""
+def memory(recording: Recording, now: float, v2: bool = False) -> tuple[int, int, int, int]:
+    """(total, used, free, reserved) in bytes of nvmlDeviceGetMemoryInfo: of its v2
+    answers when `v2` and the recording has some (reserved 0 otherwise)."""
+    entry = _at(recording.memory_v2, now) if v2 else None
+    if entry is not None:
+        return entry[1], entry[2], entry[3], entry[4]
     entry = _at(recording.memory, now)
     if entry is None:
-        return recording.memory_total, 0, recording.memory_total
-    return entry[1], entry[2], entry[3]
+        return recording.memory_total, 0, recording.memory_total, 0
+    return entry[1], entry[2], entry[3], 0
 
 
 def running(recording: Recording, kind: str, now: float) -> tuple[tuple[int, int], ...] | None:

@@ -318,8 +318,8 @@ _GPU_FIELDS = {
 PROCESS_UTILIZATION = ("per-period", "per-call")
 #: what a replayed recording supplies, so a replayed GPU cannot also give it
 _REPLAYED_FIELDS = (
-    "memory_total_mib", "memory_used_mib", "gpu_util", "mem_util", "processes", "mig", "mig_capable",
-    "sample_period", "gpu_timeline", "mem_timeline", "idle_samples", "sample_phase", "sample_jitter_ms",
+    "memory_total_mib", "memory_used_mib", "memory_reserved_mib", "gpu_util", "mem_util", "processes", "mig",
+    "mig_capable", "sample_period", "gpu_timeline", "mem_timeline", "idle_samples", "sample_phase", "sample_jitter_ms",
     "late_samples", "missing_samples", "process_utilization", "duplicate_process_samples",
     "stray_process_samples",
 )
