@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from atopgpud_tw.sim import replay
 from atopgpud_tw.sim.scenario import (
     DRIVERS,
     NVML_ERRORS,
@@ -356,6 +357,8 @@ class SimulatedNvml:
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        if gpu.replay is not None:
+            return self._replay_rates(gpu)
         # like the driver: the busy share of its last sample period only
         last = self._periods(gpu)[-1:]
         return c_nvmlUtilization_t(
@@ -375,6 +378,8 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         if gpu.samples_not_found:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        if gpu.replay is not None:
+            return self._replay_samples(gpu, field, timeStamp)
         if _per_call(gpu, field):
             # a list of values: one new sample per call, the next of the cycled values
             stamp = self._stamp_us()
@@ -444,6 +449,8 @@ class SimulatedNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
         gpu = self._gpu(handle)
+        if gpu.replay is not None:
+            return self._replay_memory(gpu, version)
         if handle.instance is not None:
             self._check_instance(handle, now)
             parts = [handle.instance]
@@ -470,6 +477,8 @@ class SimulatedNvml:
         gpu = self._gpu(handle)
         if not listed:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        if gpu.replay is not None:
+            return self._replay_running(gpu, "compute" if "C" in kinds else "graphics")
         if handle.instance is not None:
             self._check_instance(handle, now)
             owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [
@@ -509,6 +518,8 @@ class SimulatedNvml:
         now = self._enter("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
         self._check_instance(handle, now)
+        if gpu.replay is not None:
+            return self._replay_processes(gpu, timeStamp)
         if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         stamp = self._stamp_us()
@@ -531,6 +542,49 @@ class SimulatedNvml:
             out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
             out = [copy for sample in out for copy in (sample, _process_sample(**sample.__dict__))]
+        if not out:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        return out
+
+    # -- a replayed recording (sim/replay.py), in simulated time --
+
+    def _replay_rates(self, gpu: GpuSpec) -> c_nvmlUtilization_t:
+        found = replay.rates(gpu.replay, self._clock())
+        if found is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return c_nvmlUtilization_t(gpu=found[0], memory=found[1])
+
+    def _replay_samples(self, gpu: GpuSpec, field: str, since: int) -> tuple[int, list[c_nvmlSample_t]]:
+        out = [_sample(stamp, value) for stamp, value in
+               replay.samples(gpu.replay, field, self._clock(), self._sample_base_us(gpu), since)]
+        if not out:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        return NVML_VALUE_TYPE_UNSIGNED_INT, out
+
+    def _replay_memory(self, gpu: GpuSpec, version: Any) -> c_nvmlMemory_t:
+        found = replay.memory(gpu.replay, self._clock(), v2=version is not None)
+        if version is None:
+            return c_nvmlMemory_t(total=found[0], used=found[1], free=found[2])
+        return c_nvmlMemory_t(version=version, total=found[0], used=found[1], free=found[2], reserved=found[3])
+
+    def _replay_running(self, gpu: GpuSpec, kind: str) -> list[nvmlFriendlyObject]:
+        listed = replay.running(gpu.replay, kind, self._clock())
+        if listed is None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return [
+            nvmlFriendlyObject(pid=pid, usedGpuMemory=used, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE)
+            for pid, used in listed
+        ]
+
+    def _replay_processes(self, gpu: GpuSpec, since: int) -> list[c_nvmlProcessUtilizationSample_t]:
+        out = [
+            c_nvmlProcessUtilizationSample_t(
+                pid=pid, timeStamp=stamp, smUtil=sm, memUtil=mem, encUtil=enc, decUtil=dec
+            )
+            for stamp, pid, sm, mem, enc, dec in replay.process_samples(
+                gpu.replay, self._clock(), self._sample_base_us(gpu), since
+            )
+        ]
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return out

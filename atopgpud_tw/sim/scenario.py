@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
+
 Number = float | int
 Cycled = Number | Sequence[Number] | None
 
@@ -226,6 +228,8 @@ class GpuSpec:
     #: entries listed in every answer besides the processes': pids in no process
     #: list, figures above 100 %
     stray_process_samples: tuple[tuple[int, int, int], ...] = ()
+    #: a calibration recording the driver answers from (sim/replay.py)
+    replay: Recording | None = None
 
 
 @dataclass(frozen=True)
@@ -265,16 +269,20 @@ def load_scenario(path: str | Path) -> Scenario:
     except json.JSONDecodeError as error:
         raise ScenarioError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     try:
-        return parse_scenario(data)
+        return parse_scenario(data, base=Path(path).parent)
     except ScenarioError as error:
         raise ScenarioError(f"{path}: {error}") from None
 
 
-def parse_scenario(data: Any) -> Scenario:
-    """Check a decoded scenario and build it."""
+def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
+    """Check a decoded scenario and build it.
+
+    `base` is the folder relative paths in it (``replay``) start from: the
+    scenario file's own, or the working directory when None.
+    """
     top = _object(data, "the scenario", _TOP_FIELDS)
     gpus = tuple(
-        _gpu(g, f"gpus[{i}]", i) for i, g in enumerate(_list(top.get("gpus", []), "gpus"))
+        _gpu(g, f"gpus[{i}]", i, base) for i, g in enumerate(_list(top.get("gpus", []), "gpus"))
     )
     busids = [g.busid for g in gpus]
     if len(set(busids)) != len(busids):
@@ -305,8 +313,16 @@ _GPU_FIELDS = {
     "memory_reserved_mib", "process_list_capacity", "grow_between_calls",
     "sample_clock", "sample_phase", "sample_jitter_ms", "late_samples", "missing_samples",
     "samples_not_found", "process_utilization", "duplicate_process_samples", "stray_process_samples",
+    "replay",
 }
 PROCESS_UTILIZATION = ("per-period", "per-call")
+#: what a replayed recording supplies, so a replayed GPU cannot also give it
+_REPLAYED_FIELDS = (
+    "memory_total_mib", "memory_used_mib", "memory_reserved_mib", "gpu_util", "mem_util", "processes", "mig",
+    "mig_capable", "sample_period", "gpu_timeline", "mem_timeline", "idle_samples", "sample_phase", "sample_jitter_ms",
+    "late_samples", "missing_samples", "process_utilization", "duplicate_process_samples",
+    "stray_process_samples",
+)
 _PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop", "sm_timeline", "mem_timeline"}
 _TIMELINE_FIELDS = {"period", "busy", "level"}
 _MIG_FIELDS = {
@@ -491,8 +507,31 @@ def _check_carving(instances: tuple[MigSpec, ...], where: str) -> None:
                 raise ScenarioError(f"{where}[{j}].slot {second.slot} is in use by mig[{i}] at the same time")
 
 
-def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
+def _replay(spec: dict[str, Any], where: str, base: str | Path | None) -> Recording | None:
+    """The recording a GPU replays, loaded and checked; None without ``replay``."""
+    if "replay" not in spec:
+        return None
+    value = spec["replay"]
+    if not isinstance(value, str) or not value:
+        raise ScenarioError(f"{where}.replay must be the path of a recording")
+    for key in _REPLAYED_FIELDS:
+        if key in spec:
+            raise ScenarioError(f"{where}.{key} cannot be given with replay (the recording supplies it)")
+    path = Path(value)
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    try:
+        return load_recording(path)
+    except RecordingError as error:
+        raise ScenarioError(f"{where}.replay: {error}") from None
+
+
+def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> GpuSpec:
     spec = _object(spec, where, _GPU_FIELDS)
+    recording = _replay(spec, where, base)
+    if recording is not None:
+        spec = {"name": recording.name, "uuid": recording.uuid, "busid": recording.busid,
+                "memory_total_mib": recording.memory_total / 1048576, **spec}
     busid = spec.get("busid", f"00000000:{0x17 + index:02X}:00.0")
     name = spec.get("name", "NVIDIA Simulated GPU")
     uuid = spec.get("uuid", f"GPU-5111a7ed-0000-4000-8000-{index:012d}")
@@ -531,6 +570,7 @@ def _gpu(spec: Any, where: str, index: int) -> GpuSpec:
         process_list_capacity=_capacity(spec.get("process_list_capacity"), f"{where}.process_list_capacity"),
         grow_between_calls=_growth(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
         **_sample_timing(spec, where),
+        replay=recording,
     )
 
 

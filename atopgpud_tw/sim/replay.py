@@ -1,0 +1,224 @@
+"""Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU.
+
+A scenario GPU with ``replay`` names a recording of one workload on a real (or
+simulated) GPU.  The simulated driver then answers from it instead of from the
+scenario's values:
+
+- ``nvmlDeviceGetSamples``: the GPU and memory samples the recording holds,
+  each on its own timestamp shifted onto the simulator's clock, available once
+  simulated time has reached it, the newest `SAMPLE_BUFFER` of them kept;
+- ``nvmlDeviceGetProcessUtilization``: the recorded per-process samples, in the
+  same way, as far back as the oldest GPU sample still kept;
+- the rates call, memory info (v1, or v2 where the recording has v2 answers)
+  and the process lists: what the recording's last call before that simulated
+  time returned (its first one before that).
+
+Simulated time 0 is the start of the workload's busy spells by the recorder's
+clock; the recording's driver timestamps are mapped onto that clock by the
+smallest delay seen between a samples call and the newest sample it returned.
+Past the end of the recording no new samples arrive (the buffer runs dry) and
+the other answers stay at their last values.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+#: the format tag calibrate.py writes
+FORMAT = "atopgpud-calibration/1"
+#: utilization samples the simulated driver keeps per device (as SimulatedNvml)
+SAMPLE_BUFFER = 100
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be replayed; the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a replayed GPU answers, on the recording's own clocks."""
+
+    path: str
+    name: str
+    uuid: str
+    busid: str
+    memory_total: int
+    #: the driver's clock (µs) at the start of the busy spells
+    origin_us: int
+    #: seconds of the recording after its start
+    duration: float
+    #: (stamp µs, value) of the GPU and memory samples, by stamp
+    gpu: tuple[tuple[int, int], ...]
+    mem: tuple[tuple[int, int], ...]
+    #: (stamp µs, pid, sm, mem, enc, dec) of the process samples, by stamp
+    processes: tuple[tuple[int, int, int, int, int, int], ...]
+    #: (seconds after the start, ...) of the other calls, in call order
+    rates: tuple[tuple[float, int, int], ...]
+    #: (seconds after the start, total, used, free) of memory info v1, and of v2 with reserved
+    memory: tuple[tuple[float, int, int, int], ...]
+    memory_v2: tuple[tuple[float, int, int, int, int], ...]
+    compute: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
+    graphics: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
+
+
+def driver_offset_us(sample_calls: Sequence[dict[str, Any]]) -> int | None:
+    """The wall clock minus the driver's sample clock (µs): the smallest delay seen
+    between a samples call and the newest sample it returned."""
+    lags = [
+        int(round(call["at"][0] * 1_000_000)) - max(stamp for stamp, _ in call["samples"])
+        for call in sample_calls
+        if call.get("samples")
+    ]
+    return min(lags) if lags else None
+
+
+def load_recording(path: str | Path) -> Recording:
+    """Read a recording for replay; `RecordingError` names what is missing."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise RecordingError(f"{path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise RecordingError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    try:
+        return parse_recording(data, str(path))
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        if isinstance(error, RecordingError):
+            raise
+        raise RecordingError(f"{path}: not a usable recording ({type(error).__name__}: {error})") from None
+
+
+def parse_recording(data: Any, path: str = "<recording>") -> Recording:
+    """Build a `Recording` from a decoded calibration file."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise RecordingError(f"{path}: not a calibration recording (format {FORMAT!r} expected)")
+    calls = data["calls"]
+    start_wall = float(data["schedule"]["start"][0])
+    offset = driver_offset_us(calls["samples"])
+    if offset is None:
+        raise RecordingError(f"{path}: no utilization samples recorded")
+    origin = int(round(start_wall * 1_000_000)) - offset
+
+    def since_start(call: dict[str, Any]) -> float:
+        return float(call["at"][0]) - start_wall
+
+    kinds: dict[str, dict[int, int]] = {"gpu": {}, "memory": {}}
+    for call in calls["samples"]:
+        for stamp, value in call.get("samples") or ():
+            kinds[call["type"]][int(stamp)] = int(value)
+    processes: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {}
+    for call in calls["process_utilization"]:
+        for pid, stamp, sm, mem, enc, dec in call.get("samples") or ():
+            processes[(int(pid), int(stamp))] = (int(stamp), int(pid), int(sm), int(mem), int(enc), int(dec))
+    rates = tuple(
+        (since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c
+    )
+    memory = tuple(
+        (since_start(c), int(c["v1"]["total"]), int(c["v1"]["used"]), int(c["v1"]["free"]))
+        for c in calls["memory"]
+        if isinstance(c.get("v1"), dict) and "total" in c["v1"]
+    )
+    memory_v2 = tuple(
+        (since_start(c), *(int(c["v2"][f]) for f in ("total", "used", "free", "reserved")))
+        for c in calls["memory"]
+        if isinstance(c.get("v2"), dict) and "total" in c["v2"]
+    )
+    lists: dict[str, list[tuple[float, tuple[tuple[int, int], ...]]]] = {"compute": [], "graphics": []}
+    for call in calls["processes"]:
+        for kind, found in lists.items():
+            listed = call.get(kind)
+            if isinstance(listed, list):
+                found.append((since_start(call), tuple((int(pid), int(used or 0)) for pid, used in listed)))
+    device = data["device"]
+    end_wall = float(data["schedule"]["recorded_until"][0])
+    return Recording(
+        path=path,
+        name=str(device["name"]),
+        uuid=str(device["uuid"]),
+        busid=str(device["busid"]),
+        memory_total=int(device["memory_total"]),
+        origin_us=origin,
+        duration=end_wall - start_wall,
+        gpu=tuple(sorted(kinds["gpu"].items())),
+        mem=tuple(sorted(kinds["memory"].items())),
+        processes=tuple(sorted(processes.values())),
+        rates=rates,
+        memory=memory,
+        memory_v2=memory_v2,
+        compute=tuple(lists["compute"]),
+        graphics=tuple(lists["graphics"]),
+    )
+
+
+def _driver_now(recording: Recording, now: float) -> int:
+    return recording.origin_us + int(round(now * 1_000_000))
+
+
+def _kept(recording: Recording, now: float) -> tuple[int, int]:
+    """The index range of the GPU samples in the replayed buffer at `now`."""
+    last = bisect.bisect_right(recording.gpu, (_driver_now(recording, now), 1 << 62))
+    return max(0, last - SAMPLE_BUFFER), last
+
+
+def samples(recording: Recording, field: str, now: float, epoch_us: int, since: int) -> list[tuple[int, int]]:
+    """nvmlDeviceGetSamples at simulated time `now`: (stamp, value) newer than `since`,
+    stamps on the simulator's clock (`epoch_us` at simulated time 0)."""
+    series = recording.gpu if field == "gpu" else recording.mem
+    driver_now = _driver_now(recording, now)
+    last = bisect.bisect_right(series, (driver_now, 1 << 62))
+    shift = epoch_us - recording.origin_us
+    kept = series[max(0, last - SAMPLE_BUFFER):last]
+    return [(stamp + shift, value) for stamp, value in kept if stamp + shift > since]
+
+
+def process_samples(
+    recording: Recording, now: float, epoch_us: int, since: int
+) -> list[tuple[int, int, int, int, int, int]]:
+    """nvmlDeviceGetProcessUtilization at `now`: (stamp, pid, sm, mem, enc, dec) newer than `since`."""
+    first, last = _kept(recording, now)
+    oldest = recording.gpu[first][0] if first < last else _driver_now(recording, now)
+    driver_now = _driver_now(recording, now)
+    shift = epoch_us - recording.origin_us
+    begin = bisect.bisect_left(recording.processes, (oldest,))
+    end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
+    return [
+        (stamp + shift, *rest)
+        for stamp, *rest in recording.processes[begin:end]
+        if stamp + shift > since
+    ]
+
+
+def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | None:
+    """The last entry recorded at or before `now`, else the first; None when there is none."""
+    if not entries:
+        return None
+    index = bisect.bisect_right([entry[0] for entry in entries], now) - 1
+    return entries[max(0, index)]
+
+
+def rates(recording: Recording, now: float) -> tuple[int, int] | None:
+    """(gpu, memory) of nvmlDeviceGetUtilizationRates; None when the recording has none."""
+    entry = _at(recording.rates, now)
+    return None if entry is None else (entry[1], entry[2])
+
+
+def memory(recording: Recording, now: float, v2: bool = False) -> tuple[int, int, int, int]:
+    """(total, used, free, reserved) in bytes of nvmlDeviceGetMemoryInfo: of its v2
+    answers when `v2` and the recording has some (reserved 0 otherwise)."""
+    entry = _at(recording.memory_v2, now) if v2 else None
+    if entry is not None:
+        return entry[1], entry[2], entry[3], entry[4]
+    entry = _at(recording.memory, now)
+    if entry is None:
+        return recording.memory_total, 0, recording.memory_total, 0
+    return entry[1], entry[2], entry[3], 0
+
+
+def running(recording: Recording, kind: str, now: float) -> tuple[tuple[int, int], ...] | None:
+    """(pid, usedGpuMemory bytes) of the compute or graphics list; None when not recorded."""
+    entry = _at(recording.compute if kind == "compute" else recording.graphics, now)
+    return None if entry is None else entry[1]
