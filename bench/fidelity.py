@@ -77,6 +77,10 @@ BEHAVIOURS = {
 }
 
 
+#: behaviours that leave the reader no sample buffer: the rates call is all there is
+NO_BUFFER = ("NOT_FOUND always",)
+
+
 def run(
     timeline: dict,
     period: float,
@@ -163,7 +167,7 @@ def main() -> int:
                         worst[0] = max(worst[0], abs(gpu - truth))
                         worst[1] = max(worst[1], abs(proc - truth))
                 ours, point = errors["ours"], errors["point"]
-                if period <= 0.5:
+                if period <= 0.5 and behaviour not in NO_BUFFER:
                     bad = max(ours) > 1.0
                 else:
                     bad = ours[0] > max(1.0, point[0]) or ours[1] > max(1.0, point[1])

@@ -34,6 +34,11 @@ DRY_GAP = 2.5
 #: this many periods without a new sample, by the driver's clock, and the
 #: buffer has run dry (the GPU went idle) rather than the next sample being late
 DRY_TAIL = DRY_GAP
+#: the same, for a buffer known to run dry: one that never held a sample of 0 %
+#: and showed `KNOWN_DRY` gaps longer than `DRY_GAP_KNOWN` periods (a skipped
+#: or late sample is a one-off; a buffer that runs dry does it at every idle spell)
+DRY_GAP_KNOWN = 1.5
+KNOWN_DRY = 3
 
 
 def fold_device_samples(
@@ -261,6 +266,9 @@ class SampleStream:
     window_end: int | None = None
     #: the last poll's figure
     last: int | None = None
+    #: gaps longer than `DRY_GAP_KNOWN` periods seen, and whether a sample of 0 % was
+    dry_spells: int = 0
+    zero_seen: bool = False
 
     def driver_now(self, now_us: int) -> int | None:
         """The reader's time `now_us` on the driver's sample clock, once known."""
@@ -286,7 +294,9 @@ class SampleStream:
         if self.gaps:
             self.period_us = period_from_gaps(self.gaps)
         period = self.period_us
-        self.skipped = skipped_periods(([since] if since else []) + stamps, period)
+        # (a buffer known to run dry skips nothing: its gaps are idle)
+        known_dry = self.dry_gap() == DRY_GAP_KNOWN
+        self.skipped = 0 if known_dry else skipped_periods(([since] if since else []) + stamps, period)
         driver_now = self.driver_now(now_us)
         if not fresh and not self.lags:
             return None, 0
@@ -298,10 +308,15 @@ class SampleStream:
             self.lags.append(now_us - newest)
             self.last = value
             return value, sum(1 for stamp in stamps if stamp > newest - FIRST_WINDOW_US)
+        if any(value == 0 for _, value in fresh):
+            self.zero_seen = True
+        dry_gap = self.dry_gap()
         previous = since
         for stamp, value in fresh:
             low = max(previous, self.covered_to)
-            if period and stamp - previous > DRY_GAP * period:
+            if period and stamp - previous > DRY_GAP_KNOWN * period:
+                self.dry_spells += 1
+            if period and stamp - previous > dry_gap * period:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
@@ -317,7 +332,7 @@ class SampleStream:
             end = self.covered_to
         else:
             end = driver_now - self.lag_us
-            if driver_now - self.since >= DRY_TAIL * period:
+            if driver_now - self.since >= dry_gap * period:
                 tail = self.covered_to
                 self._known(tail, end, 0.0)  # the buffer ran dry: idle
                 if not fresh:
@@ -325,6 +340,14 @@ class SampleStream:
             elif end > self.covered_to:
                 end = self.covered_to  # the next sample is not in yet: wait for it
         return self._show(end), periods
+
+    def dry_gap(self) -> float:
+        """Periods without a sample after which the buffer ran dry: fewer once it
+        is known to run dry (dry spells seen, never a sample of 0 %), when a gap
+        of two periods is an idle one rather than a sample the driver skipped."""
+        if self.dry_spells >= KNOWN_DRY and not self.zero_seen:
+            return DRY_GAP_KNOWN
+        return DRY_GAP
 
     def _known(self, start: int, end: int, value: float) -> None:
         if end > start:
