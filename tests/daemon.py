@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -174,3 +175,28 @@ def env_without_gpu() -> dict[str, str]:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = ""
     return env
+
+
+def smi_stand_in(tmp_path: Path, report: Path, listing: Path | None = None) -> Path:
+    """An executable nvidia-smi printing `report` (and `listing` for -L):
+    tests/fake_nvidia_smi.py in report mode."""
+    state = tmp_path / "smi-state"
+    state.mkdir()
+    shutil.copy(report, state / "report.xml")
+    if listing is not None:
+        shutil.copy(listing, state / "list.txt")
+    binary = tmp_path / "nvidia-smi"
+    command = [sys.executable, str(Path(__file__).with_name("fake_nvidia_smi.py")), str(state)]
+    binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
+def first_reply(daemon: Daemon) -> tuple[bytes, list[codec.DeviceStats]]:
+    """T and S once the first poll is in."""
+    daemon.wait_samples(1)
+    client = daemon.client()
+    try:
+        return client.ask("T")[1], client.stats()
+    finally:
+        client.close()

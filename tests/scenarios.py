@@ -22,3 +22,18 @@ A10 = {
     "gpu_util": None,
     "mem_util": None,
 }
+
+
+def a10_card(**fields: object) -> dict:
+    """A plain A10 at 40 % / 10 % with one compute process; each test changes what it needs."""
+    spec = {
+        "name": "NVIDIA A10",
+        "busid": "00000000:65:00.0",
+        "memory_total_mib": 24000,
+        "memory_used_mib": 1000,
+        "gpu_util": 40,
+        "mem_util": 10,
+        "processes": [{"pid": 300, "memory_mib": 100, "sm_util": 20, "mem_util": 4}],
+    }
+    spec.update(fields)
+    return spec

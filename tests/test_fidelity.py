@@ -5,14 +5,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from twisted.internet.defer import succeed
+from clocked import ClockedReader
 from twisted.internet.task import Clock
 
 from atopgpud_tw.board import Board
 from atopgpud_tw.poller import PollerService
-from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.nvml_samples import fold_device_samples, fold_process_samples
-from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 BURSTS = {"period": 1.0, "busy": [[0.0, 0.1]]}  # 100 ms of work every second: 10 %
 
@@ -86,24 +84,6 @@ def timeline_scenario(samples_supported: bool = True) -> dict:
             }
         ]
     }
-
-
-class ClockedReader:
-    """The NVML reader, read synchronously at the task.Clock's time."""
-
-    name = "sim"
-
-    def __init__(self, scenario: dict, clock: Clock) -> None:
-        self.clock = clock
-        self.nvml = simulated_binding(parse_scenario(scenario), clock=clock.seconds)
-        self.reader = NvmlReader(self.nvml, reactor=None)
-        self.reader.open()
-
-    def poll(self):
-        return succeed(self.reader.read(self.clock.seconds())[0])
-
-    def close(self) -> None:
-        pass
 
 
 def run_minute(scenario: dict, phase: float = 0.55) -> Board:

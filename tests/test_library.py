@@ -10,6 +10,7 @@ import ctypes
 from typing import Any
 
 import pytest
+from scenarios import a10_card
 from twisted.logger import globalLogPublisher
 
 from atopgpud_tw.counters import Counters
@@ -23,17 +24,8 @@ MIB = 1 << 20
 
 
 def card(**fields: Any) -> dict:
-    spec = {
-        "name": "NVIDIA A10",
-        "busid": "00000000:65:00.0",
-        "memory_total_mib": 24000,
-        "memory_used_mib": 1000,
-        "gpu_util": 40,
-        "mem_util": 10,
-        "processes": [{"pid": 300, "memory_mib": 100, "sm_util": 20, "mem_util": 4}],
-    }
-    spec.update(fields)
-    return spec
+    """A plain card with one compute process; each test changes what it needs."""
+    return a10_card(**fields)
 
 
 def host(clock: list[float] | None = None, **top: Any) -> Any:

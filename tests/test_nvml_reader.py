@@ -10,6 +10,8 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+from scenarios import a10_card
+
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
@@ -60,17 +62,7 @@ def poll(reader: NvmlReader, clock: list[float], now: float) -> tuple[Snapshot, 
 
 def gpu(**fields: Any) -> dict:
     """A plain card with one compute process; each test changes what it needs."""
-    spec = {
-        "name": "NVIDIA A10",
-        "busid": "00000000:65:00.0",
-        "memory_total_mib": 24000,
-        "memory_used_mib": 1000,
-        "gpu_util": 40,
-        "mem_util": 10,
-        "processes": [{"pid": 300, "memory_mib": 100, "sm_util": 20, "mem_util": 4}],
-    }
-    spec.update(fields)
-    return spec
+    return a10_card(**fields)
 
 
 def test_whole_card_is_read_as_one_device():

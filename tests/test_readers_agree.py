@@ -18,14 +18,11 @@ has no per-process utilization, so its per-process busy figures are -1.
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import shutil
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from daemon import Daemon, run_daemon
+from daemon import Daemon, first_reply, run_daemon, smi_stand_in
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
@@ -206,26 +203,8 @@ def test_version_1_differs_only_in_per_process_busy(nvml: dict[str, Counters], s
 
 @pytest.fixture
 def smi_binary(tmp_path: Path) -> Path:
-    """An executable nvidia-smi printing the fixtures (tests/fake_nvidia_smi.py in report mode)."""
-    state = tmp_path / "smi-state"
-    state.mkdir()
-    shutil.copy(REPORT, state / "report.xml")
-    shutil.copy(LISTING, state / "list.txt")
-    binary = tmp_path / "nvidia-smi"
-    command = [sys.executable, str(HERE / "fake_nvidia_smi.py"), str(state)]
-    binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
-    binary.chmod(0o755)
-    return binary
-
-
-def first_reply(daemon: Daemon) -> tuple[bytes, list[codec.DeviceStats]]:
-    """T and S once the first poll is in (T lists nothing before it)."""
-    daemon.wait_samples(1)
-    client = daemon.client()
-    try:
-        return client.ask("T")[1], client.stats()
-    finally:
-        client.close()
+    """An executable nvidia-smi printing the fixtures."""
+    return smi_stand_in(tmp_path, REPORT, LISTING)
 
 
 @pytest.fixture(params=["instances", "card"])

@@ -9,16 +9,13 @@
 
 from __future__ import annotations
 
-import shlex
-import shutil
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from daemon import Daemon, free_port, run_daemon
+from daemon import Daemon, first_reply, free_port, run_daemon, smi_stand_in
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
@@ -103,27 +100,6 @@ class Host:
                 assert all(b >= a for a, b in zip(old, new)), (old, new)
 
 
-def smi_binary(tmp_path: Path, report: Path) -> Path:
-    """An executable nvidia-smi printing `report` (tests/fake_nvidia_smi.py in report mode)."""
-    state = tmp_path / "smi-state"
-    state.mkdir()
-    shutil.copy(report, state / "report.xml")
-    binary = tmp_path / "nvidia-smi"
-    command = [sys.executable, str(HERE / "fake_nvidia_smi.py"), str(state)]
-    binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
-    binary.chmod(0o755)
-    return binary
-
-
-def first_poll(daemon: Daemon) -> tuple[bytes, list[codec.DeviceStats]]:
-    daemon.wait_samples(1)
-    client = daemon.client()
-    try:
-        return client.ask("T")[1], client.stats()
-    finally:
-        client.close()
-
-
 # -- two cards with one UUID --
 
 
@@ -195,7 +171,7 @@ def test_smi_clone_keys_stay_when_one_card_is_missing() -> None:
 def clone_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
     """A simulated daemon and an nvidia-smi daemon, each on the clones host."""
     common = ["--interval", "0.2"]
-    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_binary(tmp_path, FIXTURES / "clones.xml"))]
+    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_stand_in(tmp_path, FIXTURES / "clones.xml"))]
     for sim_daemon in run_daemon(tmp_path, common, scenario=clones()):
         for smi_daemon in run_daemon(tmp_path, [*smi, *common]):
             yield sim_daemon, smi_daemon
@@ -204,7 +180,7 @@ def clone_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
 def test_daemons_show_both_clones_with_safe_names(clone_daemons: tuple[Daemon, Daemon]) -> None:
     """Over the socket, from either reader: both cards in T, "®" as "_", each with its own process."""
     for daemon in clone_daemons:
-        types, stats = first_poll(daemon)
+        types, stats = first_reply(daemon)
         assert types == CLONES_TYPES
         assert [[p.pid for p in d.processes] for d in stats] == [[301], [302]]
 
@@ -413,7 +389,7 @@ class Poller:
 
 @pytest.fixture
 def unknown_memory_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
-    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_binary(tmp_path, FIXTURES / "not-available.xml"))]
+    smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_stand_in(tmp_path, FIXTURES / "not-available.xml"))]
     for sim_daemon in run_daemon(tmp_path, ["--interval", "0.2"], scenario=unknown_memory_host()):
         for smi_daemon in run_daemon(tmp_path, [*smi, "--interval", "0.2"]):
             yield sim_daemon, smi_daemon
@@ -422,7 +398,7 @@ def unknown_memory_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
 def test_daemons_send_minus_one_for_unknown_process_memory(unknown_memory_daemons: tuple[Daemon, Daemon]) -> None:
     """Over the socket, from either reader: pid 7724 is listed with memory -1 now and summed."""
     for daemon in unknown_memory_daemons:
-        _, stats = first_poll(daemon)
+        _, stats = first_reply(daemon)
         (proc,) = [p for p in stats[0].processes if p.pid == 7724]
         assert (proc.memory_now_kib, proc.memory_cum_kib) == (-1, -1)
         assert proc.samples >= 1

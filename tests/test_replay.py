@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twisted.internet.defer import succeed
+from clocked import ClockedReader
 from twisted.internet.task import Clock
 
 from atopgpud_tw.board import Board
 from atopgpud_tw.poller import PollerService
-from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.sim import ScenarioError, load_scenario, parse_scenario, simulated_binding
 from atopgpud_tw.sim.replay import FORMAT, load_recording
 
@@ -32,24 +31,6 @@ RECORDINGS = sorted(
 )
 #: how far the reader's per-interval average may be from the truth, in percentage points
 TOLERANCE = 2.0
-
-
-class ClockedReader:
-    """The NVML reader over a replayed recording, read at the task.Clock's time."""
-
-    name = "sim"
-
-    def __init__(self, path: Path, clock: Clock) -> None:
-        self.clock = clock
-        self.nvml = simulated_binding(parse_scenario({"gpus": [{"replay": str(path)}]}), clock=clock.seconds)
-        self.reader = NvmlReader(self.nvml, reactor=None)
-        self.reader.open()
-
-    def poll(self):
-        return succeed(self.reader.read(self.clock.seconds())[0])
-
-    def close(self) -> None:
-        pass
 
 
 def truth(recording: dict[str, Any], begin: float, end: float) -> dict[int, float]:
@@ -78,7 +59,7 @@ def replayed(path: Path) -> tuple[dict[str, Any], list[tuple[float, int, int, di
     clock = Clock()
     clock.advance(0.5)
     board = Board()
-    poller = PollerService(ClockedReader(path, clock), board, 1.0, clock)
+    poller = PollerService(ClockedReader({"gpus": [{"replay": str(path)}]}, clock), board, 1.0, clock)
     poller.startService()
     seen = []
     while clock.seconds() < seconds:
