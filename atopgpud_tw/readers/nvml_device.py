@@ -22,9 +22,11 @@ from atopgpud_tw.readers.nvml_samples import (
     ProcessStream,
     SampleStream,
     fold_process_samples,
+    fresh_process_samples,
     latest_process_figures,
     lists_busy_periods,
     samples_per_pid,
+    windowed_process_figures,
 )
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
@@ -492,6 +494,17 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
         _learn_process_mode(device, stream, samples)
     if stream.mode == PER_CALL:
         busy, newest = latest_process_figures(samples, since)
+    elif since and gpu is not None and _on_device_stamps(stream, gpu, samples, since):
+        # stamped as the device's samples: shown over the device's own windows
+        newest = max([since, *stream.pending])
+        if gpu.shown:
+            stream.figures = windowed_process_figures(stream.pending, gpu.shown, {
+                pid for stamp in stream.pending for pid in stream.pending[stamp]
+            })
+            stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > gpu.window_end}
+        stream.previous_since, stream.since = since, newest
+        stream.listed = {pid for pid, _ in stream.figures.items()}
+        return stream.figures
     else:
         learnt = stream.learn_period(samples, since)
         period = (gpu.period_us if gpu else None) or learnt
@@ -501,6 +514,10 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
             periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
             stream.credit = max(0, samples_per_pid(samples, since) - periods)
         busy, newest = fold_process_samples(samples, since, periods or None, period, elapsed)
+        if not since and gpu is not None:
+            # the first read: what comes after the device's first window is shown in the next
+            for (pid, stamp), figures in fresh_process_samples(samples, gpu.since).items():
+                stream.pending.setdefault(stamp, {})[pid] = figures
         if not since and gpu is not None and period and abs(newest - gpu.since) < SAME_CLOCK_US:
             # the first read: periods that ended between the device's call and this one
             stream.credit = max(0, round((newest - gpu.since) / period))
@@ -513,6 +530,20 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
     stream.figures = busy
     stream.listed = set(busy)
     return busy
+
+
+def _on_device_stamps(stream: ProcessStream, gpu: SampleStream, samples: list[Any], since: int) -> bool:
+    """Whether the driver stamps its process samples as its device samples
+    (decided on the first few, then kept); the samples are kept by stamp
+    until the device's windows have shown them."""
+    for (pid, stamp), figures in fresh_process_samples(samples, since).items():
+        stream.pending.setdefault(stamp, {})[pid] = figures
+        stream.stamps_seen.add(stamp)
+    if stream.same_stamps is None and len(stream.stamps_seen) >= 3:
+        stream.same_stamps = stream.stamps_seen <= set(gpu.recent)
+    if not stream.same_stamps and gpu.window_end is not None:
+        stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > gpu.window_end}
+    return bool(stream.same_stamps)
 
 
 def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list[Any]) -> None:

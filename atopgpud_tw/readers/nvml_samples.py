@@ -169,6 +169,32 @@ def samples_per_pid(samples: Iterable[Any], since: int) -> int:
     return max(counts.values(), default=0)
 
 
+def windowed_process_figures(
+    pending: dict[int, dict[int, tuple[int, int]]], shown: list[tuple[int, int]], pids: Iterable[int]
+) -> dict[int, tuple[int, int]]:
+    """Per-pid (sm, mem) over the device's window: each part of it (µs, the
+    device sample stamp that covered it) at the pid's figure in the process
+    sample of that stamp, 0 where it has none (idle)."""
+    weight = sum(part for part, _ in shown)
+    if weight <= 0:
+        return {}
+    figures = {}
+    for pid in pids:
+        sm = mem = 0.0
+        for part, stamp in shown:
+            found = pending.get(stamp, {}).get(pid)
+            if found is not None:
+                sm += found[0] * part
+                mem += found[1] * part
+        figures[pid] = (round(sm / weight), round(mem / weight))
+    return figures
+
+
+def fresh_process_samples(samples: Iterable[Any], since: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(pid, stamp) -> (sm, mem), newer than `since`, within 0..100, once each."""
+    return _fresh(samples, since)[0]
+
+
 def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int, tuple[int, int]], int]:
     """Per-pid (sm, mem) from a driver that lists each process once per call,
     its figure already an average over the window asked for; the newest timestamp.
@@ -266,6 +292,10 @@ class SampleStream:
     window_end: int | None = None
     #: the last poll's figure
     last: int | None = None
+    #: the stamps of recent samples
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW * 4))
+    #: the last window's parts: (µs, the sample stamp that covered them, 0 for dry)
+    shown: list[tuple[int, int]] = field(default_factory=list)
     #: gaps longer than `DRY_GAP_KNOWN` periods seen, and whether a sample of 0 % was
     dry_spells: int = 0
     zero_seen: bool = False
@@ -290,6 +320,7 @@ class SampleStream:
         since = self.before = self.since
         fresh = sorted((stamp, value) for stamp, value in pairs if stamp > since and 0 <= value <= 100)
         stamps = [stamp for stamp, _ in fresh]
+        self.recent.extend(stamps)
         self.gaps.extend(b - a for a, b in zip(stamps, stamps[1:]) if b > a)
         if self.gaps:
             self.period_us = period_from_gaps(self.gaps)
@@ -320,7 +351,7 @@ class SampleStream:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
-            self._known(low, stamp, value)
+            self._known(low, stamp, value, stamp)
             previous = stamp
         periods = 0
         if fresh:
@@ -349,22 +380,25 @@ class SampleStream:
             return DRY_GAP_KNOWN
         return DRY_GAP
 
-    def _known(self, start: int, end: int, value: float) -> None:
+    def _known(self, start: int, end: int, value: float, stamp: int = 0) -> None:
+        """Time known to have been busy at `value` %: up to sample `stamp` (0: a dry spell)."""
         if end > start:
-            self.cover.append((start, end, value))
+            self.cover.append((start, end, value, stamp))
             self.covered_to = max(self.covered_to, end)
 
     def _show(self, end: int) -> int | None:
         """The mean over the window from the last one's end to `end`."""
         start = self.window_end if self.window_end is not None else end
+        self.shown = []
         if end <= start:
             return self.last  # no new time to show
         total = weight = 0.0
-        for low, high, value in self.cover:
+        for low, high, value, stamp in self.cover:
             overlap = min(high, end) - max(low, start)
             if overlap > 0:
                 total += value * overlap
                 weight += overlap
+                self.shown.append((overlap, stamp))
         self.cover = [part for part in self.cover if part[1] > end]
         self.window_end = end
         if weight <= 0:
@@ -424,6 +458,13 @@ class ProcessStream:
     settled: bool = False
     #: the pids the previous poll that brought samples listed
     listed: set[int] = field(default_factory=set)
+    #: per-period process samples not yet shown, by stamp, when they are stamped
+    #: as the device's samples are: then they are shown over the device's windows
+    pending: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    #: whether process samples carry the device samples' stamps (None: not known
+    #: yet), and the stamps it is decided on
+    same_stamps: bool | None = None
+    stamps_seen: set[int] = field(default_factory=set)
     #: periods counted for processes ahead of the device's samples (a period
     #: that ended between the two calls of a poll), taken off the next poll
     credit: int = 0
