@@ -76,6 +76,9 @@ class NvmlReader:
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
+        #: the time of an NVML call, read when it is made: a poll's calls may wait
+        #: in the worker long after the poll began (synchronous reads: none)
+        self._call_clock = None if reactor is None else reactor.seconds
         self._worker = SerialWorker(reactor)
         #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
         self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
@@ -259,6 +262,7 @@ class NvmlReader:
         lost = False
         for card in self._devices:
             card.now_us = int(now * 1_000_000)
+            card.clock = self._call_clock
             try:
                 found = read_card(card, self.mig, problems)
             except Reinitialise as failure:

@@ -159,6 +159,8 @@ class NvmlDevice:
     poll_busy: int | None = None
     #: this poll's time in microseconds on the reader's clock (the reader sets it)
     now_us: int = 0
+    #: the reader's clock, read at the calls that need the time they were made
+    clock: Callable[[], float] | None = field(default=None, repr=False)
     #: the NVML calls whose answers were found wanting, told once
     noticed: set[str] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
@@ -409,7 +411,9 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
         _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
     except Idle:
         samples = []
-    value, periods = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], device.now_us)
+    # the driver's clock is learnt from when the call was made, not when the poll began
+    now_us = device.now_us if device.clock is None else int(device.clock() * 1_000_000)
+    value, periods = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         device.poll_periods = periods
     if value is None:
