@@ -115,3 +115,25 @@ def test_point_sampling_is_not_what_is_checked():
         scenario = host("plain")
         scenario["gpus"][0]["gpu_util"] = 45
         check(scenario)
+
+
+def test_polls_whose_calls_wait_in_the_worker():
+    """Every other poll's calls run 600 ms after the poll began (a busy worker):
+    the driver's clock is learnt from the calls' own time, so no prompt poll
+    after a late one takes the buffer for dry."""
+    clock = [0.0]
+
+    class Reactor:
+        @staticmethod
+        def seconds() -> float:
+            return clock[0]
+
+    reader = NvmlReader(simulated_binding(parse_scenario(host("plain")), clock=lambda: clock[0]), reactor=Reactor())
+    reader.open()
+    figures = []
+    for poll in range(30):
+        began = 30.0 + poll
+        clock[0] = began + (0.6 if poll % 2 else 0.0)
+        snapshot, _ = reader.read(began)
+        figures.append([(d.gpu_busy, d.mem_busy) for d in snapshot.devices])
+    assert all(f == [(40, 10), (70, 20)] for f in figures[1:]), figures
