@@ -3,19 +3,20 @@
 The driver measures utilization over its own sample period (1/6 s to 1 s by
 product) and keeps every sample in a buffer; `nvmlDeviceGetUtilizationRates`
 shows only the last period, so a poll once a second can miss most of each second
-(NVML-FACTS.md sections 1 to 3).  These functions take everything the buffer holds
-since the previous poll instead:
+(NVML-FACTS.md sections 1 to 3).  The reader takes everything the buffer holds
+instead, and copes with what real drivers do to it (docs/fidelity.md):
 
-- device samples: the time-weighted mean over ``(since, newest]``, each sample
-  weighing the time since the one before it;
-- process samples: the driver lists a process only for periods in which it was
-  busy, so a pid's figure is its busy time over the whole window, and a pid
-  without samples was idle (0 %).
+- `SampleStream`: one device's buffer of one kind (GPU or memory busy): the
+  driver's period and clock as its samples show them, and each poll's figure as
+  the mean over a window of the driver's time; the windows tile that time;
+- `ProcessStream`: one device's per-process samples, listed per busy period or
+  once per call, whichever the driver does;
+- the pure functions they use (`fold_device_samples` for the first read,
+  `fold_process_samples`, `windowed_process_figures`, ...).
 
-Samples no newer than `since`, or above 100 %, are dropped (both are seen from
-real drivers).  On the first read (`since` 0) the buffer's whole past comes back:
-only its newest sample is used then.  Only timestamps NVML returned are ever
-handed back as the next `since`.  Pure functions, no NVML.
+Samples no newer than the timestamp asked with, or above 100 %, are dropped
+(both are seen from real drivers); only timestamps NVML returned are ever
+handed back.  No NVML here.
 """
 
 from __future__ import annotations
@@ -237,13 +238,6 @@ def _fresh(samples: Iterable[Any], since: int) -> tuple[dict[tuple[int, int], tu
             if stamp > newest:
                 newest = stamp
     return latest, newest
-
-
-def smallest_gap(stamps: Iterable[int]) -> int | None:
-    """The smallest gap between distinct timestamps (the driver's sample period, once seen)."""
-    ordered = sorted(set(stamps))
-    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
-    return min(gaps) if gaps else None
 
 
 @dataclass(eq=False)
