@@ -16,6 +16,7 @@ from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
+from atopgpud_tw.signals import SignalService
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
@@ -74,7 +75,9 @@ class Options(usage.Options):
         "Samples every NVIDIA GPU once per interval, keeps cumulative counters per GPU "
         "and per process, and answers atop's requests (atop -k). Old atop (2.4 to 2.12) "
         "connects to TCP 127.0.0.1:59123: add --listen tcp:59123:interface=127.0.0.1. "
-        "An endpoint that cannot listen ends start-up with one line and exit status 1."
+        "An endpoint that cannot listen ends start-up with one line and exit status 1. "
+        "SIGHUP reopens twistd's log file (SIGUSR1 rotates it); without one, SIGHUP, "
+        "SIGUSR1 and SIGUSR2 are logged and ignored."
     )
 
     optParameters = [
@@ -147,6 +150,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     board = Board(exited_limit=options["max-exited"])
     board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
+    SignalService(reactor).setServiceParent(top)
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
