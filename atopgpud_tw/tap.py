@@ -6,16 +6,17 @@ import grp
 import pwd
 from typing import Any
 
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.python import usage
 
 from atopgpud_tw.access import AllowList
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
+from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
+from atopgpud_tw.signals import SignalService
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
@@ -73,7 +74,10 @@ class Options(usage.Options):
     longdesc = (
         "Samples every NVIDIA GPU once per interval, keeps cumulative counters per GPU "
         "and per process, and answers atop's requests (atop -k). Old atop (2.4 to 2.12) "
-        "connects to TCP 127.0.0.1:59123: add --listen tcp:59123:interface=127.0.0.1."
+        "connects to TCP 127.0.0.1:59123: add --listen tcp:59123:interface=127.0.0.1. "
+        "An endpoint that cannot listen ends start-up with one line and exit status 1. "
+        "SIGHUP reopens twistd's log file (SIGUSR1 rotates it); without one, SIGHUP, "
+        "SIGUSR1 and SIGUSR2 are logged and ignored."
     )
 
     optParameters = [
@@ -146,6 +150,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     board = Board(exited_limit=options["max-exited"])
     board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
+    SignalService(reactor).setServiceParent(top)
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
@@ -155,13 +160,13 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
     )
     factory = AtopGpuFactory(board, limits, reactor)
+    listeners = []
     for description in options["listen"]:
         try:
             endpoint = listen_endpoint(reactor, description)
         except ValueError as error:
             raise SystemExit(f"atopgpud: --listen {description}: {error}") from None
-        checked = CheckedEndpoint(endpoint, options["socket-group"])
-        StreamServerEndpointService(checked, factory).setServiceParent(top)
+        listeners.append((description, CheckedEndpoint(endpoint, options["socket-group"]), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
 
@@ -172,5 +177,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         site = make_site(
             board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
         )
-        StreamServerEndpointService(endpoint, site).setServiceParent(top)
+        listeners.append((f"{options['metrics']} (--metrics)", endpoint, site))
+    for port in listen_all(listeners):  # before twistd daemonizes: a failure is the parent's exit status
+        ListeningService(port).setServiceParent(top)
     return top

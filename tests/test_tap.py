@@ -8,12 +8,11 @@ import sys
 
 import pytest
 from daemon import env_without_gpu, twistd
-from twisted.application.internet import StreamServerEndpointService
-from twisted.internet.endpoints import TCP4ServerEndpoint, UNIXServerEndpoint
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from atopgpud_tw import tap
+from atopgpud_tw.listening import ListeningService
 from atopgpud_tw.poller import PollerService
 
 
@@ -41,7 +40,7 @@ def test_bad_options_are_usage_errors(args):
 
 
 def test_service_listens_where_asked(tmp_path):
-    """makeService wires a poller and one listener per --listen, on the given reactor."""
+    """makeService wires a poller and one listening port per --listen, on the given reactor."""
     reactor = MemoryReactorClock()
     service = tap.makeService(
         options("--reader", "sim", "--listen", "unix:@test-name", "--listen", "tcp:59123:interface=127.0.0.1"),
@@ -49,13 +48,10 @@ def test_service_listens_where_asked(tmp_path):
     )
     children = list(service)
     assert sum(isinstance(c, PollerService) for c in children) == 1
-    listeners = [c for c in children if isinstance(c, StreamServerEndpointService)]
-    for listener in listeners:
-        listener.startService()
+    assert sum(isinstance(c, ListeningService) for c in children) == 2
+    # listening while the service is built, before twistd daemonizes: a failure is the exit status
     assert [port[0] for port in reactor.unixServers] == ["\0test-name"]
     assert [(port[0], port[3]) for port in reactor.tcpServers] == [(59123, "127.0.0.1")]
-    assert isinstance(listeners[0].endpoint.endpoint, UNIXServerEndpoint)
-    assert isinstance(listeners[1].endpoint.endpoint, TCP4ServerEndpoint)
 
 
 def test_bad_listen_is_one_line(tmp_path):

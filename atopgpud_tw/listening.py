@@ -1,0 +1,114 @@
+"""Listen while the service is built, so that an endpoint that cannot listen ends start-up.
+
+twistd builds the service before it daemonizes and before the reactor runs; a
+listener started later (``StreamServerEndpointService``) that fails only logs a
+traceback while the daemon runs on, serving nothing, and a daemonized parent has
+already exited 0.  Listening in ``makeService`` fails where a service manager and
+the shell see it: one line, exit status 1.  The listening port is then handed to a
+service that only closes it at shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from twisted.application.service import Service
+from twisted.internet import error, main
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.python.failure import Failure
+
+
+class ListeningService(Service):
+    """A port already listening: nothing to start, closed when the service stops."""
+
+    def __init__(self, port: IListeningPort) -> None:
+        self.port = port
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        _take_lock(self.port)
+
+    def stopService(self) -> Any:
+        super().stopService()
+        return self.port.stopListening()
+
+
+def listen_all(listeners: Sequence[tuple[str, IStreamServerEndpoint, Any]]) -> list[IListeningPort]:
+    """Listen on each (description, endpoint, factory) now.
+
+    If one cannot listen, those already listening are closed (a filesystem
+    socket's file and lock file removed) and SystemExit says which and why.
+    """
+    ports: list[IListeningPort] = []
+    for description, endpoint, factory in listeners:
+        outcome: list[Any] = []
+        endpoint.listen(factory).addBoth(outcome.append)
+        if outcome and not isinstance(outcome[0], Failure):
+            ports.append(outcome[0])
+            continue
+        for port in ports:
+            _close_now(port)
+        if not outcome:
+            cause = "the endpoint did not start listening at once"
+        else:
+            _remove_own_lock(outcome[0].value)
+            cause = describe(outcome[0].value)
+        raise SystemExit(f"atopgpud: cannot listen on {description}: {cause}")
+    return ports
+
+
+def describe(problem: BaseException) -> str:
+    """The cause of a failed listen in a few words: 'address already in use'."""
+    if isinstance(problem, error.CannotListenError):
+        cause = problem.socketError
+        if isinstance(cause, str) and cause == "Cannot acquire lock":
+            return f"another process holds {_name(problem.port)}.lock"
+        problem = cause if isinstance(cause, BaseException) else problem
+    if isinstance(problem, OSError) and problem.strerror:
+        text = problem.strerror
+    else:
+        text = str(problem) or type(problem).__name__
+    return text[:1].lower() + text[1:]
+
+
+def _name(path: Any) -> str:
+    return os.fsdecode(path) if isinstance(path, (str, bytes)) else str(path)
+
+
+def _remove_own_lock(problem: BaseException) -> None:
+    """A filesystem socket whose bind failed leaves the lock file it took; ours goes."""
+    path = getattr(problem, "port", None)
+    if not isinstance(path, (str, bytes)) or _name(path).startswith("\0"):
+        return
+    lock = _name(path) + ".lock"
+    try:
+        if os.readlink(lock) == str(os.getpid()):
+            os.unlink(lock)
+    except OSError:
+        pass
+
+
+def _take_lock(port: IListeningPort) -> None:
+    """A filesystem socket's lock file names the process that listened: twistd's
+    parent, once twistd has daemonized.  The daemon takes it over, or the lock could
+    not be released at shutdown and would be left behind."""
+    lock = getattr(port, "lockFile", None)
+    name = getattr(lock, "name", None)
+    if name is None or not getattr(lock, "locked", False):
+        return
+    name = os.fsdecode(name)
+    pid = str(os.getpid())
+    if os.readlink(name) != pid:
+        os.symlink(pid, name + ".new")
+        os.replace(name + ".new", name)
+
+
+def _close_now(port: IListeningPort) -> None:
+    """Close a port while the reactor is not running (stopListening would wait for it)."""
+    lost = getattr(port, "connectionLost", None)
+    if lost is None:
+        port.stopListening()
+        return
+    port.stopReading()  # type: ignore[attr-defined]
+    lost(Failure(main.CONNECTION_DONE))

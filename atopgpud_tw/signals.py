@@ -1,0 +1,108 @@
+"""Signals a daemon is sent: SIGHUP, SIGUSR1, SIGUSR2, and SIGTERM twice.
+
+The reactor handles SIGTERM and SIGINT; every other signal keeps its default
+action, which for SIGHUP, SIGUSR1 and SIGUSR2 is to die at once: no socket file
+removed, no lock file released, NVML not shut down.  And a second SIGTERM before
+the reactor has stopped makes it stop again, which logs a ReactorNotRunning
+traceback.  ``SignalService`` installs, once the reactor runs (after its own
+handlers):
+
+- SIGHUP: the log file reopened when twistd logs to one (as after logrotate moved
+  it), else logged and ignored;
+- SIGUSR1: twistd's own handler where it logs to a file (the log file is rotated);
+  else logged and ignored;
+- SIGUSR2: logged and ignored;
+- SIGTERM, SIGINT: the reactor's handler, once; a repeat is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Any, Callable
+
+from twisted.application.service import Service
+from twisted.logger import Logger
+from twisted.python import logfile
+
+Handler = Callable[[int, "FrameType | None"], Any]
+
+
+def twistd_log_file() -> logfile.BaseLogFile | None:
+    """The log file twistd writes to, found through the SIGUSR1 handler it installs
+    for it (twistd keeps no other reference to it); None when it logs elsewhere."""
+    rotate = signal.getsignal(signal.SIGUSR1)
+    for cell in getattr(rotate, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, logfile.BaseLogFile):
+            return value
+    return None
+
+
+class SignalService(Service):
+    """Installs the handlers above once the reactor runs; puts back the old ones at stop."""
+
+    log = Logger()
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.previous: dict[int, Any] = {}
+        self.stopping = False
+
+    def startService(self) -> None:
+        super().startService()
+        self.reactor.callWhenRunning(self.install)
+
+    def install(self) -> None:
+        """Replace the default actions (and wrap the reactor's stop handlers)."""
+        log_file = twistd_log_file()
+        handlers: dict[int, Handler] = {
+            signal.SIGHUP: self._in_reactor(self.hangup, log_file),
+            signal.SIGUSR2: self._in_reactor(self.ignored, "SIGUSR2"),
+        }
+        if log_file is None:
+            handlers[signal.SIGUSR1] = self._in_reactor(self.ignored, "SIGUSR1")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            current = signal.getsignal(signum)
+            if callable(current) and current is not signal.default_int_handler:
+                handlers[signum] = self._once(signum, current)
+        for signum, handler in handlers.items():
+            self.previous[signum] = signal.signal(signum, handler)
+
+    def stopService(self) -> None:
+        super().stopService()
+        # SIGTERM and SIGINT stay wrapped until the process ends: a repeat may come late.
+        for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            if signum in self.previous:
+                signal.signal(signum, signal.SIG_IGN)
+
+    def _in_reactor(self, action: Callable[..., None], *args: Any) -> Handler:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.reactor.callFromThread(action, *args)
+
+        return handler
+
+    def _once(self, signum: int, original: Handler) -> Handler:
+        name = signal.Signals(signum).name
+
+        def handler(number: int, frame: FrameType | None) -> None:
+            if self.stopping:
+                self.reactor.callFromThread(self.log.info, "{signal} again: already shutting down", signal=name)
+                return
+            self.stopping = True
+            original(number, frame)
+
+        return handler
+
+    def hangup(self, log_file: logfile.BaseLogFile | None) -> None:
+        if log_file is None:
+            self.log.info("SIGHUP: ignored (no log file to reopen)")
+            return
+        log_file.reopen()
+        self.log.info("SIGHUP: log file {path} reopened", path=log_file.path)
+
+    def ignored(self, name: str) -> None:
+        self.log.info("{signal}: ignored", signal=name)
