@@ -137,3 +137,19 @@ def test_polls_whose_calls_wait_in_the_worker():
         snapshot, _ = reader.read(began)
         figures.append([(d.gpu_busy, d.mem_busy) for d in snapshot.devices])
     assert all(f == [(40, 10), (70, 20)] for f in figures[1:]), figures
+
+
+def test_what_the_reader_keeps_per_device_stays_bounded():
+    """Over many polls the sample streams keep a bounded past, whatever the driver does."""
+    for behaviour in ("plain", "boottime clock", "process utilization once per call"):
+        clock = [30.0]
+        binding = simulated_binding(parse_scenario(host(behaviour)), clock=lambda now=clock: now[0])
+        reader = NvmlReader(binding, reactor=None)
+        reader.open()
+        for poll in range(300):
+            clock[0] = 31.0 + poll
+            reader.read(clock[0])
+        for device in reader._devices:
+            stream = device.process_stream
+            assert len(stream.stamps_seen) < 10 and len(stream.pending) < 20, behaviour
+            assert all(len(s.cover) < 20 for s in device.streams.values()), behaviour

@@ -507,7 +507,7 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
             })
             stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > gpu.window_end}
         stream.previous_since, stream.since = since, newest
-        stream.listed = {pid for pid, _ in stream.figures.items()}
+        stream.listed = set(stream.figures)
         return stream.figures
     else:
         learnt = stream.learn_period(samples, since)
@@ -520,11 +520,12 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
         busy, newest = fold_process_samples(samples, since, periods or None, period, elapsed)
         if not since and gpu is not None:
             # the first read: what comes after the device's first window is shown in the next
+            # (if these samples turn out to carry the device's stamps)
             for (pid, stamp), figures in fresh_process_samples(samples, gpu.since).items():
                 stream.pending.setdefault(stamp, {})[pid] = figures
-        if not since and gpu is not None and period and abs(newest - gpu.since) < SAME_CLOCK_US:
-            # the first read: periods that ended between the device's call and this one
-            stream.credit = max(0, round((newest - gpu.since) / period))
+            if period and abs(newest - gpu.since) < SAME_CLOCK_US:
+                # periods that ended between the device's call and this one
+                stream.credit = max(0, round((newest - gpu.since) / period))
     if newest <= since:
         if device.poll_periods == 0 and device.poll_busy:
             return stream.figures  # no new period yet: the load goes on
@@ -540,13 +541,17 @@ def _on_device_stamps(stream: ProcessStream, gpu: SampleStream, samples: list[An
     """Whether the driver stamps its process samples as its device samples
     (decided on the first few, then kept); the samples are kept by stamp
     until the device's windows have shown them."""
+    if stream.same_stamps is False:
+        return False
     for (pid, stamp), figures in fresh_process_samples(samples, since).items():
         stream.pending.setdefault(stamp, {})[pid] = figures
-        stream.stamps_seen.add(stamp)
+        if stream.same_stamps is None:
+            stream.stamps_seen.add(stamp)
     if stream.same_stamps is None and len(stream.stamps_seen) >= 3:
         stream.same_stamps = stream.stamps_seen <= set(gpu.recent)
-    if not stream.same_stamps and gpu.window_end is not None:
-        stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > gpu.window_end}
+        stream.stamps_seen = set()  # decided: kept no longer
+        if not stream.same_stamps:
+            stream.pending = {}  # on a clock of their own: never shown over the device's windows
     return bool(stream.same_stamps)
 
 

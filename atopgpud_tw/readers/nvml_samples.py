@@ -278,8 +278,9 @@ class SampleStream:
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
     #: samples the driver skipped among this poll's (gaps of about two periods)
     skipped: int = 0
-    #: (start, end, percent) of the driver's time known and not yet shown
-    cover: list[tuple[int, int, float]] = field(default_factory=list)
+    #: (start, end, percent, the sample stamp or 0 for a dry spell) of the
+    #: driver's time known and not yet shown
+    cover: list[tuple[int, int, float, int]] = field(default_factory=list)
     #: where the known time ends (past `since` after a dry tail)
     covered_to: int = 0
     #: where the last poll's window ended
@@ -456,7 +457,7 @@ class ProcessStream:
     #: as the device's samples are: then they are shown over the device's windows
     pending: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
     #: whether process samples carry the device samples' stamps (None: not known
-    #: yet), and the stamps it is decided on
+    #: yet), and the stamps it is being decided on
     same_stamps: bool | None = None
     stamps_seen: set[int] = field(default_factory=set)
     #: periods counted for processes ahead of the device's samples (a period
@@ -464,6 +465,10 @@ class ProcessStream:
     credit: int = 0
     #: recent gaps between one pid's consecutive samples (per-period drivers)
     gaps: deque[int] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+    #: the figures of the last poll that brought samples, by pid
+    figures: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: the reader's time of the previous poll, µs
+    polled_us: int | None = None
 
     def learn_period(self, samples: Iterable[Any], since: int) -> int | None:
         """The driver's sample period as the process samples show it (`period_from_gaps`)."""
@@ -476,11 +481,6 @@ class ProcessStream:
             ordered = sorted(stamps)
             self.gaps.extend(b - a for a, b in zip(ordered, ordered[1:]))
         return period_from_gaps(self.gaps) if self.gaps else None
-    #: the figures of the last poll that brought samples, by pid
-    figures: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: the reader's time of the previous poll, µs
-    polled_us: int | None = None
-
 
 
 PER_PERIOD = "per-period"
