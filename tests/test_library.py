@@ -56,6 +56,22 @@ def logged() -> tuple[list[str], Any]:
     return events, stop
 
 
+def three_polls_logged(**top: Any) -> tuple[Any, NvmlReader, list[str]]:
+    """A reader on the host, read at 0, 1 and 2 s with no problem: the last
+    snapshot, the reader, and what it logged."""
+    clock = [0.0]
+    _, stop = logged()
+    try:
+        reader = reader_on(clock, **top)
+        for second in range(3):
+            clock[0] = float(second)
+            snapshot, problems = reader.read(clock[0])
+            assert problems == {}
+    finally:
+        lines = stop()
+    return snapshot, reader, lines
+
+
 # -- the C functions --------------------------------------------------------------------
 
 
@@ -145,16 +161,7 @@ def test_a_symbol_the_library_lacks_is_function_not_found_to_the_binding():
 
 
 def test_driver_470_lists_processes_through_the_v2_functions_said_once():
-    clock = [0.0]
-    _, stop = logged()
-    try:
-        reader = reader_on(clock, driver="470")
-        for second in range(3):
-            clock[0] = float(second)
-            snapshot, problems = reader.read(clock[0])
-            assert problems == {}
-    finally:
-        lines = stop()
+    snapshot, reader, lines = three_polls_logged(driver="470")
     (device,) = snapshot.devices
     assert [(p.pid, p.memory_kib, p.gpu_busy) for p in device.processes] == [(300, 100 * 1024, 20)]
     assert device.task_support == 3
@@ -172,16 +179,7 @@ def test_driver_470_lists_processes_through_the_v2_functions_said_once():
 
 
 def test_driver_450_lists_no_processes_and_says_why_once():
-    clock = [0.0]
-    _, stop = logged()
-    try:
-        reader = reader_on(clock, driver="450")
-        for second in range(3):
-            clock[0] = float(second)
-            snapshot, problems = reader.read(clock[0])
-            assert problems == {}
-    finally:
-        lines = stop()
+    snapshot, reader, lines = three_polls_logged(driver="450")
     (device,) = snapshot.devices
     assert (device.processes, device.task_support, device.gpu_busy) == ((), 0, 40)
     said = [line for line in lines if "not listed" in line]

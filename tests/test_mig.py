@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from daemon import run_daemon
+from scenarios import a10_card
 from test_nvml_reader import make_reader, poll
 
 from atopgpud_tw import codec
@@ -54,15 +55,7 @@ def mixed(*instances: dict) -> dict:
                 "memory_total_mib": 81920,
                 "mig": carving,
             },
-            {
-                "name": "NVIDIA A10",
-                "busid": "00000000:65:00.0",
-                "memory_total_mib": 24000,
-                "memory_used_mib": 1000,
-                "gpu_util": 40,
-                "mem_util": 10,
-                "processes": [{"pid": 201, "memory_mib": 100, "sm_util": 20, "mem_util": 4}],
-            },
+            a10_card(processes=[{"pid": 201, "memory_mib": 100, "sm_util": 20, "mem_util": 4}]),
         ]
     }
 
