@@ -358,13 +358,12 @@ def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
 def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
     """The GPU and memory busy percentages of one device over this poll.
 
-    From the driver's sample buffer where it has one (every sample since the
-    previous poll, `nvml_samples`), else from the rates call, which covers only
-    the driver's last sample period.  A poll that finds no new sample in the
-    buffer (the next one is not due yet, the buffer ran dry while idle, or a
-    driver that never buffers any) takes the rates call's figure: the load of
-    the driver's last period, 0 when idle.  A MIG instance has none: NVML
-    reports no utilization under MIG.
+    From the driver's sample buffer where it has one (`SampleStream`: a poll
+    with no new sample carries the last figure on, or counts a dry spell as
+    idle), else from the rates call, which covers only the driver's last sample
+    period: where the samples call is not supported, and while a buffer has
+    never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
+    instance has none: NVML reports no utilization under MIG.
     """
     device.poll_periods = None
     device.poll_busy = None
