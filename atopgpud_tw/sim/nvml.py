@@ -218,14 +218,11 @@ class SimulatedNvml:
         seconds ago: asked again at once, a driver answers with the same sample."""
         if not isinstance(value, (list, tuple)):
             return value
-        with self._lock:
-            drawn = self._drawn.get(key)
-            if drawn is not None and 0 <= now - drawn[0] < HOLD:
-                return drawn[1]
-            index = self._samples.get(key, 0)
-            self._samples[key] = index + 1
-            picked = cycled(value, index)
-            self._drawn[key] = (now, picked)
+        drawn = self._drawn.get(key)
+        if drawn is not None and 0 <= now - drawn[0] < HOLD:
+            return drawn[1]
+        picked = self._next(key, value)
+        self._drawn[key] = (now, picked)
         return picked
 
     def _gpu(self, handle: Any) -> GpuSpec:
