@@ -1,10 +1,5 @@
 """The twistd plugin: ``twistd -n atopgpud``; behaviour lives in atopgpud_tw."""
 
-from twisted.application.service import ServiceMaker
+from atopgpud_tw.plugin import atopgpud
 
-atopgpud = ServiceMaker(
-    "atopgpud",
-    "atopgpud_tw.tap",
-    "Cumulative NVIDIA GPU statistics for atop",
-    "atopgpud",
-)
+__all__ = ["atopgpud"]
