@@ -3,13 +3,17 @@
 An abstract socket has no file permissions: any local process in the same network
 namespace can connect and see every GPU process.  Sites that want less give the
 daemon an allow-list of uids and gids (``--allow-uid``/``--allow-gid``); a client
-on a UNIX socket is then accepted only if SO_PEERCRED says its uid is listed, or
-its primary or a supplementary group is.  TCP clients carry no credentials: keep
-TCP on loopback, or off, where this matters.
+on a UNIX socket (an atop socket or a UNIX ``--metrics`` socket) is then accepted
+only if SO_PEERCRED says its uid is listed, or its primary or a supplementary group
+is.  The supplementary groups come from SO_PEERGROUPS, the groups the client had
+when it connected, so nothing is read from /proc (which ``ProtectProc=invisible``
+hides); /proc is the fallback on kernels older than 4.13.  TCP clients carry no
+credentials: keep TCP on loopback, or off, where this matters.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -17,8 +21,12 @@ from typing import Any, Callable
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 _UCRED = struct.Struct("3i")
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
+_GID = struct.Struct("I")
+_NGROUPS_MAX = 65536
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,26 @@ def peer_of(transport: Any) -> Peer | None:
     except (AttributeError, OSError):
         return None
     pid, uid, gid = _UCRED.unpack(raw)
-    return Peer(pid, uid, frozenset({gid}) | _supplementary_groups(pid))
+    groups = _peer_groups(handle)
+    if groups is None:
+        groups = _proc_groups(pid)
+    return Peer(pid, uid, frozenset({gid}) | groups)
 
 
-def _supplementary_groups(pid: int) -> frozenset[int]:
+def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
+    """The peer's supplementary groups from SO_PEERGROUPS; None where the kernel has none."""
+    for size in (64, _NGROUPS_MAX):
+        try:
+            raw = handle.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
+        except OSError as error:
+            if error.errno == errno.ERANGE:
+                continue  # more than 64 groups: ask again with room for all
+            return None
+        return frozenset(gid for (gid,) in _GID.iter_unpack(raw[: len(raw) - len(raw) % _GID.size]))
+    return None
+
+
+def _proc_groups(pid: int) -> frozenset[int]:
     try:
         with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
             for line in status:
@@ -108,3 +132,70 @@ class BurstLog:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
+
+
+class Gate:
+    """The allow-list where clients connect: admits a transport or refuses it,
+    logging refusals once per burst."""
+
+    log = Logger()
+
+    def __init__(self, allow: AllowList, clock: IReactorTime, where: str = "") -> None:
+        self.allow = allow
+        self.where = where
+        self._refused = BurstLog(clock)
+
+    def admits(self, transport: Any) -> bool:
+        if not self.allow.restricts:
+            return True
+        peer = peer_of(transport)
+        if self.allow.admits(peer):
+            return True
+        self._refused.event(
+            lambda: self.log.warn(
+                "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid",
+                uid=peer.uid if peer else None,
+                where=self.where,
+            ),
+            "clients refused (--allow-uid/--allow-gid)",
+        )
+        return False
+
+    def stop(self) -> None:
+        self._refused.stop()
+
+
+class _GatedProtocol(ProtocolWrapper):
+    """Passes a connection on only if the gate admits it; others are closed unread."""
+
+    admitted = False
+
+    def makeConnection(self, transport: Any) -> None:
+        if self.factory.gate.admits(transport):
+            self.admitted = True
+            super().makeConnection(transport)
+        else:
+            transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.admitted:
+            super().dataReceived(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.admitted:
+            super().connectionLost(reason)
+
+
+class GatedFactory(WrappingFactory):
+    """Another service's factory (the metrics site) behind a `Gate`."""
+
+    protocol = _GatedProtocol
+    noisy = False
+
+    def __init__(self, wrapped: Any, gate: Gate) -> None:
+        super().__init__(wrapped)
+        self.gate = gate
+
+    def doStop(self) -> None:
+        self.gate.stop()
+        super().doStop()

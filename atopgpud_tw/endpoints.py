@@ -40,14 +40,18 @@ def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
 
 @implementer(IStreamServerEndpoint)
 class CheckedEndpoint:
-    """Wraps a listening endpoint: warns of a TCP listener open beyond loopback, and
-    gives a filesystem socket the group of ``--socket-group`` once it exists."""
+    """Wraps a listening endpoint: warns of a TCP listener open beyond loopback that
+    exposes what `exposed` says (None: nothing worth a warning), and gives a
+    filesystem socket the group of ``--socket-group`` once it exists."""
 
     log = Logger()
 
-    def __init__(self, endpoint: IStreamServerEndpoint, group: int | None = None) -> None:
+    def __init__(
+        self, endpoint: IStreamServerEndpoint, group: int | None = None, exposed: str | None = "every GPU process list"
+    ) -> None:
         self.endpoint = endpoint
         self.group = group
+        self.exposed = exposed
 
     def listen(self, factory: Any) -> Any:
         return self.endpoint.listen(factory).addCallback(self._listening)
@@ -55,12 +59,13 @@ class CheckedEndpoint:
     def _listening(self, port: Any) -> Any:
         address = port.getHost()
         host = getattr(address, "host", None)
-        if host is not None and not _is_loopback(host):
+        if host is not None and self.exposed is not None and not _is_loopback(host):
             self.log.warn(
-                "listening on {host} port {port}: every GPU process list is visible to the "
+                "listening on {host} port {port}: {exposed} is visible to the "
                 "network; use interface=127.0.0.1 unless that is what you want",
                 host=host,
                 port=address.port,
+                exposed=self.exposed,
             )
         path = getattr(address, "name", None)
         if self.group is not None and isinstance(path, (str, bytes)) and path[:1] not in ("\0", b"\0"):

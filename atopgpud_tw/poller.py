@@ -36,6 +36,11 @@ class PollerService(Service):
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
 
+    @property
+    def failing(self) -> str | None:
+        """The cause the latest poll failed with; None when it worked."""
+        return self._failing
+
     def startService(self) -> None:
         super().startService()
         self._loop = LoopingCall(self.poll_once)

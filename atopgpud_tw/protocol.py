@@ -21,7 +21,7 @@ from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from atopgpud_tw import codec
-from atopgpud_tw.access import AllowList, BurstLog, peer_of
+from atopgpud_tw.access import AllowList, BurstLog, Gate
 from atopgpud_tw.board import Board, ClientQueue
 
 
@@ -155,7 +155,7 @@ class AtopGpuFactory(Factory):
         self.clock = clock
         self.connections: set[AtopGpuProtocol] = set()
         self._refused_full = BurstLog(clock)
-        self._refused_peer = BurstLog(clock)
+        self.gate = Gate(self.limits.allow, clock)
 
     def admit(self, protocol: AtopGpuProtocol) -> bool:
         """Whether a new connection may stay; refusals are logged once per burst."""
@@ -168,15 +168,7 @@ class AtopGpuFactory(Factory):
                 "connections refused (--max-clients)",
             )
             return False
-        peer = peer_of(protocol.transport) if self.limits.allow.restricts else None
-        if not self.limits.allow.admits(peer):
-            self._refused_peer.event(
-                lambda: self.log.warn(
-                    "refusing a client with uid {uid}: not in --allow-uid/--allow-gid",
-                    uid=peer.uid if peer else None,
-                ),
-                "clients refused (--allow-uid/--allow-gid)",
-            )
+        if not self.gate.admits(protocol.transport):
             return False
         self.connections.add(protocol)
         return True
@@ -186,5 +178,5 @@ class AtopGpuFactory(Factory):
 
     def stopFactory(self) -> None:
         self._refused_full.stop()
-        self._refused_peer.stop()
+        self.gate.stop()
 

@@ -7,18 +7,23 @@ import pwd
 from typing import Any
 
 from twisted.application.service import IService, MultiService
+from twisted.logger import Logger
 from twisted.python import usage
 
-from atopgpud_tw.access import AllowList
+from atopgpud_tw.access import AllowList, Gate, GatedFactory
+from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.listening import ListeningService, listen_all
+from atopgpud_tw.notify import Notifier, NotifyService
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
 from atopgpud_tw.signals import SignalService
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
+
+log = Logger()
 
 
 def _coerce(option: str, convert: Any, check: Any, wanted: str) -> Any:
@@ -55,6 +60,15 @@ def _group_id(group: str) -> int:
         raise usage.UsageError(f"no group {group!r}") from None
 
 
+def _names(option: str, value: str) -> list[str]:
+    """A comma-separated list that names someone: an empty one (an unset variable in
+    a unit's ExecStart) would otherwise mean everyone."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise usage.UsageError(f"--{option} {value!r}: names no one (leave the option out to allow everyone)")
+    return names
+
+
 def _seconds(option: str) -> Any:
     return _coerce(option, float, lambda v: 0 < v < 1e6, "a positive number of seconds")
 
@@ -76,6 +90,9 @@ class Options(usage.Options):
         "and per process, and answers atop's requests (atop -k). Old atop (2.4 to 2.12) "
         "connects to TCP 127.0.0.1:59123: add --listen tcp:59123:interface=127.0.0.1. "
         "An endpoint that cannot listen ends start-up with one line and exit status 1. "
+        "Sockets passed by systemd (atopgpud.socket) take the place of the --listen or "
+        "--metrics endpoint with the same address; under systemd it says READY=1 once "
+        "it serves (Type=notify). "
         "SIGHUP reopens twistd's log file (SIGUSR1 rotates it); without one, SIGHUP, "
         "SIGUSR1 and SIGUSR2 are logged and ignored."
     )
@@ -103,7 +120,8 @@ class Options(usage.Options):
         ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
-         "tcp:9445:interface=127.0.0.1 (default: off)."],
+         "tcp:9445:interface=127.0.0.1 (default: off); a UNIX one is guarded by --allow-uid, "
+         "--allow-gid and --socket-group as --listen's are."],
     ]
 
     optFlags = [
@@ -122,11 +140,11 @@ class Options(usage.Options):
 
     def opt_allow_uid(self, users: str) -> None:
         """Only these users (names or uids, comma-separated, repeatable; root always) may use UNIX sockets."""
-        self["allow-uid"] |= {_user_id(u) for u in users.split(",") if u}
+        self["allow-uid"] |= {_user_id(u) for u in _names("allow-uid", users)}
 
     def opt_allow_gid(self, groups: str) -> None:
         """Only members of these groups (names or gids, comma-separated, repeatable) may use UNIX sockets."""
-        self["allow-gid"] |= {_group_id(g) for g in groups.split(",") if g}
+        self["allow-gid"] |= {_group_id(g) for g in _names("allow-gid", groups)}
 
     def postOptions(self) -> None:
         if not self["listen"]:
@@ -160,24 +178,56 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
     )
     factory = AtopGpuFactory(board, limits, reactor)
-    listeners = []
+    listeners: list[tuple[str, Any, Any]] = []
     for description in options["listen"]:
-        try:
-            endpoint = listen_endpoint(reactor, description)
-        except ValueError as error:
-            raise SystemExit(f"atopgpud: --listen {description}: {error}") from None
-        listeners.append((description, CheckedEndpoint(endpoint, options["socket-group"]), factory))
+        listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
 
-        try:
-            endpoint = listen_endpoint(reactor, options["metrics"])
-        except ValueError as error:
-            raise SystemExit(f"atopgpud: --metrics {options['metrics']}: {error}") from None
-        site = make_site(
+        site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
         )
-        listeners.append((f"{options['metrics']} (--metrics)", endpoint, site))
-    for port in listen_all(listeners):  # before twistd daemonizes: a failure is the parent's exit status
+        if limits.allow.restricts:
+            site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
+        listeners.append(
+            (f"{options['metrics']} (--metrics)", _endpoint(reactor, "--metrics", options["metrics"]), site)
+        )
+    try:
+        chosen = take_inherited(reactor, listeners, inherited_sockets())
+    except ActivationError as error:
+        raise SystemExit(f"atopgpud: {error}") from None
+    checked = []
+    for description, endpoint, served, inherited in chosen:
+        if inherited is not None:
+            log.info("serving {socket}, passed by systemd", socket=inherited.describe())
+        exposed = _EXPOSED_ATOP if served is factory else _EXPOSED_METRICS if options["metrics-processes"] else None
+        group = options["socket-group"] if inherited is None else None  # systemd's: SocketGroup=
+        checked.append((description, CheckedEndpoint(endpoint, group, exposed), served))
+    for port in listen_all(checked):  # before twistd daemonizes: a failure is the parent's exit status
         ListeningService(port).setServiceParent(top)
+    notifier = Notifier()
+    NotifyService(notifier, lambda: _status(reader.name, board, poller), reactor).setServiceParent(top)
     return top
+
+
+_EXPOSED_ATOP = "every GPU process list"
+_EXPOSED_METRICS = "every GPU process (--metrics-processes)"
+
+
+def _endpoint(reactor: Any, option: str, description: str) -> Any:
+    try:
+        return listen_endpoint(reactor, description)
+    except ValueError as error:
+        raise SystemExit(f"atopgpud: {option} {description}: {error}") from None
+
+
+def _status(reader: str, board: Board, poller: PollerService) -> str:
+    """The line ``systemctl status`` shows: the reader, the GPUs, failing polls."""
+    devices = board.counters.devices
+    lost = sum(not device.present for device in devices)
+    text = f"{reader}: {len(devices) - lost} GPU{'' if len(devices) - lost == 1 else 's'}"
+    if lost:
+        text += f", {lost} lost"
+    if poller.failing is not None:
+        text += f"; polls failing: {poller.failing}"
+    return text

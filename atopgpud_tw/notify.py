@@ -1,0 +1,90 @@
+"""Telling systemd the truth (``Type=notify``): ready, what the daemon serves, stopping.
+
+systemd names a datagram socket in ``NOTIFY_SOCKET``; the daemon sends
+``READY=1`` once the reactor runs (by then the reader is open and every listener
+listens: both happen before, or start-up fails with exit status 1), a ``STATUS=``
+line that ``systemctl status`` shows (the reader, the GPUs, failing polls) whenever
+it changes, and ``STOPPING=1`` when it shuts down.  Without ``NOTIFY_SOCKET``
+nothing is sent and nothing is scheduled.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable, MutableMapping
+
+from twisted.application.service import Service
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+#: how often the status line is looked at (it is sent only when it changed)
+STATUS_EVERY = 5.0
+
+
+class Notifier:
+    """Sends sd_notify messages to the socket systemd named, if any."""
+
+    log = Logger()
+
+    def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
+        # taken out of the environment so that no child (nvidia-smi) speaks for the daemon
+        path = environ.pop("NOTIFY_SOCKET", "")
+        self.address = "\0" + path[1:] if path.startswith("@") else path
+        self._failed = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.address)
+
+    def send(self, **fields: str) -> None:
+        """One message, e.g. ``send(READY="1", STATUS="...")``."""
+        if not self.address:
+            return
+        message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode("utf-8", "replace")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.sendto(message, self.address)
+        except OSError as error:
+            if not self._failed:  # once: systemd gone away is not worth a line per status
+                self._failed = True
+                self.log.warn("cannot tell systemd ({address}): {error}", address=self.address, error=error)
+
+
+class NotifyService(Service):
+    """READY=1 and the first status when the reactor runs; STOPPING=1 at stop."""
+
+    def __init__(self, notifier: Notifier, status: Callable[[], str], clock: Any) -> None:
+        self.notifier = notifier
+        self.status = status
+        self.clock = clock
+        self._sent: str | None = None
+        self._loop: LoopingCall | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        if self.notifier.active:
+            self.clock.callWhenRunning(self._ready)
+
+    def _ready(self) -> None:
+        if not self.running:
+            return
+        self._sent = self.status()
+        self.notifier.send(READY="1", STATUS=self._sent)
+        self._loop = LoopingCall(self.refresh)
+        self._loop.clock = self.clock
+        self._loop.start(STATUS_EVERY, now=False)
+
+    def refresh(self) -> None:
+        """Send the status line if it changed since the last one sent."""
+        status = self.status()
+        if status != self._sent:
+            self._sent = status
+            self.notifier.send(STATUS=status)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        self.notifier.send(STOPPING="1", STATUS="stopping")
