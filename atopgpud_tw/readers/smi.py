@@ -159,12 +159,16 @@ class SmiReader:
         instances.
         """
         self._binary = self._locate()
+        # -L runs beside -q -x, not after it: on a MIG host the two runs would
+        # otherwise be the time an atop started first waits for its T reply.
+        listing = _Started([self._binary, "-L"]) if self._mig == "instances" else None
         try:
-            root, _ = read_report(_run_blocking([self._binary, "-q", "-x"], self._timeout))
-        except SmiRunError as error:
-            raise ReaderUnavailable(str(error)) from None
-        except SmiReportError as error:
-            raise ReaderUnavailable(f"{self._binary} -q -x: {error}") from None
+            root, _ = read_report(_Started([self._binary, "-q", "-x"]).output(self._timeout))
+        except (SmiRunError, SmiReportError) as error:
+            if listing is not None:
+                listing.discard()
+            said = str(error) if isinstance(error, SmiRunError) else f"{self._binary} -q -x: {error}"
+            raise ReaderUnavailable(said) from None
         cards, _ = read_devices(root, "card", keys=self._keys)
         slots = mig_slots(root)
         for card in cards:
@@ -177,13 +181,15 @@ class SmiReader:
             )
         if not cards:
             log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
-        if self._mig == "instances" and slots:
+        if listing is not None and slots:
             self._slots = slots
             try:
-                listing = _run_blocking([self._binary, "-L"], self._timeout)
-                self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
+                text = listing.output(self._timeout).decode("utf-8", errors="replace")
+                self._profiles = name_slots(slots, parse_mig_names(text))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
+        elif listing is not None:
+            listing.discard()
         devices, _ = read_devices(root, self._mig, self._profiles, self._keys)
         return Snapshot(devices)
 
@@ -277,29 +283,47 @@ class SmiReader:
             self._child.fail("was stopped: the reader is closing")
 
 
-def _run_blocking(argv: list[str], timeout: float) -> bytes:
+class _Started:
     """One run before the reactor starts; a hung child is killed, not waited for."""
-    command = " ".join(argv)
-    try:
-        child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    except OSError as error:
-        raise SmiRunError(f"{command} cannot be started: {error}") from None
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        child.kill()
+
+    def __init__(self, argv: list[str]) -> None:
+        self.command = " ".join(argv)
+        self.error: SmiRunError | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         try:
-            child.communicate(timeout=1.0)
+            self.child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as error:
+            self.error = SmiRunError(f"{self.command} cannot be started: {error}")
+
+    def output(self, timeout: float) -> bytes:
+        """Its standard output; SmiRunError if it could not start, hung or failed."""
+        if self.child is None:
+            assert self.error is not None
+            raise self.error
+        child, command = self.child, self.command
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.discard()
+            raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+        if child.returncode != 0:
+            code, signal = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
+            said = _first_line(err) or _first_line(out)
+            raise SmiRunError(f"{command} {_exit_text(code, signal)}" + (f": {said}" if said else ""))
+        return out
+
+    def discard(self) -> None:
+        """Kill it if it still runs, and reap it unless it is stuck in the kernel."""
+        if self.child is None:
+            return
+        if self.child.poll() is None:
+            self.child.kill()
+        try:
+            self.child.communicate(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass  # stuck in the kernel: it cannot be waited for
-        raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
-    if child.returncode != 0:
-        code, signal = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
-        said = _first_line(err) or _first_line(out)
-        raise SmiRunError(f"{command} {_exit_text(code, signal)}" + (f": {said}" if said else ""))
-    return out
 
 
 def _exit_text(code: int | None, signal: int | None) -> str:
