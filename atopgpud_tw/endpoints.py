@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from typing import Any
 
 from twisted.internet.endpoints import UNIXServerEndpoint, serverFromString
@@ -17,6 +18,9 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 ABSTRACT_PREFIX = "unix:@"
+#: the kernel's own limit (net.core.somaxconn caps it): a burst of connections waits
+#: in the queue instead of being refused, where Twisted's default of 50 refused them
+DEFAULT_BACKLOG = socket.SOMAXCONN
 
 
 def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
@@ -25,13 +29,16 @@ def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
         name, _, rest = description[len(ABSTRACT_PREFIX):].partition(":")
         if not name:
             raise ValueError("an abstract socket needs a name: unix:@NAME")
-        backlog = 50
+        backlog = DEFAULT_BACKLOG
         for option in filter(None, rest.split(":")):
             key, _, value = option.partition("=")
             if key != "backlog" or not value.isdigit():
                 raise ValueError(f"unknown option {option!r} for an abstract socket")
             backlog = int(value)
         return UNIXServerEndpoint(reactor, "\0" + name, backlog=backlog, wantPID=False)
+    kind = description.partition(":")[0]
+    if kind in ("tcp", "tcp6", "unix") and "backlog=" not in description:
+        description += f":backlog={DEFAULT_BACKLOG}"
     try:
         return serverFromString(reactor, description)
     except (ValueError, TypeError, KeyError) as error:

@@ -203,7 +203,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         exposed = _EXPOSED_ATOP if served is factory else _EXPOSED_METRICS if options["metrics-processes"] else None
         group = options["socket-group"] if inherited is None else None  # systemd's: SocketGroup=
         checked.append((description, CheckedEndpoint(endpoint, group, exposed), served))
-    for port in listen_all(checked):  # before twistd daemonizes: a failure is the parent's exit status
+    for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
         ListeningService(port).setServiceParent(top)
     notifier = Notifier()
     NotifyService(notifier, lambda: _status(reader.name, board, poller), reactor).setServiceParent(top)
