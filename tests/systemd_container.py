@@ -393,7 +393,8 @@ def _container_leader(nspawn: subprocess.Popen[bytes], console: Path, timeout: f
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if nspawn.poll() is not None:
-            raise RuntimeError(f"systemd-nspawn exited with {nspawn.returncode}:\n{console.read_text(errors='replace')}")
+            text = console.read_text(errors="replace")
+            raise RuntimeError(f"systemd-nspawn exited with {nspawn.returncode}:\n{text}")
         try:
             children = " ".join(
                 path.read_text() for path in Path(f"/proc/{nspawn.pid}/task").glob("*/children")
