@@ -10,10 +10,10 @@ The pieces, each usable alone:
   fcntl lock keeps two pytest processes from building it at once.  The cached
   tree is never written to.  Debian's mirror is ``$ATOPGPUD_NSPAWN_MIRROR``
   (default http://deb.debian.org/debian).
-* `build_wheels()`: the project and its runtime dependencies as wheels, made on
-  the host by this interpreter's pip (the container does not trust the host's
-  certificate store, so it never downloads anything); pip's download cache is
-  kept in the cache directory, the wheels are not.
+* `Wheels` / `build_wheels()`: the project and its runtime dependencies as
+  wheels, made on the host by this interpreter's pip (the container does not
+  trust the host's certificate store, so it never downloads anything); pip's
+  download cache is kept in the cache directory, the wheels are not.
 * `booted()`: a context manager that mounts an overlay (the cached tree below, a
   fresh upper directory) and boots it with ``systemd-nspawn --register=no
   --keep-unit --private-network -b``, installs the wheels into
@@ -51,6 +51,7 @@ instead: CI must run these tests.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -69,6 +70,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the dependencies are built with the project
+    tomllib = None  # type: ignore[assignment]
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the shipped units (etc/atopgpud.service, ...)
@@ -213,33 +219,69 @@ def _finish_tree(root: Path) -> None:
 
 # -- the project's wheels -----------------------------------------------------------
 
-_wheels: dict[str, Path] = {}
+class Wheels:
+    """The project's wheels being made on the host: its dependencies and itself, by two pip runs at once.
 
-
-def build_wheels(project: Path = ROOT) -> Path:
-    """A directory of wheels: `project` and its runtime dependencies (built once per process).
-
-    Made by this interpreter's pip with its index; pip's download cache lives in
-    the cache directory.  Raises `Unavailable` when pip cannot get them.
+    This interpreter's pip and index make them (the container never downloads);
+    pip's download cache is in the cache directory, the wheels in a temporary
+    directory removed at exit.  The dependencies come first (`dependencies`),
+    so the container can install them while the project's own wheel (build
+    isolation: the slower one) is still being made (`project`).
     """
-    if str(project) in _wheels and any(_wheels[str(project)].glob("*.whl")):
-        return _wheels[str(project)]
-    scratch = Path(tempfile.mkdtemp(prefix="atopgpud-nspawn-wheels-"))
-    # a copy of the sources: pip builds in place, and the checkout may be in use
-    source = scratch / "source"
-    shutil.copytree(project, source, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", "_trial_temp"))
-    wheels = scratch / "wheels"
-    command = [
-        sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
-        "--cache-dir", str(cache_dir() / "pip"), "--wheel-dir", str(wheels), str(source),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    shutil.rmtree(source, ignore_errors=True)
-    if done.returncode != 0:
-        raise Unavailable(f"pip wheel failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    _wheels[str(project)] = wheels
-    return wheels
+
+    def __init__(self, project: Path = ROOT) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="atopgpud-nspawn-wheels-"))
+        atexit.register(shutil.rmtree, self.scratch, True)
+        # a copy of the sources: pip builds in place, and the checkout may be in use
+        source = self.scratch / "source"
+        shutil.copytree(project, source, ignore=shutil.ignore_patterns(
+            ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", "_trial_temp"))
+        if tomllib is not None:
+            requirements = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+        else:
+            requirements = [str(source)]
+        self._deps = self._pip(["pip", "wheel", "--wheel-dir", str(self.scratch / "deps"), *requirements])
+        self._project = self._pip(["pip", "wheel", "--no-deps", "--wheel-dir", str(self.scratch / "project"),
+                                   str(source)])
+
+    def _pip(self, args: list[str]) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", *args[:2], "-q", "--disable-pip-version-check",
+                   "--cache-dir", str(cache_dir() / "pip"), *args[2:]]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL)
+
+    def _wait(self, proc: subprocess.Popen[str], what: str, timeout: float) -> Path:
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise Unavailable(f"pip wheel of {what} failed ({proc.returncode}):\n{out[-2000:]}")
+        return Path(proc.args[proc.args.index("--wheel-dir") + 1])
+
+    def close(self) -> None:
+        """Stop a pip still running and remove the wheels."""
+        for proc in (self._deps, self._project):
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def dependencies(self, timeout: float = 900.0) -> Path:
+        """The directory of the runtime dependencies' wheels, once made; `Unavailable` if pip failed."""
+        return self._wait(self._deps, "the dependencies", timeout)
+
+    def project(self, timeout: float = 900.0) -> Path:
+        """The directory of the project's own wheel, once made; `Unavailable` if pip failed."""
+        return self._wait(self._project, "the project", timeout)
+
+
+def build_wheels(project: Path = ROOT, dest: Path | None = None) -> Path:
+    """Every wheel the project needs (itself and its runtime dependencies) in one directory."""
+    wheels = Wheels(project)
+    dest = dest or wheels.scratch / "all"
+    dest.mkdir(parents=True, exist_ok=True)
+    for directory in (wheels.dependencies(), wheels.project()):
+        for wheel in directory.glob("*.whl"):
+            shutil.copy2(wheel, dest)
+    return dest
 
 
 # -- units ----------------------------------------------------------------------------
@@ -277,6 +319,9 @@ class Container:
         self.root = root
         #: what the container printed on its console
         self.console = console
+        #: seconds `booted` took: to get the tree, to be ready (all in), and within that, to install:
+        #: the dependencies' wheels copied in, the project's, the dependencies installed, all installed
+        self.timings: dict[str, float] = {}
 
     def command(self, argv: Sequence[str], user: str | None = None) -> list[str]:
         """The host command line that runs `argv` inside (as `user` when given)."""
@@ -413,15 +458,29 @@ def _container_leader(nspawn: subprocess.Popen[bytes], console: Path, timeout: f
     raise RuntimeError(f"no container PID 1 under systemd-nspawn within {timeout} s")
 
 
-def _install_venv(box: Container, wheels: Path) -> subprocess.Popen[str]:
-    """Start making /opt/atopgpud from the wheels (copied into the tree's /var/tmp)."""
+def _install_venv(box: Container, wheels: Wheels) -> None:
+    """Make /opt/atopgpud: a venv, the dependencies, the project (wheels copied into /var/tmp).
+
+    Debian's own pip wheel (from python3-venv) installs, byte-compiling is done
+    afterwards by all cores, and the dependencies go in while the project's
+    wheel is still being built.
+    """
     inside = f"/var/tmp/atopgpud-wheels-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(wheels, box.root / inside.lstrip("/"))
-    script = (
-        f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --disable-pip-version-check --no-index "
-        f"--find-links {inside} atopgpud_tw && rm -rf {inside}"
-    )
-    return box.popen(["sh", "-c", script])
+    began = time.monotonic()
+    shutil.copytree(wheels.dependencies(), box.root / inside.lstrip("/"))
+    box.timings["deps-wheels"] = time.monotonic() - began
+    pip = f"{VENV}/bin/python $(ls /usr/share/python-wheels/pip-*.whl | tail -n 1)/pip install -q " \
+          f"--disable-pip-version-check --no-index --find-links {inside}"
+    deps = box.popen(["sh", "-c", f"python3 -m venv --without-pip {VENV} && {pip} --no-compile {inside}/*.whl "
+                      f"&& {VENV}/bin/python -m compileall -q -j0 {VENV}/lib"], stderr=subprocess.STDOUT)
+    shutil.copytree(wheels.project(), box.root / inside.lstrip("/") / "project")
+    box.timings["project-wheel"] = time.monotonic() - began
+    out, _ = deps.communicate(timeout=600)
+    box.timings["deps-installed"] = time.monotonic() - began
+    if deps.returncode != 0:
+        raise RuntimeError(f"installing the dependencies into {VENV} failed ({deps.returncode}):\n{out}")
+    box.run(["sh", "-c", f"{pip} --no-deps {inside}/project/*.whl && rm -rf {inside}"], check=True, timeout=600)
+    box.timings["install"] = time.monotonic() - began
 
 
 def _wait_running(box: Container, timeout: float) -> str:
@@ -481,10 +540,13 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     the tree or the wheels cannot be had.
     """
     require()
+    began = time.monotonic()
     try:
         tree = cached_tree()
     except Unavailable as error:
         not_possible(str(error))
+    tree_seconds = time.monotonic() - began
+    began = time.monotonic()
     tmp.mkdir(parents=True, exist_ok=True)
     upper, work, merged = tmp / "upper", tmp / "work", tmp / "merged"
     for path in (upper, work, merged):
@@ -493,6 +555,7 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
         ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={tree},upperdir={upper},workdir={work}", str(merged)],
         check=True, capture_output=True,
     )
+    wheels = Wheels() if install else None
     machine = f"atopgpud-test-{uuid.uuid4().hex[:10]}"
     console = tmp / "console.log"
     nspawn: subprocess.Popen[bytes] | None = None
@@ -506,21 +569,19 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
             )
         leader = _container_leader(nspawn, console, boot_timeout)
         box = Container(nspawn, leader, merged, console)
-        installing = None
-        if install:
+        box.timings["tree"] = tree_seconds
+        if wheels is not None:
             # the wheels are made, and installed, while the container boots
             try:
-                wheels = build_wheels()
+                _install_venv(box, wheels)
             except Unavailable as error:
                 not_possible(str(error))
-            installing = _install_venv(box, wheels)
         _wait_running(box, boot_timeout)
-        if installing is not None:
-            out_text, err_text = installing.communicate(timeout=300)
-            if installing.returncode != 0:
-                raise RuntimeError(f"installing {VENV} failed ({installing.returncode}):\n{out_text}{err_text}")
+        box.timings["ready"] = time.monotonic() - began
         yield box
     finally:
+        if wheels is not None:
+            wheels.close()
         if nspawn is not None:
             _stop(nspawn, leader, stop_timeout)
         _unmount(merged)

@@ -169,3 +169,9 @@ def test_commands_run_as_another_user(box: Container) -> None:
     assert done.stdout.split() == ["atopuser", "atopgpu-readers"]
     box.write_file("/etc/atopgpud-test.txt", "hello\n", mode=0o640, owner="atopuser")
     assert box.run(["cat", "/etc/atopgpud-test.txt"], user="atopuser", check=True).stdout == "hello\n"
+
+
+def test_boot_timings_are_reported(box: Container) -> None:
+    """The harness says how long the tree, the boot and the install took (shown with -rA)."""
+    print("systemd container timings:", {name: round(value, 2) for name, value in box.timings.items()})
+    assert {"tree", "ready", "install"} <= set(box.timings)
