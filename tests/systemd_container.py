@@ -42,11 +42,12 @@ Typical use::
         box.run(["systemctl", "start", "atopgpud.service"], check=True)
         assert "Traceback" not in box.journal("atopgpud.service")
 
-Skips and failures: `require()` (called by `booted()`) skips the test when not
-root, when debootstrap, systemd-nspawn or nsenter is missing, when the kernel
-has no overlayfs, or when the tree cannot be built (no mirror reachable).  When
-the environment variable ``CI`` is ``true`` each of these is a failure
-instead: CI must run these tests.
+Skips and failures: `booted()` skips the test when not root, when debootstrap,
+systemd-nspawn or nsenter is missing, when the kernel has no overlayfs, or
+when the tree or the wheels cannot be built (no mirror reachable).  When the
+environment variable ``CI`` is ``true`` all but the first are failures instead
+(CI must run these tests); not being root stays a skip everywhere, since an
+unprivileged run cannot be made to boot a container.
 """
 
 from __future__ import annotations
@@ -120,9 +121,7 @@ def not_possible(reason: str) -> NoReturn:
 
 
 def missing() -> str | None:
-    """Why no container can be booted here at all, or None."""
-    if os.geteuid() != 0:
-        return "booting a systemd container needs root"
+    """Why no container can be booted here though we are root (a tool, overlayfs), or None."""
     absent = [tool for tool in TOOLS if shutil.which(tool) is None]
     if absent:
         return f"{', '.join(absent)} not installed (Debian: apt-get install debootstrap systemd-container)"
@@ -132,7 +131,9 @@ def missing() -> str | None:
 
 
 def require() -> None:
-    """Skip (in CI: fail) the calling test when `missing` has a reason."""
+    """Skip the calling test when not root; skip (in CI: fail) it when `missing` has a reason."""
+    if os.geteuid() != 0:
+        pytest.skip("booting a systemd container needs root (run pytest as root)")
     reason = missing()
     if reason:
         not_possible(reason)
