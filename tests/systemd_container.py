@@ -102,7 +102,7 @@ TOOLS = ("debootstrap", "systemd-nspawn", "nsenter", "mount", "umount")
 
 
 class Unavailable(Exception):
-    """The container cannot be had here (not root, a tool missing, no mirror)."""
+    """The container cannot be had here: the tree or the wheels cannot be built (no mirror, no index)."""
 
 
 # -- skip or fail -------------------------------------------------------------------
@@ -423,6 +423,7 @@ class Container:
         return self.run(command, check=True).stdout
 
     def is_active(self, unit: str) -> bool:
+        """Whether ``systemctl is-active UNIT`` says active."""
         return self.systemctl("is-active", "--quiet", unit, check=False).returncode == 0
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -453,7 +454,9 @@ def _container_leader(nspawn: subprocess.Popen[bytes], console: Path, timeout: f
             except OSError:
                 continue
             nspid = re.search(r"^NSpid:\s+(.+)$", status, re.M)
-            if nspid and len(nspid.group(1).split()) > 1 and nspid.group(1).split()[-1] == "1":
+            # pid 1 of a namespace of its own, and systemd already (nspawn has set the container up)
+            if nspid and len(nspid.group(1).split()) > 1 and nspid.group(1).split()[-1] == "1" \
+                    and re.search(r"^Name:\s+systemd$", status, re.M):
                 return int(child)
         time.sleep(0.02)
     raise RuntimeError(f"no container PID 1 under systemd-nspawn within {timeout} s")
@@ -564,7 +567,8 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     try:
         with open(console, "wb") as out:
             nspawn = subprocess.Popen(
-                ["systemd-nspawn", "--register=no", "--keep-unit", "--private-network", "--console=pipe",
+                ["systemd-nspawn", "--register=no", "--keep-unit", "--private-network", "--console=read-only",
+                 "--setenv=SYSTEMD_COLORS=0",
                  f"--machine={machine}", "-q", "-b", "-D", str(merged), "systemd.show_status=1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
