@@ -324,15 +324,21 @@ class Container:
         #: the dependencies' wheels copied in, the project's, the dependencies installed, all installed
         self.timings: dict[str, float] = {}
 
-    def command(self, argv: Sequence[str], user: str | None = None) -> list[str]:
-        """The host command line that runs `argv` inside (as `user` when given)."""
+    def command(self, argv: Sequence[str], user: str | int | None = None) -> list[str]:
+        """The host command line that runs `argv` inside, as root or as `user`.
+
+        `user` is a user name (``runuser -u``: its groups too) or a bare uid that
+        needs no passwd entry (``setpriv``: gid the same, no supplementary groups).
+        """
         enter = ["nsenter", "-t", str(self.leader), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
                  "env", "-i", *INSIDE_ENV]
-        if user is not None:
+        if isinstance(user, int):
+            enter += ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
+        elif user is not None:
             enter += ["runuser", "-u", user, "--"]
         return enter + [str(arg) for arg in argv]
 
-    def run(self, argv: Sequence[str], *, user: str | None = None, check: bool = False, timeout: float = 60.0,
+    def run(self, argv: Sequence[str], *, user: str | int | None = None, check: bool = False, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside and wait; stdout and stderr captured as text.
 
@@ -349,7 +355,7 @@ class Container:
             )
         return done
 
-    def popen(self, argv: Sequence[str], *, user: str | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    def popen(self, argv: Sequence[str], *, user: str | int | None = None, **kwargs: Any) -> subprocess.Popen[str]:
         """Start `argv` inside without waiting (text pipes for stdout and stderr unless given).
 
         It runs in its own process group: `os.killpg(proc.pid, ...)` reaches it through nsenter.

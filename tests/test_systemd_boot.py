@@ -169,6 +169,8 @@ def test_commands_run_as_another_user(box: Container) -> None:
     assert done.stdout.split() == ["atopuser", "atopgpu-readers"]
     box.write_file("/etc/atopgpud-test.txt", "hello\n", mode=0o640, owner="atopuser")
     assert box.run(["cat", "/etc/atopgpud-test.txt"], user="atopuser", check=True).stdout == "hello\n"
+    assert box.run(["id", "-u"], user=61234, check=True).stdout.strip() == "61234"
+    assert box.run(["cat", "/etc/atopgpud-test.txt"], user=61234).returncode != 0
 
 
 def test_boot_timings_are_reported(box: Container) -> None:
