@@ -472,7 +472,9 @@ def _install_venv(box: Container, wheels: Wheels) -> None:
     """Make /opt/atopgpud: a venv, the dependencies, the project (wheels copied into /var/tmp).
 
     Debian's own pip wheel (from python3-venv) installs, byte-compiling is done
-    afterwards by all cores, and the dependencies go in while the project's
+    afterwards by all cores (not the dependencies' test packages: nothing
+    imports them, and under ProtectSystem=strict the daemon could not write
+    the .pyc files itself), and the dependencies go in while the project's
     wheel is still being built.
     """
     inside = f"/var/tmp/atopgpud-wheels-{uuid.uuid4().hex[:8]}"
@@ -482,7 +484,7 @@ def _install_venv(box: Container, wheels: Wheels) -> None:
     pip = f"{VENV}/bin/python $(ls /usr/share/python-wheels/pip-*.whl | tail -n 1)/pip install -q " \
           f"--disable-pip-version-check --no-index --find-links {inside}"
     deps = box.popen(["sh", "-c", f"python3 -m venv --without-pip {VENV} && {pip} --no-compile {inside}/*.whl "
-                      f"&& {VENV}/bin/python -m compileall -q -j0 {VENV}/lib"], stderr=subprocess.STDOUT)
+                      f"&& {VENV}/bin/python -m compileall -q -j0 -x '/tests?/' {VENV}/lib"], stderr=subprocess.STDOUT)
     shutil.copytree(wheels.project(), box.root / inside.lstrip("/") / "project")
     box.timings["project-wheel"] = time.monotonic() - began
     out, _ = deps.communicate(timeout=600)

@@ -107,10 +107,17 @@ def test_stop_takes_under_a_second(box: Container, started: str) -> None:
     assert state == {"ActiveState": "inactive", "Result": "success"}, state
 
 
+def start_log(box: Container, cursor: str) -> str:
+    """The service's journal since `cursor`, once twistd's start-up lines are in it."""
+    box.wait_for(lambda: "reactor class" in box.journal(SERVICE, cursor=cursor), timeout=10, what="start-up logged")
+    log = box.journal(SERVICE, cursor=cursor)
+    assert "Started" in log, log
+    return log
+
+
 def test_clean_start_logs_no_traceback(box: Container, started: str) -> None:
     """A clean start's journal has no Python traceback."""
-    log = box.journal(SERVICE, cursor=started)
-    assert "Started" in log, log
+    log = start_log(box, started)
     assert "Traceback" not in log, log
 
 
@@ -118,8 +125,7 @@ def test_clean_start_logs_no_traceback(box: Container, started: str) -> None:
                    "ProtectSystem=strict and logs 'Unable to write to plugin cache ...: error number 30'")
 def test_clean_start_logs_no_warning(box: Container, started: str) -> None:
     """A clean start's journal has no line at warning level or worse."""
-    log = box.journal(SERVICE, cursor=started)
-    assert "Started" in log, log
+    log = start_log(box, started)
     warnings = [line for line in log.splitlines() if WARNING.search(line)]
     assert warnings == [], log
 
