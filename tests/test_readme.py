@@ -17,6 +17,15 @@ def test_readme_test_command_is_what_ci_runs():
     assert command in (ROOT / "README.md").read_text()
 
 
+def test_readme_installs_the_packages_ci_installs():
+    """The README's apt-get line for the tests names the Debian packages .ci/run installs."""
+    ci = re.search(r"apt-get install -y -qq --no-install-recommends ([^>]+)>", (ROOT / ".ci" / "run").read_text())
+    readme = re.search(r"apt-get install -y ([^&]+)&& python3 -m venv \.venv && \.venv/bin/pip install -q",
+                       (ROOT / "README.md").read_text())
+    assert ci and readme
+    assert sorted(readme.group(1).split()) == sorted(ci.group(1).split())
+
+
 def test_readme_lists_every_option():
     """Every option of the daemon has a row in the README's table."""
     readme = (ROOT / "README.md").read_text()
