@@ -9,8 +9,8 @@ endpoint with the same address, so one command line serves with and without the
 socket units.  A passed socket that no endpoint names is an error: it would be
 held open and never answered.
 
-A passed socket belongs to systemd: it is not bound, chmod-ed or removed here, and
-it keeps the backlog systemd gave it.
+A passed socket belongs to systemd: it is not bound, chmod-ed, shut down or
+removed here, and it keeps the backlog systemd gave it.
 """
 
 from __future__ import annotations
@@ -163,8 +163,7 @@ class InheritedEndpoint:
                 port: Any = _InheritedUNIXPort._fromListeningDescriptor(self.reactor, fd, factory)
             else:
                 port = tcp.Port._fromListeningDescriptor(self.reactor, fd, family, factory)
-            port.backlog = socket.SOMAXCONN  # listen() again must not shrink systemd's queue
-            port.startListening()
+            port.startListening()  # listen() is not called again: systemd's Backlog= stays
             os.close(fd)
         except BaseException:
             return defer.fail()
@@ -172,15 +171,17 @@ class InheritedEndpoint:
 
 
 class _InheritedUNIXPort(unix.Port):
-    """A UNIX port on a socket systemd owns: Twisted's own would chmod a filesystem
-    socket to 0666 when it starts and remove it when it stops."""
+    """A UNIX port on a socket systemd owns.  Twisted's own adopted UNIX port would
+    chmod a filesystem socket to 0666 when it starts, and when it stops call
+    shutdown() on the socket (which systemd, still holding it, sees as a hang-up:
+    the socket unit fails) and remove its file."""
 
     def startListening(self) -> None:
         tcp._reservedFD.reserve()
         self.factory.doStart()
         sock = self._preexistingSocket
         self._preexistingSocket = None
-        sock.listen(self.backlog)
+        self._shouldShutdown = False  # as Twisted's TCP port does for an adopted socket
         self.connected = True
         self.socket = sock
         self.fileno = sock.fileno

@@ -190,3 +190,35 @@ def test_passed_descriptor_that_is_no_listening_socket_is_refused():
             _inspect(read, "y.socket")
     finally:
         left.close(), right.close(), os.close(read), os.close(write)
+
+
+def test_the_passed_socket_still_listens_after_the_daemon_stops(tmp_path):
+    """systemd keeps the socket across the service's restarts: the daemon must not shut it down."""
+    name = unique_name()
+    held = socket.socket(socket.AF_UNIX)  # what systemd holds
+    held.bind(b"\0" + name.encode())
+    held.listen(16)
+    log = tmp_path / "daemon.log"
+    # as systemd starts a service: the socket as descriptor 3, LISTEN_PID the service's own
+    wrapper = (
+        "import os, sys\n"
+        f"os.dup2({held.fileno()}, 3)\n"
+        "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1', LISTEN_FDNAMES='atopgpud.socket')\n"
+        f"os.execv({ATOPGPUD!r}, [{ATOPGPUD!r}, '--reader', 'sim', '--listen', 'unix:@{name}'])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], pass_fds=(held.fileno(),), stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        client = Client(b"\0" + name.encode(), timeout=30)
+        try:
+            assert len(client.types()) == 2
+        finally:
+            client.close()
+    finally:
+        stopped(proc, log)
+    try:
+        with socket.socket(socket.AF_UNIX) as late:  # waits in the queue for the next daemon
+            late.connect(b"\0" + name.encode())
+        assert "passed by systemd" in log.read_text()
+    finally:
+        held.close()

@@ -1,8 +1,9 @@
 """etc/atopgpud.service under a real systemd: Debian 12 booted in systemd-nspawn (tests/systemd_container.py).
 
-One container per module.  The shipped unit runs as shipped but for a drop-in
-adding ``--reader sim`` (there is no GPU in the container; the default reader
-would fail).  Clients run inside: ``atopgpu`` over the abstract socket and over
+One container per module.  The shipped units run as shipped (the service and both
+socket units) but for a drop-in adding ``--reader sim`` (there is no GPU in the
+container; the default reader would fail), and a few more options where a test
+says so.  Clients run inside: ``atopgpu`` over the abstract socket and over
 TCP 127.0.0.1:59123, and Debian's atop 2.8.1 (``-k``, TCP, API 1).
 
 Skips when not root or without debootstrap / systemd-nspawn / a Debian mirror;
@@ -12,7 +13,9 @@ with ``CI=true`` those are failures.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from importlib import resources
 from typing import Any, Iterator
@@ -121,8 +124,6 @@ def test_clean_start_logs_no_traceback(box: Container, started: str) -> None:
     assert "Traceback" not in log, log
 
 
-@pytest.mark.xfail(strict=True, reason="twisted cannot write its plugin cache dropin.cache under "
-                   "ProtectSystem=strict and logs 'Unable to write to plugin cache ...: error number 30'")
 def test_clean_start_logs_no_warning(box: Container, started: str) -> None:
     """A clean start's journal has no line at warning level or worse."""
     log = start_log(box, started)
@@ -148,11 +149,10 @@ def test_atop_started_after_the_service_shows_gpus(box: Container, started: str)
     assert gpu_samples(out) == [len(demo_gpus())] * 2, out + err
 
 
-@pytest.mark.xfail(strict=True, reason="needs atopgpud.socket")
 def test_atop_started_before_the_service_shows_gpus(box: Container, stopped: str) -> None:
-    """atop started before the service (its sockets listening, once shipped) still gets GPU lines."""
-    if SOCKETS:
-        box.systemctl("start", *SOCKETS)
+    """atop started before the service (its sockets listening) still gets GPU lines."""
+    assert SOCKETS, "etc/ ships no socket units"
+    box.systemctl("start", *SOCKETS)
     atop = atop_run(box, 3)
     try:
         time.sleep(0.3)  # atop has made its one connection attempt
@@ -183,3 +183,91 @@ def test_boot_timings_are_reported(box: Container) -> None:
     """The harness says how long the tree, the boot and the install took (shown with -rA)."""
     print("systemd container timings:", {name: round(value, 2) for name, value in box.timings.items()})
     assert {"tree", "ready", "install"} <= set(box.timings)
+
+
+def show(box: Container, unit: str, *properties: str) -> dict[str, str]:
+    """``systemctl show -p ...`` as a mapping."""
+    out = box.systemctl("show", "-p", ",".join(properties), unit).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_ready_and_status_are_told_to_systemd(box: Container, started: str) -> None:
+    """Type=notify: active once serving, with the daemon's status line."""
+    state = show(box, SERVICE, "Type", "ActiveState", "SubState", "StatusText")
+    assert state == {"Type": "notify", "ActiveState": "active", "SubState": "running",
+                     "StatusText": "sim: 2 GPUs"}, state
+
+
+def test_the_sockets_outlive_the_service_and_start_it_again(box: Container, started: str) -> None:
+    """Stopping the service leaves its sockets listening (the daemon never shuts them down);
+    the next connection starts it, and is answered."""
+    box.systemctl("stop", SERVICE)
+    for socket_unit in SOCKETS:
+        assert show(box, socket_unit, "ActiveState", "SubState") == {"ActiveState": "active",
+                                                                     "SubState": "listening"}, socket_unit
+    gpus = query(box, "abstract")["gpus"]  # this connection starts the service
+    assert len(gpus) == len(demo_gpus())
+    assert box.is_active(SERVICE)
+    journal = box.journal(SERVICE, cursor=started)
+    assert "serving @atopgpud_nvidia (atopgpud.socket), passed by systemd" in journal, journal
+
+
+def scrape_as(box: Container, user: str, name: str = "atopgpud_metrics") -> bool:
+    """Whether `user` gets a metrics page over the abstract socket @NAME."""
+    code = (
+        "import socket,sys\n"
+        "s=socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
+        f"s.connect(b'\\0{name}'); s.sendall(b'GET /metrics HTTP/1.0\\r\\n\\r\\n')\n"
+        "sys.exit(0 if s.recv(12).startswith(b'HTTP/1.') else 3)\n"
+    )
+    return box.run(["python3", "-c", code], user=user, timeout=30).returncode == 0
+
+
+def test_access_control_under_the_unit(box: Container, stopped: str) -> None:
+    """--allow-uid and --allow-gid (a supplementary group too), on the atop socket and a UNIX
+    metrics socket, admit and refuse as documented while running under the shipped unit."""
+    for user, groups in (("atopuser", []), ("groupie", ["gpuview"]), ("outsider", [])):
+        if box.run(["id", user]).returncode != 0:
+            box.add_user(user, groups=groups)
+    outsider = int(box.run(["id", "-u", "outsider"], check=True).stdout)
+    dropin = exec_start_dropin(("--reader", "sim", "--allow-uid", "atopuser", "--allow-gid", "gpuview",
+                                "--metrics", "unix:@atopgpud_metrics"))
+    box.install_units([], overrides={SERVICE: dropin})
+    try:
+        box.systemctl("start", *SOCKETS, SERVICE)
+        box.wait_for(lambda: box.run([ATOPGPU, "--json"]).returncode == 0, timeout=30, what="serving")
+        asked = {user: box.run([ATOPGPU, "--json"], user=user, timeout=30).returncode == 0
+                 for user in ("atopuser", "groupie", "outsider")}
+        assert asked == {"atopuser": True, "groupie": True, "outsider": False}
+        scraped = {user: scrape_as(box, user) for user in ("atopuser", "groupie", "outsider")}
+        assert scraped == {"atopuser": True, "groupie": True, "outsider": False}
+        log = box.journal(SERVICE, cursor=stopped)
+        assert f"refusing a client with uid {outsider}: not in --allow-uid/--allow-gid" in log, log
+        assert f"refusing a client with uid {outsider} on --metrics: not in" in log, log
+        assert "uid 65534" not in log, log
+    finally:
+        box.systemctl("stop", SERVICE, *SOCKETS, check=False)
+        box.install_units([], overrides={SERVICE: exec_start_dropin()})
+
+
+def test_a_listener_conflict_fails_the_unit(box: Container, stopped: str) -> None:
+    """Another process on @atopgpud_nvidia (no socket units): the start fails, the unit is failed
+    with the daemon's one line in the journal, and Restart= applies."""
+    holder = box.popen(["python3", "-c", "import socket,time\n"
+                        "s=socket.socket(socket.AF_UNIX); s.bind(b'\\0atopgpud_nvidia'); s.listen()\n"
+                        "print('held', flush=True); time.sleep(120)"])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = box.systemctl("start", SERVICE, check=False)
+        assert started.returncode != 0
+        state = show(box, SERVICE, "Result", "ExecMainStatus", "Restart")
+        assert state["Result"] == "exit-code" and state["ExecMainStatus"] == "1" and state["Restart"] == "on-failure"
+        assert show(box, SERVICE, "ActiveState")["ActiveState"] in ("failed", "activating"), state
+        log = box.journal(SERVICE, cursor=stopped)
+        assert "atopgpud: cannot listen on unix:@atopgpud_nvidia: address already in use" in log, log
+        assert "Traceback" not in log, log
+    finally:
+        os.killpg(holder.pid, signal.SIGTERM)
+        holder.communicate(timeout=30)
+        box.systemctl("stop", SERVICE, check=False)
+        box.systemctl("reset-failed", SERVICE, check=False)
