@@ -31,6 +31,9 @@ from atopgpud_tw.snapshot import Snapshot
 
 log = Logger()
 
+#: per (device index, pid): busy sums and samples at a client's ``S``, and the figures sent
+_Seen = dict[tuple[int, int], tuple[int, int, int, int, int]]
+
 DEFAULT_EXITED_LIMIT = 8192
 
 
@@ -71,9 +74,14 @@ class ClientQueue:
     #: (a client that asks once per poll): its reply is then the same as that of every
     #: other such client, and is rendered once
     batch: Sequence[Exited] | None = None
-    #: version 1 only: the generation and device records of this client's previous
-    #: ``S``, the same until the next poll
-    v1_devices: tuple[int, tuple[codec.RenderedDevice, ...]] | None = None
+    #: version 1 only: the generation of this client's previous ``S`` and its
+    #: records then, the same until the next poll
+    v1_prepared: tuple[int, codec.PreparedStats] | None = None
+    #: version 1 only: the generation `seen_v1` was taken at (-1: never)
+    v1_generation: int = -1
+    #: version 1 only: `seen_v1` holds only the active processes of that ``S``
+    #: (no exit still to be told), so that its sums are those of every such client
+    v1_clean: bool = True
     #: exits dropped from this queue since the client last asked
     lost: int = 0
 
@@ -124,6 +132,9 @@ class Board:
         self._batch: list[Exited] | None = None
         self._batch_bodies: dict[int, codec.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
+        #: version 1 records this poll, by the generation of the clients' previous S
+        self._v1_shared: dict[int, tuple[codec.PreparedStats, _Seen]] = {}
+        self._v1_shared_generation = -1
         self.replies_cut = 0
         self.exited_dropped = 0
         #: clients whose exits did not all fit in their latest reply
@@ -274,56 +285,85 @@ class Board:
         next poll its figures stand, and so do its records.
         """
         queue.subscribed = True
-        prepared = self._rendered(1).prepared
         generation = self.counters.generation
         seen = queue.seen_v1
-        if queue.v1_devices is not None and queue.v1_devices[0] == generation:
+        same_poll = queue.v1_prepared is not None and queue.v1_prepared[0] == generation
+        if same_poll:
             # no poll since this client's previous S: every active figure stands
-            devices: Sequence[codec.RenderedDevice] = queue.v1_devices[1]
+            prepared = queue.v1_prepared[1]  # type: ignore[index]
             now_seen = seen
-            processes = [d.processes for d in self.counters.devices]
         else:
-            devices, now_seen = self._v1_devices(prepared, seen)
-            queue.v1_devices = (generation, tuple(devices))
-            processes = None
+            prepared, now_seen = self._v1_prepared(queue)
+            queue.v1_prepared = (generation, prepared)
         entries = list(islice(queue.entries, codec.EXITED_SCAN))
         records = []
         for entry in entries:
             busy, _ = _interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
             records.append((entry.device_index, codec.render_process(entry.totals, 1, b"E", busy)))
-        result = codec.assemble_stats(devices, records)
+        result = prepared.body(records) if records else prepared.full
         sent = len(result.exited_sent)
-        if processes is None:
+        # now_seen may be shared with other clients: copied before it is changed
+        if not same_poll:
+            kept = {}
             for entry in islice(queue.entries, sent, None):
                 key = (entry.device_index, entry.totals.pid)
-                if key in seen:
-                    now_seen.setdefault(key, seen[key])  # still to be told: keep its starting point
-        else:
-            for entry in entries[:sent]:
-                if entry.totals.pid not in processes[entry.device_index]:
-                    now_seen.pop((entry.device_index, entry.totals.pid), None)
+                if key in seen and key not in now_seen:
+                    kept[key] = seen[key]  # still to be told: keep its starting point
+            if kept:
+                now_seen = {**now_seen, **kept}
+            queue.v1_clean = not kept
+        elif sent:
+            processes = [d.processes for d in self.counters.devices]
+            gone = [
+                (e.device_index, e.totals.pid)
+                for e in entries[:sent]
+                if e.totals.pid not in processes[e.device_index]
+                and (e.device_index, e.totals.pid) in now_seen
+            ]
+            if gone:
+                now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
         queue.batch = None
         queue.seen_v1 = now_seen
+        queue.v1_generation = generation
         self._sent(queue, sent)
         if result.active_cut:
             self.replies_cut += 1
         return result.body
 
-    def _v1_devices(
-        self, prepared: codec.PreparedStats, seen: dict[tuple[int, int], tuple[int, int, int, int, int]]
-    ) -> tuple[list[codec.RenderedDevice], dict[tuple[int, int], tuple[int, int, int, int, int]]]:
-        """One client's version 1 device records, and the sums to remember for its next ``S``."""
-        now_seen = {}
+    def _v1_prepared(self, queue: ClientQueue) -> tuple[codec.PreparedStats, _Seen]:
+        """One client's version 1 records this poll, and the sums to remember for its next ``S``.
+
+        Clients whose previous ``S`` came in the same poll, with no exit still to
+        be told, remembered the same sums: their records are the same, rendered
+        for the first of them, unless a process had no sample since (its
+        figures are then those that client was sent last).
+        """
+        generation = self.counters.generation
+        if self._v1_shared_generation != generation:
+            self._v1_shared_generation = generation
+            self._v1_shared = {}
+        since = queue.v1_generation if queue.v1_clean else None
+        shared = self._v1_shared.get(since) if since is not None else None
+        if shared is not None:
+            return shared
+        shared_ok = True
+        seen, now_seen = queue.seen_v1, {}
         devices = []
-        for index, (device, rendered) in enumerate(zip(self.counters.devices, prepared.devices)):
+        for index, (device, rendered) in enumerate(zip(self.counters.devices, self._rendered(1).prepared.devices)):
             active = []
             for totals in device.processes.values():
                 key = (index, totals.pid)
-                busy, now_seen[key] = _interval_busy(totals, seen.get(key))
+                before = seen.get(key)
+                busy, now_seen[key] = _interval_busy(totals, before)
+                if before is not None and before[2] == totals.samples and before[2]:
+                    shared_ok = False  # the figures sent last stand: this client's own
                 active.append((totals.memory_now_kib, totals.pid, codec.render_process(totals, 1, b"A", busy)))
             active.sort(key=lambda item: (-item[0], item[1]))
             devices.append(codec.RenderedDevice(rendered.header, tuple(active)))
-        return devices, now_seen
+        result = codec.PreparedStats(devices), now_seen
+        if since is not None and shared_ok:
+            self._v1_shared[since] = result
+        return result
 
     def _rendered(self, version: int) -> _Rendered:
         generation = self.counters.generation

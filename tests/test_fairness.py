@@ -127,3 +127,25 @@ def test_ordinary_names_and_numbers_are_unchanged():
     assert codec.render_process(ProcessTotals(2**40, "C", 1, -7, 2**64, 1, 1), 2) == (
         b"#A %d C 1 1 -1 %d 1" % (codec.INT_MAX, codec.LLONG_MAX)
     )
+
+
+def test_version_1_records_shared_between_clients_are_those_each_would_get_alone():
+    """Clients asking in the same polls share their records; each gets what it would get alone."""
+    def polls():
+        for n in range(8):
+            processes = [proc(7, gpu=10 * n % 100), proc(8, gpu=None if n in (3, 4) else 50)]
+            if n < 5:
+                processes.append(proc(9, gpu=90))
+            yield snap(dev("a", processes=tuple(processes)))
+
+    shared, alone = Board(), Board()
+    a, b, c = shared.attach(), shared.attach(), alone.attach()
+    schedule = {0: "ab", 1: "a", 2: "ab", 3: "ab", 4: "b", 5: "ab", 6: "ab", 7: "ab"}
+    for n, snapshot in enumerate(polls()):
+        shared.fold(snapshot)
+        alone.fold(snapshot)
+        for _ in range(2):
+            if "a" in schedule[n]:
+                assert shared.stats_v1(a) == alone.stats_v1(c)
+            if "b" in schedule[n]:
+                shared.stats_v1(b)
