@@ -103,6 +103,11 @@ class BoardCollector:
                                   "atop's 8192-byte limit.", value=self.board.replies_cut)
         yield CounterMetricFamily("atopgpud_exited_dropped", "Exited-process reports dropped from full "
                                   "client queues (--max-exited).", value=self.board.exited_dropped)
+        yield GaugeMetricFamily("atopgpud_exited_queued", "Exited-process reports queued for clients, all "
+                                "clients together.", value=sum(len(q.entries) for q in self.board.clients))
+        yield GaugeMetricFamily("atopgpud_clients_behind", "Clients whose exited processes did not all fit in "
+                                "their latest reply (the rest go in their next ones).",
+                                value=len(self.board.behind))
 
     def _gpus(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         def gauge(name: str, text: str) -> GaugeMetricFamily:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from snapshots import dev, proc, snap
-from test_protocol import connect, replies
+from test_protocol import connect, replies, turns
 
 from atopgpud_tw import codec
 from atopgpud_tw.board import Board
@@ -53,6 +53,7 @@ def test_any_stream_in_any_split_is_answered_safely(stream, cuts):
     bystander, bystander_transport = connect(board)
     for chunk in chunks(stream, cuts):
         protocol.dataReceived(chunk)
+    turns(protocol)
     got = replies(transport.value())
     assert len(got) == expected_replies(stream)
     for version, body in got:
