@@ -16,17 +16,23 @@ is listed in docs/metrics.md.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
-from twisted.web.resource import EncodingResourceWrapper, Resource
-from twisted.web.server import GzipEncoderFactory, Request, Site
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
 GPU_LABELS = ["index", "busid", "type"]
@@ -75,15 +81,23 @@ class BoardCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Every family, built afresh from the Board as it is now."""
+        yield from self.live()
+        yield from self.polled()
+
+    def polled(self) -> Iterator[Metric]:
+        """The families that change only when a poll is folded in."""
+        yield from self._gpus(self.board.counters.devices)
+        if self.processes:
+            yield from self._processes(self.board.counters.devices)
+
+    def live(self) -> Iterator[Metric]:
+        """The families that may change between polls (clients, a call in progress)."""
         yield from self._health()
         if self.calls is not None:
             yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
                                     "been running (0 between calls).", value=self.calls.running_seconds())
             yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
                                       "seconds or more.", value=self.calls.hung_calls)
-        yield from self._gpus(self.board.counters.devices)
-        if self.processes:
-            yield from self._processes(self.board.counters.devices)
 
     def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("atopgpud_build_info", "The daemon's version.", labels=["version"])
@@ -166,19 +180,97 @@ class BoardCollector:
         yield from (memory, samples, busy, mem_busy)
 
 
+class MetricsPage:
+    """The page in each format: the figures that change between polls (the daemon's
+    health) rendered per scrape, the rest (GPUs, processes) once per poll and format.
+
+    N scrapes of one poll cost one rendering of what may be thousands of process
+    series, and one compression of it: a gzip page is the fresh part deflated on its
+    own, then the cached part's deflate stream, in one gzip member.
+    """
+
+    def __init__(
+        self,
+        live: CollectorRegistry,
+        polled: CollectorRegistry | None = None,
+        generation: Callable[[], int] | None = None,
+    ) -> None:
+        self.live = live
+        self.polled = polled
+        self.generation = generation
+        self._cache: dict[str, _Rendered] = {}
+
+    def render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzip: bool) -> bytes:
+        """The page in the format of `encoder`, gzip-compressed if asked."""
+        head = encoder(self.live)
+        if self.polled is None:
+            return _gzip(head, b"", _deflate(b"")) if gzip else head
+        if head.endswith(_EOF):
+            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the polled part
+        generation = self.generation() if self.generation is not None else None
+        rendered = self._cache.get(content_type)
+        if rendered is None or generation is None or rendered.generation != generation:
+            rendered = self._cache[content_type] = _Rendered(generation, encoder(self.polled))
+        if not gzip:
+            return head + rendered.text
+        if rendered.deflated is None:
+            rendered.deflated = _deflate(rendered.text)
+        return _gzip(head, rendered.text, rendered.deflated)
+
+
+@dataclass
+class _Rendered:
+    generation: int | None
+    text: bytes
+    deflated: bytes | None = None
+
+
+_EOF = b"# EOF\n"
+_GZIP_LEVEL = 9  # twisted.web's GzipEncoderFactory's
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no time, OS unknown
+_FINAL_BLOCK = b"\x03\x00"  # an empty last block (fixed Huffman codes)
+_ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
+#: pages above this are written as the client reads them, a chunk at a time
+_PRODUCED = 4 * PageWriter.chunk
+
+
+def _deflate(data: bytes) -> bytes:
+    """A raw deflate stream of `data` ending on a byte boundary, not last: streams
+    made so may follow one another in one member (as pigz joins its blocks)."""
+    compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+def _gzip(head: bytes, body: bytes, deflated_body: bytes) -> bytes:
+    """One gzip member holding `head` then `body` (`deflated_body` is `_deflate(body)`)."""
+    crc = zlib.crc32(body, zlib.crc32(head))
+    trailer = struct.pack("<II", crc & 0xFFFFFFFF, (len(head) + len(body)) & 0xFFFFFFFF)
+    return _GZIP_HEADER + _deflate(head) + deflated_body + _FINAL_BLOCK + trailer
+
+
 class MetricsResource(Resource):
-    """``GET /metrics``: the registry in the format the scraper asks for."""
+    """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it."""
 
     isLeaf = True
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, page: MetricsPage | CollectorRegistry) -> None:
         super().__init__()
-        self.registry = registry
+        self.page = page if isinstance(page, MetricsPage) else MetricsPage(page)
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
+        gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
+        body = self.page.render(encoder, content_type, gzip)
         request.setHeader(b"content-type", content_type.encode("ascii"))
-        return encoder(self.registry)
+        if gzip:
+            request.setHeader(b"content-encoding", b"gzip")
+        if len(body) <= _PRODUCED:
+            return body
+        # a big page (--metrics-processes) goes out as fast as the client takes it,
+        # rather than all at once into the transport's buffer
+        request.setHeader(b"content-length", str(len(body)).encode("ascii"))
+        PageWriter(request, body).start()
+        return NOT_DONE_YET
 
     def render_HEAD(self, request: Request) -> bytes:
         # no collection for a request that gets no body
@@ -196,9 +288,26 @@ class _Index(Resource):
 
 
 class MetricsSite(Site):
-    """The metrics web site, without an access-log line per scrape."""
+    """The metrics web site within `WebLimits`, without an access-log line per scrape."""
 
     noisy = False
+    protocol = BoundedChannel
+    requestFactory = BoundedRequest
+
+    def __init__(self, resource: Resource, limits: WebLimits | None = None, clock: IReactorTime | None = None) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock  # type: ignore[assignment]
+        super().__init__(resource, reactor=clock)
+        self.guard = WebGuard(limits or WebLimits(), clock)
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel = super().buildProtocol(addr)
+        channel.guard = self.guard
+        return channel
+
+    def stopFactory(self) -> None:
+        self.guard.stop()
+        super().stopFactory()
 
     def log(self, request: Request) -> None:
         pass  # a scrape every few seconds is not worth a log line
@@ -217,18 +326,34 @@ def make_registry(
     return registry
 
 
+def _registry(collect: Callable[[], Iterator[Metric]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Part(collect))
+    return registry
+
+
+class _Part:
+    """Some of a collector's families, as a collector of their own."""
+
+    def __init__(self, collect: Callable[[], Iterator[Metric]]) -> None:
+        self.collect = collect
+
+
 def make_site(
     board: Board,
     poller: PollStatistics,
     interval: float,
     processes: bool = False,
     calls: CallStatistics | None = None,
+    limits: WebLimits | None = None,
+    clock: IReactorTime | None = None,
 ) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for."""
+    collector = BoardCollector(board, poller, interval, processes, calls)
+    page = MetricsPage(_registry(collector.live), _registry(collector.polled), lambda: board.counters.generation)
     root = Resource()
     root.putChild(b"", _Index())
-    metrics = MetricsResource(make_registry(board, poller, interval, processes, calls))
-    root.putChild(b"metrics", EncodingResourceWrapper(metrics, [GzipEncoderFactory()]))
-    site = MetricsSite(root)
+    root.putChild(b"metrics", MetricsResource(page))
+    site = MetricsSite(root, limits, clock)
     site.displayTracebacks = False
     return site

@@ -122,6 +122,8 @@ class Options(usage.Options):
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
          "tcp:9445:interface=127.0.0.1 (default: off); a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
+        ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
+         _count("metrics-max-clients")],
     ]
 
     optFlags = [
@@ -183,9 +185,11 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.webbounds import WebLimits
 
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
+            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
+            WebLimits(max_clients=options["metrics-max-clients"]), reactor,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
