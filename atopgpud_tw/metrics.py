@@ -17,21 +17,23 @@ is listed in docs/metrics.md.
 from __future__ import annotations
 
 import re
-import struct
-import zlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
@@ -180,78 +182,16 @@ class BoardCollector:
         yield from (memory, samples, busy, mem_busy)
 
 
-class MetricsPage:
-    """The page in each format: the figures that change between polls (the daemon's
-    health) rendered per scrape, the rest (GPUs, processes) once per poll and format.
-
-    N scrapes of one poll cost one rendering of what may be thousands of process
-    series, and one compression of it: a gzip page is the fresh part deflated on its
-    own, then the cached part's deflate stream, in one gzip member.
-    """
-
-    def __init__(
-        self,
-        live: CollectorRegistry,
-        polled: CollectorRegistry | None = None,
-        generation: Callable[[], int] | None = None,
-    ) -> None:
-        self.live = live
-        self.polled = polled
-        self.generation = generation
-        self._cache: dict[str, _Rendered] = {}
-
-    def render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzip: bool) -> bytes:
-        """The page in the format of `encoder`, gzip-compressed if asked."""
-        head = encoder(self.live)
-        if self.polled is None:
-            return _gzip(head, b"", _deflate(b"")) if gzip else head
-        if head.endswith(_EOF):
-            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the polled part
-        generation = self.generation() if self.generation is not None else None
-        rendered = self._cache.get(content_type)
-        if rendered is None or generation is None or rendered.generation != generation:
-            rendered = self._cache[content_type] = _Rendered(generation, encoder(self.polled))
-        if not gzip:
-            return head + rendered.text
-        if rendered.deflated is None:
-            rendered.deflated = _deflate(rendered.text)
-        return _gzip(head, rendered.text, rendered.deflated)
-
-
-@dataclass
-class _Rendered:
-    generation: int | None
-    text: bytes
-    deflated: bytes | None = None
-
-
-_EOF = b"# EOF\n"
-_GZIP_LEVEL = 9  # twisted.web's GzipEncoderFactory's
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no time, OS unknown
-_FINAL_BLOCK = b"\x03\x00"  # an empty last block (fixed Huffman codes)
 _ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
 #: pages above this are written as the client reads them, a chunk at a time
 _PRODUCED = 4 * PageWriter.chunk
-
-
-def _deflate(data: bytes) -> bytes:
-    """A raw deflate stream of `data` ending on a byte boundary, not last: streams
-    made so may follow one another in one member (as pigz joins its blocks)."""
-    compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
-
-
-def _gzip(head: bytes, body: bytes, deflated_body: bytes) -> bytes:
-    """One gzip member holding `head` then `body` (`deflated_body` is `_deflate(body)`)."""
-    crc = zlib.crc32(body, zlib.crc32(head))
-    trailer = struct.pack("<II", crc & 0xFFFFFFFF, (len(head) + len(body)) & 0xFFFFFFFF)
-    return _GZIP_HEADER + _deflate(head) + deflated_body + _FINAL_BLOCK + trailer
 
 
 class MetricsResource(Resource):
     """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it."""
 
     isLeaf = True
+    log = Logger()
 
     def __init__(self, page: MetricsPage | CollectorRegistry) -> None:
         super().__init__()
@@ -260,16 +200,33 @@ class MetricsResource(Resource):
     def render_GET(self, request: Request) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
         gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
-        body = self.page.render(encoder, content_type, gzip)
+        page = self.page.render(encoder, content_type, gzip)
         request.setHeader(b"content-type", content_type.encode("ascii"))
         if gzip:
             request.setHeader(b"content-encoding", b"gzip")
-        if len(body) <= _PRODUCED:
-            return body
-        # a big page (--metrics-processes) goes out as fast as the client takes it,
-        # rather than all at once into the transport's buffer
-        request.setHeader(b"content-length", str(len(body)).encode("ascii"))
-        PageWriter(request, body).start()
+        if isinstance(page, bytes) and len(page) <= _PRODUCED:
+            return page
+        lost: list[object] = []
+        request.notifyFinish().addErrback(lost.append)
+
+        def send(body: bytes) -> None:
+            if lost:
+                return  # the client left while the page was rendered
+            # a big page (--metrics-processes) goes out as fast as the client takes it,
+            # rather than all at once into the transport's buffer
+            request.setHeader(b"content-length", str(len(body)).encode("ascii"))
+            PageWriter(request, body).start()
+
+        def failed(failure: Failure) -> None:
+            self.log.failure("rendering the metrics page failed", failure)
+            if not lost:
+                request.setResponseCode(500)
+                request.finish()
+
+        if isinstance(page, bytes):
+            send(page)
+        else:
+            page.addCallbacks(send, failed)
         return NOT_DONE_YET
 
     def render_HEAD(self, request: Request) -> bytes:
@@ -301,6 +258,8 @@ class MetricsSite(Site):
         self.guard = WebGuard(limits or WebLimits(), clock)
 
     def buildProtocol(self, addr: Any) -> Any:
+        if not self.guard.room():
+            return None  # the socket is closed before a transport is made for it: the cheapest no
         channel = super().buildProtocol(addr)
         channel.guard = self.guard
         return channel
@@ -347,10 +306,22 @@ def make_site(
     calls: CallStatistics | None = None,
     limits: WebLimits | None = None,
     clock: IReactorTime | None = None,
+    in_thread: InThread | None = None,
 ) -> Site:
-    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for."""
+    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for.
+
+    `in_thread` runs the encoding of the polled part (default: in the reactor's
+    thread pool)."""
     collector = BoardCollector(board, poller, interval, processes, calls)
-    page = MetricsPage(_registry(collector.live), _registry(collector.polled), lambda: board.counters.generation)
+    if clock is None:
+        from twisted.internet import reactor as clock  # type: ignore[assignment]
+
+    def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
+        return deferToThreadPool(clock, clock.getThreadPool(), render)  # type: ignore[attr-defined]
+
+    page = MetricsPage(
+        _registry(collector.live), _registry(collector.polled), lambda: board.counters.generation, in_thread or in_pool
+    )
     root = Resource()
     root.putChild(b"", _Index())
     root.putChild(b"metrics", MetricsResource(page))

@@ -57,13 +57,19 @@ class WebGuard:
         self.channels: set[BoundedChannel] = set()
         self._bursts: dict[str, BurstLog] = {}
 
+    def room(self) -> bool:
+        """Whether another connection may open; a refusal is logged once per burst."""
+        if len(self.channels) < self.limits.max_clients:
+            return True
+        self.cut(
+            "connections refused (--metrics-max-clients)",
+            "refusing metrics connections: {count} open (--metrics-max-clients)",
+            count=len(self.channels),
+        )
+        return False
+
     def admit(self, channel: BoundedChannel) -> bool:
-        if len(self.channels) >= self.limits.max_clients:
-            self.cut(
-                "connections refused (--metrics-max-clients)",
-                "refusing metrics connections: {count} open (--metrics-max-clients)",
-                count=len(self.channels),
-            )
+        if not self.room():
             return False
         self.channels.add(channel)
         return True

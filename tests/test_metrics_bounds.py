@@ -7,6 +7,7 @@ import gzip
 import zlib
 
 from snapshots import dev, proc, snap
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
@@ -23,17 +24,25 @@ class Poller:
     failed_polls: dict[str, int] = {}
 
 
-def site_with(processes: int = 1, **limits):
+def at_once(render):
+    return succeed(render())
+
+
+def site_with(processes: int = 1, in_thread=at_once, **limits):
     board = Board()
     board.fold(snap(dev(processes=tuple(proc(pid) for pid in range(1, processes + 1)))))
     clock = Clock()
-    site = make_site(board, Poller(), 1.0, processes=True, limits=WebLimits(**limits), clock=clock)
+    site = make_site(board, Poller(), 1.0, processes=True, limits=WebLimits(**limits), clock=clock,
+                     in_thread=in_thread)
     return site, board, clock
 
 
 def connect(site):
     channel = site.buildProtocol(None)
     transport = StringTransport()
+    if channel is None:  # refused: the port closes the socket
+        transport.loseConnection()
+        return None, transport
     channel.makeConnection(transport)
     return channel, transport
 
@@ -224,3 +233,29 @@ def test_the_polled_part_is_rendered_once_per_poll():
     board.fold(snap(dev(gpu=90, processes=(proc(1),))))
     assert b'atopgpud_gpu_busy_percent{busid' in scrape(site)
     assert page._cache["text/plain; version=0.0.4; charset=utf-8"].text is not cached
+
+
+def test_scrapes_during_a_rendering_wait_for_that_one():
+    """Scrapes that come while a poll's page is rendered (in a thread) share that rendering."""
+    started = []
+
+    def later(render):
+        done = Deferred()
+        started.append((render, done))
+        return done
+
+    site, board, _ = site_with(processes=50, in_thread=later)
+    pairs = [connect(site) for _ in range(10)]
+    for channel, _ in pairs:
+        channel.dataReceived(GET)
+    assert len(started) == 1
+    assert not any(t.value() for _, t in pairs)  # nothing yet: the page is being rendered
+    render, done = started.pop()
+    done.callback(render())
+    bodies = {t.value().partition(b"\r\n\r\n")[2] for _, t in pairs}
+    assert len(bodies) == 1 and b"atopgpud_process_samples_total" in bodies.pop()
+    pairs[0][0].dataReceived(GET)  # the same poll: from the cache, at once
+    assert not started and replies(pairs[0][1]) == 2
+    board.fold(snap(dev(gpu=90)))
+    pairs[0][0].dataReceived(GET)
+    assert len(started) == 1
