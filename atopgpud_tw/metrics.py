@@ -37,6 +37,8 @@ from atopgpud_tw.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
+#: what "the seconds it covers" means, in the help text of the *_seconds series
+_SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type"]
 PROCESS_LABELS = ["index", "busid", "pid"]
 
@@ -134,12 +136,13 @@ class BoardCollector:
         used = gauge("atopgpud_gpu_memory_used_bytes", "Memory in use at the last sample.")
         total = gauge("atopgpud_gpu_memory_total_bytes", "Memory on the GPU.")
         samples = counter("atopgpud_gpu_samples", "Samples taken of the GPU (atop's gpusamples).")
-        busy_cum = counter("atopgpud_gpu_busy_percent_seconds", "Per-sample GPU busy percentages summed "
-                           "(atop's gpuperccum) times the poll interval.")
-        mem_busy_cum = counter("atopgpud_gpu_memory_busy_percent_seconds", "Per-sample memory-controller "
-                               "busy percentages summed (atop's memperccum) times the poll interval.")
-        used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Per-sample memory in use summed "
-                           "(atop's memusedcum) times the poll interval.")
+        busy_cum = counter("atopgpud_gpu_busy_percent_seconds", "Each sample's GPU busy percentage times the "
+                           f"seconds it covers{_SPAN}, summed: rate() is the busy percentage.")
+        mem_busy_cum = counter("atopgpud_gpu_memory_busy_percent_seconds", "Each sample's memory-controller "
+                               f"busy percentage times the seconds it covers{_SPAN}, summed.")
+        used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Each sample's memory in use times the "
+                           f"seconds it covers{_SPAN}, summed.")
+        timed, interval = self.board.counters.timed, self.interval
         for index, device in enumerate(devices):
             labels = [str(index), device.busid, device.name]
             present.add_metric(labels, 1 if device.present else 0)
@@ -153,10 +156,12 @@ class BoardCollector:
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
             if _known(device.gpu_busy_cum):
-                busy_cum.add_metric(labels, device.gpu_busy_cum * self.interval)
+                busy_cum.add_metric(labels, device.gpu_busy_seconds if timed else device.gpu_busy_cum * interval)
             if _known(device.mem_busy_cum):
-                mem_busy_cum.add_metric(labels, device.mem_busy_cum * self.interval)
-            used_cum.add_metric(labels, device.memory_used_cum_kib * KIB * self.interval)
+                mem_busy_cum.add_metric(labels, device.mem_busy_seconds if timed else device.mem_busy_cum * interval)
+            used_cum.add_metric(
+                labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
+            )
         yield from (present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
@@ -164,11 +169,14 @@ class BoardCollector:
                                    "last sample.", labels=PROCESS_LABELS)
         samples = CounterMetricFamily("atopgpud_process_samples", "Samples in which the process was seen on "
                                       "the GPU.", labels=PROCESS_LABELS)
-        busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "The process's per-sample GPU "
-                                   "busy percentages summed, times the poll interval.", labels=PROCESS_LABELS)
-        mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "The process's "
-                                       "per-sample memory busy percentages summed, times the poll interval.",
-                                       labels=PROCESS_LABELS)
+        busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "Each sample's GPU busy percentage "
+                                   f"of the process times the seconds it covers{_SPAN}, summed.",
+                                   labels=PROCESS_LABELS)
+        mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "Each sample's memory "
+                                       f"busy percentage of the process times the seconds it covers{_SPAN}, "
+                                       "summed.", labels=PROCESS_LABELS)
+        counters = self.board.counters
+        timed, interval = counters.timed and counters.weigh_processes, self.interval
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid)]
@@ -176,9 +184,9 @@ class BoardCollector:
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
                 if _known(totals.gpu_busy_cum):
-                    busy.add_metric(labels, totals.gpu_busy_cum * self.interval)
+                    busy.add_metric(labels, totals.gpu_busy_seconds if timed else totals.gpu_busy_cum * interval)
                 if _known(totals.mem_busy_cum):
-                    mem_busy.add_metric(labels, totals.mem_busy_cum * self.interval)
+                    mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
         yield from (memory, samples, busy, mem_busy)
 
 

@@ -13,6 +13,7 @@ from twisted.python import usage
 from atopgpud_tw.access import AllowList, Gate, GatedFactory
 from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.counters import Counters
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.notify import Notifier, NotifyService
@@ -167,7 +168,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         reader, layout = make_reader(options, reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    board = Board(exited_limit=options["max-exited"])
+    board = Board(Counters(weigh_processes=options["metrics-processes"]), exited_limit=options["max-exited"])
     board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
     SignalService(reactor).setServiceParent(top)
