@@ -1,15 +1,19 @@
 """``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``).
 
 A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then: nobody scraping costs nothing per poll.  The page is rendered in the
-reactor thread, the one thread that changes the Board, so a scrape always sees
-one poll's figures whole (prometheus_client's own Twisted resource would render
-in a thread pool, racing the poller).
+only then: nobody scraping costs nothing per poll.  Its families are collected
+in the reactor thread, the one thread that changes the Board, so a scrape always
+sees one poll's figures whole (prometheus_client's own Twisted resource would
+collect in a thread pool, racing the poller); the GPU and process families are
+then encoded once per poll in a thread (`page.MetricsPage`).  The site runs
+within `webbounds.WebLimits`.
 
-The counters are the cumulative figures atop gets, scaled to base units:
-``gpuperccum`` (a sum of per-sample percentages) times the poll interval is in
-percent-seconds, so ``rate()`` of it is the average busy percentage, and the
-ratio of two increases is exactly atop's figure.  A value the device cannot
+The counters are the cumulative figures atop gets, scaled to base units, with
+one difference: the ``*_seconds`` series sum each sample's figure times the
+seconds that sample covers (`counters.Counters.fold`), so ``rate()`` of them is
+the average busy percentage even when polls run late or fail; atop's
+``gpuperccum`` sums one figure per sample, and the ratio of the increases of
+``gpuperccum`` and ``gpusamples`` is atop's figure.  A value the device cannot
 report (-1 on the wire) is left out rather than exported as -1.  Every metric
 is listed in docs/metrics.md.
 """

@@ -259,3 +259,20 @@ def test_scrapes_during_a_rendering_wait_for_that_one():
     board.fold(snap(dev(gpu=90)))
     pairs[0][0].dataReceived(GET)
     assert len(started) == 1
+
+
+def test_metrics_max_clients_option_reaches_the_site():
+    """--metrics-max-clients sets the site's cap; its default is 32."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    from atopgpud_tw import tap
+
+    for args, cap in (([], 32), (["--metrics-max-clients", "3"], 3)):
+        options = tap.Options()
+        options.parseOptions(["--reader", "sim", "--listen", "unix:@test-name", "--metrics", "tcp:9445", *args])
+        reactor = MemoryReactorClock()
+        for child in tap.makeService(options, reactor=reactor):
+            if hasattr(child, "endpoint"):
+                child.startService()
+        ((_, site, _, _),) = reactor.tcpServers
+        assert site.guard.limits.max_clients == cap
