@@ -184,7 +184,7 @@ class Counters:
         """Count one poll and return the processes that ended in it.
 
         `taken` is the poll's time and `since` the previous poll's, in seconds on
-        the poller's clock.  With them, each counted sample's figures are also
+        the poller's schedule (its loop's ticks times the interval).  With them, each counted sample's figures are also
         summed times the seconds the sample covers: since the previous counted
         sample of that device (or process), or since the previous poll for its
         first.  A poll that failed, or a sample that was skipped, is so covered

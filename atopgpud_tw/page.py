@@ -75,7 +75,6 @@ class MetricsPage:
         self.in_thread = in_thread or _at_once
         self._cache: dict[str, Rendered] = {}
         self._pending: dict[tuple[str, int | None], list[Deferred[Rendered]]] = {}
-        self.renderings = 0
 
     def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
         """The page in the format of `encoder`, gzip-compressed if asked."""
@@ -103,7 +102,6 @@ class MetricsPage:
         self._pending[key] = [waiter]
         assert self.polled is not None
         families = _Frozen(list(self.polled.collect()))  # here, in the reactor thread: one poll's figures
-        self.renderings += 1
 
         def render() -> Rendered:
             text = encoder(families)

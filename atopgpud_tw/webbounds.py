@@ -13,7 +13,10 @@ serves atop must not pay for it, so `BoundedChannel` adds (`WebLimits`):
   is answered only once the transport has taken the last reply, and a reply left
   unread past a deadline ends the connection.
 
-Each refusal or cut is logged once per burst (`access.BurstLog`).
+Each refusal or cut is logged once per burst (`access.BurstLog`).  Holding the
+next pipelined request reads two attributes of HTTPChannel's own flow control
+(``_waitingForTransport``, ``_networkProducer``, there since Twisted 17.9);
+tests/test_metrics_bounds.py pins the behaviour.
 """
 
 from __future__ import annotations
