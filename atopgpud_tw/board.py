@@ -161,9 +161,10 @@ class Board:
 
     # -- polls --
 
-    def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
-        """Count one poll and queue its exited processes for every client."""
-        exited = self.counters.fold(snapshot)
+    def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
+        """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
+        and queue its exited processes for every client."""
+        exited = self.counters.fold(snapshot, taken, since)
         self._batch = None
         self._batch_bodies = {}
         # a device beyond what the wire carries has no place for its exits

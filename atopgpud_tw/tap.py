@@ -13,6 +13,7 @@ from twisted.python import usage
 from atopgpud_tw.access import AllowList, Gate, GatedFactory
 from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.counters import Counters
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.notify import Notifier, NotifyService
@@ -122,6 +123,8 @@ class Options(usage.Options):
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
          "tcp:9445:interface=127.0.0.1 (default: off); a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
+        ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
+         _count("metrics-max-clients")],
     ]
 
     optFlags = [
@@ -165,7 +168,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         reader, layout = make_reader(options, reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    board = Board(exited_limit=options["max-exited"])
+    board = Board(Counters(weigh_processes=options["metrics-processes"]), exited_limit=options["max-exited"])
     board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
     SignalService(reactor).setServiceParent(top)
@@ -183,9 +186,11 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.webbounds import WebLimits
 
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
+            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
+            WebLimits(max_clients=options["metrics-max-clients"]), reactor,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
