@@ -212,13 +212,12 @@ class Started:
         return b"".join(out), err
 
     def discard(self) -> None:
-        """Kill its group if it still runs, and reap it unless it is stuck in the kernel."""
+        """Kill its group (what it left behind too), and reap it unless it is stuck in the kernel."""
         child = self.child
         if child is None:
             return
-        if child.poll() is None:
-            if not kill_group(child.pid):
-                child.kill()
+        if not kill_group(child.pid) and child.poll() is None:
+            child.kill()
         for stream in (child.stdout, child.stderr):
             if stream is not None:
                 stream.close()
