@@ -476,3 +476,13 @@ def test_open_reads_a_report_though_a_grandchild_holds_stdout(fake: FakeSmi) -> 
     snapshot = SmiReader(reactor, str(fake.binary), timeout=30.0).open()
     assert len(snapshot.devices) == 2
     wait_dead(fake.grandchild_pid())
+
+
+def test_open_kills_what_a_discarded_list_run_left(fake: FakeSmi) -> None:
+    """The -L run beside -q -x, not needed without MIG, leaves nothing running either."""
+    fake.report("plain-v11.xml")
+    fake.mode("linger", "list-mode")
+    SmiReader(reactor, str(fake.binary), timeout=30.0).open()
+    # killed before it had started one, the -L run left nothing to look for
+    if fake.grandchild_pid() is not None:
+        wait_dead(fake.grandchild_pid())
