@@ -486,3 +486,18 @@ def test_open_kills_what_a_discarded_list_run_left(fake: FakeSmi) -> None:
     # killed before it had started one, the -L run left nothing to look for
     if fake.grandchild_pid() is not None:
         wait_dead(fake.grandchild_pid())
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_setsid_it_says_so_once_and_still_reads(
+    fake: FakeSmi, make_reader, logged: list[str], monkeypatch
+) -> None:
+    """Where setsid is not installed the child runs as it is, and start-up names the loss."""
+    monkeypatch.setenv("PATH", str(fake.state))
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    assert len((await reader.poll()).devices) == 2
+    assert [line for line in logged if "setsid" in line] == [
+        "nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed"
+    ]
