@@ -9,12 +9,13 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import Daemon, unique_name
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import succeed
-from twisted.logger import globalLogPublisher
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from atopgpud_tw.endpoints import CheckedEndpoint
@@ -41,6 +42,7 @@ def nobody_can_connect(address: bytes | str) -> bool:
     return result.returncode == 0
 
 
+@pytest.mark.e2e
 def test_filesystem_socket_gets_mode_and_group_and_is_removed_at_exit(tmp_path):
     """unix:PATH:mode=660 with --socket-group: the file has both; SIGTERM removes it."""
     tmp_path.chmod(0o755)
@@ -57,6 +59,7 @@ def test_filesystem_socket_gets_mode_and_group_and_is_removed_at_exit(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.e2e
 @root_only
 def test_allow_list_refuses_other_users_on_the_abstract_socket(tmp_path):
     """--allow-uid: user nobody is refused unless listed; the refusal is logged."""
@@ -69,6 +72,7 @@ def test_allow_list_refuses_other_users_on_the_abstract_socket(tmp_path):
         assert ("refusing a client with uid" in daemon.log()) is not expected
 
 
+@pytest.mark.e2e
 @root_only
 def test_without_allow_list_everyone_may_connect(tmp_path):
     """No allow-list: an abstract socket is open to every local user, as atop expects."""
@@ -77,6 +81,16 @@ def test_without_allow_list_everyone_may_connect(tmp_path):
         assert nobody_can_connect(b"\0" + daemon.name.encode())
     finally:
         daemon.stop()
+
+
+def succeeded(deferred: Any) -> Any:
+    """The result of a Deferred that has fired; its failure raised here if it failed."""
+    outcome: list[Any] = []
+    deferred.addBoth(outcome.append)
+    assert outcome, "the Deferred has not fired"
+    if isinstance(outcome[0], Failure):
+        outcome[0].raiseException()
+    return outcome[0]
 
 
 class FakePort:
@@ -97,23 +111,19 @@ class FakeEndpoint:
 
 def test_tcp_beyond_loopback_is_warned_about():
     """A TCP listener on all interfaces logs a warning; loopback does not."""
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with capturedLogs() as events:
         for address in (
             IPv4Address("TCP", "0.0.0.0", 59123),
             IPv4Address("TCP", "127.0.0.1", 59123),
             IPv6Address("TCP", "::1", 59123),
             UNIXAddress("\0name"),
         ):
-            result = CheckedEndpoint(FakeEndpoint(address)).listen(object())
-            result.addErrback(Failure.raiseException)
-    finally:
-        globalLogPublisher.removeObserver(events.append)
+            assert succeeded(CheckedEndpoint(FakeEndpoint(address)).listen(object())).getHost() == address
     warnings = [e for e in events if "visible to the network" in e.get("log_format", "")]
     assert [w["host"] for w in warnings] == ["0.0.0.0"]
 
 
+@pytest.mark.e2e
 def test_abstract_socket_has_no_file(tmp_path):
     """unix:@NAME listens in the abstract namespace: nothing appears on disk."""
     daemon = Daemon(tmp_path, ["--reader", "sim"]).start()
@@ -141,6 +151,7 @@ def nobody_can_scrape(address: bytes | str, extra_groups: tuple[str, ...] = ()) 
     return result.returncode == 0
 
 
+@pytest.mark.e2e
 @root_only
 def test_allow_list_applies_to_a_unix_metrics_socket(tmp_path):
     """--allow-uid guards --metrics unix:@NAME as it guards the atop sockets."""
@@ -156,6 +167,7 @@ def test_allow_list_applies_to_a_unix_metrics_socket(tmp_path):
             is not expected
 
 
+@pytest.mark.e2e
 @root_only
 def test_a_supplementary_group_admits(tmp_path):
     """--allow-gid: nobody, with the group only as a supplementary one, is let in; without it, not."""
@@ -188,6 +200,7 @@ def test_peer_groups_come_from_the_socket_not_proc():
         left.close(), right.close()
 
 
+@pytest.mark.e2e
 def test_metrics_socket_gets_the_socket_group(tmp_path):
     """--socket-group applies to a filesystem --metrics socket as to the atop ones."""
     tmp_path.chmod(0o755)
@@ -203,6 +216,7 @@ def test_metrics_socket_gets_the_socket_group(tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("option", ["--allow-uid", "--allow-gid"])
 @pytest.mark.parametrize("value", ["", ",", " "])
 def test_an_empty_allow_list_is_an_error_not_everyone(option, value):
@@ -215,18 +229,15 @@ def test_an_empty_allow_list_is_an_error_not_everyone(option, value):
 
 def test_metrics_with_processes_beyond_loopback_is_warned_about():
     """--metrics-processes on all interfaces exposes every GPU process: warned as the atop listener is."""
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with capturedLogs() as events:
         for exposed in (None, "every GPU process (--metrics-processes)"):
             endpoint = CheckedEndpoint(FakeEndpoint(IPv4Address("TCP", "0.0.0.0", 9445)), None, exposed)
-            endpoint.listen(object()).addErrback(Failure.raiseException)
-    finally:
-        globalLogPublisher.removeObserver(events.append)
+            assert succeeded(endpoint.listen(object())).getHost().port == 9445
     warnings = [e for e in events if "visible to the network" in e.get("log_format", "")]
     assert [w["exposed"] for w in warnings] == ["every GPU process (--metrics-processes)"]
 
 
+@pytest.mark.e2e
 def test_the_daemon_warns_of_metrics_processes_beyond_loopback(tmp_path):
     daemon = Daemon(tmp_path, ["--reader", "sim", "--metrics", "tcp:0", "--metrics-processes"]).start()
     daemon.stop()

@@ -65,6 +65,7 @@ def my_comm() -> str:
     return Path("/proc/self/comm").read_text().rstrip("\n")
 
 
+@pytest.mark.e2e
 def test_table_shows_the_scenario(daemon, capsys):
     """The table has a row per GPU with busy now, average, memory, and its processes."""
     status, out, err = run(capsys, "--connect", f"unix:@{daemon.name}")
@@ -167,6 +168,7 @@ def test_report_over_an_interval_uses_differences():
     assert (proc["samples"], proc["gpu_busy_avg"]) == (10, 100.0)
 
 
+@pytest.mark.e2e
 def test_console_script_is_installed(daemon):
     """The installed `atopgpu` script runs the command."""
     script = Path(sys.executable).with_name("atopgpu")

@@ -177,7 +177,15 @@ def test_malformed_stats_reply_is_refused(body):
 
 def test_stats_round_trip():
     """What the daemon renders, the parser reads back field for field."""
-    dev = device(2, samples=7, gpu_busy_cum=70)
-    parsed = codec.parse_stats(codec.render_stats([dev], 2).body, 2)
-    assert parsed[0].samples == 7 and parsed[0].gpu_busy_cum == 70
-    assert [p.pid for p in parsed[0].processes] == [10001, 10000]
+    dev = device(2, samples=7, gpu_busy_cum=70, mem_busy_cum=35, gpu_busy_now=12, mem_busy_now=4,
+                 memory_total_kib=81920, memory_used_kib=2048, memory_used_cum_kib=14336)
+    (parsed,) = codec.parse_stats(codec.render_stats([dev], 2).body, 2)
+    assert (parsed.gpu_busy_now, parsed.mem_busy_now, parsed.memory_total_kib, parsed.memory_used_kib,
+            parsed.samples, parsed.gpu_busy_cum, parsed.mem_busy_cum, parsed.memory_used_cum_kib) == (
+        12, 4, 81920, 2048, 7, 70, 35, 14336)
+    assert [p.pid for p in parsed.processes] == [10001, 10000]
+    for proc in parsed.processes:
+        totals = dev.processes[proc.pid]
+        assert (proc.state, proc.kind, proc.gpu_busy, proc.mem_busy, proc.memory_now_kib, proc.memory_cum_kib,
+                proc.samples) == ("A", totals.kind, totals.gpu_busy_cum, totals.mem_busy_cum,
+                                  totals.memory_now_kib, totals.memory_cum_kib, totals.samples)

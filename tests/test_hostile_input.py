@@ -170,6 +170,7 @@ def test_oversized_scenario_is_refused(tmp_path: Path, monkeypatch) -> None:
         load_scenario(path)
 
 
+@pytest.mark.e2e
 def test_the_daemon_on_a_fifo_scenario_exits_with_one_line(tmp_path: Path) -> None:
     """The installed daemon given a fifo: status 1 and one line, not a hang."""
     fifo = tmp_path / "fifo"

@@ -6,7 +6,7 @@ from snapshots import dev, snap
 from test_protocol import replies
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import globalLogPublisher
+from twisted.logger import capturedLogs
 
 from atopgpud_tw.access import AllowList, BurstLog, Peer
 from atopgpud_tw.board import Board
@@ -33,15 +33,11 @@ def logged(events, text):
 
 def test_connections_beyond_the_cap_are_closed_at_once_one_line_per_burst():
     """Beyond --max-clients a connection is closed at once; a burst logs twice at most."""
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with capturedLogs() as events:
         factory, clock = factory_with(max_clients=2)
         kept = [open_connection(factory) for _ in range(2)]
         refused = [open_connection(factory) for _ in range(50)]
         clock.advance(11)
-    finally:
-        globalLogPublisher.removeObserver(events.append)
     assert all(t.disconnecting for _, t in refused)
     assert not any(t.disconnecting for _, t in kept)
     assert logged(events, "refusing connections") == 1

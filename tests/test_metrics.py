@@ -65,6 +65,7 @@ def scraped(tmp_path_factory) -> str:
     return text
 
 
+@pytest.mark.e2e
 def test_page_passes_promtool(scraped, tmp_path):
     """promtool check metrics finds nothing wrong with the page."""
     promtool = shutil.which("promtool")

@@ -333,6 +333,7 @@ def mig_daemon(tmp_path):
     yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario=mixed())
 
 
+@pytest.mark.e2e
 def test_daemon_serves_instances_over_a_real_socket(mig_daemon):
     """The installed daemon on the mixed host: T names the instances, S gives their figures."""
     client = mig_daemon.client()
@@ -360,6 +361,7 @@ def mig_card_daemon(tmp_path):
     yield from run_daemon(tmp_path, ["--interval", "0.2", "--mig", "card"], scenario=mixed())
 
 
+@pytest.mark.e2e
 def test_daemon_with_mig_card_serves_one_device_per_card(mig_card_daemon):
     """--mig card on the command line: the A100 is one device holding its instances' processes."""
     client = mig_card_daemon.client()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from snapshots import dev, snap
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
-from twisted.logger import globalLogPublisher
+from twisted.logger import capturedLogs
 
 from atopgpud_tw.board import Board
 from atopgpud_tw.poller import PollerService
@@ -35,12 +35,6 @@ class FakeReader:
 
     def close(self) -> None:
         self.closed = True
-
-
-def captured_logs():
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    return events, lambda: globalLogPublisher.removeObserver(events.append)
 
 
 def start(reader, interval=1.0):
@@ -77,14 +71,11 @@ def test_polls_never_overlap():
 
 def test_failed_poll_does_not_stop_polling_and_is_logged_once():
     """Failures are counted, logged once per cause, recovery logged once; the loop goes on."""
-    events, stop_logging = captured_logs()
-    try:
+    with capturedLogs() as events:
         reader = FakeReader([ValueError("boom"), ValueError("boom"), "raise", ValueError("boom")])
         service, clock, board = start(reader)
         for _ in range(5):
             clock.advance(1.0)
-    finally:
-        stop_logging()
     assert reader.calls == 6
     assert service.failed_polls == {"ValueError: boom": 3, "RuntimeError: reader bug": 1}
     assert board.counters.devices[0].samples == 2

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from twisted.logger import globalLogPublisher
+from twisted.logger import capturedLogs
 
 from atopgpud_tw.problems import ProblemLog
 
 
 def test_each_cause_logged_once_and_its_recovery_once_in_its_first_words():
     """Repeated reports log nothing new; the recovery names the problem as first logged."""
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with capturedLogs() as events:
         log = ProblemLog("nvml")
         log.report({"init": "driver gone"})
         log.report({"init": "being set up again"})
         log.report({"init": "being set up again", "gpu0": "GPU 0 lost"})
         log.report({})
-    finally:
-        globalLogPublisher.removeObserver(events.append)
     lines = [
         (e["log_level"].name, e.get("problem")) for e in events if e.get("log_namespace", "").endswith("ProblemLog")
     ]

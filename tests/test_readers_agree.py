@@ -220,6 +220,7 @@ def daemons(
             yield request.param, sim, smi
 
 
+@pytest.mark.e2e
 def test_daemons_on_either_reader_agree(daemons: tuple[str, Daemon, Daemon]) -> None:
     """Over the socket: T byte-identical, S memory and processes the same, from either reader."""
     mig, sim, smi = daemons

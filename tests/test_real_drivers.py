@@ -177,6 +177,7 @@ def clone_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
             yield sim_daemon, smi_daemon
 
 
+@pytest.mark.e2e
 def test_daemons_show_both_clones_with_safe_names(clone_daemons: tuple[Daemon, Daemon]) -> None:
     """Over the socket, from either reader: both cards in T, "®" as "_", each with its own process."""
     for daemon in clone_daemons:
@@ -276,6 +277,7 @@ def late_gpu_daemon(tmp_path: Path) -> Iterator[Daemon]:
     yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario=two_cards([fault]))
 
 
+@pytest.mark.e2e
 def test_daemon_logs_an_unusable_gpu_once_and_its_recovery_once(late_gpu_daemon: Daemon) -> None:
     """Over the socket: T gains the card when it works; one warning, however many retries, one recovery."""
     daemon = late_gpu_daemon
@@ -395,6 +397,7 @@ def unknown_memory_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
             yield sim_daemon, smi_daemon
 
 
+@pytest.mark.e2e
 def test_daemons_send_minus_one_for_unknown_process_memory(unknown_memory_daemons: tuple[Daemon, Daemon]) -> None:
     """Over the socket, from either reader: pid 7724 is listed with memory -1 now and summed."""
     for daemon in unknown_memory_daemons:
@@ -526,6 +529,7 @@ def scrape(port: int) -> dict[str, float]:
     }
 
 
+@pytest.mark.e2e
 def test_daemon_warns_of_a_hung_call_and_shows_it_in_metrics(hung_daemon: tuple[Daemon, int]) -> None:
     """Installed daemon: one warning naming the call and GPU, /metrics counting it, one line on return."""
     daemon, port = hung_daemon

@@ -177,17 +177,13 @@ def test_client_queue_is_bounded():
 
 def test_full_queue_is_logged_once_per_client():
     """A client that stops asking is reported once when its queue fills, not every poll."""
-    from twisted.logger import globalLogPublisher
+    from twisted.logger import capturedLogs
 
-    events = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with capturedLogs() as events:
         board = Board(exited_limit=5)
         protocol, _ = connect(board)
         protocol.dataReceived(b"S\x02")
         for i in range(50):
             board.fold(snap(dev(processes=(proc(100 + i),))))
-    finally:
-        globalLogPublisher.removeObserver(events.append)
     assert sum("queue of exited processes is full" in e.get("log_format", "") for e in events) == 1
     assert board.exited_dropped == 44

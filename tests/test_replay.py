@@ -162,6 +162,7 @@ def test_a_bad_replay_names_the_field(tmp_path, gpu, message):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+@pytest.mark.e2e
 def test_the_calibration_script_records_on_the_simulator(tmp_path):
     """calibrate.py --reader sim --short: the files, the schedule, every stream and the daemon's replies."""
     result = subprocess.run(

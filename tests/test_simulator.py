@@ -276,6 +276,7 @@ def test_a_destroyed_instance_handle_is_invalid():
     assert [p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)] == [11]
 
 
+@pytest.mark.e2e
 def test_the_shim_is_the_real_pynvml_over_the_simulated_library(tmp_path):
     """With the shim first on PYTHONPATH and ATOPGPUD_SCENARIO set, `import pynvml` is the
     installed nvidia-ml-py, its nvmlLib the simulated library."""

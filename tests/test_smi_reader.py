@@ -13,7 +13,6 @@ from typing import Callable, Iterator
 import pytest
 import pytest_twisted
 from twisted.internet import reactor, task
-from twisted.logger import formatEvent, globalLogPublisher
 
 from atopgpud_tw.readers import smi, smi_child
 from atopgpud_tw.readers.base import ReaderUnavailable
@@ -98,19 +97,6 @@ def make_reader(fake: FakeSmi) -> Iterator[Callable[..., SmiReader]]:
     yield make
     for reader in readers:
         reader.close()  # no stand-in outlives its test
-
-
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    """The text of every event logged during the test."""
-    events: list[str] = []
-
-    def observe(event: dict) -> None:
-        events.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 async def until(condition: Callable[[], bool], limit: float = 5.0) -> None:

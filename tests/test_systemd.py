@@ -26,6 +26,7 @@ def unit(tmp_path) -> Path:
     return tmp_path / "atopgpud.service"
 
 
+@pytest.mark.e2e
 def test_units_verify_clean(unit):
     """systemd-analyze verify has nothing to say about the service or the socket units."""
     paths = [str(unit), *(str(unit.with_name(name)) for name in SOCKETS)]
@@ -37,6 +38,7 @@ def test_units_verify_clean(unit):
     assert result.returncode == 0 and complaints == [], result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_unit_exposure_is_at_most_1_3(unit):
     """systemd-analyze security --offline=true scores the unit 1.3 or lower."""
     result = subprocess.run(

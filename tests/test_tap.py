@@ -39,7 +39,7 @@ def test_bad_options_are_usage_errors(args):
         options(*args)
 
 
-def test_service_listens_where_asked(tmp_path):
+def test_service_listens_where_asked():
     """makeService wires a poller and one listening port per --listen, on the given reactor."""
     reactor = MemoryReactorClock()
     service = tap.makeService(
@@ -54,7 +54,7 @@ def test_service_listens_where_asked(tmp_path):
     assert [(port[0], port[3]) for port in reactor.tcpServers] == [(59123, "127.0.0.1")]
 
 
-def test_bad_listen_is_one_line(tmp_path):
+def test_bad_listen_is_one_line():
     """A --listen that is not an endpoint ends start-up with one line."""
     with pytest.raises(SystemExit) as raised:
         tap.makeService(options("--reader", "sim", "--listen", "carrier-pigeon:1"), reactor=MemoryReactorClock())
@@ -83,6 +83,7 @@ def test_plugin_is_found():
     assert "atopgpud" in names
 
 
+@pytest.mark.e2e
 def test_twistd_help_lists_every_option():
     """twistd -n atopgpud --help shows every option of the contract."""
     out = subprocess.run([*twistd(), "-n", "atopgpud", "--help"], capture_output=True, text=True, check=True).stdout
@@ -90,6 +91,7 @@ def test_twistd_help_lists_every_option():
         assert option in out
 
 
+@pytest.mark.e2e
 def test_nvml_without_library_is_one_line_and_status_1():
     """--reader nvml where libnvidia-ml is missing: one line naming the cause, exit 1."""
     result = subprocess.run(
@@ -102,6 +104,7 @@ def test_nvml_without_library_is_one_line_and_status_1():
     assert "Traceback" not in result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_console_script_reports_bad_option_in_one_line():
     """atopgpud --interval x: one line on stderr, exit 2."""
     result = subprocess.run(

@@ -17,7 +17,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 from atopgpud_tw.sim.nvml import SimulatedNvml
 from atopgpud_tw.sim.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
@@ -57,16 +57,24 @@ def pynvml_origin() -> str:
     raise ImportError("the simulator needs nvidia-ml-py (the pynvml module) installed")
 
 
+@functools.cache
+def _pynvml_code() -> Any:
+    """The real pynvml's compiled module body, read once per process (each copy runs it afresh)."""
+    spec = importlib.util.spec_from_file_location("pynvml", pynvml_origin())
+    assert spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+    return spec.loader.get_code("pynvml")
+
+
 def fresh_pynvml(name: str | None = None) -> ModuleType:
     """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount."""
     name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
     spec = importlib.util.spec_from_file_location(name, pynvml_origin())
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     # the module looks itself up in sys.modules while it is being executed
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(_pynvml_code(), module.__dict__)
     finally:
         del sys.modules[name]
     return module

@@ -1,0 +1,91 @@
+"""What every test module shares: the ``e2e`` marker, log capture, and the helpers' home.
+
+``e2e`` marks a test that starts a process: a daemon, a stand-in nvidia-smi, atop,
+a booted systemd.  ``pytest -m "not e2e"`` is the quick inner loop; a test that
+starts a process without the mark fails, so the marker stays true.
+
+The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``,
+``clocked``, ``smi_doubles`` ...) are imported as top-level modules in any import mode.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from twisted.logger import capturedLogs, formatEvent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: modules whose every test starts a process
+E2E_MODULES = {
+    "test_activation", "test_atop", "test_daemon", "test_descriptors", "test_driver_behaviours_daemon",
+    "test_listen_failures", "test_notify", "test_signals", "test_smi_daemon", "test_smi_reader",
+    "test_systemd_boot", "test_style",
+}
+
+#: fixtures that start a daemon: a test using one is end-to-end too
+E2E_FIXTURES = {
+    "box", "clone_daemons", "daemon", "daemons", "hung_daemon", "late_gpu_daemon", "mig_card_daemon",
+    "mig_daemon", "scraped", "unknown_memory_daemons",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: starts a process (daemon, stand-in nvidia-smi, atop, systemd)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).stem in E2E_MODULES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+_current: list[pytest.Item | None] = [None]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _current[0] = item
+    yield
+    _current[0] = None
+
+
+def _guarded(start: Any) -> Any:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        item = _current[0]
+        if item is not None and item.get_closest_marker("e2e") is None:
+            raise AssertionError(f"{item.nodeid} starts a process: mark it @pytest.mark.e2e")
+        return start(*args, **kwargs)
+
+    return guarded
+
+
+subprocess.Popen.__init__ = _guarded(subprocess.Popen.__init__)  # type: ignore[method-assign]
+os.posix_spawn = _guarded(os.posix_spawn)
+os.posix_spawnp = _guarded(os.posix_spawnp)
+
+
+class LogText(Sequence[str]):
+    """Captured events as their text, formatted when read (so later events show)."""
+
+    def __init__(self, events: Sequence[Any]) -> None:
+        self.events = events
+
+    def __getitem__(self, index: Any) -> Any:
+        return [formatEvent(event) for event in self.events][index]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+@pytest.fixture
+def logged() -> Iterator[LogText]:
+    """The text of every event logged during the test."""
+    with capturedLogs() as events:
+        yield LogText(events)
