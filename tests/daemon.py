@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -178,18 +177,15 @@ def env_without_gpu() -> dict[str, str]:
 
 
 def smi_stand_in(tmp_path: Path, report: Path, listing: Path | None = None) -> Path:
-    """An executable nvidia-smi printing `report` (and `listing` for -L):
-    tests/fake_nvidia_smi.py in report mode."""
-    state = tmp_path / "smi-state"
-    state.mkdir()
-    shutil.copy(report, state / "report.xml")
+    """An executable nvidia-smi printing `report` (and `listing` for -L): the one
+    stand-in of tests/smi_doubles.py in report mode."""
+    from smi_doubles import FakeSmi
+
+    smi = FakeSmi(tmp_path)
+    smi.report(report.name, report.read_bytes())
     if listing is not None:
-        shutil.copy(listing, state / "list.txt")
-    binary = tmp_path / "nvidia-smi"
-    command = [sys.executable, str(Path(__file__).with_name("fake_nvidia_smi.py")), str(state)]
-    binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
-    binary.chmod(0o755)
-    return binary
+        shutil.copy(listing, smi.state / "list.txt")
+    return smi.binary
 
 
 def first_reply(daemon: Daemon) -> tuple[bytes, list[codec.DeviceStats]]:

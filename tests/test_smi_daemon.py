@@ -7,8 +7,6 @@ Expected figures are read off tests/fixtures/smi/plain-v11.xml by hand.
 
 from __future__ import annotations
 
-import os
-import shlex
 import subprocess
 import sys
 import time
@@ -17,11 +15,10 @@ from typing import Callable, Iterator
 
 import pytest
 from daemon import Client, Daemon, env_without_gpu, run_daemon, twistd, unique_name
+from smi_doubles import FIXTURES, FakeSmi
 
 from atopgpud_tw import codec
 
-HERE = Path(__file__).parent
-FIXTURES = HERE / "fixtures" / "smi"
 #: what the poller logs, once, for a run that outlived --smi-timeout 0.5
 KILLED = "-q -x did not finish within 0.5 s; killed"
 NOT_XML = "-q -x: the output is not XML"
@@ -30,53 +27,6 @@ NOT_ENDED = "has not ended yet"
 #: the T reply for plain-v11.xml: bus ids, product names with "_" for spaces
 PLAIN_TYPES = b"2@00000000:17:00.0 NVIDIA_Test_Board_A 3@00000000:65:00.0 NVIDIA_Test_Board_B 3"
 MIB = 1024
-
-
-class FakeSmi:
-    """An executable ``nvidia-smi``: a shell wrapper running the stand-in on a state directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.state = root / "smi-state"
-        self.state.mkdir()
-        self.binary = root / "nvidia-smi"
-        command = [sys.executable, str(HERE / "fake_nvidia_smi.py"), str(self.state)]
-        # exec: the pid the daemon spawns and kills is the stand-in itself
-        self.binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
-        self.binary.chmod(0o755)
-
-    def report(self, fixture: str) -> None:
-        (self.state / "report.xml").write_bytes((FIXTURES / fixture).read_bytes())
-        self.mode("report")
-
-    def mode(self, mode: str) -> None:
-        # written whole and renamed: a run starting meanwhile never reads half a word
-        part = self.state / "mode.part"
-        part.write_text(mode)
-        part.replace(self.state / "mode")
-
-    def calls(self) -> int:
-        path = self.state / "calls"
-        return len(path.read_text().splitlines()) if path.exists() else 0
-
-    def hung_pid(self) -> int | None:
-        path = self.state / "pid"
-        text = path.read_text().strip() if path.exists() else ""
-        return int(text) if text else None
-
-    def reap_leftover(self) -> None:
-        """Kill a hung stand-in the daemon left behind (only ours: its command line names our state)."""
-        pid = self.hung_pid()
-        if pid is None:
-            return
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return
-        if str(self.state).encode() in cmdline:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture
@@ -195,8 +145,8 @@ def test_hung_nvidia_smi_is_killed_and_polling_recovers(daemon: Daemon, fake: Fa
         wait_until(lambda: watcher.samples() >= 0 and KILLED in daemon.log(), "a killed run", daemon)
         # every run from here on hangs: the killed one started after the switch
         frozen = watcher.samples()
-        calls = fake.calls()
-        wait_until(lambda: watcher.unchanged(frozen) and fake.calls() >= calls + 2, "two more hung runs", daemon)
+        calls = len(fake.calls())
+        wait_until(lambda: watcher.unchanged(frozen) and len(fake.calls()) >= calls + 2, "two more hung runs", daemon)
 
         fake.mode("report")
         wait_until(lambda: watcher.samples() > frozen, "samples growing again", daemon)
@@ -225,8 +175,8 @@ def test_garbage_output_fails_polls_with_one_log_line(daemon: Daemon, fake: Fake
         wait_until(lambda: watcher.samples() >= 0 and NOT_XML in daemon.log(), "a garbage report", daemon)
         # every run from here on prints garbage: the failed one started after the switch
         frozen = watcher.samples()
-        calls = fake.calls()
-        wait_until(lambda: watcher.unchanged(frozen) and fake.calls() >= calls + 3, "three more runs", daemon)
+        calls = len(fake.calls())
+        wait_until(lambda: watcher.unchanged(frozen) and len(fake.calls()) >= calls + 3, "three more runs", daemon)
         assert failure_lines(daemon, NOT_XML) == 1, daemon.log()
         watcher.assert_monotonic()
     finally:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 import pytest_twisted
+from smi_doubles import FIXTURES, FakeSmi
 from twisted.internet import reactor, task
 
 from atopgpud_tw.readers import smi, smi_child
@@ -19,49 +17,7 @@ from atopgpud_tw.readers.base import ReaderUnavailable
 from atopgpud_tw.readers.smi import SmiReader, SmiRunError
 from atopgpud_tw.snapshot import UNSUPPORTED
 
-HERE = Path(__file__).parent
-FIXTURES = HERE / "fixtures" / "smi"
 MIG_CARD = "GPU-11111111-2222-3333-4444-555555555555"
-
-
-class FakeSmi:
-    """An executable ``nvidia-smi`` that runs the stand-in with a state directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.state = root / "state"
-        self.state.mkdir()
-        self.binary = root / "nvidia-smi"
-        command = [sys.executable, str(HERE / "fake_nvidia_smi.py"), str(self.state)]
-        self.binary.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
-        self.binary.chmod(0o755)
-
-    def report(self, fixture: str, data: bytes | None = None) -> None:
-        if data is None:
-            data = (FIXTURES / fixture).read_bytes()
-        (self.state / "report.xml").write_bytes(data)
-        self.mode("report")
-
-    def listing(self, fixture: str) -> None:
-        shutil.copy(FIXTURES / fixture, self.state / "list.txt")
-        self.mode("report", "list-mode")
-
-    def mode(self, mode: str, which: str = "mode") -> None:
-        (self.state / which).write_text(mode)
-
-    def calls(self) -> list[str]:
-        path = self.state / "calls"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def hung_pid(self) -> int | None:
-        return self._pid("pid")
-
-    def grandchild_pid(self) -> int | None:
-        """The pid of what the stand-in started, as a wrapper script would."""
-        return self._pid("grandchild")
-
-    def _pid(self, name: str) -> int | None:
-        path = self.state / name
-        return int(path.read_text()) if path.exists() and path.read_text() else None
 
 
 def dead(pid: int | None) -> bool:
