@@ -10,11 +10,15 @@ from twisted.scripts import twistd
 from atopgpud_tw.plugin import atopgpud
 
 
+def _only_atopgpud(interface: object, package: object = None) -> list[object]:
+    return [atopgpud]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options like twistd does, but report a bad one in one line."""
     args = sys.argv[1:] if argv is None else argv
     config = twistd.ServerOptions()
-    config._getPlugins = lambda interface: [atopgpud]  # no plugin scan, no dropin.cache to write
+    config._getPlugins = _only_atopgpud  # type: ignore[assignment]  # no plugin scan, no dropin.cache to write
     try:
         config.parseOptions(["--nodaemon", "--pidfile=", "atopgpud", *args])
     except usage.UsageError as error:

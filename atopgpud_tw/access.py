@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
@@ -181,7 +183,7 @@ class _GatedProtocol(ProtocolWrapper):
         if self.admitted:
             super().dataReceived(data)
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.admitted:
             super().connectionLost(reason)
 
@@ -198,7 +200,9 @@ class GatedFactory(WrappingFactory):
 
     def buildProtocol(self, addr: Any) -> Any:
         inner = self.wrappedFactory.buildProtocol(addr)
-        return None if inner is None else self.protocol(self, inner)  # None: the site is full
+        if inner is None:  # the site is full
+            return None
+        return _GatedProtocol(self, inner)  # type: ignore[arg-type]  # WrappingFactory's generic is its protocol
 
     def doStop(self) -> None:
         self.gate.stop()

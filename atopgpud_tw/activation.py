@@ -178,13 +178,14 @@ class _InheritedUNIXPort(unix.Port):
 
     def startListening(self) -> None:
         tcp._reservedFD.reserve()
+        assert self.factory is not None and self._preexistingSocket is not None  # made by _fromListeningDescriptor
         self.factory.doStart()
         sock = self._preexistingSocket
         self._preexistingSocket = None
         self._shouldShutdown = False  # as Twisted's TCP port does for an adopted socket
         self.connected = True
         self.socket = sock
-        self.fileno = sock.fileno
+        self.fileno = sock.fileno  # type: ignore[method-assign]  # as Twisted's own ports do
         self.numberAccepts = 100
         self.startReading()
 

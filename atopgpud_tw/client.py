@@ -144,6 +144,7 @@ class Connection:
                     self._sock.close()
                     raise
             else:
+                assert isinstance(address.target, tuple)  # TCP: (host, port)
                 self._sock = socket.create_connection(address.target, timeout=timeout)
         except OSError as error:
             raise _connect_error(address, error, timeout) from None

@@ -16,8 +16,9 @@ from typing import Any, Sequence
 from twisted.application.service import Service
 from twisted.internet import error, main
 from twisted.internet.interfaces import IListeningPort, IReactorTime, IStreamServerEndpoint
-from twisted.logger import Logger, globalLogPublisher
+from twisted.logger import ILogObserver, Logger, globalLogPublisher
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from atopgpud_tw.access import BurstLog
 
@@ -75,6 +76,7 @@ _EMFILE_QUIET = ("EMFILE encountered; releasing reserved file descriptor.",
 _NOT_ACCEPTED = "Could not accept new connection ({acceptError})"
 
 
+@implementer(ILogObserver)
 class AcceptLog:
     """Observes one port's accept loop: running out of descriptors, or failing to
     accept, is said once per burst rather than in lines per connection (Twisted's

@@ -15,8 +15,9 @@ may connect at all (`access.AllowList`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable, cast
 
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
@@ -53,6 +54,8 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
 
     log = Logger()
     factory: AtopGpuFactory
+    #: a connected stream transport (TCP or UNIX): also an IPushProducer's consumer
+    transport: Any
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -72,10 +75,13 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             self._closing = True
             self.transport.abortConnection()
             return
-        self.callLater = factory.clock.callLater
         self.setTimeout(factory.limits.first_request_timeout)
         self.queue = factory.board.attach()
         self.transport.registerProducer(self, True)
+
+    def callLater(self, period: float, func: Callable[[], object]) -> IDelayedCall:  # noqa: N802
+        """TimeoutMixin's timer, on the factory's clock."""
+        return self.factory.clock.callLater(period, func)
 
     def connectionLost(self, reason: object = None) -> None:
         self.setTimeout(None)
@@ -135,6 +141,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             self._closing = True
             self.transport.loseConnection()
             return False
+        assert self.queue is not None  # set at connectionMade, before any data
         self._write(self.factory.board.reply(request, self.queue))
         if self._closing:
             return False
@@ -175,13 +182,15 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
 class AtopGpuFactory(Factory):
     """Makes a protocol per connection, all serving one Board, within `Limits`."""
 
-    protocol = AtopGpuProtocol
+    protocol = AtopGpuProtocol  # type: ignore[assignment]  # Twisted types it as a callable
     noisy = False
     log = Logger()
 
     def __init__(self, board: Board, limits: Limits | None = None, clock: IReactorTime | None = None) -> None:
         if clock is None:
-            from twisted.internet import reactor as clock  # type: ignore[assignment]
+            from twisted.internet import reactor
+
+            clock = cast(IReactorTime, reactor)
         self.board = board
         self.limits = limits or Limits()
         self.clock = clock

@@ -69,8 +69,8 @@ class SignalService(Service):
             current = signal.getsignal(signum)
             if callable(current) and current is not signal.default_int_handler:
                 handlers[signum] = self._once(signum, current)
-        for signum, handler in handlers.items():
-            self.previous[signum] = signal.signal(signum, handler)
+        for number, handler in handlers.items():
+            self.previous[number] = signal.signal(number, handler)
 
     def stopService(self) -> None:
         super().stopService()

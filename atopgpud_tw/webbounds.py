@@ -26,7 +26,9 @@ from io import BytesIO
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -96,7 +98,7 @@ class BoundedRequest(Request):
     """A request whose body (at most `WebLimits.max_body` bytes) is kept in memory."""
 
     def gotLength(self, length: int | None) -> None:
-        self.content = BytesIO()
+        self.content = BytesIO()  # type: ignore[assignment]  # Twisted declares it None until a body comes
 
 
 class BoundedChannel(HTTPChannel):
@@ -104,6 +106,8 @@ class BoundedChannel(HTTPChannel):
 
     requestFactory = BoundedRequest
     guard: WebGuard
+    #: a connected stream transport (TCP or UNIX)
+    transport: Any
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,7 +130,7 @@ class BoundedChannel(HTTPChannel):
         self._admitted = True
         super().connectionMade()
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         self._held = None
         if self._admitted:

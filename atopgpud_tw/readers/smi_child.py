@@ -59,6 +59,9 @@ def kill_group(pid: int) -> bool:
 class Run(ProcessProtocol):
     """One child: collects its stdout; `result` fires with it or fails."""
 
+    #: the child's process transport, from spawnProcess on
+    transport: Any
+
     def __init__(self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None]) -> None:
         # cancelling the poll kills the child rather than leaving it to the timeout
         self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
@@ -183,6 +186,7 @@ class Started:
         size, err = 0, b""
         exited_at: float | None = None
         with selectors.DefaultSelector() as selector:
+            assert child.stdout is not None and child.stderr is not None  # both are pipes
             selector.register(child.stdout, selectors.EVENT_READ)
             selector.register(child.stderr, selectors.EVENT_READ)
             while selector.get_map():

@@ -85,7 +85,7 @@ def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> Modu
     from atopgpud_tw.sim.library import SimulatedLibrary
 
     module = module or fresh_pynvml()
-    module.nvmlLib = SimulatedLibrary(model, module)
+    module.nvmlLib = SimulatedLibrary(model, module)  # type: ignore[attr-defined]  # pynvml's global
     return module
 
 

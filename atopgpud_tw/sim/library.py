@@ -332,7 +332,8 @@ class SimulatedLibrary:
         if len(items) > count[0]:
             count[0] = len(items)
             return INSUFFICIENT_SIZE
-        array = ctypes.cast(buffer, ctypes.POINTER(getattr(self._b, struct)))
+        # NULL only with nothing to write (no items, or a count of them that fits)
+        array = ctypes.cast(buffer, ctypes.POINTER(getattr(self._b, struct)))  # type: ignore[arg-type]
         for index, item in enumerate(items):
             write(array[index], item)
         count[0] = len(items)

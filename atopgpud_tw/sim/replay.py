@@ -119,7 +119,7 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
         if isinstance(c.get("v1"), dict) and "total" in c["v1"]
     )
     memory_v2 = tuple(
-        (since_start(c), *(int(c["v2"][f]) for f in ("total", "used", "free", "reserved")))
+        (since_start(c), int(c["v2"]["total"]), int(c["v2"]["used"]), int(c["v2"]["free"]), int(c["v2"]["reserved"]))
         for c in calls["memory"]
         if isinstance(c.get("v2"), dict) and "total" in c["v2"]
     )
@@ -182,8 +182,8 @@ def process_samples(
     begin = bisect.bisect_left(recording.processes, (oldest,))
     end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
     return [
-        (stamp + shift, *rest)
-        for stamp, *rest in recording.processes[begin:end]
+        (stamp + shift, pid, sm, mem, enc, dec)
+        for stamp, pid, sm, mem, enc, dec in recording.processes[begin:end]
         if stamp + shift > since
     ]
 
