@@ -8,7 +8,6 @@ across pytest processes too.  `run_atop` and `AtopProcess` run
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import re
@@ -24,6 +23,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from atop_output import AtopRun
 from daemon import Client, stop_process
+from locks import file_lock
 
 ATOP_PORT = 59123
 ATOP_HOST = "127.0.0.1"
@@ -73,23 +73,9 @@ def skip_reason() -> str | None:
 # -- the fixed port ------------------------------------------------------------------
 
 
-@contextmanager
-def port_lock(timeout: float = 300.0) -> Iterator[None]:
+def port_lock(timeout: float = 300.0) -> Any:
     """Hold the lock of the atop port; waits for other tests that hold it."""
-    with open(LOCK_PATH, "a+b") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{LOCK_PATH} held for over {timeout} s") from None
-                time.sleep(0.1)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return file_lock(LOCK_PATH, timeout)
 
 
 def port_taken() -> str | None:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -71,6 +70,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 import pytest
+from locks import file_lock
 
 try:
     import tomllib
@@ -155,25 +155,6 @@ def tree_key(packages: Sequence[str] = PACKAGES, suite: str = SUITE) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def file_lock(path: Path, timeout: float) -> Iterator[None]:
-    """An exclusive fcntl lock on `path`, waited for up to `timeout` seconds."""
-    with open(path, "a+b") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} held for over {timeout} s") from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def cached_tree(packages: Sequence[str] = PACKAGES, suite: str = SUITE, timeout: float = 1800.0) -> Path:
     """The Debian tree for `packages`, built first if the cache has none.
 
@@ -184,7 +165,7 @@ def cached_tree(packages: Sequence[str] = PACKAGES, suite: str = SUITE, timeout:
     tree = cache / f"{suite}-{key}"
     if (tree / "etc" / "os-release").exists():
         return tree
-    with file_lock(cache / f".{suite}-{key}.lock", timeout):
+    with file_lock(cache / f".{suite}-{key}.lock", timeout, poll=0.5):
         if (tree / "etc" / "os-release").exists():  # another process built it meanwhile
             return tree
         building = Path(tempfile.mkdtemp(prefix=f".{suite}-{key}-building-", dir=cache))
