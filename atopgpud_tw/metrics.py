@@ -27,6 +27,7 @@ from twisted.web.server import GzipEncoderFactory, Request, Site
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.metrics_health import HealthCache, HealthCollector, HealthWaiting
 
 KIB = 1024
 GPU_LABELS = ["index", "busid", "type"]
@@ -210,10 +211,13 @@ def make_registry(
     interval: float,
     processes: bool = False,
     calls: CallStatistics | None = None,
+    health: HealthCache | None = None,
 ) -> CollectorRegistry:
-    """A registry holding only this daemon's collector."""
+    """A registry holding only this daemon's collectors."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BoardCollector(board, poller, interval, processes, calls))
+    if health is not None:
+        registry.register(HealthCollector(health))
     return registry
 
 
@@ -223,11 +227,14 @@ def make_site(
     interval: float,
     processes: bool = False,
     calls: CallStatistics | None = None,
+    health: HealthCache | None = None,
 ) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for."""
     root = Resource()
     root.putChild(b"", _Index())
-    metrics = MetricsResource(make_registry(board, poller, interval, processes, calls))
+    metrics: Resource = MetricsResource(make_registry(board, poller, interval, processes, calls, health))
+    if health is not None:
+        metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
     root.putChild(b"metrics", EncodingResourceWrapper(metrics, [GzipEncoderFactory()]))
     site = MetricsSite(root)
     site.displayTracebacks = False

@@ -183,9 +183,13 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.metrics_health import HealthCache
 
+        # health figures where the reader has them (NVML and the simulator)
+        health = HealthCache(reader, reactor) if hasattr(reader, "health") else None
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None)
+            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
+            health,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
