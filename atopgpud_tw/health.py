@@ -87,6 +87,8 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
             value = device.call(function, *args, variant=variant)
         except Unsupported:
             return None
+        except (DeviceLost, Reinitialise):
+            raise
         except (Failed, Idle) as failure:
             cause = getattr(failure, "cause", str(failure))
             reading.problems[f"{device.key} {cause}"] = f"GPU {device.busid}: {cause}"
@@ -155,6 +157,8 @@ def _clocks_event_reasons(device: NvmlDevice, values: dict[Series, float], ask: 
             continue
         except Unsupported:
             return
+        except (DeviceLost, Reinitialise):
+            raise
         except (Failed, Idle):
             return
     if reasons is None:
