@@ -120,7 +120,8 @@ class Options(usage.Options):
         ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
-         "tcp:9445:interface=127.0.0.1 (default: off); a UNIX one is guarded by --allow-uid, "
+         "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and, with the nvml and sim "
+         "readers, each GPU's health and power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
     ]
 
