@@ -83,11 +83,17 @@ class HealthCache:
     def refresh(self) -> Deferred:
         """Ask for fresh readings; fires (with None) when all are in, or after `wait` seconds."""
         now = self.clock.seconds()
+        offered: set[str] = set()
 
         def wanted(key: str) -> bool:
+            offered.add(key)
             return key not in self.pending and now - self.read_at.get(key, -1e9) >= FRESH
 
-        for key, job in self.source.health(wanted):
+        jobs = self.source.health(wanted)
+        for key in set(self.readings) - offered - set(self.pending):
+            # a card the reader no longer has (NVML being set up again, a card gone for good)
+            del self.readings[key], self.read_at[key]
+        for key, job in jobs:
             self.pending[key] = job
             job.addCallbacks(self._stored, self._failed, callbackArgs=(key,), errbackArgs=(key,))
         if "xid" not in self.pending:

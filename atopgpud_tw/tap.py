@@ -120,8 +120,8 @@ class Options(usage.Options):
         ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
-         "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and, with the nvml and sim "
-         "readers, each GPU's health and power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
+         "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and each GPU's health and "
+         "power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
     ]
 
@@ -186,7 +186,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
         from atopgpud_tw.metrics_health import HealthCache
 
-        # health figures where the reader has them (NVML and the simulator)
+        # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
         health = HealthCache(reader, reactor) if hasattr(reader, "health") else None
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
