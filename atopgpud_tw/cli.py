@@ -223,6 +223,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--watch", type=_positive, metavar="SECONDS",
                         help="report again every SECONDS, with figures over each interval")
     parser.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N reports")
+    parser.add_argument("--health", action="store_true",
+                        help="show each GPU's health and power figures (temperatures, power, clocks, "
+                        "throttling, ECC, XID errors), fetched from the daemon's --metrics endpoint")
+    parser.add_argument("--metrics-url", default=None, metavar="URL",
+                        help="with --health: the daemon's metrics page (default: http://127.0.0.1:9445/metrics)")
     return parser
 
 
@@ -234,8 +239,29 @@ def _emit(doc: dict[str, Any], as_json: bool, watching: bool) -> None:
     print(text, flush=True)
 
 
+def run_health(args: argparse.Namespace) -> None:
+    """--health: the metrics page's health figures, once or every --watch seconds."""
+    from atopgpud_tw.cli_health import DEFAULT_URL, fetch, health_report, render_health
+
+    url = args.metrics_url or DEFAULT_URL
+    shown, start = 0, time.monotonic()
+    while True:
+        doc = health_report(fetch(url), url)
+        if args.json:
+            print(json.dumps(doc, separators=(",", ":")) if args.watch else json.dumps(doc, indent=2), flush=True)
+        else:
+            print(render_health(doc) + ("\n" if args.watch else ""), flush=True)
+        shown += 1
+        if args.watch is None or (args.count is not None and shown >= args.count):
+            return
+        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+
+
 def run(args: argparse.Namespace) -> None:
     """Report once, or every --watch seconds until --count reports."""
+    if args.health:
+        run_health(args)
+        return
     address = parse_endpoint(args.connect)
     with Connection(address) as connection:
         previous: Reading | None = None
@@ -258,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count is not None and args.watch is None:
         parser.error("--count needs --watch")
+    if args.metrics_url is not None and not args.health:
+        parser.error("--metrics-url needs --health")
     try:
         parse_endpoint(args.connect)
     except ValueError as error:

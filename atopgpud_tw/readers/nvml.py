@@ -124,6 +124,8 @@ class NvmlReader:
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
         self._problems.report(self._unusable_problems())
+        # registered for XID events from the start: the driver delivers none from before
+        self._xid.drain(self.nvml, self._devices)
         if not self._devices and not self._unusable:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
