@@ -4,8 +4,10 @@ Averages are worked out as atop works them out: a busy figure over a span is the
 change of its cumulative sum divided by the change of the sample count.  The first
 report covers the time since the daemon started; with ``--watch`` each later one
 covers the interval since the previous report, on the same connection (so a
-process that ends shows once, marked ``E``, as atop sees it).  The JSON schema and
-the table are described in docs/atopgpu.md.
+process that ends shows once, marked ``E``, as atop sees it).  ``--health`` shows
+the health and power figures instead, from the daemon's metrics page
+(`atopgpud_tw.cli_health`).  The JSON schema and the table are described in
+docs/atopgpu.md.
 """
 
 from __future__ import annotations

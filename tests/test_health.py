@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from pathlib import Path
 
 import pytest
 from daemon import free_port, run_daemon
@@ -13,7 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from atopgpud_tw.health import CardHealth, read_card_health
-from atopgpud_tw.metrics_health import HEALTH_WAIT, HealthCache, HealthCollector
+from atopgpud_tw.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS
@@ -257,3 +258,12 @@ def test_daemon_serves_health_and_marks_a_hung_call_stale(tmp_path):
         assert [v for (name, _), v in page.items() if name == "atopgpud_gpu_power_watts"] == [250]
     finally:
         daemons.close()
+
+
+def test_every_health_series_is_documented():
+    """docs/metrics.md lists every health series the collector makes."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    extra = ["atopgpud_gpu_xid_errors_total", "atopgpud_gpu_xid_events_total", "atopgpud_gpu_health_stale",
+             "atopgpud_gpu_health_age_seconds"]
+    for name in [*FAMILIES, *extra]:
+        assert f"`{name}`" in text, name
