@@ -5,7 +5,8 @@ its worker thread, and the XID counts with them, and waits for the answers at
 most `HEALTH_WAIT` seconds (the page is sent then, whatever is still out): a
 call stuck in the driver delays a scrape by that long and no more, and the
 page marks the cards whose figures are from an earlier reading
-(``atopgpud_gpu_health_stale 1``) with their age.  A card whose reading is
+(``atopgpud_gpu_health_stale 1``) with their age; while the reader's thread
+is in a call the hang watchdog already counts as hung, a scrape does not wait.  A card whose reading is
 still out is not asked again until it answers, so a stuck call never piles
 jobs up behind it; a reading younger than `FRESH` seconds is reused, so two
 scrapers do not double the calls.  Nobody scraping costs nothing.  The series
@@ -67,10 +68,14 @@ class HealthSource(Protocol):
 class HealthCache:
     """The latest health reading of each card, refreshed when a scrape asks."""
 
-    def __init__(self, source: HealthSource, clock: IReactorTime, wait: float = HEALTH_WAIT) -> None:
+    def __init__(
+        self, source: HealthSource, clock: IReactorTime, wait: float = HEALTH_WAIT, watchdog: Any = None
+    ) -> None:
         self.source = source
         self.clock = clock
         self.wait = wait
+        #: the reader's HangWatchdog: while a call in its thread is hung, a scrape does not wait
+        self.watchdog = watchdog
         self.readings: dict[str, CardHealth] = {}
         self.read_at: dict[str, float] = {}
         self.xids: dict[tuple[str, int], int] = {}
@@ -101,7 +106,15 @@ class HealthCache:
             if job is not None:
                 self.pending["xid"] = job
                 job.addCallbacks(self._counted, self._failed, errbackArgs=("xid",))
+        if self._hung():
+            return self._first_of([])  # the jobs queue behind a hung call: the page goes out now
         return self._first_of(list(self.pending.values()))
+
+    def _hung(self) -> bool:
+        watchdog = self.watchdog
+        if watchdog is None:
+            return False
+        return bool(watchdog.running_seconds() >= min(watchdog.after, self.wait))
 
     def _first_of(self, jobs: list[Deferred]) -> Deferred:
         done: Deferred = Deferred()

@@ -187,10 +187,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.metrics_health import HealthCache
 
         # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
-        health = HealthCache(reader, reactor) if hasattr(reader, "health") else None
+        calls = getattr(reader, "watchdog", None)
+        health = HealthCache(reader, reactor, watchdog=calls) if hasattr(reader, "health") else None
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
-            health,
+            board, poller, options["interval"], options["metrics-processes"], calls, health,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))

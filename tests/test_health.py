@@ -267,3 +267,25 @@ def test_every_health_series_is_documented():
              "atopgpud_gpu_health_age_seconds"]
     for name in [*FAMILIES, *extra]:
         assert f"`{name}`" in text, name
+
+
+class HungWatchdog:
+    """A reader's watchdog that says a call has run for `seconds`."""
+
+    after = 10.0
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def running_seconds(self) -> float:
+        return self.seconds
+
+
+def test_a_scrape_does_not_wait_behind_a_call_already_hung():
+    """While the reader's thread is in a call running longer than the bound, the page goes out at once."""
+    clock, source = Clock(), FakeSource()
+    cache = HealthCache(source, clock, watchdog=HungWatchdog(HEALTH_WAIT + 1))
+    assert cache.refresh().called
+    assert len(source.jobs) == 1 and cache.stale("GPU-a")  # asked, queued behind it
+    cache.watchdog = HungWatchdog(0.0)
+    assert not cache.refresh().called  # nothing hung: the scrape waits for the reading
