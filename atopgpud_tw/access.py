@@ -196,6 +196,10 @@ class GatedFactory(WrappingFactory):
         super().__init__(wrapped)
         self.gate = gate
 
+    def buildProtocol(self, addr: Any) -> Any:
+        inner = self.wrappedFactory.buildProtocol(addr)
+        return None if inner is None else self.protocol(self, inner)  # None: the site is full
+
     def doStop(self) -> None:
         self.gate.stop()
         super().doStop()

@@ -9,14 +9,19 @@ each exited process's record is rendered once per version for all the clients
 that hear of it.  A version 2 request costs no work that grows with the number
 of clients or, unless the reply must be cut to atop's limit, with the number of
 processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per request (`Board.stats_v1`).
+interval, so they are rendered per client once per poll (`Board.stats_v1`).
+
+However many exits a client has queued, a reply looks at no more of them than
+can fit (`codec.EXITED_SCAN`), and takes those it sends off the front of the
+queue: the cost of a request is bounded by the size of a reply.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from itertools import islice
+from typing import Iterable, Sequence
 
 from twisted.logger import Logger
 
@@ -25,6 +30,9 @@ from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger()
+
+#: per (device index, pid): busy sums and samples at a client's ``S``, and the figures sent
+_Seen = dict[tuple[int, int], tuple[int, int, int, int, int]]
 
 DEFAULT_EXITED_LIMIT = 8192
 
@@ -66,6 +74,16 @@ class ClientQueue:
     #: (a client that asks once per poll): its reply is then the same as that of every
     #: other such client, and is rendered once
     batch: Sequence[Exited] | None = None
+    #: version 1 only: the generation of this client's previous ``S`` and its
+    #: records then, the same until the next poll
+    v1_prepared: tuple[int, codec.PreparedStats] | None = None
+    #: version 1 only: the generation `seen_v1` was taken at (-1: never)
+    v1_generation: int = -1
+    #: version 1 only: `seen_v1` holds only the active processes of that ``S``
+    #: (no exit still to be told), so that its sums are those of every such client
+    v1_clean: bool = True
+    #: exits dropped from this queue since the client last asked
+    lost: int = 0
 
     def add(self, exited: Sequence[Exited]) -> int:
         """Queue exits; returns how many old entries had to be dropped."""
@@ -80,7 +98,16 @@ class ClientQueue:
         for _ in range(overflow):
             self.entries.popleft()
         self.dropped += overflow
+        self.lost += overflow
         return overflow
+
+    def take(self, count: int) -> None:
+        """Forget the first `count` entries: they were sent."""
+        if count >= len(self.entries):
+            self.entries.clear()
+        else:
+            for _ in range(count):
+                self.entries.popleft()
 
 
 @dataclass
@@ -105,8 +132,18 @@ class Board:
         self._batch: list[Exited] | None = None
         self._batch_bodies: dict[int, codec.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
+        #: version 1 records this poll, by the generation of the clients' previous S
+        self._v1_shared: dict[int, tuple[codec.PreparedStats, _Seen]] = {}
+        self._v1_shared_generation = -1
         self.replies_cut = 0
         self.exited_dropped = 0
+        #: clients whose exits did not all fit in their latest reply
+        self.behind: set[ClientQueue] = set()
+        #: clients whose queue dropped exits since they last asked
+        self.losing: set[ClientQueue] = set()
+        #: exits dropped since `losing` was last empty
+        self._lost_in_burst = 0
+        self._clients_in_burst = 0
 
     # -- clients --
 
@@ -119,29 +156,76 @@ class Board:
     def detach(self, queue: ClientQueue) -> None:
         """Forget a connection that closed."""
         self.clients.discard(queue)
+        self._caught_up(queue)
+        self._heard(queue)
 
     # -- polls --
 
-    def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
-        """Count one poll and queue its exited processes for every client."""
-        exited = self.counters.fold(snapshot)
+    def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
+        """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
+        and queue its exited processes for every client."""
+        exited = self.counters.fold(snapshot, taken, since)
         self._batch = None
         self._batch_bodies = {}
-        if exited:
-            shared = self._batch = [Exited(e.device_index, e.totals) for e in exited]
+        # a device beyond what the wire carries has no place for its exits
+        wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
+        if wired:
+            shared = self._batch = [Exited(e.device_index, e.totals) for e in wired]
             for queue in self.clients:
-                first = not queue.dropped
                 dropped = queue.add(shared)
-                self.exited_dropped += dropped
-                if dropped and first:
-                    # once per client: one that stopped asking would say it every poll
-                    log.warn(
-                        "a client's queue of exited processes is full: its oldest are dropped "
-                        "({total} dropped from all clients since start); raise --max-exited "
-                        "if clients ask less often than that many processes end",
-                        total=self.exited_dropped,
-                    )
+                if dropped:
+                    self._dropped(queue, dropped)
         return exited
+
+    def _dropped(self, queue: ClientQueue, count: int) -> None:
+        self.exited_dropped += count
+        self._lost_in_burst += count
+        if queue not in self.losing:
+            self._clients_in_burst += 1
+        if not self.losing:
+            # once per burst: further clients and polls only add to the count
+            log.warn(
+                "a client's queue of exited processes is full (--max-exited {limit}): its "
+                "oldest exits are dropped and never reported to it; raise --max-exited if "
+                "clients ask less often than that many processes end",
+                limit=queue.limit,
+            )
+        self.losing.add(queue)
+
+    def _heard(self, queue: ClientQueue) -> None:
+        """A client that lost exits asked again (or left): the burst ends with the last."""
+        if queue not in self.losing:
+            return
+        self.losing.discard(queue)
+        queue.lost = 0
+        if not self.losing:
+            log.info(
+                "{lost} exited processes were dropped from {clients} clients' full queues "
+                "(--max-exited); none is dropping now",
+                lost=self._lost_in_burst,
+                clients=self._clients_in_burst,
+            )
+            self._lost_in_burst = self._clients_in_burst = 0
+
+    def _sent(self, queue: ClientQueue, count: int) -> None:
+        """Take what a reply sent off a client's queue; note whether it fell behind."""
+        queue.take(count)
+        self._heard(queue)
+        if not queue.entries:
+            self._caught_up(queue)
+        elif queue not in self.behind:
+            if not self.behind:
+                log.info(
+                    "more exited processes queued than fit in one reply beside the active "
+                    "ones: clients hear of the rest, oldest first, in their next replies"
+                )
+            self.behind.add(queue)
+
+    def _caught_up(self, queue: ClientQueue) -> None:
+        if queue in self.behind:
+            self.behind.discard(queue)
+            if not self.behind:
+                log.info("every client has heard of every exited process again")
 
     # -- replies --
 
@@ -156,7 +240,7 @@ class Board:
             return framed
         if version == 1:
             return codec.frame(version, self.stats_v1(queue))
-        if queue.entries:
+        if queue.entries or queue.lost:
             return codec.frame(version, self.stats_body(version, queue))
         queue.subscribed = True
         rendered = self._rendered(version)
@@ -178,19 +262,16 @@ class Board:
         prepared = self._rendered(version).prepared
         if not queue.entries:
             result = prepared.full
+            self._heard(queue)
         else:
             shared = queue.batch is not None and queue.batch is self._batch
             result = self._batch_bodies.get(version) if shared else None
             if result is None:
-                result = prepared.body(_records(queue.entries, version))
+                result = prepared.body(_records(islice(queue.entries, codec.EXITED_SCAN), version))
                 if shared:
                     self._batch_bodies[version] = result
             queue.batch = None
-            if len(result.exited_sent) == len(queue.entries):
-                queue.entries.clear()
-            else:
-                sent = set(result.exited_sent)
-                queue.entries = deque(e for i, e in enumerate(queue.entries) if i not in sent)
+            self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
         return result.body
@@ -201,37 +282,89 @@ class Board:
         atop 2.12 and older show a process's version 1 busy figures as they come,
         as the figures of the interval since their previous request; so they are
         worked out per client from the sums it saw then.  This costs work in
-        proportion to the processes per request, for version 1 clients only.
+        proportion to the processes once per poll per version 1 client: until the
+        next poll its figures stand, and so do its records.
         """
         queue.subscribed = True
-        prepared = self._rendered(1).prepared
-        seen, now_seen = queue.seen_v1, {}
-        devices = []
-        for index, (device, rendered) in enumerate(zip(self.counters.devices, prepared.devices)):
-            active = []
-            for totals in device.processes.values():
-                key = (index, totals.pid)
-                busy, now_seen[key] = _interval_busy(totals, seen.get(key))
-                active.append((totals.memory_now_kib, totals.pid, codec.render_process(totals, 1, b"A", busy)))
-            active.sort(key=lambda item: (-item[0], item[1]))
-            devices.append(codec.RenderedDevice(rendered.header, tuple(active)))
-        entries = list(queue.entries)
+        generation = self.counters.generation
+        seen = queue.seen_v1
+        same_poll = queue.v1_prepared is not None and queue.v1_prepared[0] == generation
+        if same_poll:
+            # no poll since this client's previous S: every active figure stands
+            prepared = queue.v1_prepared[1]  # type: ignore[index]
+            now_seen = seen
+        else:
+            prepared, now_seen = self._v1_prepared(queue)
+            queue.v1_prepared = (generation, prepared)
+        entries = list(islice(queue.entries, codec.EXITED_SCAN))
         records = []
         for entry in entries:
             busy, _ = _interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
             records.append((entry.device_index, codec.render_process(entry.totals, 1, b"E", busy)))
-        result = codec.assemble_stats(devices, records)
-        sent = set(result.exited_sent)
-        for position, entry in enumerate(entries):
-            key = (entry.device_index, entry.totals.pid)
-            if position not in sent and key in seen:
-                now_seen.setdefault(key, seen[key])  # still to be told: keep its starting point
-        queue.entries = deque(e for position, e in enumerate(entries) if position not in sent)
+        result = prepared.body(records) if records else prepared.full
+        sent = len(result.exited_sent)
+        # now_seen may be shared with other clients: copied before it is changed
+        if not same_poll:
+            kept = {}
+            for entry in islice(queue.entries, sent, None):
+                key = (entry.device_index, entry.totals.pid)
+                if key in seen and key not in now_seen:
+                    kept[key] = seen[key]  # still to be told: keep its starting point
+            if kept:
+                now_seen = {**now_seen, **kept}
+            queue.v1_clean = not kept
+        elif sent:
+            processes = [d.processes for d in self.counters.devices]
+            gone = [
+                (e.device_index, e.totals.pid)
+                for e in entries[:sent]
+                if e.totals.pid not in processes[e.device_index]
+                and (e.device_index, e.totals.pid) in now_seen
+            ]
+            if gone:
+                now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
         queue.batch = None
         queue.seen_v1 = now_seen
+        queue.v1_generation = generation
+        self._sent(queue, sent)
         if result.active_cut:
             self.replies_cut += 1
         return result.body
+
+    def _v1_prepared(self, queue: ClientQueue) -> tuple[codec.PreparedStats, _Seen]:
+        """One client's version 1 records this poll, and the sums to remember for its next ``S``.
+
+        Clients whose previous ``S`` came in the same poll, with no exit still to
+        be told, remembered the same sums: their records are the same, rendered
+        for the first of them, unless a process had no sample since (its
+        figures are then those that client was sent last).
+        """
+        generation = self.counters.generation
+        if self._v1_shared_generation != generation:
+            self._v1_shared_generation = generation
+            self._v1_shared = {}
+        since = queue.v1_generation if queue.v1_clean else None
+        shared = self._v1_shared.get(since) if since is not None else None
+        if shared is not None:
+            return shared
+        shared_ok = True
+        seen, now_seen = queue.seen_v1, {}
+        devices = []
+        for index, (device, rendered) in enumerate(zip(self.counters.devices, self._rendered(1).prepared.devices)):
+            active = []
+            for totals in device.processes.values():
+                key = (index, totals.pid)
+                before = seen.get(key)
+                busy, now_seen[key] = _interval_busy(totals, before)
+                if before is not None and before[2] == totals.samples and before[2]:
+                    shared_ok = False  # the figures sent last stand: this client's own
+                active.append((totals.memory_now_kib, totals.pid, codec.render_process(totals, 1, b"A", busy)))
+            active.sort(key=lambda item: (-item[0], item[1]))
+            devices.append(codec.RenderedDevice(rendered.header, tuple(active)))
+        result = codec.PreparedStats(devices), now_seen
+        if since is not None and shared_ok:
+            self._v1_shared[since] = result
+        return result
 
     def _rendered(self, version: int) -> _Rendered:
         generation = self.counters.generation
@@ -280,5 +413,5 @@ def _interval_busy(
     return (gpu, mem), (gpu_cum, mem_cum, samples, gpu, mem)
 
 
-def _records(entries: Sequence[Exited], version: int) -> list[tuple[int, bytes]]:
+def _records(entries: Iterable[Exited], version: int) -> list[tuple[int, bytes]]:
     return [(e.device_index, e.record(version)) for e in entries]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -197,10 +198,17 @@ def render_table(doc: dict[str, Any]) -> str:
 # -- the command ----------------------------------------------------------------
 
 
+#: --watch's shortest interval: shorter would only keep the daemon busy answering
+MIN_WATCH = 0.05
+
+
 def _positive(value: str) -> float:
-    number = float(value)
-    if not 0 < number < 1e6:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not MIN_WATCH <= number < 1e6:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from {MIN_WATCH:g} to 1e6")
     return number
 
 
@@ -223,7 +231,7 @@ def make_parser() -> argparse.ArgumentParser:
                         metavar="N", help="the API version to ask for, 1 or 2 (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--watch", type=_positive, metavar="SECONDS",
-                        help="report again every SECONDS, with figures over each interval")
+                        help="report again every SECONDS (0.05 to 1e6), with figures over each interval")
     parser.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N reports")
     parser.add_argument("--health", action="store_true",
                         help="show each GPU's health and power figures (temperatures, power, clocks, "

@@ -37,8 +37,13 @@ class ProcessTotals:
     memory_cum_kib: int = 0
     gpu_busy_cum: int = 0
     mem_busy_cum: int = 0
+    #: the poll time of its latest counted sample, and its busy figures each times
+    #: the seconds its sample covers (timed polls only; see `Counters.fold`)
+    counted_at: float | None = None
+    gpu_busy_seconds: float = 0.0
+    mem_busy_seconds: float = 0.0
 
-    def add(self, sample: ProcessSample) -> None:
+    def add(self, sample: ProcessSample, taken: float | None = None, since: float = 0.0) -> None:
         """Count one poll of this process, unless one of its readings failed."""
         self.kind = sample.kind
         gpu, mem, memory = sample.gpu_busy, sample.mem_busy, sample.memory_kib
@@ -49,6 +54,11 @@ class ProcessTotals:
             self.memory_now_kib = memory
             if self.memory_cum_kib != UNSUPPORTED:
                 self.memory_cum_kib += memory
+            if taken is not None:
+                span = taken - (since if self.counted_at is None else self.counted_at)
+                self.counted_at = taken
+                self.gpu_busy_seconds += gpu * span
+                self.mem_busy_seconds += mem * span
             if self.gpu_busy_cum != UNSUPPORTED:
                 self.gpu_busy_cum += gpu
             if self.mem_busy_cum != UNSUPPORTED:
@@ -67,6 +77,11 @@ class ProcessTotals:
         self.memory_cum_kib = _accumulate(self.memory_cum_kib, memory)
         self.gpu_busy_cum = _accumulate(self.gpu_busy_cum, gpu)
         self.mem_busy_cum = _accumulate(self.mem_busy_cum, mem)
+        if taken is not None:
+            span = taken - (since if self.counted_at is None else self.counted_at)
+            self.counted_at = taken
+            self.gpu_busy_seconds += max(gpu, 0) * span
+            self.mem_busy_seconds += max(mem, 0) * span
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +111,12 @@ class DeviceTotals:
     mem_busy_cum: int | None = None
     memory_used_cum_kib: int = 0
     processes: dict[int, ProcessTotals] = field(default_factory=dict)
+    #: the poll time of its latest counted sample (None: none since it was last
+    #: present), and each figure times the seconds its sample covers
+    counted_at: float | None = None
+    gpu_busy_seconds: float = 0.0
+    mem_busy_seconds: float = 0.0
+    memory_used_kib_seconds: float = 0.0
 
     @property
     def gpu_busy_total(self) -> int:
@@ -137,7 +158,10 @@ def _merge_kind(a: str, b: str) -> str:
 class Counters:
     """All devices' totals, in the order they were first seen (the ``T`` order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, weigh_processes: bool = False) -> None:
+        #: keep the processes' time-weighted sums too (--metrics-processes: they are
+        #: a quarter of a fold's time with hundreds of processes, for nobody otherwise)
+        self.weigh_processes = weigh_processes
         self.devices: list[DeviceTotals] = []
         self._by_key: dict[str, int] = {}
         #: bumped by every fold, so renderings can be cached per poll
@@ -145,6 +169,8 @@ class Counters:
         #: bumped whenever what ``T`` shows (devices, bus ids, names) changes
         self.layout_generation = 0
         self.polls = 0
+        #: whether polls come with their times (the daemon's do): the *_seconds sums are kept
+        self.timed = False
 
     def declare(self, snapshot: Snapshot) -> None:
         """Take the devices' identity and order from a snapshot, counting nothing.
@@ -154,16 +180,27 @@ class Counters:
         for sample in snapshot.devices:
             self._device_index(sample)
 
-    def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
-        """Count one poll and return the processes that ended in it."""
+    def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
+        """Count one poll and return the processes that ended in it.
+
+        `taken` is the poll's time and `since` the previous poll's, in seconds on
+        the poller's schedule (its loop's ticks times the interval).  With them, each counted sample's figures are also
+        summed times the seconds the sample covers: since the previous counted
+        sample of that device (or process), or since the previous poll for its
+        first.  A poll that failed, or a sample that was skipped, is so covered
+        by the next one, and ``rate()`` of the sums stays right when polls run
+        late.  The integer sums atop gets are untouched.
+        """
         exited: list[ExitedProcess] = []
         seen: set[int] = set()
+        if taken is not None:
+            self.timed = True
         for sample in snapshot.devices:
             index = self._device_index(sample)
             if index in seen:
                 continue
             seen.add(index)
-            exited.extend(self._fold_device(index, sample))
+            exited.extend(self._fold_device(index, sample, taken, since))
         for index, device in enumerate(self.devices):
             if index not in seen:
                 exited.extend(self._mark_absent(index, device))
@@ -190,13 +227,16 @@ class Counters:
 
     def _mark_absent(self, index: int, device: DeviceTotals) -> list[ExitedProcess]:
         device.present = False
+        device.counted_at = None  # its absence is no span of its next sample
         device.gpu_busy_now = UNSUPPORTED
         device.mem_busy_now = UNSUPPORTED
         gone = [ExitedProcess(index, totals) for totals in device.processes.values()]
         device.processes = {}
         return gone
 
-    def _fold_device(self, index: int, sample: DeviceSample) -> list[ExitedProcess]:
+    def _fold_device(
+        self, index: int, sample: DeviceSample, taken: float | None, since: float
+    ) -> list[ExitedProcess]:
         device = self.devices[index]
         if not sample.present:
             return self._mark_absent(index, device)
@@ -214,12 +254,25 @@ class Counters:
             device.gpu_busy_cum = _accumulate(device.gpu_busy_cum, gpu)
             device.mem_busy_cum = _accumulate(device.mem_busy_cum, mem)
             device.memory_used_cum_kib += sample.memory_used_kib or 0
+            if taken is not None:
+                span = taken - (since if device.counted_at is None else device.counted_at)
+                device.counted_at = taken
+                device.gpu_busy_seconds += max(gpu or 0, 0) * span
+                device.mem_busy_seconds += max(mem or 0, 0) * span
+                device.memory_used_kib_seconds += (sample.memory_used_kib or 0) * span
         if sample.processes is None:
             return []
-        return self._fold_processes(index, device, sample.processes)
+        return self._fold_processes(
+            index, device, sample.processes, taken if self.weigh_processes else None, since
+        )
 
     def _fold_processes(
-        self, index: int, device: DeviceTotals, processes: tuple[ProcessSample, ...]
+        self,
+        index: int,
+        device: DeviceTotals,
+        processes: tuple[ProcessSample, ...],
+        taken: float | None,
+        since: float,
     ) -> list[ExitedProcess]:
         merged = {proc.pid: proc for proc in processes}
         if len(merged) != len(processes):
@@ -229,7 +282,7 @@ class Counters:
             totals = active.get(pid)
             if totals is None:
                 totals = active[pid] = ProcessTotals(pid, proc.kind)
-            totals.add(proc)
+            totals.add(proc, taken, since)
         if len(active) == len(merged):
             return []  # every active process was seen in this poll
         ended = [pid for pid in active if pid not in merged]

@@ -43,6 +43,10 @@ def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
         return serverFromString(reactor, description)
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(str(error) or "not a valid endpoint description") from None
+    except ImportError as error:  # ssl: without pyOpenSSL
+        raise ValueError(f"needs the Python module {error.name or error}, which is not installed") from None
+    except OSError as error:  # ssl: a key or certificate file it cannot read
+        raise ValueError(error.strerror or str(error)) from None
 
 
 @implementer(IStreamServerEndpoint)

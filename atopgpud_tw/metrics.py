@@ -1,35 +1,49 @@
 """``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``).
 
 A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then: nobody scraping costs nothing per poll.  The page is rendered in the
-reactor thread, the one thread that changes the Board, so a scrape always sees
-one poll's figures whole (prometheus_client's own Twisted resource would render
-in a thread pool, racing the poller).
+only then: nobody scraping costs nothing per poll.  Its families are collected
+in the reactor thread, the one thread that changes the Board, so a scrape always
+sees one poll's figures whole (prometheus_client's own Twisted resource would
+collect in a thread pool, racing the poller); the GPU and process families are
+then encoded once per poll in a thread (`page.MetricsPage`).  The site runs
+within `webbounds.WebLimits`.
 
-The counters are the cumulative figures atop gets, scaled to base units:
-``gpuperccum`` (a sum of per-sample percentages) times the poll interval is in
-percent-seconds, so ``rate()`` of it is the average busy percentage, and the
-ratio of two increases is exactly atop's figure.  A value the device cannot
+The counters are the cumulative figures atop gets, scaled to base units, with
+one difference: the ``*_seconds`` series sum each sample's figure times the
+seconds that sample covers (`counters.Counters.fold`), so ``rate()`` of them is
+the average busy percentage even when polls run late or fail; atop's
+``gpuperccum`` sums one figure per sample, and the ratio of the increases of
+``gpuperccum`` and ``gpusamples`` is atop's figure.  A value the device cannot
 report (-1 on the wire) is left out rather than exported as -1.  Every metric
 is listed in docs/metrics.md.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+import re
+from typing import Any, Callable, Iterator, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
-from twisted.web.resource import EncodingResourceWrapper, Resource
-from twisted.web.server import GzipEncoderFactory, Request, Site
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
 from atopgpud_tw.metrics_health import HealthCache, HealthCollector, HealthWaiting
+from atopgpud_tw.page import InThread, MetricsPage, Rendered
+from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
+#: what "the seconds it covers" means, in the help text of the *_seconds series
+_SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type"]
 PROCESS_LABELS = ["index", "busid", "pid"]
 
@@ -76,15 +90,23 @@ class BoardCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Every family, built afresh from the Board as it is now."""
+        yield from self.live()
+        yield from self.polled()
+
+    def polled(self) -> Iterator[Metric]:
+        """The families that change only when a poll is folded in."""
+        yield from self._gpus(self.board.counters.devices)
+        if self.processes:
+            yield from self._processes(self.board.counters.devices)
+
+    def live(self) -> Iterator[Metric]:
+        """The families that may change between polls (clients, a call in progress)."""
         yield from self._health()
         if self.calls is not None:
             yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
                                     "been running (0 between calls).", value=self.calls.running_seconds())
             yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
                                       "seconds or more.", value=self.calls.hung_calls)
-        yield from self._gpus(self.board.counters.devices)
-        if self.processes:
-            yield from self._processes(self.board.counters.devices)
 
     def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("atopgpud_build_info", "The daemon's version.", labels=["version"])
@@ -104,6 +126,11 @@ class BoardCollector:
                                   "atop's 8192-byte limit.", value=self.board.replies_cut)
         yield CounterMetricFamily("atopgpud_exited_dropped", "Exited-process reports dropped from full "
                                   "client queues (--max-exited).", value=self.board.exited_dropped)
+        yield GaugeMetricFamily("atopgpud_exited_queued", "Exited-process reports queued for clients, all "
+                                "clients together.", value=sum(len(q.entries) for q in self.board.clients))
+        yield GaugeMetricFamily("atopgpud_clients_behind", "Clients whose exited processes did not all fit in "
+                                "their latest reply (the rest go in their next ones).",
+                                value=len(self.board.behind))
 
     def _gpus(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         def gauge(name: str, text: str) -> GaugeMetricFamily:
@@ -119,12 +146,13 @@ class BoardCollector:
         used = gauge("atopgpud_gpu_memory_used_bytes", "Memory in use at the last sample.")
         total = gauge("atopgpud_gpu_memory_total_bytes", "Memory on the GPU.")
         samples = counter("atopgpud_gpu_samples", "Samples taken of the GPU (atop's gpusamples).")
-        busy_cum = counter("atopgpud_gpu_busy_percent_seconds", "Per-sample GPU busy percentages summed "
-                           "(atop's gpuperccum) times the poll interval.")
-        mem_busy_cum = counter("atopgpud_gpu_memory_busy_percent_seconds", "Per-sample memory-controller "
-                               "busy percentages summed (atop's memperccum) times the poll interval.")
-        used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Per-sample memory in use summed "
-                           "(atop's memusedcum) times the poll interval.")
+        busy_cum = counter("atopgpud_gpu_busy_percent_seconds", "Each sample's GPU busy percentage times the "
+                           f"seconds it covers{_SPAN}, summed: rate() is the busy percentage.")
+        mem_busy_cum = counter("atopgpud_gpu_memory_busy_percent_seconds", "Each sample's memory-controller "
+                               f"busy percentage times the seconds it covers{_SPAN}, summed.")
+        used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Each sample's memory in use times the "
+                           f"seconds it covers{_SPAN}, summed.")
+        timed, interval = self.board.counters.timed, self.interval
         for index, device in enumerate(devices):
             labels = [str(index), device.busid, device.name]
             present.add_metric(labels, 1 if device.present else 0)
@@ -138,10 +166,12 @@ class BoardCollector:
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
             if _known(device.gpu_busy_cum):
-                busy_cum.add_metric(labels, device.gpu_busy_cum * self.interval)
+                busy_cum.add_metric(labels, device.gpu_busy_seconds if timed else device.gpu_busy_cum * interval)
             if _known(device.mem_busy_cum):
-                mem_busy_cum.add_metric(labels, device.mem_busy_cum * self.interval)
-            used_cum.add_metric(labels, device.memory_used_cum_kib * KIB * self.interval)
+                mem_busy_cum.add_metric(labels, device.mem_busy_seconds if timed else device.mem_busy_cum * interval)
+            used_cum.add_metric(
+                labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
+            )
         yield from (present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
@@ -149,11 +179,14 @@ class BoardCollector:
                                    "last sample.", labels=PROCESS_LABELS)
         samples = CounterMetricFamily("atopgpud_process_samples", "Samples in which the process was seen on "
                                       "the GPU.", labels=PROCESS_LABELS)
-        busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "The process's per-sample GPU "
-                                   "busy percentages summed, times the poll interval.", labels=PROCESS_LABELS)
-        mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "The process's "
-                                       "per-sample memory busy percentages summed, times the poll interval.",
-                                       labels=PROCESS_LABELS)
+        busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "Each sample's GPU busy percentage "
+                                   f"of the process times the seconds it covers{_SPAN}, summed.",
+                                   labels=PROCESS_LABELS)
+        mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "Each sample's memory "
+                                       f"busy percentage of the process times the seconds it covers{_SPAN}, "
+                                       "summed.", labels=PROCESS_LABELS)
+        counters = self.board.counters
+        timed, interval = counters.timed and counters.weigh_processes, self.interval
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid)]
@@ -161,25 +194,58 @@ class BoardCollector:
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
                 if _known(totals.gpu_busy_cum):
-                    busy.add_metric(labels, totals.gpu_busy_cum * self.interval)
+                    busy.add_metric(labels, totals.gpu_busy_seconds if timed else totals.gpu_busy_cum * interval)
                 if _known(totals.mem_busy_cum):
-                    mem_busy.add_metric(labels, totals.mem_busy_cum * self.interval)
+                    mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
         yield from (memory, samples, busy, mem_busy)
 
 
+_ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
+#: pages above this are written as the client reads them, a chunk at a time
+_PRODUCED = 4 * PageWriter.chunk
+
+
 class MetricsResource(Resource):
-    """``GET /metrics``: the registry in the format the scraper asks for."""
+    """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it."""
 
     isLeaf = True
+    log = Logger()
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, page: MetricsPage | CollectorRegistry) -> None:
         super().__init__()
-        self.registry = registry
+        self.page = page if isinstance(page, MetricsPage) else MetricsPage(page)
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
+        gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
+        page = self.page.render(encoder, content_type, gzip)
         request.setHeader(b"content-type", content_type.encode("ascii"))
-        return encoder(self.registry)
+        if gzip:
+            request.setHeader(b"content-encoding", b"gzip")
+        if isinstance(page, bytes) and len(page) <= _PRODUCED:
+            return page
+        lost: list[object] = []
+        request.notifyFinish().addErrback(lost.append)
+
+        def send(body: bytes) -> None:
+            if lost:
+                return  # the client left while the page was rendered
+            # a big page (--metrics-processes) goes out as fast as the client takes it,
+            # rather than all at once into the transport's buffer
+            request.setHeader(b"content-length", str(len(body)).encode("ascii"))
+            PageWriter(request, body).start()
+
+        def failed(failure: Failure) -> None:
+            self.log.failure("rendering the metrics page failed", failure)
+            if not lost:
+                request.setResponseCode(500)
+                request.finish()
+
+        if isinstance(page, bytes):
+            send(page)
+        else:
+            page.addCallbacks(send, failed)
+        return NOT_DONE_YET
 
     def render_HEAD(self, request: Request) -> bytes:
         # no collection for a request that gets no body
@@ -197,9 +263,28 @@ class _Index(Resource):
 
 
 class MetricsSite(Site):
-    """The metrics web site, without an access-log line per scrape."""
+    """The metrics web site within `WebLimits`, without an access-log line per scrape."""
 
     noisy = False
+    protocol = BoundedChannel
+    requestFactory = BoundedRequest
+
+    def __init__(self, resource: Resource, limits: WebLimits | None = None, clock: IReactorTime | None = None) -> None:
+        if clock is None:
+            from twisted.internet import reactor as clock  # type: ignore[assignment]
+        super().__init__(resource, reactor=clock)
+        self.guard = WebGuard(limits or WebLimits(), clock)
+
+    def buildProtocol(self, addr: Any) -> Any:
+        if not self.guard.room():
+            return None  # the socket is closed before a transport is made for it: the cheapest no
+        channel = super().buildProtocol(addr)
+        channel.guard = self.guard
+        return channel
+
+    def stopFactory(self) -> None:
+        self.guard.stop()
+        super().stopFactory()
 
     def log(self, request: Request) -> None:
         pass  # a scrape every few seconds is not worth a log line
@@ -211,14 +296,24 @@ def make_registry(
     interval: float,
     processes: bool = False,
     calls: CallStatistics | None = None,
-    health: HealthCache | None = None,
 ) -> CollectorRegistry:
-    """A registry holding only this daemon's collectors."""
+    """A registry holding only this daemon's collector."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BoardCollector(board, poller, interval, processes, calls))
-    if health is not None:
-        registry.register(HealthCollector(health))
     return registry
+
+
+def _registry(collect: Callable[[], Iterator[Metric]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Part(collect))
+    return registry
+
+
+class _Part:
+    """Some of a collector's families, as a collector of their own."""
+
+    def __init__(self, collect: Callable[[], Iterator[Metric]]) -> None:
+        self.collect = collect
 
 
 def make_site(
@@ -227,15 +322,32 @@ def make_site(
     interval: float,
     processes: bool = False,
     calls: CallStatistics | None = None,
+    limits: WebLimits | None = None,
+    clock: IReactorTime | None = None,
+    in_thread: InThread | None = None,
     health: HealthCache | None = None,
 ) -> Site:
-    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for."""
+    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for.
+
+    `in_thread` runs the encoding of the polled part (default: in the reactor's
+    thread pool)."""
+    collector = BoardCollector(board, poller, interval, processes, calls)
+    if clock is None:
+        from twisted.internet import reactor as clock  # type: ignore[assignment]
+
+    def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
+        return deferToThreadPool(clock, clock.getThreadPool(), render)  # type: ignore[attr-defined]
+
+    live = _registry(collector.live)
+    if health is not None:
+        live.register(HealthCollector(health))  # read when scraped, so rendered for each scrape
+    page = MetricsPage(live, _registry(collector.polled), lambda: board.counters.generation, in_thread or in_pool)
     root = Resource()
     root.putChild(b"", _Index())
-    metrics: Resource = MetricsResource(make_registry(board, poller, interval, processes, calls, health))
+    metrics: Resource = MetricsResource(page)
     if health is not None:
         metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
-    root.putChild(b"metrics", EncodingResourceWrapper(metrics, [GzipEncoderFactory()]))
-    site = MetricsSite(root)
+    root.putChild(b"metrics", metrics)
+    site = MetricsSite(root, limits, clock)
     site.displayTracebacks = False
     return site

@@ -216,8 +216,11 @@ class HealthWaiting(Resource):
         def send(_: Any) -> None:
             if gone:
                 return  # the scraper hung up while the figures were read
-            request.write(self.inner.render(request))
-            request.finish()
+            body = self.inner.render(request)
+            if isinstance(body, bytes):
+                request.write(body)
+                request.finish()
+            # else the page is written, and the request finished, by the inner resource
 
         def failed(failure: Any) -> None:
             log.failure("health: scrape failed", failure)

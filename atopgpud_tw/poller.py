@@ -2,7 +2,10 @@
 
 A `LoopingCall` on an injected clock.  It waits for each poll's Deferred, so
 polls never overlap; a poll that fails is logged once per cause (and its
-recovery once) and never stops the loop.
+recovery once) and never stops the loop.  A poll that runs past the next tick
+makes the loop skip ticks; each poll is handed over with its time, counted in
+the loop's ticks (so a poll after a skipped tick covers two intervals), for the
+counters' time-weighted sums.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class PollerService(Service):
         self._failing: str | None = None
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
+        self._ticks = 0
 
     @property
     def failing(self) -> str | None:
@@ -43,7 +47,7 @@ class PollerService(Service):
 
     def startService(self) -> None:
         super().startService()
-        self._loop = LoopingCall(self.poll_once)
+        self._loop = LoopingCall.withCount(self._tick)
         self._loop.clock = self.clock
         self._finished = self._loop.start(self.interval, now=True)
         self._finished.addErrback(self._loop_died)
@@ -55,14 +59,19 @@ class PollerService(Service):
         self._loop = None
         return maybeDeferred(self.reader.close)
 
-    def poll_once(self) -> Deferred:
-        """One poll; the returned Deferred never fails."""
+    def _tick(self, count: int) -> Deferred:
+        # count: the intervals since the previous call, more than 1 after a slow poll
+        self._ticks += count
+        return self.poll_once(self._ticks * self.interval, (self._ticks - count) * self.interval)
+
+    def poll_once(self, taken: float | None = None, since: float = 0.0) -> Deferred:
+        """One poll, at `taken` (the previous at `since`); the returned Deferred never fails."""
         result = maybeDeferred(self.reader.poll)
-        result.addCallbacks(self._polled, self._failed)
+        result.addCallbacks(self._polled, self._failed, callbackArgs=(taken, since))
         return result
 
-    def _polled(self, snapshot: Any) -> None:
-        self.board.fold(snapshot)
+    def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
+        self.board.fold(snapshot, taken, since)
         self.polls += 1
         if self._failing is not None:
             self.log.info("polls work again (they failed with {cause})", cause=self._failing)

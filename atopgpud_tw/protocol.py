@@ -1,9 +1,11 @@
 """The connection: cut two-byte requests from the stream and write their replies.
 
 Requests may arrive split over reads or several in one read; each is answered in
-order.  An unknown command closes that connection only (after the replies
-already written), with one log line.  The protocol never calls a reader: it
-serves what the `Board` holds.
+order.  The first is answered at once, the others one per turn (`turns.Turns`),
+so that no client's flood of requests keeps another's waiting.  An unknown
+command closes that connection only (after the replies already written), with
+one log line.  The protocol never calls a reader: it serves what the `Board`
+holds.
 
 Every connection is bounded (`Limits`): the number of clients, the reply bytes a
 client may leave unread, how long it may stay silent, and, on UNIX sockets, who
@@ -23,6 +25,7 @@ from zope.interface import implementer
 from atopgpud_tw import codec
 from atopgpud_tw.access import AllowList, BurstLog, Gate
 from atopgpud_tw.board import Board, ClientQueue
+from atopgpud_tw.turns import Turns
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ class Limits:
     allow: AllowList = field(default_factory=AllowList)
 
 
+#: request bytes a client may send ahead of its turns before it is no longer read
+MAX_PENDING = 64 * 1024
+
+
 @implementer(IPushProducer)
 class AtopGpuProtocol(Protocol, TimeoutMixin):
     """One client connection (atop keeps one open and asks every interval)."""
@@ -49,6 +56,9 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
 
     def __init__(self) -> None:
         self._buffer = b""
+        #: where the first request not yet answered starts in `_buffer`
+        self._start = 0
+        self._reading_paused = False
         self._closing = False
         self._paused = False
         self._backlog = 0
@@ -69,6 +79,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
 
     def connectionLost(self, reason: object = None) -> None:
         self.setTimeout(None)
+        self._closing = True
         self.factory.forget(self)
         if self.queue is not None:
             self.factory.board.detach(self.queue)
@@ -82,32 +93,53 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     # -- requests --
 
     def dataReceived(self, data: bytes) -> None:
-        """Answer every complete request in the stream; keep a partial one.
+        """Queue the stream's requests; answer the first now if none was waiting.
 
-        Each reply is written as soon as it is made, so the transport can say
-        (pauseProducing) when the client stops reading, before a flood of
-        requests turns into a flood of buffered replies.
+        The rest are answered one per turn (`serve_one`), each written as soon
+        as it is made, so the transport can say (pauseProducing) when the client
+        stops reading, before a flood of requests turns into a flood of
+        buffered replies.
         """
-        buffer = self._buffer + data
+        if self._closing:
+            return
+        if self._start:
+            self._buffer = self._buffer[self._start :]
+            self._start = 0
+        self._buffer += data
+        turns = self.factory.turns
+        if len(self._buffer) > MAX_PENDING and not self._reading_paused:
+            # a client far ahead of its turns: stop reading from it until it is not
+            self._reading_paused = True
+            self.transport.pauseProducing()
+        if len(self._buffer) < codec.REQUEST_SIZE or turns.waiting(self):
+            return
+        if self.serve_one():
+            turns.queue(self)
+
+    def serve_one(self) -> bool:
+        """Answer the first request in the buffer; whether a whole one is left after it."""
         size = codec.REQUEST_SIZE
-        end = len(buffer) - len(buffer) % size
-        self._buffer = buffer[end:]
-        answered = False
-        for start in range(0, end, size):
-            if self._closing:
-                return
-            try:
-                request = codec.parse_request(buffer[start : start + size])
-            except codec.ProtocolError as error:
-                self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
-                self._buffer = b""
-                self._closing = True
-                self.transport.loseConnection()
-                return
-            self._write(self.factory.board.reply(request, self.queue))
-            answered = True
-        if answered and not self._closing:
-            self.setTimeout(self.factory.limits.idle_timeout)
+        start = self._start
+        if self._closing or len(self._buffer) - start < size:
+            return False
+        data = self._buffer[start : start + size]
+        self._start = start = start + size
+        if self._reading_paused and len(self._buffer) - start <= MAX_PENDING // 2:
+            self._reading_paused = False
+            self.transport.resumeProducing()
+        try:
+            request = codec.parse_request(data)
+        except codec.ProtocolError as error:
+            self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
+            self._buffer, self._start = b"", 0
+            self._closing = True
+            self.transport.loseConnection()
+            return False
+        self._write(self.factory.board.reply(request, self.queue))
+        if self._closing:
+            return False
+        self.setTimeout(self.factory.limits.idle_timeout)
+        return len(self._buffer) - start >= size
 
     def _write(self, reply: bytes) -> None:
         if self._paused:
@@ -154,6 +186,7 @@ class AtopGpuFactory(Factory):
         self.limits = limits or Limits()
         self.clock = clock
         self.connections: set[AtopGpuProtocol] = set()
+        self.turns = Turns(clock)
         self._refused_full = BurstLog(clock)
         self.gate = Gate(self.limits.allow, clock)
 
@@ -175,8 +208,10 @@ class AtopGpuFactory(Factory):
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
         self.connections.discard(protocol)
+        self.turns.forget(protocol)
 
     def stopFactory(self) -> None:
+        self.turns.stop()
         self._refused_full.stop()
         self.gate.stop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import os
 import pwd
 from typing import Any
 
@@ -13,6 +14,7 @@ from twisted.python import usage
 from atopgpud_tw.access import AllowList, Gate, GatedFactory
 from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.counters import Counters
 from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
 from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.notify import Notifier, NotifyService
@@ -42,8 +44,17 @@ def _coerce(option: str, convert: Any, check: Any, wanted: str) -> Any:
     return coerce
 
 
+#: the largest user or group id; (uid_t)-1 means "no change" to chown
+MAX_ID = 2**32 - 2
+#: the shortest --interval: a GPU's own sample period is some 17 ms to 1 s, and
+#: every poll costs the whole process list
+MIN_INTERVAL = 0.05
+
+
 def _user_id(user: str) -> int:
     if user.isdigit():
+        if int(user) > MAX_ID:
+            raise usage.UsageError(f"--allow-uid: {user!r} is beyond the largest user id, {MAX_ID}")
         return int(user)
     try:
         return pwd.getpwnam(user).pw_uid
@@ -51,8 +62,10 @@ def _user_id(user: str) -> int:
         raise usage.UsageError(f"--allow-uid: no user {user!r}") from None
 
 
-def _group_id(group: str) -> int:
+def _group_id(group: str, option: str = "allow-gid") -> int:
     if group.isdigit():
+        if int(group) > MAX_ID:
+            raise usage.UsageError(f"--{option}: {group!r} is beyond the largest group id, {MAX_ID}")
         return int(group)
     try:
         return grp.getgrnam(group).gr_gid
@@ -69,7 +82,9 @@ def _names(option: str, value: str) -> list[str]:
     return names
 
 
-def _seconds(option: str) -> Any:
+def _seconds(option: str, minimum: float = 0.0) -> Any:
+    if minimum:
+        return _coerce(option, float, lambda v: minimum <= v < 1e6, f"a number of seconds from {minimum:g} to 1e6")
     return _coerce(option, float, lambda v: 0 < v < 1e6, "a positive number of seconds")
 
 
@@ -102,7 +117,7 @@ class Options(usage.Options):
          "nvml, nvidia-smi, or sim (the simulator).", _choice("reader", *READERS)],
         ["scenario", None, None, "The simulator's scenario, a JSON file (sim only; "
          "without it a built-in demo)."],
-        ["interval", None, 1.0, "Sampling interval in seconds.", _seconds("interval")],
+        ["interval", None, 1.0, "Sampling interval in seconds.", _seconds("interval", MIN_INTERVAL)],
         ["nvidia-smi", None, None, "The nvidia-smi binary (default: found on PATH)."],
         ["smi-timeout", None, 5.0, "Seconds an nvidia-smi run may take before it is "
          "killed and that poll is skipped.", _seconds("smi-timeout")],
@@ -123,6 +138,8 @@ class Options(usage.Options):
          "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and each GPU's health and "
          "power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
+        ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
+         _count("metrics-max-clients")],
     ]
 
     optFlags = [
@@ -153,7 +170,7 @@ class Options(usage.Options):
         if self["scenario"] and self["reader"] != "sim":
             raise usage.UsageError("--scenario is for the simulator: add --reader sim")
         if self["socket-group"] is not None:
-            self["socket-group"] = _group_id(self["socket-group"])
+            self["socket-group"] = _group_id(self["socket-group"], "socket-group")
         if self["metrics-processes"] and not self["metrics"]:
             raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
 
@@ -162,11 +179,12 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     """The daemon: a poller and one listener per --listen, around one Board."""
     if reactor is None:
         from twisted.internet import reactor
+    _check_pidfile(getattr(options, "parent", None))
     try:
         reader, layout = make_reader(options, reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    board = Board(exited_limit=options["max-exited"])
+    board = Board(Counters(weigh_processes=options["metrics-processes"]), exited_limit=options["max-exited"])
     board.counters.declare(layout)  # T lists the devices before the first poll
     top = MultiService()
     SignalService(reactor).setServiceParent(top)
@@ -185,12 +203,14 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
         from atopgpud_tw.metrics_health import HealthCache
+        from atopgpud_tw.webbounds import WebLimits
 
         # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
         calls = getattr(reader, "watchdog", None)
         health = HealthCache(reader, reactor, watchdog=calls) if hasattr(reader, "health") else None
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], calls, health,
+            board, poller, options["interval"], options["metrics-processes"], calls,
+            WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=health,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
@@ -213,6 +233,24 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     notifier = Notifier()
     NotifyService(notifier, lambda: _status(reader.name, board, poller), reactor).setServiceParent(top)
     return top
+
+
+def _check_pidfile(server: Any) -> None:
+    """Refuse at once, in one line, the pid file twistd could not write.
+
+    twistd writes it only after daemonizing, and then reports a failure as a
+    quoted traceback line, or (with -n) a traceback.
+    """
+    path = server.get("pidfile") if server is not None else None
+    if not path:
+        return
+    try:
+        existed = os.path.exists(path)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as error:
+        raise SystemExit(f"atopgpud: --pidfile {path}: cannot be written ({error.strerror or error})") from None
+    if not existed:
+        os.unlink(path)  # twistd makes it; left behind, it would outlive a failed start
 
 
 _EXPOSED_ATOP = "every GPU process list"

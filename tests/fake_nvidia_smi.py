@@ -9,7 +9,13 @@
 - hang: write the pid to ``STATE_DIR/pid`` and sleep far past any test timeout;
 - garbage: print what nvidia-smi prints without a driver, and exit 0;
 - fail: print that message and exit 9, as nvidia-smi does;
-- empty: print nothing and exit 0.
+- empty: print nothing and exit 0;
+- orphan-hang: start a child that sleeps, holding stdout, then sleep too;
+- flood: start a child that prints without end, then sleep;
+- linger: print the report, start a child that sleeps holding stdout, and exit 0.
+
+The child of the last three writes its pid to ``STATE_DIR/grandchild``: what a
+wrapper script around the real nvidia-smi leaves behind.
 
 Every run appends its arguments as one line to ``STATE_DIR/calls``.
 """
@@ -17,6 +23,7 @@ Every run appends its arguments as one line to ``STATE_DIR/calls``.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +32,15 @@ NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running.\n"
 )
+
+
+SLEEP = "import time; time.sleep(600)"
+FLOOD = "import sys\nwhile True: sys.stdout.buffer.write(b'x' * 65536)"
+
+
+def grandchild(state: Path, code: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", code])
+    (state / "grandchild").write_text(str(child.pid))
 
 
 def main(state: Path, arguments: list[str]) -> int:
@@ -36,6 +52,14 @@ def main(state: Path, arguments: list[str]) -> int:
     if mode == "hang":
         (state / "pid").write_text(str(os.getpid()))
         time.sleep(600)
+    elif mode in ("orphan-hang", "flood"):
+        grandchild(state, SLEEP if mode == "orphan-hang" else FLOOD)
+        (state / "pid").write_text(str(os.getpid()))
+        time.sleep(600)
+    elif mode == "linger":
+        sys.stdout.buffer.write((state / "report.xml").read_bytes())
+        sys.stdout.flush()
+        grandchild(state, SLEEP)
     elif mode == "garbage":
         sys.stdout.write(NO_DRIVER)
     elif mode == "fail":

@@ -211,6 +211,25 @@ def test_count_needs_watch(capsys):
     assert raised.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--watch", "abc"], "argument --watch: 'abc' is not a number of seconds from 0.05 to 1e6"),
+        (["--watch", "0.001"], "argument --watch: '0.001' is not a number of seconds from 0.05 to 1e6"),
+        (["--watch", "nan"], "argument --watch: 'nan' is not a number of seconds from 0.05 to 1e6"),
+        (["--watch", "1", "--count", "-2"], "argument --count: '-2' is not a positive integer"),
+    ],
+)
+def test_bad_watch_and_count_say_what_they_want(capsys, args, words):
+    """A bad --watch or --count is named with what it wants (status 2), not a function name."""
+    with pytest.raises(SystemExit) as raised:
+        cli.main(args)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"atopgpu: error: {words}"
+    assert "_positive" not in err and "Traceback" not in err
+
+
 def assert_one_line_error(status: int, out: str, err: str, expected_status: int, words: str) -> None:
     assert status == expected_status
     assert out == ""
@@ -310,6 +329,10 @@ def raw(version: int, length: int, body: bytes) -> bytes:
         ([GOOD_T, codec.frame(2, GOOD_S.replace(b"@40", b"@101"))], "gpupercnow 101 is outside -1..100"),
         ([GOOD_T, codec.frame(2, GOOD_S.replace(b" 80 ", b" 201 "))], "gpuperccum 201"),
         ([GOOD_T, codec.frame(2, GOOD_S + b"@" + GOOD_S[1:]), GOOD_T], "lists 1 GPUs, the S reply 2"),
+        ([GOOD_T, codec.frame(2, GOOD_S.replace(b" 1000 ", b" " + b"9" * 4000 + b" "))], "beyond 64 bits"),
+        ([GOOD_T, codec.frame(2, GOOD_S.replace(b" 200#", b" 9223372036854775808#"))], "beyond 64 bits"),
+        ([GOOD_T, codec.frame(2, GOOD_S.replace(b" 50 100", b" 50 -" + b"9" * 30))], "beyond 64 bits"),
+        ([codec.frame(2, b"9" * 4000 + b"@a b 3")], "malformed T reply: a field of the T count is beyond 64 bits"),
         ([GOOD_T + b"xx"], "more bytes than its prelude announces"),
         ([b""], "closed the connection instead of answering"),
     ],

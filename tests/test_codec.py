@@ -128,7 +128,7 @@ def test_at_most_255_processes_per_device():
 
 
 def test_exited_go_first_and_the_rest_stay_queued():
-    """When the budget is short, exited processes go first; those left out are reported later."""
+    """When the budget is short, the oldest exits go first, in order, beside the active ones' share."""
     devices = [device(60, memory=1_000_000) for _ in range(4)]
     exited = [(i % 4, ProcessTotals(50000 + i, "C", 9, 123, 456, 7, 8)) for i in range(500)]
     records = [(i, codec.render_process(t, 2, b"E")) for i, t in exited]
@@ -139,7 +139,11 @@ def test_exited_go_first_and_the_rest_stay_queued():
     assert sent == {50000 + i for i in result.exited_sent}
     assert 0 < len(sent) < 500
     assert sent == {50000 + i for i in range(len(sent))}, "the oldest go first"
-    assert not any(p.state == "A" for d in parsed for p in d.processes)
+    active = sum(len(p.state == "A" and b"x" or b"") for d in parsed for p in d.processes)
+    room = codec.REPLY_LIMIT - codec.PRELUDE.size - sum(len(codec.render_device(d)) for d in devices)
+    exited_bytes = sum(len(codec.render_process(t, 2, b"E")) for i, t in exited[: len(sent)])
+    assert exited_bytes <= room - room // 2, "exited records stay within their share"
+    assert active >= 80, "the active processes keep half the reply"
 
 
 def test_full_reply_is_the_cached_rendering_plus_exited():

@@ -221,3 +221,19 @@ def test_metrics_options_and_wiring():
     ((port, factory, _, interface),) = reactor.tcpServers
     assert (port, interface) == (9445, "127.0.0.1")
     assert isinstance(factory, MetricsSite)
+
+
+def test_exits_queued_and_clients_behind_are_exported():
+    """The exits waiting for clients and the clients that fell behind are gauges."""
+    from snapshots import dev, proc, snap
+
+    board = Board()
+    queue = board.attach()
+    board.fold(snap(dev("a", processes=tuple(proc(1000 + i) for i in range(400)))))
+    board.stats_body(2, queue)
+    board.fold(snap(dev("a", processes=())))
+    assert series(page_of(board, Poller(1, {})), "atopgpud_exited_queued") == [400]
+    board.stats_body(2, queue)
+    page = page_of(board, Poller(1, {}))
+    assert series(page, "atopgpud_clients_behind") == [1]
+    assert 0 < series(page, "atopgpud_exited_queued")[0] < 400

@@ -20,6 +20,12 @@ def connect(board: Board, factory: AtopGpuFactory | None = None):
     return protocol, transport
 
 
+def turns(protocol) -> None:
+    """Let the factory's clock run the turns in which queued requests are answered."""
+    for _ in range(1000):
+        protocol.factory.clock.advance(0)
+
+
 def replies(data: bytes) -> list[tuple[int, bytes]]:
     """Split written bytes into (version, body) replies; nothing may be left over."""
     out = []
@@ -67,6 +73,7 @@ def test_pipelined_requests_are_answered_in_order():
     protocol, transport = connect(board_with_one_gpu())
     protocol.dataReceived(b"T\x01S\x02S")
     protocol.dataReceived(b"\x00T\x02")
+    turns(protocol)
     got = replies(transport.value())
     assert [v for v, _ in got] == [1, 2, 2, 2]
     assert got[0][1].startswith(b"1@") and got[3][1].startswith(b"1@")
@@ -80,6 +87,7 @@ def test_unknown_command_closes_only_that_connection():
     bad, bad_transport = connect(board)
     good, good_transport = connect(board)
     bad.dataReceived(b"T\x02X\x02S\x02")
+    turns(bad)
     assert bad_transport.disconnecting
     assert len(replies(bad_transport.value())) == 1
     good.dataReceived(b"S\x02")
@@ -105,6 +113,35 @@ def test_each_client_gets_each_exit_once():
     for p, t in ((p1, t1), (p2, t2)):
         t.clear()
         p.dataReceived(b"S\x02S\x02")
+        turns(p)
         first, second = replies(t.value())
         assert b"#E 7 C 30 5 1024 1024 1" in first[1]
         assert b"#E" not in second[1]
+
+
+def test_a_flooding_client_gets_one_reply_per_turn():
+    """A client that sends many requests at once cannot get two replies before another's one."""
+    board = board_with_one_gpu()
+    factory = AtopGpuFactory(board, clock=Clock())
+    (flood, flood_transport), (other, other_transport) = connect(board, factory), connect(board, factory)
+    written: list[str] = []
+    flood_transport.write = lambda data: written.append("flood")  # type: ignore[method-assign]
+    other_transport.write = lambda data: written.append("other")  # type: ignore[method-assign]
+    flood.dataReceived(b"S\x01" * 500)
+    other.dataReceived(b"S\x01")
+    other.dataReceived(b"S\x02S\x02")
+    turns(flood)
+    assert written[:2] == ["flood", "other"]
+    assert written.count("flood") == 500 and written.count("other") == 3
+    assert written.index("other", 2) < written.index("flood", 2) + 2, "one reply each per turn"
+
+
+def test_a_client_far_ahead_of_its_turns_is_read_no_more_until_served():
+    """Requests pile up to a bound; reading stops, then resumes once they are answered."""
+    board = board_with_one_gpu()
+    protocol, transport = connect(board)
+    protocol.dataReceived(b"S\x02" * 40_000)
+    assert transport.producerState == "paused"
+    turns(protocol)
+    assert transport.producerState == "producing"
+    assert len(replies(transport.value())) == 40_000

@@ -6,7 +6,7 @@ Each fails on the reference's behaviour: the comment names what it did.
 from __future__ import annotations
 
 from snapshots import dev, proc, snap
-from test_protocol import connect, replies
+from test_protocol import connect, replies, turns
 
 from atopgpud_tw import codec
 from atopgpud_tw.board import Board
@@ -147,6 +147,7 @@ def test_defect_7_two_requests_in_one_read_are_both_answered():
     board.fold(snap(dev()))
     protocol, transport = connect(board)
     protocol.dataReceived(b"T\x02S\x02")
+    turns(protocol)
     assert len(replies(transport.value())) == 2
     assert not transport.disconnecting
 

@@ -269,3 +269,24 @@ def test_auto_without_nvml_or_nvidia_smi_exits_with_one_line(tmp_path: Path) -> 
     assert "nvml:" in line and "NVML library" in line
     assert "nvidia-smi:" in line and "/nonexistent" in line
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_ten_kilobyte_product_name_keeps_t_within_atops_limit(tmp_path: Path, fake: FakeSmi) -> None:
+    """A report naming its GPU in 10 KB: T is within 8192 bytes, with the name's last 64 characters."""
+    plain = (FIXTURES / "plain-v11.xml").read_text()
+    huge = "X" * 10_000 + " Board A"
+    (fake.state / "report.xml").write_text(plain.replace("NVIDIA Test Board A", huge, 1))
+    started = run_daemon(tmp_path, smi_args(fake))
+    running = next(started)
+    try:
+        running.wait_samples(1)
+        client = running.client()
+        try:
+            version, body = client.ask("T", 2)
+        finally:
+            client.close()
+    finally:
+        started.close()
+    assert 4 + len(body) <= codec.ATOP_REPLY_LIMIT
+    assert codec.parse_types(body)[0].name == codec.wire_token(huge).decode()
+    assert codec.wire_token(huge).endswith(b"XXX_Board_A") and len(codec.wire_token(huge)) == 64

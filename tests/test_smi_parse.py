@@ -328,3 +328,33 @@ def test_mig_slots_lists_only_cards_in_mig_mode() -> None:
         MigSlot(card, "00000000:17:00.0", 1, 5, 0, 28, 19968 * MIB),
         MigSlot(card, "00000000:17:00.0", 2, 13, 0, 14, 9728 * MIB),
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "cause", "said"),
+    [
+        (b"<used>1000 MiB<", b"<used>20000 MiB<", "used", "implausible fb_memory_usage/used 20000 MiB, more than"),
+        (b"<total>16384 MiB<", b"<total>" + b"9" * 30 + b" MiB<", "total", "implausible fb_memory_usage/total"),
+        (b"<used>1000 MiB<", b"<used>" + b"9" * 4000 + b" MiB<", "used", "implausible fb_memory_usage/used"),
+        (b"<used>1000 MiB<", b"<used>-5 MiB<", "used", "unreadable fb_memory_usage/used '-5 MiB'"),
+        (b"<gpu_util>12.6 %<", b"<gpu_util>" + b"9" * 400 + b" %<", "gpu_util", "implausible utilization/gpu_util"),
+    ],
+)
+def test_implausible_memory_is_a_failed_reading(old: bytes, new: bytes, cause: str, said: str) -> None:
+    """Absurd sizes, negative ones and more used than total fail that one value, with one short line."""
+    data = fixture("plain-v11.xml").replace(old, new, 1)
+    assert data != fixture("plain-v11.xml")
+    (first, second), problems = parse_report(data)
+    field = {"used": "memory_used_kib", "total": "memory_total_kib", "gpu_util": "gpu_busy"}[cause]
+    assert getattr(first, field) is None
+    assert second.memory_used_kib == 5 * MIB  # the other card is read as before
+    (problem,) = problems.values()
+    assert said in problem and len(problem) < 200
+
+
+def test_a_thousand_digit_pid_drops_only_that_process_list() -> None:
+    """A pid no system has is unreadable, not an error out of the parser."""
+    data = fixture("plain-v11.xml").replace(b"<pid>300<", b"<pid>" + b"7" * 5000 + b"<", 1)
+    (first, second), problems = parse_report(data)
+    assert first.processes is None
+    assert any("unreadable pid" in problem for problem in problems.values())

@@ -15,7 +15,7 @@ import pytest_twisted
 from twisted.internet import reactor, task
 from twisted.logger import formatEvent, globalLogPublisher
 
-from atopgpud_tw.readers import smi
+from atopgpud_tw.readers import smi, smi_child
 from atopgpud_tw.readers.base import ReaderUnavailable
 from atopgpud_tw.readers.smi import SmiReader, SmiRunError
 from atopgpud_tw.snapshot import UNSUPPORTED
@@ -54,8 +54,31 @@ class FakeSmi:
         return path.read_text().splitlines() if path.exists() else []
 
     def hung_pid(self) -> int | None:
-        path = self.state / "pid"
+        return self._pid("pid")
+
+    def grandchild_pid(self) -> int | None:
+        """The pid of what the stand-in started, as a wrapper script would."""
+        return self._pid("grandchild")
+
+    def _pid(self, name: str) -> int | None:
+        path = self.state / name
         return int(path.read_text()) if path.exists() and path.read_text() else None
+
+
+def dead(pid: int | None) -> bool:
+    """Whether `pid` has ended (a zombie waiting for init to reap it counts)."""
+    assert pid is not None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_dead(pid: int | None, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while not dead(pid):
+        assert time.monotonic() < deadline, f"pid {pid} still runs"
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -185,7 +208,7 @@ async def test_endless_output_is_cut_off(fake: FakeSmi, make_reader, monkeypatch
     fake.report("plain-v11.xml")
     reader = make_reader()
     reader.open()
-    monkeypatch.setattr(smi, "MAX_OUTPUT", 1000)
+    monkeypatch.setattr(smi_child, "MAX_OUTPUT", 1000)
     message = await failure_of(reader)
     assert message == f"{fake.binary} -q -x printed more than 1000 bytes; killed"
     await until(lambda: not reader.running)
@@ -386,3 +409,95 @@ def test_open_refuses_an_nvidia_smi_without_a_report(fake: FakeSmi, mode: str, r
     with pytest.raises(ReaderUnavailable, match=reason) as raised:
         reader.open()
     assert "\n" not in str(raised.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_timeout_kills_what_nvidia_smi_started(fake: FakeSmi, make_reader) -> None:
+    """A hung run is killed with its whole process group, not only the direct child."""
+    fake.report("plain-v11.xml")
+    reader = make_reader(timeout=0.5)
+    reader.open()
+    fake.mode("orphan-hang")
+    assert await failure_of(reader) == f"{fake.binary} -q -x did not finish within 0.5 s; killed"
+    await until(lambda: not reader.running)
+    wait_dead(fake.hung_pid())
+    wait_dead(fake.grandchild_pid())
+
+
+@pytest_twisted.ensureDeferred
+async def test_endless_output_of_a_grandchild_is_dropped_at_once(fake: FakeSmi, make_reader, monkeypatch) -> None:
+    """Output past the cap is let go at the kill, and the group printing it is killed."""
+    fake.report("plain-v11.xml")
+    reader = make_reader(timeout=30.0)
+    reader.open()
+    monkeypatch.setattr(smi_child, "MAX_OUTPUT", 100_000)
+    fake.mode("flood")
+    assert await failure_of(reader) == f"{fake.binary} -q -x printed more than 100000 bytes; killed"
+    child = reader._child
+    assert child is None or not child._out  # nothing kept while it is reaped
+    await until(lambda: not reader.running)
+    wait_dead(fake.grandchild_pid())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_grandchild_holding_stdout_does_not_hold_the_poll(fake: FakeSmi, make_reader) -> None:
+    """nvidia-smi having exited, its report is read though something it started keeps the pipe."""
+    fake.report("plain-v11.xml")
+    reader = make_reader(timeout=30.0)
+    reader.open()
+    fake.mode("linger")
+    assert len((await reader.poll()).devices) == 2
+    assert not reader.running
+    wait_dead(fake.grandchild_pid())
+
+
+def test_open_kills_what_a_hung_nvidia_smi_started(fake: FakeSmi) -> None:
+    """At start-up too a timeout kills the whole process group."""
+    fake.mode("orphan-hang")
+    with pytest.raises(ReaderUnavailable, match="did not finish within 0.5 s; killed$"):
+        SmiReader(reactor, str(fake.binary), timeout=0.5).open()
+    wait_dead(fake.hung_pid())
+    wait_dead(fake.grandchild_pid())
+
+
+def test_open_cuts_off_endless_output(fake: FakeSmi, monkeypatch) -> None:
+    """The start-up run has the same output cap as a poll."""
+    monkeypatch.setattr(smi_child, "MAX_OUTPUT", 100_000)
+    fake.mode("flood")
+    with pytest.raises(ReaderUnavailable, match="printed more than 100000 bytes; killed$"):
+        SmiReader(reactor, str(fake.binary), timeout=30.0).open()
+    wait_dead(fake.grandchild_pid())
+
+
+def test_open_reads_a_report_though_a_grandchild_holds_stdout(fake: FakeSmi) -> None:
+    """At start-up an exited nvidia-smi is finished, whatever it left holding its pipe."""
+    fake.report("plain-v11.xml")
+    fake.mode("linger")
+    snapshot = SmiReader(reactor, str(fake.binary), timeout=30.0).open()
+    assert len(snapshot.devices) == 2
+    wait_dead(fake.grandchild_pid())
+
+
+def test_open_kills_what_a_discarded_list_run_left(fake: FakeSmi) -> None:
+    """The -L run beside -q -x, not needed without MIG, leaves nothing running either."""
+    fake.report("plain-v11.xml")
+    fake.mode("linger", "list-mode")
+    SmiReader(reactor, str(fake.binary), timeout=30.0).open()
+    # killed before it had started one, the -L run left nothing to look for
+    if fake.grandchild_pid() is not None:
+        wait_dead(fake.grandchild_pid())
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_setsid_it_says_so_once_and_still_reads(
+    fake: FakeSmi, make_reader, logged: list[str], monkeypatch
+) -> None:
+    """Where setsid is not installed the child runs as it is, and start-up names the loss."""
+    monkeypatch.setenv("PATH", str(fake.state))
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    assert len((await reader.poll()).devices) == 2
+    assert [line for line in logged if "setsid" in line] == [
+        "nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed"
+    ]

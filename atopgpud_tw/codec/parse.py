@@ -59,9 +59,16 @@ def _is_integer(field: str) -> bool:
     return digits.isascii() and digits.isdigit()
 
 
+#: atop reads every figure as a signed 64-bit integer
+_LARGEST = 2**63 - 1
+
+
 def _ints(fields: Sequence[str], what: str) -> list[int]:
     if not all(_is_integer(f) for f in fields):
-        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)!r}")
+        raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)[:200]!r}")
+    # the length first: int() refuses thousands of digits, and later sums overflow floats
+    if any(len(f) > 20 or abs(int(f)) > _LARGEST for f in fields):
+        raise ProtocolError(f"a field of the {what} is beyond 64 bits")
     return [int(f) for f in fields]
 
 

@@ -11,6 +11,14 @@ samples gpuperccum memperccum memusedcum`` followed by its processes:
 
 ``A`` for an active process, ``E`` for one that ended since the client's previous
 ``S``.  Memory is in KiB, -1 means "not available".
+
+Whatever the counters hold, a reply stays within what atop reads: at most
+`MAX_WIRE_DEVICES` devices, names and bus ids of at most `MAX_TOKEN_CHARS`
+characters, and every number between -1 and the largest value of the C type atop
+parses it into (`INT_MAX` for the two busy percentages now and the pid,
+`LLONG_MAX` for the rest); anything below -1 is -1.  When the processes do not
+fit, `assemble_stats` shares the reply between active and exited processes (see
+docs/protocol.md for the arithmetic).
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from atopgpud_tw.codec.wire import (
+    INT_MAX,
+    LLONG_MAX,
     MAX_PROCESSES_PER_DEVICE,
+    MAX_WIRE_DEVICES,
     PRELUDE,
     REPLY_LIMIT,
     ProtocolError,
@@ -38,7 +49,16 @@ __all__ = [
     "assemble_stats",
     "render_stats",
     "PreparedStats",
+    "ACTIVE_SHARE_COUNT",
+    "EXITED_SCAN",
 ]
+
+#: when a device's processes exceed atop's 255, its active processes keep at least
+#: this many places (or all they need, if fewer) whatever the exited ones queued
+ACTIVE_SHARE_COUNT = (MAX_PROCESSES_PER_DEVICE + 1) // 2
+#: the shortest ``#`` record is 16 bytes: no reply holds more exited records than
+#: this, so a queue is looked at no further
+EXITED_SCAN = (REPLY_LIMIT - PRELUDE.size) // 16
 
 _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
 
@@ -48,11 +68,12 @@ _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
 
 def render_types(devices: Sequence[DeviceTotals]) -> bytes:
     """The ``T`` body (the same for versions 1 and 2)."""
+    devices = devices[:MAX_WIRE_DEVICES]
     parts = [b"%d" % len(devices)]
     for device in devices:
         parts.append(
             b"@%s %s %d"
-            % (wire_token(device.busid), wire_token(device.name), device.task_support)
+            % (wire_token(device.busid), wire_token(device.name), device.task_support & 3)
         )
     return b"".join(parts)
 
@@ -62,9 +83,8 @@ def render_types(devices: Sequence[DeviceTotals]) -> bytes:
 
 def render_device(device: DeviceTotals) -> bytes:
     """A device's ``@`` record (identical in versions 1 and 2)."""
-    return b"@%d %d %d %d %d %d %d %d" % (
-        device.gpu_busy_now,
-        device.mem_busy_now,
+    now = (device.gpu_busy_now, device.mem_busy_now)
+    rest = (
         device.memory_total_kib,
         device.memory_used_kib,
         device.samples,
@@ -72,6 +92,14 @@ def render_device(device: DeviceTotals) -> bytes:
         device.mem_busy_total,
         device.memory_used_cum_kib,
     )
+    if min(now + rest) < -1 or max(now) > INT_MAX or max(rest) > LLONG_MAX:
+        now, rest = _clamped(now, INT_MAX), _clamped(rest, LLONG_MAX)
+    return b"@%d %d %d %d %d %d %d %d" % (now + rest)
+
+
+def _clamped(values: tuple[int, ...], top: int) -> tuple[int, ...]:
+    """Numbers as atop can read them: -1 to `top`."""
+    return tuple(-1 if v < -1 else top if v > top else v for v in values)
 
 
 def _average(cum: int, samples: int) -> int:
@@ -89,30 +117,26 @@ def render_process(
     interval's figures.  `busy` gives them (the board works them out per client
     over its interval); without it they are the averages since the process began.
     """
+    pid = totals.pid
     if version == 1:
         gpu, mem = busy or (
             _average(totals.gpu_busy_cum, totals.samples),
             _average(totals.mem_busy_cum, totals.samples),
         )
-        return b"#%s %d %d %d 0 %d %d %d" % (
-            state,
-            totals.pid,
-            gpu,
-            mem,
-            totals.memory_now_kib,
-            totals.memory_cum_kib,
-            totals.samples,
-        )
-    return b"#%s %d %s %d %d %d %d %d" % (
-        state,
-        totals.pid,
-        _WIRE_KIND.get(totals.kind, b"U"),
+        values = (gpu, mem, totals.memory_now_kib, totals.memory_cum_kib, totals.samples)
+        if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
+            pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
+        return b"#%s %d %d %d 0 %d %d %d" % ((state, pid) + values)
+    values = (
         totals.gpu_busy_cum,
         totals.mem_busy_cum,
         totals.memory_now_kib,
         totals.memory_cum_kib,
         totals.samples,
     )
+    if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
+        pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
+    return b"#%s %d %s %d %d %d %d %d" % ((state, pid, _WIRE_KIND.get(totals.kind, b"U")) + values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +155,7 @@ class RenderedDevice:
 def render_devices(devices: Sequence[DeviceTotals], version: int) -> tuple[RenderedDevice, ...]:
     """Render every device and active process once, for reuse until the next poll."""
     rendered = []
-    for device in devices:
+    for device in devices[:MAX_WIRE_DEVICES]:
         active = sorted(
             (
                 (totals.memory_now_kib, totals.pid, render_process(totals, version))
@@ -159,9 +183,12 @@ def assemble_stats(
 ) -> StatsBody:
     """Build an ``S`` body within `budget` bytes and 255 processes per device.
 
-    Device records always go in whole.  Then exited processes (``(device index,
-    record)`` in queue order), then active ones, largest memory first.  When all
-    fits, the output is the devices' cached records with the exited ones appended.
+    Device records always go in whole.  When all fits, the output is the devices'
+    cached records with the exited ones (``(device index, record)`` in queue
+    order) appended.  Otherwise exited records go first, in queue order and up to
+    the first that does not fit (the rest stay queued, in order), but never into
+    the share kept for the active processes (`_take_exited`); then the active
+    ones, largest memory first, in what is left.
     """
     room = budget - sum(len(d.header) for d in devices)
     if room < 0:
@@ -191,29 +218,38 @@ def _join_all(devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, byt
 
 
 def _take_exited(
-    devices: int, exited: Sequence[tuple[int, bytes]], room: int
+    active_counts: Sequence[int], active_size: int, exited: Sequence[tuple[int, bytes]], room: int
 ) -> tuple[list[int], list[list[bytes]], list[int], int]:
-    """Exited records first, in queue order, as far as room and each device's cap allow.
+    """The exited records that go first: a prefix of the queue, within its share.
 
+    Active processes keep half the room (or all they need, if less), and on each
+    device `ACTIVE_SHARE_COUNT` of atop's 255 places (or all they need); exited
+    records take the rest, in queue order, up to the first that does not fit.
     Returns the records taken per device (count and list), their positions in
-    `exited`, and the room left.
+    `exited`, and the room left for the active processes.
     """
-    count = [0] * devices
-    tails: list[list[bytes]] = [[] for _ in range(devices)]
+    share = room - min(active_size, room // 2)
+    caps = [MAX_PROCESSES_PER_DEVICE - min(n, ACTIVE_SHARE_COUNT) for n in active_counts]
+    count = [0] * len(active_counts)
+    tails: list[list[bytes]] = [[] for _ in active_counts]
     sent: list[int] = []
     for position, (index, record) in enumerate(exited):
-        if count[index] < MAX_PROCESSES_PER_DEVICE and len(record) <= room:
-            room -= len(record)
-            count[index] += 1
-            tails[index].append(record)
-            sent.append(position)
+        if count[index] >= caps[index] or len(record) > share:
+            break
+        share -= len(record)
+        room -= len(record)
+        count[index] += 1
+        tails[index].append(record)
+        sent.append(position)
     return count, tails, sent, room
 
 
 def _join_selected(
     devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
 ) -> StatsBody:
-    count, tails, sent, room = _take_exited(len(devices), exited, room)
+    active_counts = [len(d.active) for d in devices]
+    active_size = sum(d.size - len(d.header) for d in devices)
+    count, tails, sent, room = _take_exited(active_counts, active_size, exited, room)
     candidates = sorted(
         (-memory, index, pid, record) for index, device in enumerate(devices) for memory, pid, record in device.active
     )
@@ -313,7 +349,7 @@ class PreparedStats:
     def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
         """The rules of `_join_selected`: exited records first, then the largest active processes."""
         devices = self.devices
-        count, tails, sent, room = _take_exited(len(devices), exited, self._room)
+        count, tails, sent, room = _take_exited(self._counts, self._active_size, exited, self._room)
         order = self._order or self._sorted()
         if any(c + n > MAX_PROCESSES_PER_DEVICE for c, n in zip(count, self._counts)):
             return self._select_capped(order, room, count, tails, sent)

@@ -25,6 +25,10 @@ __all__ = [
     "MAX_PROCESSES_PER_DEVICE",
     "ATOP_MAX_GPUS",
     "ATOP_ID_CHARS",
+    "MAX_TOKEN_CHARS",
+    "MAX_WIRE_DEVICES",
+    "INT_MAX",
+    "LLONG_MAX",
     "ProtocolError",
     "Request",
     "negotiate",
@@ -52,6 +56,17 @@ MAX_PROCESSES_PER_DEVICE = 255
 ATOP_MAX_GPUS = 32
 #: atop keeps the last characters of a bus id and of a type name
 ATOP_ID_CHARS = 12
+#: a longer name or bus id keeps only its last this many characters on the wire
+#: (atop shows the last 12 of them), so that ``T`` fits whatever a reader says
+MAX_TOKEN_CHARS = 64
+#: atop reads ``%d`` and ``%lld`` numbers: nothing on the wire goes beyond these
+INT_MAX = 2**31 - 1
+LLONG_MAX = 2**63 - 1
+#: the longest device record: ``@`` and eight numbers of up to 20 characters
+_LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
+#: devices on the wire at most (atop shows 32): this many device records fit in
+#: one reply whatever their numbers, and their ``T`` entries too
+MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
 _SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
@@ -118,8 +133,9 @@ def wire_token(text: str) -> bytes:
     """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``.
 
     Every other character (space, control, anything beyond ASCII) becomes one
-    ``_``; an empty text is ``_``, so that the token is still there.
+    ``_``; an empty text is ``_``, so that the token is still there.  A text
+    longer than `MAX_TOKEN_CHARS` keeps its last characters, those atop shows.
     """
     # a character beyond ASCII becomes 0x80 first, which the table turns into "_"
-    raw = bytes(min(ord(c), 0x80) for c in text) or b"_"
+    raw = bytes(min(ord(c), 0x80) for c in text[-MAX_TOKEN_CHARS:]) or b"_"
     return raw.translate(_SAFE)

@@ -3,8 +3,8 @@
 For hosts where NVML cannot be used from Python.  The child runs through the
 reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
 sockets.  nvidia-smi is known to hang for good on a sick GPU (NVML-FACTS.md
-section 7): a run that outlasts ``timeout`` is killed with SIGKILL and the poll
-fails at once.  Only one child exists at a time; while a killed one has not yet
+section 7): a run that outlasts ``timeout`` is killed with SIGKILL, with all it
+started (`smi_child`), and the poll fails at once.  Only one child exists at a time; while a killed one has not yet
 been reaped (a process stuck in the kernel cannot die), polls fail fast instead
 of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
 for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
-from twisted.internet.error import ProcessDone, ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
-from atopgpud_tw.readers.base import IReader, PollError, ReaderUnavailable
+from atopgpud_tw.readers.base import IReader, ReaderUnavailable
+from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi_health import read_cards_health
 from atopgpud_tw.readers.smi_parse import (
     MIG_MODES,
@@ -42,79 +39,8 @@ from atopgpud_tw.snapshot import DeviceSample, Snapshot
 
 log = Logger()
 
-#: more output than this is no report (eight H100s print about 200 KiB)
-MAX_OUTPUT = 32 * 2**20
 #: seconds before a failed ``nvidia-smi -L`` is tried again for unchanged instances
 NAMES_RETRY = 60.0
-
-
-class SmiRunError(PollError):
-    """One run of nvidia-smi failed; the message says how, in one line.
-
-    No pid in it where a new child would change it: the poller logs a failure
-    again only when its message changes.
-    """
-
-
-class _Run(ProcessProtocol):
-    """One child: collects its stdout; `result` fires with it or fails."""
-
-    def __init__(self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None]) -> None:
-        # cancelling the poll kills the child rather than leaving it to the timeout
-        self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
-        self.command = command
-        self._out: list[bytes] = []
-        self._size = 0
-        self._err = b""
-        self._on_exit = on_exit
-        #: why it was killed, while it has not been reaped yet
-        self.killed: str | None = None
-        self._timer = reactor.callLater(timeout, self._abort, f"did not finish within {timeout:g} s")
-
-    def connectionMade(self) -> None:
-        self.transport.closeStdin()  # nvidia-smi reads nothing
-
-    def outReceived(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > MAX_OUTPUT:
-            self._abort(f"printed more than {MAX_OUTPUT} bytes")
-        elif not self.result.called:
-            self._out.append(data)
-
-    def errReceived(self, data: bytes) -> None:
-        self._err = (self._err + data)[:4096]
-
-    def kill(self) -> None:
-        """SIGKILL the child and stop reading; `processEnded` follows once it is reaped."""
-        try:
-            self.transport.signalProcess("KILL")
-        except ProcessExitedAlready:
-            pass
-        # our ends of the pipes must close too, or a grandchild holding them
-        # would keep processEnded from ever being called
-        self.transport.loseConnection()
-
-    def fail(self, message: str) -> None:
-        if self._timer.active():
-            self._timer.cancel()
-        if not self.result.called:
-            self.result.errback(Failure(SmiRunError(f"{self.command} {message}")))
-
-    def _abort(self, message: str) -> None:
-        self.kill()
-        self.killed = f"{self.command} {message}; killed"
-        self.fail(f"{message}; killed")
-
-    def processEnded(self, reason: Failure) -> None:
-        self._on_exit()
-        if isinstance(reason.value, ProcessDone):
-            if self._timer.active():
-                self._timer.cancel()
-            if not self.result.called:
-                self.result.callback(b"".join(self._out))
-            return
-        said = _first_line(self._err) or _first_line(b"".join(self._out))
-        self.fail(_exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
 
 
 @implementer(IReader)
@@ -131,10 +57,12 @@ class SmiReader:
         self._reactor = reactor
         self._configured = binary
         self._binary: str | None = None
+        #: setsid(1), which gives each child a process group of its own to kill
+        self._setsid: str | None = None
         self._timeout = timeout
         self._mig = mig
         self._problems = ProblemLog("nvidia-smi")
-        self._child: _Run | None = None
+        self._child: Run | None = None
         #: devices ever reported, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
         #: cards' keys across reports, unique even where two cards report the same UUID
@@ -162,11 +90,14 @@ class SmiReader:
         instances.
         """
         self._binary = self._locate()
+        self._setsid = shutil.which("setsid")
+        if self._setsid is None:
+            log.warn("nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed")
         # -L runs beside -q -x, not after it: on a MIG host the two runs would
         # otherwise be the time an atop started first waits for its T reply.
-        listing = _Started([self._binary, "-L"]) if self._mig == "instances" else None
+        listing = Started([self._binary, "-L"]) if self._mig == "instances" else None
         try:
-            root, _ = read_report(_Started([self._binary, "-q", "-x"]).output(self._timeout))
+            root, _ = read_report(Started([self._binary, "-q", "-x"]).output(self._timeout))
         except (SmiRunError, SmiReportError) as error:
             if listing is not None:
                 listing.discard()
@@ -278,16 +209,19 @@ class SmiReader:
             pid = self._child.transport.pid
             return fail(SmiRunError(f"{self._child.command}: the previous run (pid {pid}) has not ended yet"))
         command = " ".join([self._binary, *arguments])
-        run = _Run(self._reactor, command, self._timeout, lambda: self._ended(run))
+        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run))
         self._child = run
         try:
-            self._reactor.spawnProcess(run, self._binary, [self._binary, *arguments], env=None)
+            argv = [self._binary, *arguments]
+            if self._setsid is not None:
+                argv.insert(0, self._setsid)
+            self._reactor.spawnProcess(run, argv[0], argv, env=None)
         except OSError as error:
             self._child = None
             run.fail(f"cannot be started: {error}")
         return run.result
 
-    def _ended(self, run: _Run) -> None:
+    def _ended(self, run: Run) -> None:
         if self._child is run:
             self._child = None
 
@@ -296,62 +230,6 @@ class SmiReader:
         if self._child is not None:
             self._child.kill()
             self._child.fail("was stopped: the reader is closing")
-
-
-class _Started:
-    """One run before the reactor starts; a hung child is killed, not waited for."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.command = " ".join(argv)
-        self.error: SmiRunError | None = None
-        self.child: subprocess.Popen[bytes] | None = None
-        try:
-            self.child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        except OSError as error:
-            self.error = SmiRunError(f"{self.command} cannot be started: {error}")
-
-    def output(self, timeout: float) -> bytes:
-        """Its standard output; SmiRunError if it could not start, hung or failed."""
-        if self.child is None:
-            assert self.error is not None
-            raise self.error
-        child, command = self.child, self.command
-        try:
-            out, err = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.discard()
-            raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
-        if child.returncode != 0:
-            code, signal = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
-            said = _first_line(err) or _first_line(out)
-            raise SmiRunError(f"{command} {_exit_text(code, signal)}" + (f": {said}" if said else ""))
-        return out
-
-    def discard(self) -> None:
-        """Kill it if it still runs, and reap it unless it is stuck in the kernel."""
-        if self.child is None:
-            return
-        if self.child.poll() is None:
-            self.child.kill()
-        try:
-            self.child.communicate(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: it cannot be waited for
-
-
-def _exit_text(code: int | None, signal: int | None) -> str:
-    if code is not None:
-        return f"exited with status {code}"
-    return f"was killed by signal {signal}"
-
-
-def _first_line(data: bytes) -> str:
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        if line.strip():
-            return line.strip()[:200]
-    return ""
 
 
 def _absent(sample: DeviceSample) -> DeviceSample:

@@ -6,8 +6,9 @@ values are found by the elements present, never by the DTD the DOCTYPE line name
 docs/nvidia-smi.md lists what is read.  A value nvidia-smi cannot give ("N/A",
 "Not Supported", ...) is permanent: `UNSUPPORTED` for a percentage and for a
 process's memory, 0 for a device's memory.
-A value present but unreadable is ``None`` for this poll plus a problem
-``{cause: description}`` for `ProblemLog`.  Only output that is not an
+A value present but unreadable, or implausible (memory beyond `MAX_MEMORY_MIB`,
+more used than the device has, a pid beyond `MAX_PID`), is ``None`` for this
+poll plus a problem ``{cause: description}`` for `ProblemLog`.  Only output that is not an
 nvidia-smi report at all raises `SmiReportError`.
 """
 
@@ -23,6 +24,10 @@ from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, clamp
 from atopgpud_tw.snapshot import add_memory as add_memory_figures
 
 MIG_MODES = ("instances", "card")
+#: memory figures beyond this (4 PiB) are a garbled report, not a device
+MAX_MEMORY_MIB = 2**32
+#: pids and instance ids beyond this are no Linux pid (PID_MAX_LIMIT is 2**22)
+MAX_PID = 2**31 - 1
 #: profile names per (card bus id, GPU instance id, compute instance id)
 Profiles = Mapping[tuple[str, int, int], str]
 #: what nvidia-smi prints for a value it cannot give, brackets and case aside
@@ -42,6 +47,10 @@ _REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
 
 class SmiReportError(ValueError):
     """The output is not an nvidia-smi report at all; the message says why in one line."""
+
+
+class _Implausible(ValueError):
+    """A value that reads as a number, but one no device can report."""
 
 
 class MigSlot(NamedTuple):
@@ -223,6 +232,7 @@ def _whole_card(
     if not mig:  # a card in MIG mode has no utilization of its own (NVML-FACTS.md section 5)
         busy = [_reading(gpu, path, _percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (_reading(gpu, path, _kib, 0, owner, problems) for path in _MEMORY)
+    used = _within(used, total, owner, problems)
     return DeviceSample(
         card.key,
         card.busid,
@@ -265,6 +275,7 @@ def _instances(
         key = mig_key(card.key, gi, ci)
         processes = None if entries is None else _merged(s for g, c, s in entries if (g, c) == (gi, ci))
         used = _reading(element, _MEMORY[1], _kib, 0, (key, card.busid), problems)
+        used = _within(used, slot.memory_total_kib, (key, card.busid), problems)
         name = profiles.get((card.busid, gi, ci)) or fallback_profile(slot)
         busid = mig_busid(card.busid, gi, ci)
         devices.append(
@@ -364,20 +375,45 @@ def _reading(
     text = _value(element, path)
     if text is None or _not_available(text):
         return unavailable
-    value = parse(text)
+    try:
+        value = parse(text)
+    except _Implausible:
+        problems[f"{owner[0]} {path}"] = f"GPU {owner[1]}: implausible {path} {text[:40]!r}"
+        return None
     if value is None:
-        problems[f"{owner[0]} {path}"] = f"GPU {owner[1]}: unreadable {path} {text!r}"
+        problems[f"{owner[0]} {path}"] = f"GPU {owner[1]}: unreadable {path} {text[:40]!r}"
     return value
+
+
+def _within(used: int | None, total: int | None, owner: tuple[str, str], problems: dict[str, str]) -> int | None:
+    """`used`, unless it is more than a known `total` (0: not known): then None and a problem."""
+    if used is None or not total or used <= total:
+        return used
+    path = _MEMORY[1]
+    problems[f"{owner[0]} {path}"] = (
+        f"GPU {owner[1]}: implausible {path} {used // 1024} MiB, more than the {total // 1024} MiB total"
+    )
+    return None
 
 
 def _kib(text: str) -> int | None:
     found = _MIB.fullmatch(text)
-    return round(float(found[1]) * 1024) if found else None
+    if not found:
+        return None
+    mib = float(found[1])  # inf for a thousand digits, never an error
+    if mib > MAX_MEMORY_MIB:
+        raise _Implausible(text)
+    return round(mib * 1024)
 
 
 def _percent(text: str) -> int | None:
     found = _PERCENT.fullmatch(text)
-    return clamp_percent(float(found[1])) if found else None
+    if not found:
+        return None
+    value = float(found[1])
+    if not math.isfinite(value):  # a thousand digits; a mere 250 % is clamped
+        raise _Implausible(text)
+    return clamp_percent(value)
 
 
 def _value(element: ET.Element, path: str) -> str | None:
@@ -390,7 +426,11 @@ def _not_available(text: str) -> bool:
 
 
 def _integer(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+    # the length first: int() refuses thousands of digits with an error
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    value = int(text)
+    return value if value <= MAX_PID else None
 
 
 def _sum(values: list[int | None]) -> int | None:

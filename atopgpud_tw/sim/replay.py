@@ -23,10 +23,11 @@ the other answers stay at their last values.
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
@@ -78,12 +79,7 @@ def driver_offset_us(sample_calls: Sequence[dict[str, Any]]) -> int | None:
 
 def load_recording(path: str | Path) -> Recording:
     """Read a recording for replay; `RecordingError` names what is missing."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise RecordingError(f"{path}: {error.strerror or error}") from None
-    except json.JSONDecodeError as error:
-        raise RecordingError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    data = read_json(path, RecordingError)
     try:
         return parse_recording(data, str(path))
     except (KeyError, TypeError, ValueError, IndexError) as error:

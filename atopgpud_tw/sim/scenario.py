@@ -11,13 +11,13 @@ ignored silently); keys starting with ``_`` are comments.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS, HealthSpec, default_health, parse_health
+from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
 
 Number = float | int
@@ -263,14 +263,7 @@ def cycled(value: Cycled, index: int) -> Number | None:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and check a scenario file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ScenarioError(f"{path}: {error.strerror or error}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ScenarioError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    data = read_json(path, ScenarioError)
     try:
         return parse_scenario(data, base=Path(path).parent)
     except ScenarioError as error:
@@ -352,9 +345,17 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
+#: pids, ids and counts: what a C int holds
+MAX_INTEGER = 2**31 - 1
+#: no figure of a scenario (seconds, MiB, percent) comes near this
+LARGEST = 1e15
+
+
 def _number(value: Any, where: str, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScenarioError(f"{where} must be a number")
+    if not -LARGEST <= value <= LARGEST:  # False for NaN too
+        raise ScenarioError(f"{where} must be a number from {-LARGEST:g} to {LARGEST:g}")
     if minimum is not None and value < minimum:
         raise ScenarioError(f"{where} must be at least {minimum}")
     return value
@@ -363,6 +364,8 @@ def _number(value: Any, where: str, minimum: float | None = None) -> float:
 def _integer(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ScenarioError(f"{where} must be an integer, 0 or more")
+    if value > MAX_INTEGER:
+        raise ScenarioError(f"{where} must be at most {MAX_INTEGER}")
     return value
 
 
@@ -426,6 +429,8 @@ def _process(spec: Any, where: str) -> ProcessSpec:
     pid = spec.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         raise ScenarioError(f"{where}.pid must be a positive integer")
+    if pid > MAX_INTEGER:
+        raise ScenarioError(f"{where}.pid must be at most {MAX_INTEGER}")
     kind = spec.get("type", "C")
     if kind not in PROCESS_TYPES:
         raise ScenarioError(f"{where}.type must be one of C, G, C+G")
@@ -583,6 +588,8 @@ def _capacity(value: Any, where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ScenarioError(f"{where} must be a positive integer")
+    if value > MAX_INTEGER:
+        raise ScenarioError(f"{where} must be at most {MAX_INTEGER}")
     return value
 
 

@@ -1,0 +1,141 @@
+"""The ``/metrics`` page, rendered once per poll and format however many scrape it.
+
+The page has two parts.  The daemon's health (polls, clients, an NVML call in
+progress) may change between polls and is small: it is rendered for every scrape.
+The GPU and process series change only when a poll is folded in, and with
+``--metrics-processes`` run to hundreds of kilobytes: they are collected in the
+reactor thread (so they are one poll's figures, whole), then encoded and
+compressed in a thread, once per poll and format, while the reactor goes on
+answering atop; scrapes that come meanwhile wait for that one rendering.
+
+A gzip page is one gzip member: the fresh part deflated on its own, then the
+cached part's deflate stream; each ends on a byte boundary without a last block,
+so they follow one another as pigz joins its blocks, and a last empty block and
+the CRC of the whole end the member.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import CollectorRegistry
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+Encoder = Callable[[Any], bytes]
+InThread = Callable[[Callable[[], "Rendered"]], "Deferred[Rendered]"]
+
+_EOF = b"# EOF\n"
+_GZIP_LEVEL = 6  # level 9 costs 3 to 8 times the CPU for the same size on these pages
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no time, OS unknown
+_FINAL_BLOCK = b"\x03\x00"  # an empty last block (fixed Huffman codes)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The polled part of one poll in one format, plain and deflated."""
+
+    generation: int | None
+    text: bytes
+    deflated: bytes
+
+
+class _Frozen:
+    """Families collected earlier, as a registry the encoders can read in a thread."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def _at_once(render: Callable[[], Rendered]) -> Deferred[Rendered]:
+    return succeed(render())
+
+
+class MetricsPage:
+    """The page in each format; `render` gives bytes, or a Deferred of them while
+    the polled part of a new poll is being rendered."""
+
+    def __init__(
+        self,
+        live: CollectorRegistry,
+        polled: CollectorRegistry | None = None,
+        generation: Callable[[], int] | None = None,
+        in_thread: InThread | None = None,
+    ) -> None:
+        self.live = live
+        self.polled = polled
+        self.generation = generation
+        self.in_thread = in_thread or _at_once
+        self._cache: dict[str, Rendered] = {}
+        self._pending: dict[tuple[str, int | None], list[Deferred[Rendered]]] = {}
+
+    def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
+        """The page in the format of `encoder`, gzip-compressed if asked."""
+        head = encoder(self.live)
+        if self.polled is None:
+            return _gzip(head, b"", _deflate(b"")) if gzip else head
+        if head.endswith(_EOF):
+            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the polled part
+        polled = self._polled(encoder, content_type)
+        if isinstance(polled, Rendered):
+            return _join(head, polled, gzip)
+        return polled.addCallback(lambda rendered: _join(head, rendered, gzip))
+
+    def _polled(self, encoder: Encoder, content_type: str) -> Union[Rendered, Deferred[Rendered]]:
+        generation = self.generation() if self.generation is not None else None
+        cached = self._cache.get(content_type)
+        if cached is not None and generation is not None and cached.generation == generation:
+            return cached
+        key = (content_type, generation)
+        waiting = self._pending.get(key)
+        waiter: Deferred[Rendered] = Deferred()
+        if waiting is not None:
+            waiting.append(waiter)
+            return waiter
+        self._pending[key] = [waiter]
+        assert self.polled is not None
+        families = _Frozen(list(self.polled.collect()))  # here, in the reactor thread: one poll's figures
+
+        def render() -> Rendered:
+            text = encoder(families)
+            return Rendered(generation, text, _deflate(text))
+
+        self.in_thread(render).addBoth(self._rendered, key, content_type)
+        return waiter
+
+    def _rendered(self, result: Rendered | Failure, key: tuple[str, int | None], content_type: str) -> None:
+        if isinstance(result, Rendered):
+            cached = self._cache.get(content_type)
+            if cached is None or cached.generation is None or (result.generation or 0) >= cached.generation:
+                self._cache[content_type] = result
+        for waiter in self._pending.pop(key, []):
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(result)
+
+
+def _join(head: bytes, rendered: Rendered, gzip: bool) -> bytes:
+    if not gzip:
+        return head + rendered.text
+    return _gzip(head, rendered.text, rendered.deflated)
+
+
+def _deflate(data: bytes) -> bytes:
+    """A raw deflate stream of `data` ending on a byte boundary, not last."""
+    compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+def _gzip(head: bytes, body: bytes, deflated_body: bytes) -> bytes:
+    """One gzip member holding `head` then `body` (`deflated_body` is `_deflate(body)`)."""
+    crc = zlib.crc32(body, zlib.crc32(head))
+    trailer = struct.pack("<II", crc & 0xFFFFFFFF, (len(head) + len(body)) & 0xFFFFFFFF)
+    return _GZIP_HEADER + _deflate(head) + deflated_body + _FINAL_BLOCK + trailer

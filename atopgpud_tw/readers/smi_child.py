@@ -1,0 +1,242 @@
+"""Running one nvidia-smi child, through the reactor or (at start-up) blocking.
+
+Every child is the leader of a session of its own, so that a timeout kills
+what it started too: a wrapper script's nvidia-smi, or anything else left
+holding its pipes (`kill_group`).  Through the reactor it is started by
+``setsid`` (util-linux), which execs it without forking, so its pid is the
+process group's id; before the reactor runs, `subprocess.Popen` starts the
+session itself.  A child that has exited is finished even when something it
+left behind still holds its standard output: what is left of its group is
+killed, and after `EXIT_GRACE` seconds the pipes are closed by us.
+
+Output beyond `MAX_OUTPUT` is dropped at once and the group killed.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import time
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from atopgpud_tw.readers.base import PollError
+
+log = Logger()
+
+#: more output than this is no report (eight H100s print about 200 KiB)
+MAX_OUTPUT = 32 * 2**20
+#: seconds a child's pipes are read after it exited, for what it wrote last
+EXIT_GRACE = 0.5
+#: the most of a child's standard error kept, for its first line
+_ERR_KEPT = 4096
+
+
+class SmiRunError(PollError):
+    """One run of nvidia-smi failed; the message says how, in one line.
+
+    No pid in it where a new child would change it: the poller logs a failure
+    again only when its message changes.
+    """
+
+
+def kill_group(pid: int) -> bool:
+    """SIGKILL the process group led by `pid`; False if there is none (yet, or any more)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class Run(ProcessProtocol):
+    """One child: collects its stdout; `result` fires with it or fails."""
+
+    def __init__(self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None]) -> None:
+        # cancelling the poll kills the child rather than leaving it to the timeout
+        self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
+        self.command = command
+        self._reactor = reactor
+        self._out: list[bytes] = []
+        self._size = 0
+        self._err = b""
+        self._on_exit = on_exit
+        #: why it was killed, while it has not been reaped yet
+        self.killed: str | None = None
+        self._timer = reactor.callLater(timeout, self._abort, f"did not finish within {timeout:g} s")
+        self._grace: Any = None
+        self._group: int | None = None
+
+    def connectionMade(self) -> None:
+        #: the group's id: the transport forgets the pid when the child is reaped
+        self._group = self.transport.pid
+        self.transport.closeStdin()  # nvidia-smi reads nothing
+
+    def outReceived(self, data: bytes) -> None:
+        if self.result.called:
+            return
+        self._size += len(data)
+        if self._size > MAX_OUTPUT:
+            self._out = []  # not kept while the child is reaped
+            self._abort(f"printed more than {MAX_OUTPUT} bytes")
+        else:
+            self._out.append(data)
+
+    def errReceived(self, data: bytes) -> None:
+        self._err = (self._err + data)[:_ERR_KEPT]
+
+    def kill(self) -> None:
+        """SIGKILL the child's group and stop reading; `processEnded` follows once it is reaped."""
+        pid = self.transport.pid
+        if pid is None or not kill_group(pid):
+            try:  # before setsid has made the group, or without setsid
+                self.transport.signalProcess("KILL")
+            except ProcessExitedAlready:
+                pass
+        # our ends of the pipes must close too, or a grandchild holding them
+        # would keep processEnded from ever being called
+        self.transport.loseConnection()
+
+    def fail(self, message: str) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if not self.result.called:
+            self.result.errback(Failure(SmiRunError(f"{self.command} {message}")))
+
+    def _abort(self, message: str) -> None:
+        self.kill()
+        self.killed = f"{self.command} {message}; killed"
+        self.fail(f"{message}; killed")
+
+    def processExited(self, reason: Failure) -> None:
+        if not self.transport.pipes:
+            return  # processEnded follows at once
+        # something it started still holds the pipes: the group's rest is
+        # killed, and what the child wrote is read for a moment, not waited on
+        if self._group is not None:
+            kill_group(self._group)
+        self._grace = self._reactor.callLater(EXIT_GRACE, self.transport.loseConnection)
+
+    def processEnded(self, reason: Failure) -> None:
+        if self._grace is not None and self._grace.active():
+            self._grace.cancel()
+        self._on_exit()
+        if isinstance(reason.value, ProcessDone):
+            if self._timer.active():
+                self._timer.cancel()
+            if not self.result.called:
+                self.result.callback(b"".join(self._out))
+            return
+        said = first_line(self._err) or first_line(b"".join(self._out))
+        self.fail(exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
+
+
+class Started:
+    """One run before the reactor starts; a hung child is killed, not waited for."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.command = " ".join(argv)
+        self.error: SmiRunError | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        try:
+            self.child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as error:
+            self.error = SmiRunError(f"{self.command} cannot be started: {error}")
+
+    def output(self, timeout: float) -> bytes:
+        """Its standard output; SmiRunError if it could not start, hung, printed too much or failed."""
+        if self.child is None:
+            assert self.error is not None
+            raise self.error
+        child, command = self.child, self.command
+        out, err = self._read(timeout)
+        try:
+            child.wait(max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # closed its output, then hung
+            self.discard()
+            raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+        if child.returncode != 0:
+            code, signum = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
+            said = first_line(err) or first_line(out)
+            raise SmiRunError(f"{command} {exit_text(code, signum)}" + (f": {said}" if said else ""))
+        return out
+
+    def _read(self, timeout: float) -> tuple[bytes, bytes]:
+        """Read stdout and stderr until both close, or the child exited a moment ago."""
+        assert self.child is not None and self.child.stdout and self.child.stderr
+        child, command = self.child, self.command
+        self._deadline = time.monotonic() + timeout
+        out: list[bytes] = []
+        size, err = 0, b""
+        exited_at: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            selector.register(child.stderr, selectors.EVENT_READ)
+            while selector.get_map():
+                now = time.monotonic()
+                if exited_at is None and child.poll() is not None:
+                    exited_at = now
+                    kill_group(child.pid)  # what it left holding the pipes
+                if exited_at is not None and now >= exited_at + EXIT_GRACE:
+                    break
+                if exited_at is None and now >= self._deadline:
+                    self.discard()
+                    raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed")
+                # woken at least every 0.1 s to see whether the child has exited
+                for key, _ in selector.select(0.1):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fileobj)
+                    elif key.fileobj is child.stderr:
+                        err = (err + data)[:_ERR_KEPT]
+                    elif size + len(data) > MAX_OUTPUT:
+                        out.clear()
+                        self.discard()
+                        raise SmiRunError(f"{command} printed more than {MAX_OUTPUT} bytes; killed")
+                    else:
+                        size += len(data)
+                        out.append(data)
+        return b"".join(out), err
+
+    def discard(self) -> None:
+        """Kill its group (what it left behind too), and reap it unless it is stuck in the kernel."""
+        child = self.child
+        if child is None:
+            return
+        if not kill_group(child.pid) and child.poll() is None:
+            child.kill()
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+        try:
+            child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: it cannot be waited for
+
+
+def exit_text(code: int | None, signum: int | None) -> str:
+    """How a child ended, in words."""
+    if code is not None:
+        return f"exited with status {code}"
+    return f"was killed by signal {signum}"
+
+
+def first_line(data: bytes) -> str:
+    """The first non-blank line of a child's output, at most 200 characters."""
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return ""

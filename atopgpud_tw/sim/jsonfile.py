@@ -1,0 +1,59 @@
+"""Reading a JSON file a user named: every way it can be wrong is one line.
+
+A fifo or a device (``/dev/zero``) would block or fill memory, so only a
+regular file is read, opened without blocking and at most `MAX_SIZE` bytes.
+Text that is not UTF-8, JSON nested past Python's recursion limit, integers
+of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+#: far beyond any scenario or calibration recording (those are some 100 KiB)
+MAX_SIZE = 16 * 2**20
+
+
+def read_json(path: str | Path, error: type[Exception]) -> Any:
+    """The decoded contents of `path`; `error` with a one-line message naming it if unusable."""
+    try:
+        data = _read(path)
+    except OSError as failure:
+        raise error(f"{path}: {failure.strerror or failure}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as failure:
+        raise error(f"{path}: not UTF-8 text (byte {failure.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as failure:
+        raise error(f"{path}: not JSON ({failure.msg} at line {failure.lineno})") from None
+    except RecursionError:
+        raise error(f"{path}: not usable JSON (nested too deeply)") from None
+    except ValueError as failure:  # an integer of more digits than int() takes, NaN
+        raise error(f"{path}: not usable JSON ({str(failure).split(';')[0]})") from None
+
+
+def _read(path: str | Path) -> bytes:
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(0, "is a directory")
+        if not stat.S_ISREG(mode):
+            raise OSError(0, "not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            data = stream.read(MAX_SIZE + 1)
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_SIZE:
+        raise OSError(0, f"larger than {MAX_SIZE // 2**20} MiB")
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")

@@ -1,0 +1,282 @@
+"""The metrics web server's bounds: what one HTTP client, and all of them, may take.
+
+twisted.web alone holds a client for as long as it trickles header bytes, spools a
+request body of any size to a file, and answers pipelined requests whether or not
+the client reads the replies.  A scraper needs none of that, and the reactor that
+serves atop must not pay for it, so `BoundedChannel` adds (`WebLimits`):
+
+- a cap on connections (``--metrics-max-clients``); more are closed at once;
+- a deadline for a request's head, from its first byte to its blank line;
+- no request body beyond a few bytes (a chunked one is refused outright), kept in
+  memory, never in a file;
+- one reply at a time for a client that does not read: the next pipelined request
+  is answered only once the transport has taken the last reply, and a reply left
+  unread past a deadline ends the connection.
+
+Each refusal or cut is logged once per burst (`access.BurstLog`).  Holding the
+next pipelined request reads two attributes of HTTPChannel's own flow control
+(``_waitingForTransport``, ``_networkProducer``, there since Twisted 17.9);
+tests/test_metrics_bounds.py pins the behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.logger import Logger
+from twisted.web.http import HTTPChannel
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from atopgpud_tw.access import BurstLog
+
+
+@dataclass(frozen=True)
+class WebLimits:
+    """What the metrics clients may take."""
+
+    max_clients: int = 32
+    #: seconds from the first byte of a request to the end of its headers
+    head_timeout: float = 10.0
+    #: seconds from the end of a request's headers until the transport took its reply
+    reply_timeout: float = 30.0
+    #: request body bytes accepted (a scrape sends none)
+    max_body: int = 1024
+    #: request line and headers, bytes
+    max_head: int = 8192
+
+
+class WebGuard:
+    """The shared side of the bounds: the connections open, and a burst log per cause."""
+
+    log = Logger()
+
+    def __init__(self, limits: WebLimits, clock: IReactorTime) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.channels: set[BoundedChannel] = set()
+        self._bursts: dict[str, BurstLog] = {}
+
+    def room(self) -> bool:
+        """Whether another connection may open; a refusal is logged once per burst."""
+        if len(self.channels) < self.limits.max_clients:
+            return True
+        self.cut(
+            "connections refused (--metrics-max-clients)",
+            "refusing metrics connections: {count} open (--metrics-max-clients)",
+            count=len(self.channels),
+        )
+        return False
+
+    def admit(self, channel: BoundedChannel) -> bool:
+        if not self.room():
+            return False
+        self.channels.add(channel)
+        return True
+
+    def forget(self, channel: BoundedChannel) -> None:
+        self.channels.discard(channel)
+
+    def cut(self, what: str, line: str, **fields: Any) -> None:
+        """Count one refusal or cut of cause `what`; log it if it starts a burst."""
+        burst = self._bursts.get(what)
+        if burst is None:
+            burst = self._bursts[what] = BurstLog(self.clock)
+        burst.event(lambda: self.log.warn(line, **fields), what)
+
+    def stop(self) -> None:
+        for burst in self._bursts.values():
+            burst.stop()
+
+
+class BoundedRequest(Request):
+    """A request whose body (at most `WebLimits.max_body` bytes) is kept in memory."""
+
+    def gotLength(self, length: int | None) -> None:
+        self.content = BytesIO()
+
+
+class BoundedChannel(HTTPChannel):
+    """An HTTP connection within `WebLimits`; its site has a `guard` (`WebGuard`)."""
+
+    requestFactory = BoundedRequest
+    guard: WebGuard
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._deadline: Any = None
+        self._awaiting_head = True
+        self._held: Request | None = None
+        self._admitted = False
+        self._cut = False
+
+    @property
+    def limits(self) -> WebLimits:
+        return self.guard.limits
+
+    def connectionMade(self) -> None:
+        self.totalHeadersSize = self.limits.max_head
+        if not self.guard.admit(self):
+            self._cut = True
+            self.transport.abortConnection()
+            return
+        self._admitted = True
+        super().connectionMade()
+
+    def connectionLost(self, reason: Any) -> None:
+        self._disarm()
+        self._held = None
+        if self._admitted:
+            self.guard.forget(self)
+            super().connectionLost(reason)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._cut:
+            return
+        if self._awaiting_head and self._deadline is None:
+            self._arm(self.limits.head_timeout, "head")
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._awaiting_head = False
+        self._disarm()
+        if self.length is None or self.length > self.limits.max_body:
+            # None: chunked, of no stated size
+            self._refuse_body()
+            return
+        self._arm(self.limits.reply_timeout, "reply")
+        super().allHeadersReceived()
+
+    def requestDone(self, request: Request) -> None:
+        if self.persistent and self._waitingForTransport:
+            # the client has not read the last reply: the next pipelined request
+            # waits (unread, the transport paused) until it does
+            self._held = request
+            self._networkProducer.pauseProducing()
+            return
+        self._disarm()
+        self._awaiting_head = True
+        super().requestDone(request)
+
+    def resumeProducing(self) -> None:
+        super().resumeProducing()
+        held, self._held = self._held, None
+        if held is not None and not self._cut:
+            self.requestDone(held)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        # twisted.web's answer to a malformed or oversized head: 400, then close
+        self.guard.cut(
+            "metrics requests refused: malformed",
+            "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
+            peer=_peer(self.transport),
+            limit=self.limits.max_head,
+        )
+        self._cut = True
+        self._disarm()
+        super()._respondToBadRequestAndDisconnect()
+
+    def timeoutConnection(self) -> None:
+        self.guard.cut(
+            "idle metrics connections closed",
+            "closing an idle metrics connection from {peer}",
+            peer=_peer(self.transport),
+        )
+        self._close()
+
+    # -- deadlines --
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.guard.clock.callLater(seconds, self._expired, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _expired(self, what: str) -> None:
+        self._deadline = None
+        if what == "head":
+            self.guard.cut(
+                "metrics requests cut: headers too slow",
+                "closing a metrics connection from {peer}: no request headers within {seconds} s",
+                peer=_peer(self.transport),
+                seconds=self.limits.head_timeout,
+            )
+        else:
+            self.guard.cut(
+                "metrics replies cut: left unread",
+                "closing a metrics connection from {peer}: its reply unread after {seconds} s",
+                peer=_peer(self.transport),
+                seconds=self.limits.reply_timeout,
+            )
+        self._close()
+
+    def _refuse_body(self) -> None:
+        self.guard.cut(
+            "metrics requests refused: a body",
+            "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
+            peer=_peer(self.transport),
+            size="unstated size" if self.length is None else f"{self.length} bytes",
+            limit=self.limits.max_body,
+        )
+        self._cut = True
+        self.transport.write(
+            b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+        )
+        self.transport.loseConnection()
+
+    def _close(self) -> None:
+        self._cut = True
+        self._disarm()
+        self.transport.abortConnection()
+
+
+@implementer(IPushProducer)
+class PageWriter:
+    """Writes a body a chunk at a time while the transport takes it, then finishes
+    the request: a page of megabytes sits once in memory, not again in the
+    transport's buffer, and a client that stops reading stops the writing."""
+
+    chunk = 16 * 1024
+
+    def __init__(self, request: Request, body: bytes) -> None:
+        self.request = request
+        self.body = memoryview(body)
+        self.offset = 0
+        self.paused = False
+        self.stopped = False
+
+    def start(self) -> None:
+        self.request.registerProducer(self, True)  # paused at once if the transport is full
+        self._write()
+
+    def _write(self) -> None:
+        while not self.paused and not self.stopped and self.offset < len(self.body):
+            end = self.offset + self.chunk
+            piece = self.body[self.offset : end].tobytes()
+            self.offset = end
+            self.request.write(piece)  # may pause us before it returns
+        if self.offset >= len(self.body) and not self.stopped:
+            self.stopped = True
+            self.request.unregisterProducer()
+            self.request.finish()
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._write()
+
+    def stopProducing(self) -> None:
+        self.stopped = True  # the connection is gone
+
+
+def _peer(transport: Any) -> str:
+    peer = transport.getPeer()
+    return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
