@@ -37,6 +37,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.metrics_atop import AtopSumsCollector
 from atopgpud_tw.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
@@ -341,7 +342,9 @@ def make_site(
     live = _registry(collector.live)
     if health is not None:
         live.register(HealthCollector(health))  # read when scraped, so rendered for each scrape
-    page = MetricsPage(live, _registry(collector.polled), lambda: board.counters.generation, in_thread or in_pool)
+    polled = _registry(collector.polled)
+    polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
+    page = MetricsPage(live, polled, lambda: board.counters.generation, in_thread or in_pool)
     root = Resource()
     root.putChild(b"", _Index())
     metrics: Resource = MetricsResource(page)

@@ -128,19 +128,19 @@ def latest_at(points: list[tuple[float, float]], when: float) -> tuple[float, fl
 
 
 def test_busy_rate_over_a_span_is_atops_arithmetic(prometheus):
-    """The recording rule's expression over a span equals Δgpuperccum / Δgpusamples from the scraped counters."""
+    """The recording rule's expression over a span equals Δgpuperccum / Δgpusamples from the scraped counters,
+    and a GPU at a constant 30 % is exactly 30 %."""
     expr = rule_expr("atopgpud:gpu_busy_percent:1m")
     at = time.time() - 1
     result = prometheus.query(expr.replace("offset 1m", f"offset {SPAN}"), time=str(at))
     got = {r["metric"]["busid"]: float(r["value"][1]) for r in result}
     selector = '{busid="00000000:17:00.0"}'
-    busy = raw(prometheus, f"atopgpud_gpu_busy_percent_seconds_total{selector}", at)
+    busy = raw(prometheus, f"atopgpud_gpu_busy_percent_sum_total{selector}", at)
     samples = raw(prometheus, f"atopgpud_gpu_samples_total{selector}", at)
     span = float(SPAN.rstrip("s"))
-    (b1, b0), (s1, s0) = (latest_at(busy, at)[1], latest_at(busy, at - span)[1]), (
-        latest_at(samples, at)[1], latest_at(samples, at - span)[1])
-    interval = 0.5
-    atop = (b1 - b0) / interval / (s1 - s0)  # gpuperccum is busy_percent_seconds / interval
+    b1, b0 = latest_at(busy, at)[1], latest_at(busy, at - span)[1]
+    s1, s0 = latest_at(samples, at)[1], latest_at(samples, at - span)[1]
+    atop = (b1 - b0) / (s1 - s0)  # Δgpuperccum / Δgpusamples
     assert got["00000000:17:00.0"] == pytest.approx(atop, abs=1e-9)
     assert 20 <= atop <= 60
     assert got["00000000:18:00.0"] == pytest.approx(30, abs=1e-9)
