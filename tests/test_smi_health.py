@@ -135,3 +135,14 @@ def test_daemon_on_nvidia_smi_serves_the_health_series(tmp_path):
         assert not any(name.startswith("atopgpud_gpu_xid") for name, _ in page)
     finally:
         daemons.close()
+
+
+def test_implausible_values_are_left_out():
+    """A garbled report (a temperature of 10^6 C, a fan at 250 %) gives no series for those figures."""
+    text = FIXTURE.read_text().replace("<gpu_temp>67 C</gpu_temp>", "<gpu_temp>1000000 C</gpu_temp>")
+    text = text.replace("<fan_speed>41 %</fan_speed>", "<fan_speed>250 %</fan_speed>")
+    root, _ = read_report(text.encode())
+    h100, rtx = read_cards_health(root)
+    assert value(h100, "atopgpud_gpu_temperature_celsius") is None
+    assert value(h100, "atopgpud_gpu_power_watts") == pytest.approx(612.40)
+    assert value(rtx, "atopgpud_gpu_fan_speed_percent") is None

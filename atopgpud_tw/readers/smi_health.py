@@ -5,7 +5,8 @@ report each poll already fetched: nothing more is run for them, and they are
 parsed only when ``/metrics`` is fetched.  Element names differ across schema
 versions (v9 to v13), so each figure is looked for under every name it has
 had, newest first; docs/metrics.md has the table.  A value nvidia-smi cannot
-give ("N/A", "Not Supported", ...) or cannot be read has no series.  The
+give ("N/A", "Not Supported", ...), cannot be read, or is beyond what a GPU
+can report (a garbled report) has no series.  The
 report has no energy counter and no XID counts.
 """
 
@@ -34,6 +35,15 @@ _PLAIN: tuple[tuple[Series, float, tuple[str, ...]], ...] = (
     (("atopgpud_gpu_remapped_rows", (("cause", "uncorrectable"),)), 1, ("remapped_rows/remapped_row_unc",)),
     (("atopgpud_gpu_pcie_replays_total", ()), 1, ("pci/replay_counter",)),
 )
+#: the most a figure can plausibly be; a report beyond it is garbled, and the figure left out
+_MOST = {
+    "atopgpud_gpu_temperature_celsius": 250.0,
+    "atopgpud_gpu_memory_temperature_celsius": 250.0,
+    "atopgpud_gpu_power_watts": 100_000.0,
+    "atopgpud_gpu_power_limit_watts": 100_000.0,
+    "atopgpud_gpu_clock_hertz": 100e9,
+    "atopgpud_gpu_fan_speed_percent": 100.0,
+}
 _FLAGS = (
     ("atopgpud_gpu_row_remap_pending", "remapped_rows/remapped_row_pending"),
     ("atopgpud_gpu_row_remap_failed", "remapped_rows/remapped_row_failure"),
@@ -62,7 +72,7 @@ def card_health(gpu: ET.Element, busid: str) -> CardHealth:
     values = reading.values
     for series, scale, paths in _PLAIN:
         value = _first_number(gpu, paths)
-        if value is not None:
+        if value is not None and value * scale <= _MOST.get(series[0], float("inf")):
             values[series] = value * scale
     for name, path in _FLAGS:
         flag = _yes_no(_text(gpu, path))
