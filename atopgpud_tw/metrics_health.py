@@ -84,6 +84,8 @@ class HealthCache:
         #: cards (and "xid") whose reading is out, by key
         self.pending: dict[str, Deferred] = {}
         self._problems: dict[str, ProblemLog] = {}
+        #: readings whose job raised (a bug, or a binding gone wrong), logged once each
+        self._failing: set[str] = set()
 
     def refresh(self) -> Deferred:
         """Ask for fresh readings; fires (with None) when all are in, or after `wait` seconds."""
@@ -141,17 +143,21 @@ class HealthCache:
 
     def _stored(self, reading: CardHealth, key: str) -> None:
         self.pending.pop(key, None)
+        self._failing.discard(key)
         self.readings[key] = reading
         self.read_at[key] = self.clock.seconds()
         self._problems.setdefault(key, ProblemLog("health")).report(reading.problems)
 
     def _counted(self, outcome: tuple[dict[tuple[str, int], int], set[str]]) -> None:
         self.pending.pop("xid", None)
+        self._failing.discard("xid")
         self.xids, self.xid_cards = outcome
 
     def _failed(self, failure: Any, key: str) -> None:
         self.pending.pop(key, None)
-        log.failure("health: reading {key} failed", failure, key=key)
+        if key not in self._failing:  # once until it works again, not at every scrape
+            self._failing.add(key)
+            log.failure("health: reading {key} failed", failure, key=key)
 
     def stale(self, key: str) -> bool:
         """Whether the figures shown for a card are older than the reading asked for."""

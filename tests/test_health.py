@@ -289,3 +289,24 @@ def test_a_scrape_does_not_wait_behind_a_call_already_hung():
     assert len(source.jobs) == 1 and cache.stale("GPU-a")  # asked, queued behind it
     cache.watchdog = HungWatchdog(0.0)
     assert not cache.refresh().called  # nothing hung: the scrape waits for the reading
+
+
+def test_a_reading_that_raises_is_logged_once_and_the_next_scrape_asks_again():
+    """A job that fails (a binding bug) is logged once, leaves the figures out, and is asked again next time."""
+    from twisted.logger import globalLogPublisher
+
+    clock, source = Clock(), FakeSource()
+    cache = HealthCache(source, clock)
+    seen: list[dict] = []
+    globalLogPublisher.addObserver(seen.append)
+    try:
+        for _ in range(2):
+            done = cache.refresh()
+            source.jobs[-1][1].errback(RuntimeError("binding bug"))
+            assert done.called
+            clock.advance(1)
+    finally:
+        globalLogPublisher.removeObserver(seen.append)
+    assert len(source.jobs) == 2
+    assert sum(1 for event in seen if "log_failure" in event) == 1
+    assert cache.readings == {}
