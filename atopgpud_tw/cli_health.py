@@ -114,7 +114,7 @@ def health_report(text: str, url: str) -> dict[str, Any]:
             card(labels)  # a card that reports XIDs, none yet: listed with {}
     for busid, found in cards.items():
         # a MIG card's instances share its bus id: it is present if any of them is
-        values = [v for key, v in present.items() if key == busid]
+        values = [v for key, v in present.items() if key == busid or key.startswith(busid + "/")]
         found["present"] = bool(max(values)) if values else None
     return {
         "endpoint": url,

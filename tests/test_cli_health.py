@@ -26,6 +26,8 @@ atopgpud_gpu_ecc_errors_total{busid="00000000:17:00.0",counter="volatile",error=
 atopgpud_gpu_xid_errors_total{busid="00000000:17:00.0",type="H100",xid="79"} 1
 atopgpud_gpu_health_stale{busid="00000000:17:00.0",type="H100"} 1
 atopgpud_gpu_present{index="1",busid="00000000:18:00.0",type="NVIDIA A10"} 0
+atopgpud_gpu_present{index="2",busid="00000000:19:00.0/1.0",type="A100 MIG 3g.20gb"} 1
+atopgpud_gpu_temperature_celsius{busid="00000000:19:00.0",type="A100"} 50
 atopgpud_gpu_fan_speed_percent{busid="00000000:18:00.0",type="NVIDIA A10"} 30
 """
 
@@ -33,7 +35,8 @@ atopgpud_gpu_fan_speed_percent{busid="00000000:18:00.0",type="NVIDIA A10"} 30
 def test_report_reads_the_page_and_leaves_absent_figures_null():
     """Figures in their units, reasons as names, XIDs by code; null for what the card does not report."""
     doc = health_report(PAGE, "http://h/metrics")
-    h100, a10 = doc["gpus"]
+    h100, a10, a100 = doc["gpus"]
+    assert a100["present"] is True  # a MIG card: present when an instance of it is
     assert h100["temperature_c"] == 67 and h100["power_w"] == 612.4
     assert h100["clocks_mhz"] == {"graphics": None, "sm": 1755, "memory": None}
     assert h100["clocks_event_reasons"] == ["sw_power_cap"]
