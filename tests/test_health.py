@@ -310,3 +310,17 @@ def test_a_reading_that_raises_is_logged_once_and_the_next_scrape_asks_again():
     assert len(source.jobs) == 2
     assert sum(1 for event in seen if "log_failure" in event) == 1
     assert cache.readings == {}
+
+
+def test_a_mig_card_has_its_figures_once_on_the_card():
+    """In MIG mode the figures are read with the card's handle, once, whatever the instances."""
+    scenario = {"gpus": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "health": {"power_w": 180},
+                          "mig": [{"profile": "3g.40gb", "memory_total_mib": 40192},
+                                  {"profile": "3g.40gb", "gpu_instance": 2, "memory_total_mib": 40192}]}]}
+    t = [1.0]
+    reader = reader_at(t, scenario)
+    reader.read(t[0])
+    assert len(reader._devices) == 1
+    reading = read_card_health(reader._devices[0])
+    assert reading.busid == "00000000:17:00.0"
+    assert card(reading, "atopgpud_gpu_power_watts") == 180
