@@ -4,8 +4,10 @@ Averages are worked out as atop works them out: a busy figure over a span is the
 change of its cumulative sum divided by the change of the sample count.  The first
 report covers the time since the daemon started; with ``--watch`` each later one
 covers the interval since the previous report, on the same connection (so a
-process that ends shows once, marked ``E``, as atop sees it).  The JSON schema and
-the table are described in docs/atopgpu.md.
+process that ends shows once, marked ``E``, as atop sees it).  ``--health`` shows
+the health and power figures instead, from the daemon's metrics page
+(`atopgpud_tw.cli_health`).  The JSON schema and the table are described in
+docs/atopgpu.md.
 """
 
 from __future__ import annotations
@@ -231,6 +233,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--watch", type=_positive, metavar="SECONDS",
                         help="report again every SECONDS (0.05 to 1e6), with figures over each interval")
     parser.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N reports")
+    parser.add_argument("--health", action="store_true",
+                        help="show each GPU's health and power figures (temperatures, power, clocks, "
+                        "throttling, ECC, XID errors), fetched from the daemon's --metrics endpoint")
+    parser.add_argument("--metrics-url", default=None, metavar="URL",
+                        help="with --health: the daemon's metrics page (default: http://127.0.0.1:9445/metrics)")
     return parser
 
 
@@ -242,8 +249,29 @@ def _emit(doc: dict[str, Any], as_json: bool, watching: bool) -> None:
     print(text, flush=True)
 
 
+def run_health(args: argparse.Namespace) -> None:
+    """--health: the metrics page's health figures, once or every --watch seconds."""
+    from atopgpud_tw.cli_health import DEFAULT_URL, fetch, health_report, render_health
+
+    url = args.metrics_url or DEFAULT_URL
+    shown, start = 0, time.monotonic()
+    while True:
+        doc = health_report(fetch(url), url)
+        if args.json:
+            print(json.dumps(doc, separators=(",", ":")) if args.watch else json.dumps(doc, indent=2), flush=True)
+        else:
+            print(render_health(doc) + ("\n" if args.watch else ""), flush=True)
+        shown += 1
+        if args.watch is None or (args.count is not None and shown >= args.count):
+            return
+        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+
+
 def run(args: argparse.Namespace) -> None:
     """Report once, or every --watch seconds until --count reports."""
+    if args.health:
+        run_health(args)
+        return
     address = parse_endpoint(args.connect)
     with Connection(address) as connection:
         previous: Reading | None = None
@@ -266,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count is not None and args.watch is None:
         parser.error("--count needs --watch")
+    if args.metrics_url is not None and not args.health:
+        parser.error("--metrics-url needs --health")
     try:
         parse_endpoint(args.connect)
     except ValueError as error:

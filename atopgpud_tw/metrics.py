@@ -37,6 +37,8 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from atopgpud_tw import __version__
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.metrics_atop import AtopSumsCollector
+from atopgpud_tw.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
@@ -324,6 +326,7 @@ def make_site(
     limits: WebLimits | None = None,
     clock: IReactorTime | None = None,
     in_thread: InThread | None = None,
+    health: HealthCache | None = None,
 ) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for.
 
@@ -336,12 +339,18 @@ def make_site(
     def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
         return deferToThreadPool(clock, clock.getThreadPool(), render)  # type: ignore[attr-defined]
 
-    page = MetricsPage(
-        _registry(collector.live), _registry(collector.polled), lambda: board.counters.generation, in_thread or in_pool
-    )
+    live = _registry(collector.live)
+    if health is not None:
+        live.register(HealthCollector(health))  # read when scraped, so rendered for each scrape
+    polled = _registry(collector.polled)
+    polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
+    page = MetricsPage(live, polled, lambda: board.counters.generation, in_thread or in_pool)
     root = Resource()
     root.putChild(b"", _Index())
-    root.putChild(b"metrics", MetricsResource(page))
+    metrics: Resource = MetricsResource(page)
+    if health is not None:
+        metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
+    root.putChild(b"metrics", metrics)
     site = MetricsSite(root, limits, clock)
     site.displayTracebacks = False
     return site

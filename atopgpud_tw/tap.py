@@ -135,7 +135,8 @@ class Options(usage.Options):
         ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
-         "tcp:9445:interface=127.0.0.1 (default: off); a UNIX one is guarded by --allow-uid, "
+         "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and each GPU's health and "
+         "power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
         ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
          _count("metrics-max-clients")],
@@ -201,11 +202,15 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
         from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.metrics_health import HealthCache
         from atopgpud_tw.webbounds import WebLimits
 
+        # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
+        calls = getattr(reader, "watchdog", None)
+        health = HealthCache(reader, reactor, watchdog=calls) if hasattr(reader, "health") else None
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], getattr(reader, "watchdog", None),
-            WebLimits(max_clients=options["metrics-max-clients"]), reactor,
+            board, poller, options["interval"], options["metrics-processes"], calls,
+            WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=health,
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import time
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from atopgpud_tw.health import XidEvents, read_card_health
 from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
@@ -106,6 +107,8 @@ class NvmlReader:
         self._announced: set[str] = set()
         #: what the devices said once (a driver without a function), shared by all of them
         self._said: set[str] = set()
+        #: XID errors counted from NVML events, read with the health figures
+        self._xid = XidEvents()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -121,6 +124,8 @@ class NvmlReader:
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
         self._problems.report(self._unusable_problems())
+        # registered for XID events from the start: the driver delivers none from before
+        self._xid.drain(self.nvml, self._devices)
         if not self._devices and not self._unusable:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
@@ -355,6 +360,20 @@ class NvmlReader:
         done.addTimeout(CLOSE_TIMEOUT, self._reactor)
         done.addErrback(lambda failure: log.warn("nvml: not shut down ({error})", error=failure.getErrorMessage()))
         return done
+
+    def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
+        """Read the health figures of each card `wanted` (by key) in the worker thread,
+        one job per card, each firing with a `CardHealth`; none while NVML is not set up."""
+        if self._reactor is None or not self._initialised:
+            return []
+        return [(card.key, self._worker.submit(read_card_health, card)) for card in self._devices if wanted(card.key)]
+
+    def xid_counts(self) -> Deferred | None:
+        """The XID errors counted so far by (card key, XID), after taking the events due, in
+        the worker thread; None while NVML is not set up."""
+        if self._reactor is None or not self._initialised:
+            return None
+        return self._worker.submit(self._xid.drain, self.nvml, list(self._devices))
 
     def _close_nvml(self) -> None:
         was_initialised = self._initialised

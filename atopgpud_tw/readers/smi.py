@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
-from twisted.internet.defer import Deferred, ensureDeferred, fail
+from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -24,6 +24,7 @@ from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
+from atopgpud_tw.readers.smi_health import read_cards_health
 from atopgpud_tw.readers.smi_parse import (
     MIG_MODES,
     MigSlot,
@@ -71,6 +72,8 @@ class SmiReader:
         self._profiles: dict[tuple[str, int, int], str] = {}
         self._names_problem: str | None = None
         self._names_retry_at = 0.0
+        #: the latest report, whose health figures /metrics reads (readers/smi_health.py)
+        self._report: Any = None
 
     @property
     def running(self) -> bool:
@@ -153,6 +156,7 @@ class SmiReader:
         if self._mig == "instances":
             await self._learn_names(mig_slots(root), problems)
         devices, found = read_devices(root, self._mig, self._profiles, self._keys)
+        self._report = root
         problems.update(found)
         self._problems.report(problems)
         for device in devices:
@@ -160,6 +164,17 @@ class SmiReader:
         current = {device.key for device in devices}
         gone = tuple(_absent(d) for key, d in self._known.items() if key not in current)
         return Snapshot(devices + gone)
+
+    def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
+        """The health figures of each card `wanted` (by bus id) in the latest report:
+        no run of nvidia-smi of their own, so each Deferred has fired already."""
+        if self._report is None:
+            return []
+        return [(r.key, succeed(r)) for r in read_cards_health(self._report) if wanted(r.key)]
+
+    def xid_counts(self) -> Deferred | None:
+        """None: nvidia-smi's report has no XID events."""
+        return None
 
     async def _learn_names(self, slots: tuple[MigSlot, ...], problems: dict[str, str]) -> None:
         """Ask ``nvidia-smi -L`` for profile names when the MIG instances changed.

@@ -42,6 +42,7 @@ from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
+from atopgpud_tw.sim.health_library import health_table
 from atopgpud_tw.sim.nvml import (
     _ERROR_TEXT,
     NO_INSTANCE,
@@ -192,6 +193,7 @@ class SimulatedLibrary:
             for version in ("_v3", "_v2"):
                 symbol = f"nvmlDeviceGet{kind}RunningProcesses{version}"
                 table[symbol] = (_int, (h, _ptr, _ptr), self._processes(symbol, f"nvmlDeviceGet{kind}RunningProcesses"))
+        table.update(health_table(self))
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 

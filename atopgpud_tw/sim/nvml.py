@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from atopgpud_tw.sim import replay
+from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.scenario import (
     DRIVERS,
     NVML_ERRORS,
@@ -146,7 +147,7 @@ class Handle:
     instance: MigSpec | None = None
 
 
-class SimulatedNvml:
+class SimulatedNvml(HealthDriver):
     """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
 
     NVMLError = NVMLError
@@ -166,6 +167,8 @@ class SimulatedNvml:
         self._lock = threading.Lock()
         self._samples: dict[tuple[Any, ...], int] = {}
         self._drawn: dict[tuple[Any, ...], tuple[float, Any]] = {}
+        self._event_sets: dict[int, EventSet] = {}
+        self._event_lock = threading.Lock()
         for name, cls in ERROR_CLASSES.items():
             setattr(self, cls.__name__, cls)
             setattr(self, name, NVML_ERRORS[name])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS, HealthSpec, default_health, parse_health
 from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
 
@@ -69,7 +70,7 @@ LIBRARY_SYMBOLS = (
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
-)
+) + HEALTH_SYMBOLS
 _V3_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
 _V2_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")
 #: driver branches: the version the library reports and the symbols its libnvidia-ml lacks
@@ -230,6 +231,8 @@ class GpuSpec:
     stray_process_samples: tuple[tuple[int, int, int], ...] = ()
     #: a calibration recording the driver answers from (sim/replay.py)
     replay: Recording | None = None
+    #: temperatures, power, clocks, errors, XID events (sim/health_scenario.py)
+    health: HealthSpec = field(default_factory=default_health)
 
 
 @dataclass(frozen=True)
@@ -306,7 +309,7 @@ _GPU_FIELDS = {
     "memory_reserved_mib", "process_list_capacity", "grow_between_calls",
     "sample_clock", "sample_phase", "sample_jitter_ms", "late_samples", "missing_samples",
     "samples_not_found", "process_utilization", "duplicate_process_samples", "stray_process_samples",
-    "replay",
+    "replay", "health",
 }
 PROCESS_UTILIZATION = ("per-period", "per-call")
 #: what a replayed recording supplies, so a replayed GPU cannot also give it
@@ -576,6 +579,7 @@ def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> G
         grow_between_calls=_growth(spec.get("grow_between_calls", 0), f"{where}.grow_between_calls"),
         **_sample_timing(spec, where),
         replay=recording,
+        health=parse_health(spec.get("health"), f"{where}.health", ScenarioError),
     )
 
 

@@ -1,0 +1,241 @@
+"""The health and power series of ``/metrics``: read when scraped, never waited on for long.
+
+A scrape asks the reader (`NvmlReader.health`) to read each card's figures in
+its worker thread, and the XID counts with them, and waits for the answers at
+most `HEALTH_WAIT` seconds (the page is sent then, whatever is still out): a
+call stuck in the driver delays a scrape by that long and no more, and the
+page marks the cards whose figures are from an earlier reading
+(``atopgpud_gpu_health_stale 1``) with their age; while the reader's thread
+is in a call the hang watchdog already counts as hung, a scrape does not wait.  A card whose reading is
+still out is not asked again until it answers, so a stuck call never piles
+jobs up behind it; a reading younger than `FRESH` seconds is reused, so two
+scrapers do not double the calls.  Nobody scraping costs nothing.  The series
+are listed in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from atopgpud_tw.health import CardHealth
+from atopgpud_tw.problems import ProblemLog
+
+log = Logger()
+
+#: seconds a scrape waits for the figures it asked for
+HEALTH_WAIT = 2.0
+#: a reading this young is shown again rather than read again
+FRESH = 0.5
+CARD_LABELS = ["busid", "type"]
+
+#: metric -> (type, help, extra labels), in the order the page lists them
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "atopgpud_gpu_temperature_celsius": ("gauge", "GPU temperature.", ()),
+    "atopgpud_gpu_memory_temperature_celsius": ("gauge", "GPU memory (HBM) temperature.", ()),
+    "atopgpud_gpu_power_watts": ("gauge", "Power drawn by the GPU now.", ()),
+    "atopgpud_gpu_power_limit_watts": ("gauge", "The power limit the driver enforces.", ()),
+    "atopgpud_gpu_energy_joules_total": ("counter", "Energy the GPU used since the driver was loaded.", ()),
+    "atopgpud_gpu_clock_hertz": ("gauge", "Current clock frequency, by clock domain.", ("clock",)),
+    "atopgpud_gpu_clocks_event_active": ("gauge", "1 while this reason holds the clocks down (throttling).",
+                                         ("reason",)),
+    "atopgpud_gpu_performance_state": ("gauge", "Performance state (0 = P0, the highest, to 15).", ()),
+    "atopgpud_gpu_fan_speed_percent": ("gauge", "Fan speed as a percentage of its maximum.", ()),
+    "atopgpud_gpu_ecc_errors_total": ("counter", "ECC errors, by kind and by counter (volatile: since the "
+                                      "driver was loaded; aggregate: the GPU's lifetime).", ("error", "counter")),
+    "atopgpud_gpu_remapped_rows": ("gauge", "Memory rows remapped, by the kind of error that caused it.",
+                                   ("cause",)),
+    "atopgpud_gpu_row_remap_pending": ("gauge", "1 if a row remapping waits for a GPU reset.", ()),
+    "atopgpud_gpu_row_remap_failed": ("gauge", "1 if a row remapping failed.", ()),
+    "atopgpud_gpu_pcie_replays_total": ("counter", "PCIe replays (retransmissions) of the GPU's link.", ()),
+}
+
+
+class HealthSource(Protocol):
+    """What the cache needs of a reader (`NvmlReader` has it)."""
+
+    def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]: ...
+
+    def xid_counts(self) -> Deferred | None: ...
+
+
+class HealthCache:
+    """The latest health reading of each card, refreshed when a scrape asks."""
+
+    def __init__(
+        self, source: HealthSource, clock: IReactorTime, wait: float = HEALTH_WAIT, watchdog: Any = None
+    ) -> None:
+        self.source = source
+        self.clock = clock
+        self.wait = wait
+        #: the reader's HangWatchdog: while a call in its thread is hung, a scrape does not wait
+        self.watchdog = watchdog
+        self.readings: dict[str, CardHealth] = {}
+        self.read_at: dict[str, float] = {}
+        self.xids: dict[tuple[str, int], int] = {}
+        #: the cards that report XID events
+        self.xid_cards: set[str] = set()
+        #: cards (and "xid") whose reading is out, by key
+        self.pending: dict[str, Deferred] = {}
+        self._problems: dict[str, ProblemLog] = {}
+        #: readings whose job raised (a bug, or a binding gone wrong), logged once each
+        self._failing: set[str] = set()
+
+    def refresh(self) -> Deferred:
+        """Ask for fresh readings; fires (with None) when all are in, or after `wait` seconds."""
+        now = self.clock.seconds()
+        offered: set[str] = set()
+
+        def wanted(key: str) -> bool:
+            offered.add(key)
+            return key not in self.pending and now - self.read_at.get(key, -1e9) >= FRESH
+
+        jobs = self.source.health(wanted)
+        for key in set(self.readings) - offered - set(self.pending):
+            # a card the reader no longer has (NVML being set up again, a card gone for good)
+            del self.readings[key], self.read_at[key]
+        for key, job in jobs:
+            self.pending[key] = job
+            job.addCallbacks(self._stored, self._failed, callbackArgs=(key,), errbackArgs=(key,))
+        if "xid" not in self.pending:
+            job = self.source.xid_counts()
+            if job is not None:
+                self.pending["xid"] = job
+                job.addCallbacks(self._counted, self._failed, errbackArgs=("xid",))
+        if self._hung():
+            return self._first_of([])  # the jobs queue behind a hung call: the page goes out now
+        return self._first_of(list(self.pending.values()))
+
+    def _hung(self) -> bool:
+        watchdog = self.watchdog
+        if watchdog is None:
+            return False
+        return bool(watchdog.running_seconds() >= min(watchdog.after, self.wait))
+
+    def _first_of(self, jobs: list[Deferred]) -> Deferred:
+        done: Deferred = Deferred()
+        if not jobs:
+            done.callback(None)
+            return done
+        left = [len(jobs)]
+
+        def one(result: Any) -> Any:
+            left[0] -= 1
+            if left[0] == 0 and not done.called:
+                timer.cancel()
+                done.callback(None)
+            return result
+
+        def late() -> None:
+            if not done.called:
+                done.callback(None)
+
+        timer = self.clock.callLater(self.wait, late)
+        for job in jobs:
+            job.addBoth(one)
+        return done
+
+    def _stored(self, reading: CardHealth, key: str) -> None:
+        self.pending.pop(key, None)
+        self._failing.discard(key)
+        self.readings[key] = reading
+        self.read_at[key] = self.clock.seconds()
+        self._problems.setdefault(key, ProblemLog("health")).report(reading.problems)
+
+    def _counted(self, outcome: tuple[dict[tuple[str, int], int], set[str]]) -> None:
+        self.pending.pop("xid", None)
+        self._failing.discard("xid")
+        self.xids, self.xid_cards = outcome
+
+    def _failed(self, failure: Any, key: str) -> None:
+        self.pending.pop(key, None)
+        if key not in self._failing:  # once until it works again, not at every scrape
+            self._failing.add(key)
+            log.failure("health: reading {key} failed", failure, key=key)
+
+    def stale(self, key: str) -> bool:
+        """Whether the figures shown for a card are older than the reading asked for."""
+        return key in self.pending
+
+
+class HealthCollector:
+    """A prometheus_client collector over a `HealthCache`, read at scrape time."""
+
+    def __init__(self, cache: HealthCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Any] = {}
+        for name, (kind, text, extra) in FAMILIES.items():
+            make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            families[name] = make(name.removesuffix("_total") if kind == "counter" else name, text,
+                                  labels=CARD_LABELS + list(extra))
+        stale = GaugeMetricFamily("atopgpud_gpu_health_stale", "1 if the health figures shown are from an "
+                                  "earlier reading: the latest did not answer in time.", labels=CARD_LABELS)
+        age = GaugeMetricFamily("atopgpud_gpu_health_age_seconds", "Seconds since the health figures shown "
+                                "were read.", labels=CARD_LABELS)
+        xid = CounterMetricFamily("atopgpud_gpu_xid_errors", "XID critical errors the driver reported, by XID "
+                                  "code, since the daemon started.", labels=CARD_LABELS + ["xid"])
+        now = self.cache.clock.seconds()
+        cards = {}
+        for key, reading in sorted(self.cache.readings.items(), key=lambda item: item[1].busid):
+            labels = [reading.busid, reading.name]
+            cards[key] = labels
+            stale.add_metric(labels, 1 if self.cache.stale(key) else 0)
+            age.add_metric(labels, max(0.0, now - self.cache.read_at[key]))
+            for (name, extra), value in reading.values.items():
+                families[name].add_metric(labels + [v for _, v in extra], value)
+        events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
+                                     "reported since the daemon started (0 from the start, for alerts).",
+                                     labels=CARD_LABELS)
+        totals = dict.fromkeys(self.cache.xid_cards & set(cards), 0)
+        for (key, code), count in sorted(self.cache.xids.items()):
+            if key in cards:
+                xid.add_metric(cards[key] + [str(code)], count)
+                totals[key] = totals.get(key, 0) + count
+        for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
+            events.add_metric(cards[key], count)
+        yield from families.values()
+        yield from (xid, events, stale, age)
+
+
+class HealthWaiting(Resource):
+    """Wraps ``/metrics``: a GET first has the health figures refreshed (within the bound)."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Resource, cache: HealthCache) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cache = cache
+
+    def render_GET(self, request: Request) -> Any:
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+        def send(_: Any) -> None:
+            if gone:
+                return  # the scraper hung up while the figures were read
+            body = self.inner.render(request)
+            if isinstance(body, bytes):
+                request.write(body)
+                request.finish()
+            # else the page is written, and the request finished, by the inner resource
+
+        def failed(failure: Any) -> None:
+            log.failure("health: scrape failed", failure)
+            if not gone:
+                request.setResponseCode(500)
+                request.finish()
+
+        self.cache.refresh().addCallback(send).addErrback(failed)
+        return NOT_DONE_YET
+
+    def render_HEAD(self, request: Request) -> bytes:
+        return self.inner.render(request)

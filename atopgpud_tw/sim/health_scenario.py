@@ -1,0 +1,189 @@
+"""The health and power figures of a simulated GPU: the ``health`` object of a scenario GPU.
+
+Each figure is a *played value*: a number (constant), a list of numbers
+(cycled one entry per second of simulated time, so that what is reported does
+not depend on who asks how often), ``{"steps": [[t, v], ...]}`` (``v`` from
+time ``t`` on; the first value before the first step), or ``null``: the
+device cannot report it, and its NVML function answers NOT_SUPPORTED.  The
+total energy is the integral of the played power, so its increase over a span
+is exactly the power times the time.  docs/simulator.md lists the fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Number = float | int
+
+#: the C symbols of the health figures and NVML events (atopgpud_tw/sim/health_library.py)
+HEALTH_SYMBOLS = (
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetFanSpeed",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
+)
+
+#: field -> (default, minimum, maximum); every one may be null (not supported)
+FIELDS: dict[str, tuple[Number | None, float, float | None]] = {
+    "temperature_c": (40, 0, None),
+    "memory_temperature_c": (None, 0, None),
+    "power_w": (60, 0, None),
+    "power_limit_w": (300, 0, None),
+    "energy_start_j": (0, 0, None),
+    "sm_clock_mhz": (1410, 0, None),
+    "memory_clock_mhz": (1215, 0, None),
+    "graphics_clock_mhz": (1410, 0, None),
+    "clocks_event_reasons": (0, 0, 2**64 - 1),
+    "performance_state": (0, 0, 15),
+    "fan_percent": (None, 0, 100),
+    "ecc_corrected_volatile": (0, 0, None),
+    "ecc_corrected_aggregate": (0, 0, None),
+    "ecc_uncorrected_volatile": (0, 0, None),
+    "ecc_uncorrected_aggregate": (0, 0, None),
+    "remapped_rows_correctable": (0, 0, None),
+    "remapped_rows_uncorrectable": (0, 0, None),
+    "remapped_rows_pending": (0, 0, 1),
+    "remapped_rows_failed": (0, 0, 1),
+    "pcie_replays": (0, 0, None),
+}
+KNOWN = set(FIELDS) | {"xid_events"}
+
+
+@dataclass(frozen=True)
+class Played:
+    """A value over simulated time: constant, cycled per second, or steps."""
+
+    constant: Number | None = None
+    cycle: tuple[Number, ...] = ()
+    steps: tuple[tuple[float, Number], ...] = ()
+
+    def at(self, t: float) -> Number:
+        if self.cycle:
+            return self.cycle[int(math.floor(t)) % len(self.cycle)]
+        if self.steps:
+            value = self.steps[0][1]
+            for when, step in self.steps:
+                if when <= t:
+                    value = step
+            return value
+        assert self.constant is not None
+        return self.constant
+
+    def integral(self, t: float) -> float:
+        """The integral of the value from 0 to `t`."""
+        if t <= 0:
+            return 0.0
+        if self.cycle:
+            whole, rest = int(math.floor(t)), t - math.floor(t)
+            n = len(self.cycle)
+            done = (whole // n) * sum(self.cycle) + sum(self.cycle[: whole % n])
+            return done + self.cycle[whole % n] * rest
+        if self.steps:
+            total, start, value = 0.0, 0.0, self.steps[0][1]
+            for when, step in self.steps:
+                if when >= t:
+                    break
+                if when > start:
+                    total += value * (when - start)
+                    start = when
+                value = step
+            return total + value * (t - start)
+        assert self.constant is not None
+        return float(self.constant) * t
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """A GPU's health figures: field name -> Played, or None where it cannot report it."""
+
+    figures: tuple[tuple[str, Played | None], ...] = ()
+    #: (time, XID code): an XID critical-error event at that time
+    xid_events: tuple[tuple[float, int], ...] = ()
+    #: the device has XID events (``"xid_events": null``: registering for them is NOT_SUPPORTED)
+    xid_supported: bool = True
+
+    def played(self, name: str) -> Played | None:
+        return dict(self.figures).get(name)
+
+
+def default_health() -> HealthSpec:
+    return parse_health(None, "health", _no_error)
+
+
+def _no_error(message: str) -> Exception:
+    return ValueError(message)
+
+
+def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> HealthSpec:
+    """Check a scenario GPU's ``health`` object (None: every default)."""
+    spec = {} if value is None else value
+    if not isinstance(spec, dict):
+        raise error(f"{where} must be an object")
+    for key in spec:
+        if key not in KNOWN and not str(key).startswith("_"):
+            raise error(f"{where}.{key} is not a known field")
+    figures = []
+    for name, (default, low, high) in FIELDS.items():
+        raw = spec.get(name, default)
+        figures.append((name, None if raw is None else _played(raw, f"{where}.{name}", low, high, error)))
+    events = []
+    listed = spec.get("xid_events", [])
+    if listed is None:
+        return HealthSpec(tuple(figures), (), xid_supported=False)
+    if not isinstance(listed, list):
+        raise error(f"{where}.xid_events must be a list of [time, xid]")
+    for i, entry in enumerate(listed):
+        if (
+            not isinstance(entry, list) or len(entry) != 2 or not _is_number(entry[0]) or entry[0] < 0
+            or isinstance(entry[1], bool) or not isinstance(entry[1], int) or entry[1] <= 0
+        ):
+            raise error(f"{where}.xid_events[{i}] must be [time, xid]: seconds >= 0 and a positive integer")
+        events.append((float(entry[0]), entry[1]))
+    return HealthSpec(tuple(figures), tuple(sorted(events)))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checked(value: Any, where: str, low: float, high: float | None, error: Callable[[str], Exception]) -> Number:
+    if not _is_number(value):
+        raise error(f"{where} must be a number, a list of numbers, {{\"steps\": [[t, v], ...]}} or null")
+    if value < low or (high is not None and value > high):
+        raise error(f"{where} must be from {low} to {high}" if high is not None else f"{where} must be at least {low}")
+    return value
+
+
+def _played(value: Any, where: str, low: float, high: float | None, error: Callable[[str], Exception]) -> Played:
+    if isinstance(value, list):
+        if not value:
+            raise error(f"{where} must not be an empty list")
+        return Played(cycle=tuple(_checked(v, where, low, high, error) for v in value))
+    if isinstance(value, dict):
+        if set(value) != {"steps"} or not isinstance(value["steps"], list) or not value["steps"]:
+            raise error(f"{where} as an object must be {{\"steps\": [[t, v], ...]}}, at least one step")
+        steps = []
+        for i, step in enumerate(value["steps"]):
+            if not isinstance(step, list) or len(step) != 2 or not _is_number(step[0]) or step[0] < 0:
+                raise error(f"{where}.steps[{i}] must be [t, v] with t >= 0")
+            if steps and step[0] <= steps[-1][0]:
+                raise error(f"{where}.steps[{i}] must come after the step before it")
+            steps.append((float(step[0]), _checked(step[1], f"{where}.steps[{i}]", low, high, error)))
+        return Played(steps=tuple(steps))
+    return Played(constant=_checked(value, where, low, high, error))
