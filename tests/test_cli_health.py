@@ -70,6 +70,7 @@ def test_no_daemon_is_exit_status_1_and_bad_usage_2(capsys):
     assert stopped.value.code == 2
 
 
+@pytest.mark.e2e
 def test_health_json_from_a_daemon_on_the_simulator(tmp_path, capsys):
     """Against a daemon: the scenario's power, its unsupported fan left null, its XID counted."""
     port = free_port()

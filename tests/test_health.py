@@ -228,6 +228,7 @@ def test_scenario_health_errors_name_the_field():
             parse_scenario({"gpus": [{"health": health}]})
 
 
+@pytest.mark.e2e
 def test_daemon_serves_health_and_marks_a_hung_call_stale(tmp_path):
     """Over HTTP: the figures are there, and while a health call hangs the scrape still answers, stale."""
     port = free_port()

@@ -116,6 +116,7 @@ def test_every_corpus_report_gives_only_known_series_and_no_fake_values():
                 assert figure >= 0, (path.name, metric)
 
 
+@pytest.mark.e2e
 def test_daemon_on_nvidia_smi_serves_the_health_series(tmp_path):
     """--reader nvidia-smi: /metrics has the report's health figures, with no XID series."""
     port = free_port()
