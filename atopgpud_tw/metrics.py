@@ -21,7 +21,7 @@ is listed in docs/metrics.md.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeGuard, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -56,7 +56,7 @@ class PollStatistics(Protocol):
     failed_polls: dict[str, int]
 
 
-def _known(value: int | None) -> bool:
+def _known(value: int | None) -> TypeGuard[int]:
     """A figure worth exporting: decided (not None) and supported (not -1)."""
     return value is not None and value >= 0
 
@@ -267,12 +267,14 @@ class MetricsSite(Site):
     """The metrics web site within `WebLimits`, without an access-log line per scrape."""
 
     noisy = False
-    protocol = BoundedChannel
+    protocol = BoundedChannel  # type: ignore[assignment]  # Twisted types it as a callable
     requestFactory = BoundedRequest
 
     def __init__(self, resource: Resource, limits: WebLimits | None = None, clock: IReactorTime | None = None) -> None:
         if clock is None:
-            from twisted.internet import reactor as clock  # type: ignore[assignment]
+            from twisted.internet import reactor
+
+            clock = cast(IReactorTime, reactor)
         super().__init__(resource, reactor=clock)
         self.guard = WebGuard(limits or WebLimits(), clock)
 
@@ -287,7 +289,7 @@ class MetricsSite(Site):
         self.guard.stop()
         super().stopFactory()
 
-    def log(self, request: Request) -> None:
+    def log(self, request: Any) -> None:
         pass  # a scrape every few seconds is not worth a log line
 
 
@@ -333,11 +335,12 @@ def make_site(
     `in_thread` runs the encoding of the polled part (default: in the reactor's
     thread pool)."""
     collector = BoardCollector(board, poller, interval, processes, calls)
-    if clock is None:
-        from twisted.internet import reactor as clock  # type: ignore[assignment]
+    reactor: Any = clock
+    if reactor is None:
+        from twisted.internet import reactor
 
     def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
-        return deferToThreadPool(clock, clock.getThreadPool(), render)  # type: ignore[attr-defined]
+        return deferToThreadPool(reactor, reactor.getThreadPool(), render)
 
     live = _registry(collector.live)
     if health is not None:

@@ -104,10 +104,10 @@ class HealthCache:
             self.pending[key] = job
             job.addCallbacks(self._stored, self._failed, callbackArgs=(key,), errbackArgs=(key,))
         if "xid" not in self.pending:
-            job = self.source.xid_counts()
-            if job is not None:
-                self.pending["xid"] = job
-                job.addCallbacks(self._counted, self._failed, errbackArgs=("xid",))
+            counting = self.source.xid_counts()
+            if counting is not None:
+                self.pending["xid"] = counting
+                counting.addCallbacks(self._counted, self._failed, errbackArgs=("xid",))
         if self._hung():
             return self._first_of([])  # the jobs queue behind a hung call: the page goes out now
         return self._first_of(list(self.pending.values()))
@@ -189,8 +189,8 @@ class HealthCollector:
             cards[key] = labels
             stale.add_metric(labels, 1 if self.cache.stale(key) else 0)
             age.add_metric(labels, max(0.0, now - self.cache.read_at[key]))
-            for (name, extra), value in reading.values.items():
-                families[name].add_metric(labels + [v for _, v in extra], value)
+            for (series, pairs), value in reading.values.items():
+                families[series].add_metric(labels + [v for _, v in pairs], value)
         events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
                                      "reported since the daemon started (0 from the start, for alerts).",
                                      labels=CARD_LABELS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-from typing import Any
+from typing import Any, cast
 
 from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
@@ -207,7 +207,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
 
         # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
         calls = getattr(reader, "watchdog", None)
-        health = HealthCache(reader, reactor, watchdog=calls) if hasattr(reader, "health") else None
+        health = HealthCache(cast(Any, reader), reactor, watchdog=calls) if hasattr(reader, "health") else None
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], calls,
             WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=health,

@@ -59,7 +59,7 @@ class MigSlot(NamedTuple):
     card_key: str
     card_busid: str
     #: ``<mig_device><index>``, the "Device N" of ``nvidia-smi -L``
-    index: int
+    index: int  # type: ignore[assignment]  # a field, not tuple.index
     gpu_instance: int
     compute_instance: int
     multiprocessors: int | None
@@ -228,7 +228,7 @@ def _whole_card(
     gpu: ET.Element, card: _Card, entries: list | None, problems: dict[str, str], mig: bool = False
 ) -> DeviceSample:
     owner = (card.key, card.busid)
-    busy = [UNSUPPORTED, UNSUPPORTED]
+    busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
     if not mig:  # a card in MIG mode has no utilization of its own (NVML-FACTS.md section 5)
         busy = [_reading(gpu, path, _percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (_reading(gpu, path, _kib, 0, owner, problems) for path in _MEMORY)
@@ -250,10 +250,10 @@ def _slots(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> list[tuple
     slots = []
     for device in gpu.findall("mig_devices/mig_device"):
         ids = [_integer(_value(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id")]
-        if None in ids:
+        index, gi, ci = ids
+        if index is None or gi is None or ci is None:
             problems[f"{card.key} mig-ids"] = f"GPU {card.busid}: a MIG device without ids is left out"
             continue
-        index, gi, ci = ids
         owner = (mig_key(card.key, gi, ci), card.busid)
         total = _reading(device, _MEMORY[0], _kib, 0, owner, problems)
         sms = _integer(_value(device, "device_attributes/shared/multiprocessor_count"))
@@ -301,7 +301,7 @@ def _folded(card: _Card, instances: list[DeviceSample]) -> DeviceSample:
     processes = None
     if all(device.processes is not None for device in instances):
         # a pid on two instances holds memory on both: summed, not the larger
-        processes = _merged((p for device in instances for p in device.processes), add_memory=True)
+        processes = _merged((p for device in instances for p in device.processes or ()), add_memory=True)
     return DeviceSample(
         card.key,
         card.busid,
@@ -434,7 +434,8 @@ def _integer(text: str | None) -> int | None:
 
 
 def _sum(values: list[int | None]) -> int | None:
-    return None if None in values else sum(values)
+    known = [value for value in values if value is not None]
+    return None if len(known) < len(values) else sum(known)
 
 
 def _first_line(text: str) -> str:

@@ -57,7 +57,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         if not all(outs):
             return INVALID_ARGUMENT
         for out, value in zip(outs, values):
-            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)
+            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)  # type: ignore[arg-type]  # checked not NULL above
         return SUCCESS
 
     def field_values(device: int | None, count: int, buffer: int | None) -> int:

@@ -178,7 +178,7 @@ def _played(value: Any, where: str, low: float, high: float | None, error: Calla
     if isinstance(value, dict):
         if set(value) != {"steps"} or not isinstance(value["steps"], list) or not value["steps"]:
             raise error(f"{where} as an object must be {{\"steps\": [[t, v], ...]}}, at least one step")
-        steps = []
+        steps: list[Any] = []
         for i, step in enumerate(value["steps"]):
             if not isinstance(step, list) or len(step) != 2 or not _is_number(step[0]) or step[0] < 0:
                 raise error(f"{where}.steps[{i}] must be [t, v] with t >= 0")

@@ -392,7 +392,7 @@ class SimulatedNvml(HealthDriver):
             for stamp, start, end in self._periods(gpu, timeStamp, self._sample_base_us(gpu))
         ]
         if not gpu.idle_samples:
-            out = [s for s in out if s.sampleValue.uiVal]
+            out = [s for s in out if s.sampleValue.uiVal]  # type: ignore[attr-defined]  # a ctypes field
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return NVML_VALUE_TYPE_UNSIGNED_INT, out
@@ -457,7 +457,7 @@ class SimulatedNvml(HealthDriver):
         elif gpu.mig is not None:
             parts = self._instances(gpu, now)
         else:
-            parts = [gpu]
+            parts = [gpu]  # type: ignore[list-item]  # a card out of MIG mode is its own part
         used = sum(self._next((handle.gpu, _part(p), "memory"), p.memory_used_mib) for p in parts)
         # the card itself always has all its memory; its use is what its instances use
         total = gpu.memory_total_mib if handle.instance is None else handle.instance.memory_total_mib
@@ -549,26 +549,26 @@ class SimulatedNvml(HealthDriver):
     # -- a replayed recording (sim/replay.py), in simulated time --
 
     def _replay_rates(self, gpu: GpuSpec) -> c_nvmlUtilization_t:
-        found = replay.rates(gpu.replay, self._clock())
+        found = replay.rates(_recording(gpu), self._clock())
         if found is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         return c_nvmlUtilization_t(gpu=found[0], memory=found[1])
 
     def _replay_samples(self, gpu: GpuSpec, field: str, since: int) -> tuple[int, list[c_nvmlSample_t]]:
         out = [_sample(stamp, value) for stamp, value in
-               replay.samples(gpu.replay, field, self._clock(), self._sample_base_us(gpu), since)]
+               replay.samples(_recording(gpu), field, self._clock(), self._sample_base_us(gpu), since)]
         if not out:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
         return NVML_VALUE_TYPE_UNSIGNED_INT, out
 
     def _replay_memory(self, gpu: GpuSpec, version: Any) -> c_nvmlMemory_t:
-        found = replay.memory(gpu.replay, self._clock(), v2=version is not None)
+        found = replay.memory(_recording(gpu), self._clock(), v2=version is not None)
         if version is None:
             return c_nvmlMemory_t(total=found[0], used=found[1], free=found[2])
         return c_nvmlMemory_t(version=version, total=found[0], used=found[1], free=found[2], reserved=found[3])
 
     def _replay_running(self, gpu: GpuSpec, kind: str) -> list[nvmlFriendlyObject]:
-        listed = replay.running(gpu.replay, kind, self._clock())
+        listed = replay.running(_recording(gpu), kind, self._clock())
         if listed is None:
             raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
         return [
@@ -582,7 +582,7 @@ class SimulatedNvml(HealthDriver):
                 pid=pid, timeStamp=stamp, smUtil=sm, memUtil=mem, encUtil=enc, decUtil=dec
             )
             for stamp, pid, sm, mem, enc, dec in replay.process_samples(
-                gpu.replay, self._clock(), self._sample_base_us(gpu), since
+                _recording(gpu), self._clock(), self._sample_base_us(gpu), since
             )
         ]
         if not out:
@@ -602,12 +602,18 @@ def _process_per_call(proc: ProcessSpec) -> bool:
     return isinstance(proc.sm_util, (list, tuple)) or isinstance(proc.mem_util, (list, tuple))
 
 
+def _recording(gpu: GpuSpec) -> replay.Recording:
+    """The recording a replayed GPU plays (asked for only when there is one)."""
+    assert gpu.replay is not None
+    return gpu.replay
+
+
 def _process_levels(proc: ProcessSpec, start: float, end: float) -> tuple[float, float]:
     """A process's SM and memory busy percentages over one period (0 when it did not run)."""
     if not (proc.alive(start) or proc.alive(end)):
         return 0.0, 0.0
     if proc.sm_timeline is None and proc.mem_timeline is None:
-        return float(proc.sm_util or 0), float(proc.mem_util or 0)
+        return float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
     sm = proc.sm_timeline.percent(start, end) if proc.sm_timeline else 0.0
     mem = proc.mem_timeline.percent(start, end) if proc.mem_timeline else 0.0
     return float(sm or 0), float(mem or 0)

@@ -258,7 +258,7 @@ def cycled(value: Cycled, index: int) -> Number | None:
     """The value of a cycled field at sample `index`."""
     if isinstance(value, (list, tuple)):
         return value[index % len(value)] if value else None
-    return value
+    return value  # type: ignore[return-value]  # a number, or None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -408,7 +408,7 @@ def _timeline(value: Any, where: str) -> Timeline | None:
         return None
     spec = _object(value, where, _TIMELINE_FIELDS)
     period = _number(spec.get("period"), f"{where}.period", minimum=0.001)
-    busy = []
+    busy: list[Any] = []
     for i, spell in enumerate(_list(spec.get("busy", []), f"{where}.busy")):
         if not isinstance(spell, list) or len(spell) != 2:
             raise ScenarioError(f"{where}.busy[{i}] must be [from, until]")
