@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot
-
-_KIND_ORDER = ("C", "G", "C+G")
+from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot, merge_processes
 
 
 @dataclass(slots=True)
@@ -145,14 +143,6 @@ def _accumulate(cum: int | None, value: int | None) -> int:
     if cum == UNSUPPORTED or value == UNSUPPORTED:
         return UNSUPPORTED
     return (cum or 0) + (value or 0)
-
-
-def _merge_kind(a: str, b: str) -> str:
-    if a == b:
-        return a
-    if {a, b} <= set(_KIND_ORDER):
-        return "C+G"
-    return a
 
 
 class Counters:
@@ -291,17 +281,4 @@ class Counters:
 
 def _merge_duplicates(processes: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:
     """One sample per pid: the first listed, its kind merged with the others' (C+G)."""
-    merged: dict[int, ProcessSample] = {}
-    for proc in processes:
-        first = merged.get(proc.pid)
-        if first is None:
-            merged[proc.pid] = proc
-        elif first.kind != proc.kind:
-            merged[proc.pid] = ProcessSample(
-                first.pid,
-                _merge_kind(first.kind, proc.kind),
-                first.memory_kib,
-                first.gpu_busy,
-                first.mem_busy,
-            )
-    return merged
+    return {proc.pid: proc for proc in merge_processes(processes)}

@@ -14,7 +14,7 @@ and know nothing of counters or sockets.  Values follow one convention throughou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 UNSUPPORTED = -1
 
@@ -58,12 +58,66 @@ class DeviceSample:
     processes: tuple[ProcessSample, ...] | None = ()
     present: bool = True
 
+    def absent(self) -> DeviceSample:
+        """This device as one that cannot be read now: its identity, no readings."""
+        return DeviceSample(
+            key=self.key, busid=self.busid, name=self.name, task_support=self.task_support, present=False
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Every device of one poll, in the order the reader discovered them."""
 
     devices: tuple[DeviceSample, ...] = field(default_factory=tuple)
+
+
+#: process kinds: compute, graphics, and both (a pid that both lists name)
+KINDS = ("C", "G", "C+G")
+#: how a card in MIG mode is shown: each instance a device, or the card as one
+MIG_MODES = ("instances", "card")
+
+
+def mig_mode(value: str) -> str:
+    """`value` if it is one of `MIG_MODES`; ValueError naming them if not."""
+    if value not in MIG_MODES:
+        raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {value!r}")
+    return value
+
+
+def merge_kind(first: str, second: str) -> str:
+    """The kind of a pid listed as `first` and as `second`: "C+G" when they differ."""
+    if first == second:
+        return first
+    return "C+G" if first in KINDS and second in KINDS else first
+
+
+def merge_processes(samples: Iterable[ProcessSample], memory: str = "first") -> tuple[ProcessSample, ...]:
+    """One sample per pid, in the order pids are first listed; its kind merged
+    (`merge_kind`) and its busy figures the first entry's.
+
+    `memory` says what a pid listed more than once holds: ``first`` (the first
+    entry's), ``max`` (one allocation listed under both kinds; failed if either
+    read failed) or ``sum`` (a pid on two MIG instances holds memory on both).
+    """
+    found: dict[int, ProcessSample] = {}
+    for sample in samples:
+        seen = found.get(sample.pid)
+        if seen is None:
+            found[sample.pid] = sample
+            continue
+        if memory == "first":
+            if seen.kind != sample.kind:
+                found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind))
+            continue
+        if memory == "sum":
+            held = add_memory(seen.memory_kib, sample.memory_kib)
+        elif seen.memory_kib is None or sample.memory_kib is None:
+            held = None
+        else:
+            held = max(seen.memory_kib, sample.memory_kib)
+        found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind), memory_kib=held)
+    return tuple(found.values())
 
 
 def add_memory(first: int | None, second: int | None) -> int | None:

@@ -22,6 +22,7 @@ from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
 from atopgpud_tw.signals import SignalService
+from atopgpud_tw.snapshot import MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
@@ -124,7 +125,7 @@ class Options(usage.Options):
         ["hang-warning", None, 10.0, "Seconds an NVML call may run before it is logged as hung "
          "(once, and once more when it returns).", _seconds("hang-warning")],
         ["mig", None, "instances", "How a card in MIG mode is shown: instances (each "
-         "MIG instance a device) or card (one device).", _choice("mig", "instances", "card")],
+         "MIG instance a device) or card (one device).", _choice("mig", *MIG_MODES)],
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
          "until it asks again; the oldest are dropped beyond this.", _count("max-exited")],
         ["max-clients", None, 256, "Clients connected at once; more are closed at once.", _count("max-clients")],

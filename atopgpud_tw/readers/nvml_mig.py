@@ -33,7 +33,7 @@ from atopgpud_tw.readers.nvml_device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.snapshot import DeviceSample, ProcessSample, add_memory
+from atopgpud_tw.snapshot import DeviceSample, ProcessSample, merge_processes
 
 log = Logger()
 
@@ -246,18 +246,4 @@ def _sum(values: list[int | None]) -> int | None:
 
 def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
     """One entry per pid; a pid on two instances holds memory on both."""
-    merged: dict[int, ProcessSample] = {}
-    for listed in lists:
-        for proc in listed:
-            seen = merged.get(proc.pid)
-            if seen is None:
-                merged[proc.pid] = proc
-                continue
-            merged[proc.pid] = ProcessSample(
-                proc.pid,
-                seen.kind if seen.kind == proc.kind else "C+G",
-                add_memory(seen.memory_kib, proc.memory_kib),
-                seen.gpu_busy,
-                seen.mem_busy,
-            )
-    return tuple(merged.values())
+    return merge_processes((proc for listed in lists for proc in listed), memory="sum")

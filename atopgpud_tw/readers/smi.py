@@ -26,7 +26,6 @@ from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi_health import read_cards_health
 from atopgpud_tw.readers.smi_parse import (
-    MIG_MODES,
     MigSlot,
     SmiReportError,
     mig_slots,
@@ -35,7 +34,7 @@ from atopgpud_tw.readers.smi_parse import (
     read_devices,
     read_report,
 )
-from atopgpud_tw.snapshot import DeviceSample, Snapshot
+from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
 log = Logger()
 
@@ -52,8 +51,7 @@ class SmiReader:
     def __init__(
         self, reactor: Any, binary: str | None, timeout: float = 5.0, mig: str = "instances"
     ) -> None:
-        if mig not in MIG_MODES:
-            raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
+        mig_mode(mig)
         self._reactor = reactor
         self._configured = binary
         self._binary: str | None = None
@@ -162,7 +160,7 @@ class SmiReader:
         for device in devices:
             self._known[device.key] = device
         current = {device.key for device in devices}
-        gone = tuple(_absent(d) for key, d in self._known.items() if key not in current)
+        gone = tuple(d.absent() for key, d in self._known.items() if key not in current)
         return Snapshot(devices + gone)
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
@@ -232,7 +230,3 @@ class SmiReader:
             self._child.fail("was stopped: the reader is closing")
 
 
-def _absent(sample: DeviceSample) -> DeviceSample:
-    return DeviceSample(
-        key=sample.key, busid=sample.busid, name=sample.name, task_support=sample.task_support, present=False
-    )

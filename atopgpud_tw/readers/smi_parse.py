@@ -20,10 +20,16 @@ import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 from atopgpud_tw.identity import CardKeys, mig_busid, mig_key, mig_profile
-from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, clamp_percent
-from atopgpud_tw.snapshot import add_memory as add_memory_figures
+from atopgpud_tw.snapshot import (
+    KINDS,
+    UNSUPPORTED,
+    DeviceSample,
+    ProcessSample,
+    clamp_percent,
+    merge_processes,
+    mig_mode,
+)
 
-MIG_MODES = ("instances", "card")
 #: memory figures beyond this (4 PiB) are a garbled report, not a device
 MAX_MEMORY_MIB = 2**32
 #: pids and instance ids beyond this are no Linux pid (PID_MAX_LIMIT is 2**22)
@@ -39,7 +45,6 @@ _NOT_AVAILABLE = {
 }
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%?")
 _MIB = re.compile(r"(\d+(?:\.\d+)?)\s*MiB", re.IGNORECASE)
-_PROCESS_KINDS = ("C", "G", "C+G")
 _BUSY = ("utilization/gpu_util", "utilization/memory_util")
 _MEMORY = ("fb_memory_usage/total", "fb_memory_usage/used")
 _REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
@@ -106,8 +111,7 @@ def read_devices(
     `keys` keeps cards' keys across reports (a reader's own); without it they are
     unique within this report only.
     """
-    if mig not in MIG_MODES:
-        raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
+    mig_mode(mig)
     problems: dict[str, str] = {}
     devices: list[DeviceSample] = []
     found = [(gpu, _card(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
@@ -241,7 +245,7 @@ def _whole_card(
         mem_busy=busy[1],
         memory_total_kib=total,
         memory_used_kib=used,
-        processes=None if entries is None else _merged(s for _, _, s in entries),
+        processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
     )
 
 
@@ -273,7 +277,8 @@ def _instances(
     for slot, element in slots:
         gi, ci = slot.gpu_instance, slot.compute_instance
         key = mig_key(card.key, gi, ci)
-        processes = None if entries is None else _merged(s for g, c, s in entries if (g, c) == (gi, ci))
+        mine = None if entries is None else (s for g, c, s in entries if (g, c) == (gi, ci))
+        processes = None if mine is None else merge_processes(mine, memory="max")
         used = _reading(element, _MEMORY[1], _kib, 0, (key, card.busid), problems)
         used = _within(used, slot.memory_total_kib, (key, card.busid), problems)
         name = profiles.get((card.busid, gi, ci)) or fallback_profile(slot)
@@ -301,7 +306,7 @@ def _folded(card: _Card, instances: list[DeviceSample]) -> DeviceSample:
     processes = None
     if all(device.processes is not None for device in instances):
         # a pid on two instances holds memory on both: summed, not the larger
-        processes = _merged((p for device in instances for p in device.processes or ()), add_memory=True)
+        processes = merge_processes((p for device in instances for p in device.processes or ()), memory="sum")
     return DeviceSample(
         card.key,
         card.busid,
@@ -330,31 +335,13 @@ def _process_entries(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> 
         kind = _value(info, "type")
         # N/A, as for every process under WDDM, is not known: -1, not a failure
         memory = _reading(info, "used_memory", _kib, UNSUPPORTED, (card.key, card.busid), problems)
-        sample = ProcessSample(pid, kind if kind in _PROCESS_KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
+        sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
         gi = _integer(_value(info, "gpu_instance_id"))
         ci = _integer(_value(info, "compute_instance_id"))
         entries.append((gi, ci, sample))
     return entries
 
 
-def _merged(samples: Iterable[ProcessSample], add_memory: bool = False) -> tuple[ProcessSample, ...]:
-    """One sample per pid: a pid listed twice is C+G if the kinds differ."""
-    found: dict[int, ProcessSample] = {}
-    for sample in samples:
-        seen = found.get(sample.pid)
-        if seen is None:
-            found[sample.pid] = sample
-            continue
-        if seen.memory_kib is None or sample.memory_kib is None:
-            memory = None
-        elif add_memory:
-            memory = add_memory_figures(seen.memory_kib, sample.memory_kib)
-        else:
-            # the same allocation listed under both kinds: counted once
-            memory = max(seen.memory_kib, sample.memory_kib)
-        kind = seen.kind if seen.kind == sample.kind else "C+G"
-        found[sample.pid] = seen._replace(kind=kind, memory_kib=memory)
-    return tuple(found.values())
 
 
 # -- values --
