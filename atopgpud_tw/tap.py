@@ -5,7 +5,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
@@ -52,26 +52,24 @@ MAX_ID = 2**32 - 2
 MIN_INTERVAL = 0.05
 
 
-def _user_id(user: str) -> int:
-    if user.isdigit():
-        if int(user) > MAX_ID:
-            raise usage.UsageError(f"--allow-uid: {user!r} is beyond the largest user id, {MAX_ID}")
-        return int(user)
+def _account_id(option: str, name: str, what: str, lookup: Callable[[str], int], missing: str) -> int:
+    """A user or group id from a number (within range) or a name `lookup` knows."""
+    if name.isdigit():
+        if int(name) > MAX_ID:
+            raise usage.UsageError(f"--{option}: {name!r} is beyond the largest {what} id, {MAX_ID}")
+        return int(name)
     try:
-        return pwd.getpwnam(user).pw_uid
+        return lookup(name)
     except KeyError:
-        raise usage.UsageError(f"--allow-uid: no user {user!r}") from None
+        raise usage.UsageError(missing) from None
+
+
+def _user_id(user: str) -> int:
+    return _account_id("allow-uid", user, "user", lambda n: pwd.getpwnam(n).pw_uid, f"--allow-uid: no user {user!r}")
 
 
 def _group_id(group: str, option: str = "allow-gid") -> int:
-    if group.isdigit():
-        if int(group) > MAX_ID:
-            raise usage.UsageError(f"--{option}: {group!r} is beyond the largest group id, {MAX_ID}")
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise usage.UsageError(f"no group {group!r}") from None
+    return _account_id(option, group, "group", lambda n: grp.getgrnam(n).gr_gid, f"no group {group!r}")
 
 
 def _names(option: str, value: str) -> list[str]:
