@@ -20,7 +20,7 @@ from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.notify import Notifier, NotifyService
 from atopgpud_tw.poller import PollerService
 from atopgpud_tw.protocol import AtopGpuFactory, Limits
-from atopgpud_tw.readers import READERS, ReaderUnavailable, make_reader
+from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
 from atopgpud_tw.signals import SignalService
 from atopgpud_tw.snapshot import MIG_MODES
 
@@ -174,13 +174,25 @@ class Options(usage.Options):
             raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
 
 
+def reader_settings(options: Options) -> ReaderSettings:
+    """The options that concern the reader, typed: readers never see the Options mapping."""
+    return ReaderSettings(
+        kind=options["reader"],
+        mig=options["mig"],
+        scenario=options["scenario"],
+        smi_path=options["nvidia-smi"],
+        smi_timeout=options["smi-timeout"],
+        hang_warning=options.get("hang-warning"),
+    )
+
+
 def makeService(options: Options, reactor: Any = None) -> IService:
     """The daemon: a poller and one listener per --listen, around one Board."""
     if reactor is None:
         from twisted.internet import reactor
     _check_pidfile(getattr(options, "parent", None))
     try:
-        reader, layout = make_reader(options, reactor)
+        reader, layout = make_reader(reader_settings(options), reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
     board = Board(Counters(weigh_processes=options["metrics-processes"]), exited_limit=options["max-exited"])

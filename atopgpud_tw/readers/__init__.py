@@ -6,6 +6,7 @@ with a one-line reason when none can work here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.logger import Logger
@@ -18,55 +19,72 @@ log = Logger()
 READERS = ("auto", "nvml", "nvidia-smi", "sim")
 
 
-def _nvml(options: Any, reactor: Any) -> IReader:
+@dataclass(frozen=True)
+class ReaderSettings:
+    """What a reader is made from: the options that concern readers, and nothing else."""
+
+    #: auto (nvml, then nvidia-smi), nvml, nvidia-smi or sim
+    kind: str = "auto"
+    #: how a card in MIG mode is shown (snapshot.MIG_MODES)
+    mig: str = "instances"
+    #: the simulator's scenario file (sim; None: the built-in demo)
+    scenario: str | None = None
+    #: the nvidia-smi binary (None: found on PATH)
+    smi_path: str | None = None
+    #: seconds an nvidia-smi run may take
+    smi_timeout: float = 5.0
+    #: seconds an NVML call may run before it is logged as hung (None: the watchdog's default)
+    hang_warning: float | None = None
+
+
+def _nvml(settings: ReaderSettings, reactor: Any) -> IReader:
     try:
         import pynvml
     except ImportError:
         raise ReaderUnavailable("the Python module pynvml (nvidia-ml-py) is not installed") from None
     from atopgpud_tw.readers.nvml import NvmlReader
 
-    return NvmlReader(pynvml, reactor, mig=options["mig"], hang_after=_hang_after(options))
+    return NvmlReader(pynvml, reactor, mig=settings.mig, hang_after=_hang_after(settings))
 
 
-def _smi(options: Any, reactor: Any) -> IReader:
+def _smi(settings: ReaderSettings, reactor: Any) -> IReader:
     from atopgpud_tw.readers.smi import SmiReader
 
-    return SmiReader(reactor, options["nvidia-smi"], timeout=options["smi-timeout"], mig=options["mig"])
+    return SmiReader(reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig)
 
 
-def _sim(options: Any, reactor: Any) -> IReader:
+def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
     from atopgpud_tw.readers.nvml import NvmlReader
     from atopgpud_tw.sim import ScenarioError, demo_scenario, load_scenario, simulated_binding
 
     try:
-        scenario = load_scenario(options["scenario"]) if options["scenario"] else demo_scenario()
+        scenario = load_scenario(settings.scenario) if settings.scenario else demo_scenario()
     except ScenarioError as error:
         raise ReaderUnavailable(f"scenario {error}") from None
-    reader = NvmlReader(simulated_binding(scenario), reactor, mig=options["mig"], hang_after=_hang_after(options))
+    reader = NvmlReader(simulated_binding(scenario), reactor, mig=settings.mig, hang_after=_hang_after(settings))
     reader.name = "sim"
     return reader
 
 
-def _hang_after(options: Any) -> float:
+def _hang_after(settings: ReaderSettings) -> float:
     from atopgpud_tw.watchdog import HANG_AFTER
 
-    return options.get("hang-warning") or HANG_AFTER
+    return settings.hang_warning or HANG_AFTER
 
 
 _MAKERS = {"nvml": _nvml, "nvidia-smi": _smi, "sim": _sim}
 
 
-def make_reader(options: Any, reactor: Any) -> tuple[IReader, Snapshot]:
-    """The reader the options ask for, opened, and the devices it found.
+def make_reader(settings: ReaderSettings, reactor: Any) -> tuple[IReader, Snapshot]:
+    """The reader `settings` ask for, opened, and the devices it found.
 
     `auto` tries nvml, then nvidia-smi.
     """
-    choice = options["reader"]
-    order = ("nvml", "nvidia-smi") if choice == "auto" else (choice,)
+    order = ("nvml", "nvidia-smi") if settings.kind == "auto" else (settings.kind,)
     reasons = []
     for name in order:
         try:
-            reader = _MAKERS[name](options, reactor)
+            reader = _MAKERS[name](settings, reactor)
             layout = reader.open()
         except ReaderUnavailable as error:
             reasons.append(f"{name}: {error}")
