@@ -132,6 +132,8 @@ class Board:
         self._batch: list[Exited] | None = None
         self._batch_bodies: dict[int, codec.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
+        #: the most devices said to be more than the wire carries
+        self._devices_told = 0
         #: version 1 records this poll, by the generation of the clients' previous S
         self._v1_shared: dict[int, tuple[codec.PreparedStats, _Seen]] = {}
         self._v1_shared_generation = -1
@@ -164,6 +166,14 @@ class Board:
     def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
         """Count one poll and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot)
+        if len(self.counters.devices) > max(self._devices_told, codec.MAX_WIRE_DEVICES):
+            self._devices_told = len(self.counters.devices)
+            log.warn(
+                "{count} devices, more than atop takes: replies carry the first {wired} in T order "
+                "(atop shows no GPU at all when sent more); --mig card shows each MIG card as one",
+                count=self._devices_told,
+                wired=codec.MAX_WIRE_DEVICES,
+            )
         self._batch = None
         self._batch_bodies = {}
         # a device beyond what the wire carries has no place for its exits
