@@ -5,10 +5,15 @@
     .venv/bin/python bench/perf.py --memory-run 600
 
 For every case (a simulated host and a number of clients) each round starts a
-fresh daemon on the simulator, measures its CPU seconds per poll while no
+fresh daemon on the simulator (the real nvidia-ml-py over the simulated
+libnvidia-ml, for both daemons), measures its CPU seconds per poll while no
 client asks anything (``--idle`` seconds), then runs the clients (one process
 and one persistent connection each, ``S`` in a loop) for ``--seconds`` and reads
-the daemon's peak RSS (VmHWM).  With ``--reference`` the reference daemon runs
+the daemon's peak RSS (VmHWM).  CPU per poll is split into the simulated
+library's C functions (timed inside each daemon by bench/simtime, what a real
+driver would replace), the reactor floor (bench/floor.py, a bare LoopingCall
+with a thread hand-off, measured over the same window; ours only) and the rest,
+the daemon's own work.  With ``--reference`` the reference daemon runs
 the same case in the same round, never at the same time as ours, the order
 alternating from round to round; the report gives medians over the rounds and
 the ratios, checked against the targets of docs/PERFORMANCE.md.
