@@ -166,13 +166,14 @@ class Board:
     def fold(self, snapshot: Snapshot) -> list[ExitedProcess]:
         """Count one poll and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot)
-        if len(self.counters.devices) > max(self._devices_told, codec.MAX_WIRE_DEVICES):
+        if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
             self._devices_told = len(self.counters.devices)
             log.warn(
-                "{count} devices, more than atop takes: replies carry the first {wired} in T order "
-                "(atop shows no GPU at all when sent more); --mig card shows each MIG card as one",
+                "{count} devices, more than atop's {most}: atop 2.12 and older show no GPU at all; "
+                "replies carry the first {wired} in T order; --mig card shows each MIG card as one device",
                 count=self._devices_told,
-                wired=codec.MAX_WIRE_DEVICES,
+                most=codec.ATOP_MAX_GPUS,
+                wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
             )
         self._batch = None
         self._batch_bodies = {}

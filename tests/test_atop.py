@@ -287,39 +287,56 @@ def test_atop_shows_all_gpus_of_an_overflowing_host(
             assert line.samples == sample.gpus[index].samples, line
 
 
-def test_atop_shows_the_first_32_of_56_mig_instances(
-    start_daemon: Callable[..., TcpDaemon], processes: Callable[[int], list[subprocess.Popen[bytes]]]
-) -> None:
-    """8 cards x 7 MIG instances: T and S carry the first 32 devices, which atop 2.8.1 shows, every interval."""
-    real = processes(1)
+def _mig_cards(pid: int) -> list[dict[str, Any]]:
+    """8 A100s x 7 MIG instances (56 devices); `pid` on the fifth card's fourth instance."""
     cards = []
     for card in range(8):
         mig = [{"profile": "1g.10gb", "memory_total_mib": 9856, "memory_used_mib": 1000 + 10 * slot,
-                "processes": [{"pid": real[0].pid, "memory_mib": 512}] if (card, slot) == (4, 3) else []}
+                "processes": [{"pid": pid, "memory_mib": 512}] if (card, slot) == (4, 3) else []}
                for slot in range(7)]
         cards.append({"name": "NVIDIA A100-SXM4-80GB", "busid": f"00000000:{0x10 + card:02X}:00.0",
                       "memory_total_mib": 81920, "mig": mig})
-    daemon = start_daemon(cards)
-    client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
-    version, types = client.ask("T", 1)
-    _, body = client.ask("S", 1)
-    client.close()
-    listed = codec.parse_types(types)
-    assert len(listed) == codec.ATOP_MAX_GPUS and len(codec.parse_stats(body, version)) == codec.ATOP_MAX_GPUS
-    # the four first cards' instances, then four of the fifth's: T order
-    assert [d.busid for d in listed] == [f"00000000:{0x10 + i // 7:02X}:00.0/{i % 7 + 1}.0" for i in range(32)]
-    assert "56 devices, more than atop takes: replies carry the first 32 in T order" in daemon.log()
+    return cards
 
-    run = run_atop(ATOP_INTERVAL, 3, "GPU,PRE")
+
+def test_atop_shows_no_gpu_of_56_mig_instances_and_every_card_with_mig_card(
+    atop_port: None, tmp_path: Any, processes: Callable[[int], list[subprocess.Popen[bytes]]]
+) -> None:
+    """56 devices: T and S carry the first 48, atop 2.8.1 shows no GPU (and says so nowhere);
+    with --mig card it shows the 8 cards, every interval, the process on the fifth."""
+    (real,) = processes(1)
+    scenario = write_scenario(tmp_path / "mig56.json", _mig_cards(real.pid))
+    daemon = TcpDaemon(scenario, tmp_path / "daemon.log", DAEMON_INTERVAL).start()
+    try:
+        client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+        version, types = client.ask("T", 1)
+        _, body = client.ask("S", 1)
+        client.close()
+        assert len(codec.parse_types(types)) == len(codec.parse_stats(body, version)) == codec.MAX_WIRE_DEVICES
+        assert "56 devices, more than atop's 32: atop 2.12 and older show no GPU at all" in daemon.log()
+        run = run_atop(ATOP_INTERVAL, 2, "GPU,PRE")
+    finally:
+        daemon.stop()
+    assert run.returncode == 0, str(run)
+    samples = run.samples
+    assert samples and all(sample.gpus == [] for sample in samples), str(run)
+
+    carded = TcpDaemon(scenario, tmp_path / "daemon-card.log", DAEMON_INTERVAL)
+    carded.command += ["--mig", "card"]
+    carded.start()
+    try:
+        run = run_atop(ATOP_INTERVAL, 3, "GPU,PRE")
+    finally:
+        carded.stop()
     assert run.returncode == 0, str(run)
     no_length_error(run)
     samples = run.samples
     assert len(samples) == 3, str(run)
     for number, sample in enumerate(samples):
-        assert [g.index for g in sample.gpus] == list(range(32)), f"sample {number}\n{run}"
-        assert [g.mem_used_kib for g in sample.gpus] == [(1000 + 10 * (i % 7)) * MIB for i in range(32)], str(run)
-        line = sample.processes[real[0].pid]
-        assert (line.gpu_state, line.gpulist, line.mem_now_kib) == ("A", 1 << 31, 512 * MIB), line
+        assert [g.index for g in sample.gpus] == list(range(8)), f"sample {number}\n{run}"
+        assert [g.mem_used_kib for g in sample.gpus] == [sum(1000 + 10 * s for s in range(7)) * MIB] * 8, str(run)
+        line = sample.processes[real.pid]
+        assert (line.gpu_state, line.gpulist, line.mem_now_kib) == ("A", 1 << 4, 512 * MIB), line
 
 
 def test_atop_across_a_daemon_restart(start_daemon: Callable[..., TcpDaemon]) -> None:

@@ -64,11 +64,10 @@ INT_MAX = 2**31 - 1
 LLONG_MAX = 2**63 - 1
 #: the longest device record: ``@`` and eight numbers of up to 20 characters
 _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
-#: devices on the wire at most: atop's 32, the first in ``T`` order.  atop 2.8.1
-#: given a ``T`` of 33 devices or more shows no GPU at all (tests/test_atop.py);
-#: 32 device records of the longest numbers, and their ``T`` entries, fit in one reply
-MAX_WIRE_DEVICES = ATOP_MAX_GPUS
-assert MAX_WIRE_DEVICES * _LONGEST_DEVICE_RECORD <= REPLY_LIMIT - PRELUDE.size
+#: devices on the wire at most: this many device records fit in one reply
+#: whatever their numbers, and their ``T`` entries too.  atop shows 32, and atop
+#: 2.8.1 given a ``T`` of 33 devices or more shows no GPU at all (tests/test_atop.py)
+MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
 _SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
