@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/pollcost.py threads [--case large-32] [--reference PATH] [--seconds 20]
     .venv/bin/python bench/pollcost.py bare [--seconds 15]
-    .venv/bin/python bench/pollcost.py inprocess [--case large-32] [--polls 300] [--cprofile 25]
+    .venv/bin/python bench/pollcost.py inprocess [--case large-32] [--polls 300] [--cprofile 25] [--bare-calls]
 
 ``threads``: starts our daemon (or the reference) on a case's host and prints
 each thread's CPU per poll while no client asks anything.  ``bare``: a Twisted
@@ -148,6 +148,44 @@ def inprocess(args: argparse.Namespace) -> None:
     per_poll = (time.thread_time() - began) / args.polls
     print(f"{args.case}: read + fold {1000 * per_poll:.3f} ms per poll, of which the binding's "
           f"functions {1000 * spent[0] / args.polls:.3f} ms")
+    if args.bare_calls:
+        bare_calls(sim, now, args)
+
+
+def bare_calls(sim: Any, now: list[float], args: argparse.Namespace) -> None:
+    """The binding alone, cache warm: per GPU the reference's five calls (rates, memory, both
+    process lists, process utilization) with their entries read, then our two samples calls."""
+    handles = [sim.nvmlDeviceGetHandleByIndex(i) for i in range(sim.nvmlDeviceGetCount())]
+    newest: dict[tuple[int, int], int] = {}
+
+    def five() -> None:
+        for index, handle in enumerate(handles):
+            sim.nvmlDeviceGetUtilizationRates(handle)
+            sim.nvmlDeviceGetMemoryInfo(handle)
+            listed = sim.nvmlDeviceGetComputeRunningProcesses(handle)
+            listed += sim.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            try:
+                # newer than the newest seen, as the reference asks
+                busy = sim.nvmlDeviceGetProcessUtilization(handle, newest.get((index, -1), 0))
+            except sim.NVMLError:
+                busy = []
+            [(p.pid, p.usedGpuMemory) for p in listed]
+            read = [(s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in busy]
+            newest[(index, -1)] = max([newest.get((index, -1), 0), *(stamp for _, stamp, _, _ in read)])
+
+    def samples() -> None:
+        for index, handle in enumerate(handles):
+            for kind in (sim.NVML_GPU_UTILIZATION_SAMPLES, sim.NVML_MEMORY_UTILIZATION_SAMPLES):
+                _, got = sim.nvmlDeviceGetSamples(handle, kind, newest.get((index, kind), 0))
+                if got:
+                    newest[(index, kind)] = got[-1].timeStamp
+
+    for what, calls in (("the reference's five calls per GPU", five), ("our two samples calls per GPU", samples)):
+        began = time.thread_time()
+        for _ in range(args.polls):
+            now[0] += 1.0
+            calls()
+        print(f"{args.case}: {what}, binding alone: {1000 * (time.thread_time() - began) / args.polls:.3f} ms per poll")
 
 
 def main() -> None:
@@ -158,6 +196,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--polls", type=int, default=300)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N")
+    parser.add_argument("--bare-calls", action="store_true",
+                        help="inprocess: then time the binding alone making the reference's calls, and ours")
     args = parser.parse_args()
     {"threads": threads, "bare": bare, "inprocess": inprocess}[args.mode](args)
 
