@@ -264,7 +264,8 @@ class Board:
         generation = self.counters.layout_generation
         cached = self._types.get(version)
         if cached is None or cached[0] != generation:
-            cached = self._types[version] = (generation, codec.render_types(self.counters.devices, version))
+            devices = self.counters.devices[: codec.wire_devices(version)]
+            cached = self._types[version] = (generation, codec.render_types(devices))
         return cached[1]
 
     def stats_body(self, version: int, queue: ClientQueue) -> bytes:
@@ -386,7 +387,8 @@ class Board:
         generation = self.counters.generation
         cached = self._stats.get(version)
         if cached is None or cached.generation != generation:
-            prepared = codec.PreparedStats(codec.render_devices(self.counters.devices, version))
+            devices = self.counters.devices[: codec.wire_devices(version)]
+            prepared = codec.PreparedStats(codec.render_devices(devices, version))
             cached = _Rendered(generation, prepared, codec.frame(version, prepared.full.body))
             self._stats[version] = cached
             self._note_cut(version, prepared.full.active_cut)

@@ -13,13 +13,12 @@ samples gpuperccum memperccum memusedcum`` followed by its processes:
 ``S``.  Memory is in KiB, -1 means "not available".
 
 Whatever the counters hold, a reply stays within what atop reads: at most
-`wire_devices(version)` devices (32 in version 1, `MAX_WIRE_DEVICES` in 2),
-names and bus ids of at most `MAX_TOKEN_CHARS` characters, and every number
-between -1 and the largest value of the C type atop parses it into (`INT_MAX`
-for the two busy percentages now and the pid, `LLONG_MAX` for the rest);
-anything below -1 is -1.  When the processes do not fit, `assemble_stats`
-shares the reply between active and exited processes (see docs/protocol.md for
-the arithmetic).
+`MAX_WIRE_DEVICES` devices, names and bus ids of at most `MAX_TOKEN_CHARS`
+characters, and every number between -1 and the largest value of the C type atop
+parses it into (`INT_MAX` for the two busy percentages now and the pid,
+`LLONG_MAX` for the rest); anything below -1 is -1.  When the processes do not
+fit, `assemble_stats` shares the reply between active and exited processes (see
+docs/protocol.md for the arithmetic).
 """
 
 from __future__ import annotations
@@ -32,10 +31,10 @@ from atopgpud_tw.codec.wire import (
     INT_MAX,
     LLONG_MAX,
     MAX_PROCESSES_PER_DEVICE,
+    MAX_WIRE_DEVICES,
     PRELUDE,
     REPLY_LIMIT,
     ProtocolError,
-    wire_devices,
     wire_token,
 )
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
@@ -67,9 +66,9 @@ _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
 # -- T ---------------------------------------------------------------------------
 
 
-def render_types(devices: Sequence[DeviceTotals], version: int = 2) -> bytes:
-    """The ``T`` body: the same for versions 1 and 2 but for how many devices it lists (`wire_devices`)."""
-    devices = devices[: wire_devices(version)]
+def render_types(devices: Sequence[DeviceTotals]) -> bytes:
+    """The ``T`` body (the same for versions 1 and 2)."""
+    devices = devices[:MAX_WIRE_DEVICES]
     parts = [b"%d" % len(devices)]
     for device in devices:
         parts.append(
@@ -156,7 +155,7 @@ class RenderedDevice:
 def render_devices(devices: Sequence[DeviceTotals], version: int) -> tuple[RenderedDevice, ...]:
     """Render every device and active process once, for reuse until the next poll."""
     rendered = []
-    for device in devices[: wire_devices(version)]:
+    for device in devices[:MAX_WIRE_DEVICES]:
         active = sorted(
             (
                 (totals.memory_now_kib, totals.pid, render_process(totals, version))
@@ -293,11 +292,8 @@ def render_stats(
     exited: Iterable[tuple[int, ProcessTotals]] = (),
 ) -> StatsBody:
 
-    """An ``S`` body straight from the counters, without any caching.
-
-    Exited processes of a device beyond what `version` carries are left out."""
-    wired = wire_devices(version)
-    records = [(index, render_process(totals, version, b"E")) for index, totals in exited if index < wired]
+    """An ``S`` body straight from the counters, without any caching."""
+    records = [(index, render_process(totals, version, b"E")) for index, totals in exited]
     return assemble_stats(render_devices(devices, version), records)
 
 
