@@ -125,13 +125,16 @@ class Board:
         self.counters = counters or Counters()
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
-        self._types: tuple[int, bytes] | None = None
-        self._types_framed: dict[int, bytes] = {}
+        #: per version: the ``T`` body and its framed reply, with the layout generation they show
+        self._types: dict[int, tuple[int, bytes]] = {}
+        self._types_framed: dict[int, tuple[int, bytes]] = {}
         self._stats: dict[int, _Rendered] = {}
         #: the latest poll's exits as queued, and the body for a queue holding just them
         self._batch: list[Exited] | None = None
         self._batch_bodies: dict[int, codec.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
+        #: the most devices said to be more than the wire carries
+        self._devices_told = 0
         #: version 1 records this poll, by the generation of the clients' previous S
         self._v1_shared: dict[int, tuple[codec.PreparedStats, _Seen]] = {}
         self._v1_shared_generation = -1
@@ -165,6 +168,15 @@ class Board:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
         and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot, taken, since)
+        if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
+            self._devices_told = len(self.counters.devices)
+            log.warn(
+                "{count} devices, more than atop's {most}: atop shows the first {most} in T order (version 1 "
+                "replies carry no more; version 2 replies carry {wired}); --mig card shows each MIG card as one device",
+                count=self._devices_told,
+                most=codec.ATOP_MAX_GPUS,
+                wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
+            )
         self._batch = None
         self._batch_bodies = {}
         # a device beyond what the wire carries has no place for its exits
@@ -233,11 +245,11 @@ class Board:
         """The framed reply to one request of one client."""
         version = request.reply_version
         if request.command == codec.COMMAND_TYPES:
-            body = self.types_body()
+            generation = self.counters.layout_generation
             framed = self._types_framed.get(version)
-            if framed is None:
-                framed = self._types_framed[version] = codec.frame(version, body)
-            return framed
+            if framed is None or framed[0] != generation:
+                framed = self._types_framed[version] = (generation, codec.frame(version, self.types_body(version)))
+            return framed[1]
         if version == 1:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
@@ -248,13 +260,14 @@ class Board:
             self.replies_cut += 1
         return rendered.framed
 
-    def types_body(self) -> bytes:
+    def types_body(self, version: int = 2) -> bytes:
         """The ``T`` body, rendered again only when the device list changed."""
         generation = self.counters.layout_generation
-        if self._types is None or self._types[0] != generation:
-            self._types = (generation, codec.render_types(self.counters.devices))
-            self._types_framed = {}
-        return self._types[1]
+        cached = self._types.get(version)
+        if cached is None or cached[0] != generation:
+            devices = self.counters.devices[: codec.wire_devices(version)]
+            cached = self._types[version] = (generation, codec.render_types(devices))
+        return cached[1]
 
     def stats_body(self, version: int, queue: ClientQueue) -> bytes:
         """The ``S`` body for one client; takes what it reports off its queue."""
@@ -286,6 +299,11 @@ class Board:
         next poll its figures stand, and so do its records.
         """
         queue.subscribed = True
+        wired = codec.wire_devices(1)
+        if len(self.counters.devices) > wired and any(e.device_index >= wired for e in queue.entries):
+            # exits on devices version 1 does not carry can never be sent to this client
+            queue.entries = deque(e for e in queue.entries if e.device_index < wired)
+            queue.batch = None
         generation = self.counters.generation
         seen = queue.seen_v1
         same_poll = queue.v1_prepared is not None and queue.v1_prepared[0] == generation
@@ -370,7 +388,8 @@ class Board:
         generation = self.counters.generation
         cached = self._stats.get(version)
         if cached is None or cached.generation != generation:
-            prepared = codec.PreparedStats(codec.render_devices(self.counters.devices, version))
+            devices = self.counters.devices[: codec.wire_devices(version)]
+            prepared = codec.PreparedStats(codec.render_devices(devices, version))
             cached = _Rendered(generation, prepared, codec.frame(version, prepared.full.body))
             self._stats[version] = cached
             self._note_cut(version, prepared.full.active_cut)

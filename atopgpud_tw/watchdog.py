@@ -4,9 +4,11 @@ An NVML call can hang in the driver, for minutes or for good (NVML-FACTS.md
 section 6).  The reader's thread cannot be interrupted, and while it is stuck no
 poll starts; the counters freeze and nothing says why.  So the thread notes each
 call it makes in a `CallWatch` (two attribute writes, no lock, no reactor call),
-and a `HangWatchdog` on the reactor looks at it once a second: one warning when
-a call has run for `after` seconds, naming the call and the GPU, one line when
-it returns, with how long it took.  The watchdog only reads; it never blocks the
+and a `HangWatchdog` on the reactor looks at it once a second while a poll is
+in flight (the thread calls NVML only in polls, so between polls there is
+nothing to look at, and no tick wakes the reactor): one warning when a call has
+run for `after` seconds, naming the call and the GPU, one line when it returns,
+with how long it took.  The watchdog only reads; it never blocks the
 reactor, and it runs on any `IReactorTime` (a `task.Clock` in tests).
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Callable, NamedTuple
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -85,19 +87,44 @@ class HangWatchdog:
         self.hung_calls = 0
         self._warned: Call | None = None
         self._loop: LoopingCall | None = None
+        #: the next look while a poll is in flight (`arm`)
+        self._next: IDelayedCall | None = None
 
     @property
     def running(self) -> bool:
-        return self._loop is not None
+        return self._loop is not None or self._next is not None
+
+    @property
+    def _tick(self) -> float:
+        return min(TICK, self.after / 10)
+
+    def arm(self) -> None:
+        """A poll starts: look at its calls every tick until `disarm` (unless `start` looks all the time)."""
+        if self._loop is None and self._next is None:
+            self._next = self.clock.callLater(self._tick, self._look)
+
+    def disarm(self) -> None:
+        """The poll ended: one last look (a call warned of has returned: say so), then no tick until the next."""
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+            self.check()
+
+    def _look(self) -> None:
+        self._next = self.clock.callLater(self._tick, self._look)
+        self.check()
 
     def start(self) -> None:
         """Look at the call in progress every second (more often for a short `after`)."""
         if self._loop is None:
             self._loop = LoopingCall(self.check)
             self._loop.clock = self.clock
-            self._loop.start(min(TICK, self.after / 10), now=False)
+            self._loop.start(self._tick, now=False)
 
     def stop(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
         if self._loop is not None:
             if self._loop.running:
                 self._loop.stop()

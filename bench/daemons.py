@@ -7,14 +7,20 @@ libnvidia-ml (``atopgpud_tw/sim/shim`` first on PYTHONPATH); it always listens o
 socket ``atopgpud_nvidia``, so it is started only when nothing else answers there.
 Figures of a running daemon come from /proc: CPU seconds (utime + stime of all
 its threads, and the finer schedstat sum of its live threads), RSS now and its
-peak (VmHWM), open descriptors.
+peak (VmHWM), open descriptors.  Both run with ``bench/simtime`` first on
+PYTHONPATH, whose ``sitecustomize`` times the simulated library's C functions
+into a small file (the simulator's share of each NVML call, which a real
+driver would replace); `Floor` is a bare LoopingCall with a thread hand-off
+(bench/floor.py), the reactor's fixed cost per poll, measured beside them.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -24,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "atopgpud_tw" / "sim" / "shim"
+SIMTIME = REPO / "bench" / "simtime"
+FLOOR = REPO / "bench" / "floor.py"
 REFERENCE_ADDRESS = b"\0atopgpud_nvidia"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -55,9 +63,12 @@ def samples(address: bytes, sock: socket.socket | None = None) -> int:
     return int(body.split(b"@")[1].split(b"#")[0].split()[4])
 
 
-def idle_cpu_per_poll(daemon: Daemon, seconds: float) -> float:
-    """CPU seconds per poll of a daemon that serves no client for `seconds`.
+def idle_cpu_per_poll(daemon: Daemon, seconds: float, floor: Floor | None = None) -> dict[str, float]:
+    """CPU seconds per poll of a daemon that serves no client for `seconds`, and its parts.
 
+    ``cpu``: all its threads (schedstat); ``sim``: of that, the simulated
+    library's C functions (bench/simtime); ``sim_calls``: those calls per poll;
+    ``floor``: a `Floor` measured over the same window (CPU per tick), if given.
     The polls are counted by two ``S`` requests on one connection kept open
     around the window, whose own work falls outside it: the reference serves a
     connection in a thread of its own, and the CPU time of a thread that has
@@ -67,11 +78,57 @@ def idle_cpu_per_poll(daemon: Daemon, seconds: float) -> float:
         sock.settimeout(5.0)
         sock.connect(daemon.address)
         first = samples(daemon.address, sock)
+        sim_before, floor_before = daemon.simulator_time(), floor.figures() if floor else (0.0, 0)
         before = threads_cpu(daemon.pid)
         time.sleep(seconds)
         after = threads_cpu(daemon.pid)
-        polls = samples(daemon.address, sock) - first
-    return (after - before) / max(1, polls)
+        sim_after, floor_after = daemon.simulator_time(), floor.figures() if floor else (0.0, 0)
+        polls = max(1, samples(daemon.address, sock) - first)
+    ticks = floor_after[1] - floor_before[1]
+    return {
+        "cpu": (after - before) / polls,
+        "sim": (sim_after[0] - sim_before[0]) / polls,
+        "sim_calls": (sim_after[1] - sim_before[1]) / polls,
+        "floor": (floor_after[0] - floor_before[0]) / ticks if ticks else float("nan"),
+    }
+
+
+def _counters(path: Path, fmt: str) -> tuple[int, ...]:
+    """The integers a benchmark helper keeps in a mapped file (zeros until it has written them)."""
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return struct.unpack_from(fmt, view)
+    except (OSError, ValueError, struct.error):
+        return (0,) * len(struct.unpack(fmt, bytes(struct.calcsize(fmt))))
+
+
+class Floor:
+    """bench/floor.py running: a LoopingCall ticking once a second with a worker-thread hand-off."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.counter = workdir / f"floor-{uuid.uuid4().hex[:8]}.count"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FLOOR), str(self.counter)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while _counters(self.counter, "=Q")[0] < 2:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise BenchError("bench/floor.py did not tick")
+            time.sleep(0.1)
+
+    def figures(self) -> tuple[float, int]:
+        """CPU seconds of its threads, and its ticks so far."""
+        assert self.proc is not None
+        return threads_cpu(self.proc.pid), _counters(self.counter, "=Q")[0]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
 
 
 def answers(address: bytes) -> bool:
@@ -126,6 +183,18 @@ class Daemon:
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{self.label}-{uuid.uuid4().hex[:8]}.log"
+        self.simtime_path = workdir / f"{self.label}-{uuid.uuid4().hex[:8]}.simtime"
+
+    def simulator_time(self) -> tuple[float, int]:
+        """CPU seconds its threads spent in the simulated library's C functions, and the calls."""
+        nanoseconds, calls = _counters(self.simtime_path, "=QQ")
+        return nanoseconds / 1e9, calls
+
+    def _timed(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with the simulated library timed (bench/simtime first on PYTHONPATH)."""
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SIMTIME), env.get("PYTHONPATH")]))
+        env["ATOPGPUD_BENCH_SIMTIME"] = str(self.simtime_path)
+        return env
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         raise NotImplementedError
@@ -179,8 +248,9 @@ class Ours(Daemon):
 
     label = "ours"
 
-    def __init__(self, scenario: Path, workdir: Path, source: str | None = None) -> None:
+    def __init__(self, scenario: Path, workdir: Path, source: str | None = None, options: tuple[str, ...] = ()) -> None:
         super().__init__(scenario, workdir)
+        self.options = options
         self.name = f"atopgpud-bench-{uuid.uuid4().hex[:12]}"
         self.address = b"\0" + self.name.encode()
         self.source = source
@@ -192,8 +262,8 @@ class Ours(Daemon):
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.source, env.get("PYTHONPATH")]))
         return [
             str(twistd), "-n", "--pidfile=", "atopgpud", "--reader", "sim",
-            "--scenario", str(self.scenario), "--listen", f"unix:@{self.name}",
-        ], env
+            "--scenario", str(self.scenario), "--listen", f"unix:@{self.name}", *self.options,
+        ], self._timed(env)
 
 
 class Reference(Daemon):
@@ -211,7 +281,7 @@ class Reference(Daemon):
         env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
         env["ATOPGPUD_SCENARIO"] = str(self.scenario)
         # -s as its "#!" line asks, but not -E: the simulator comes in through PYTHONPATH
-        return [sys.executable, "-s", str(self.script), "-f"], env
+        return [sys.executable, "-s", str(self.script), "-f"], self._timed(env)
 
     def start(self, min_samples: int = 2, timeout: float = 60.0) -> None:
         if answers(REFERENCE_ADDRESS):

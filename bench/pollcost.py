@@ -3,16 +3,16 @@
 
     .venv/bin/python bench/pollcost.py threads [--case large-32] [--reference PATH] [--seconds 20]
     .venv/bin/python bench/pollcost.py bare [--seconds 15]
-    .venv/bin/python bench/pollcost.py inprocess [--case large-32] [--polls 300] [--cprofile 25]
+    .venv/bin/python bench/pollcost.py inprocess [--case large-32] [--polls 300] [--cprofile 25] [--bare-calls]
 
 ``threads``: starts our daemon (or the reference) on a case's host and prints
 each thread's CPU per poll while no client asks anything.  ``bare``: a Twisted
 LoopingCall that ticks once a second and does nothing, then one that also hands
 a no-op to a worker thread and back: the reactor's fixed cost per poll.
 ``inprocess``: the NVML reader over the simulator on a simulated clock that
-advances one second per poll, folded into a Board; prints the time per poll and
-the simulator's share (or, with ``--cprofile N``, the N functions with the most
-time of their own).
+advances one second per poll, folded into a Board; prints the CPU time per poll
+and the share of the binding's functions (pynvml's wrappers over the simulator),
+or, with ``--cprofile N``, the N functions with the most time of their own.
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def inprocess(args: argparse.Namespace) -> None:
                 return value
 
             def timed(*a: Any, **k: Any) -> Any:
-                began = time.perf_counter()
+                began = time.thread_time()
                 try:
                     return value(*a, **k)
                 finally:
-                    spent[0] += time.perf_counter() - began
+                    spent[0] += time.thread_time() - began
 
             return timed
 
@@ -142,11 +142,50 @@ def inprocess(args: argparse.Namespace) -> None:
         profile.runcall(polls)
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.cprofile)
         return
-    began = time.perf_counter()
+    # CPU time of this thread: other work on a shared machine does not count
+    began = time.thread_time()
     polls()
-    per_poll = (time.perf_counter() - began) / args.polls
-    print(f"{args.case}: read + fold {1000 * per_poll:.3f} ms per poll, of which the simulator's "
+    per_poll = (time.thread_time() - began) / args.polls
+    print(f"{args.case}: read + fold {1000 * per_poll:.3f} ms per poll, of which the binding's "
           f"functions {1000 * spent[0] / args.polls:.3f} ms")
+    if args.bare_calls:
+        bare_calls(sim, now, args)
+
+
+def bare_calls(sim: Any, now: list[float], args: argparse.Namespace) -> None:
+    """The binding alone, cache warm: per GPU the reference's five calls (rates, memory, both
+    process lists, process utilization) with their entries read, then our two samples calls."""
+    handles = [sim.nvmlDeviceGetHandleByIndex(i) for i in range(sim.nvmlDeviceGetCount())]
+    newest: dict[tuple[int, int], int] = {}
+
+    def five() -> None:
+        for index, handle in enumerate(handles):
+            sim.nvmlDeviceGetUtilizationRates(handle)
+            sim.nvmlDeviceGetMemoryInfo(handle)
+            listed = sim.nvmlDeviceGetComputeRunningProcesses(handle)
+            listed += sim.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            try:
+                # newer than the newest seen, as the reference asks
+                busy = sim.nvmlDeviceGetProcessUtilization(handle, newest.get((index, -1), 0))
+            except sim.NVMLError:
+                busy = []
+            [(p.pid, p.usedGpuMemory) for p in listed]
+            read = [(s.pid, s.timeStamp, s.smUtil, s.memUtil) for s in busy]
+            newest[(index, -1)] = max([newest.get((index, -1), 0), *(stamp for _, stamp, _, _ in read)])
+
+    def samples() -> None:
+        for index, handle in enumerate(handles):
+            for kind in (sim.NVML_GPU_UTILIZATION_SAMPLES, sim.NVML_MEMORY_UTILIZATION_SAMPLES):
+                _, got = sim.nvmlDeviceGetSamples(handle, kind, newest.get((index, kind), 0))
+                if got:
+                    newest[(index, kind)] = got[-1].timeStamp
+
+    for what, calls in (("the reference's five calls per GPU", five), ("our two samples calls per GPU", samples)):
+        began = time.thread_time()
+        for _ in range(args.polls):
+            now[0] += 1.0
+            calls()
+        print(f"{args.case}: {what}, binding alone: {1000 * (time.thread_time() - began) / args.polls:.3f} ms per poll")
 
 
 def main() -> None:
@@ -157,6 +196,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--polls", type=int, default=300)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N")
+    parser.add_argument("--bare-calls", action="store_true",
+                        help="inprocess: then time the binding alone making the reference's calls, and ours")
     args = parser.parse_args()
     {"threads": threads, "bare": bare, "inprocess": inprocess}[args.mode](args)
 

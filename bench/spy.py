@@ -68,9 +68,44 @@ def summary(raw: Path, top: int = 12) -> list[str]:
     return lines
 
 
+def shares(raw: Path, within: str) -> tuple[int, Counter[str], Counter[str]]:
+    """Samples whose stack holds a frame named `within` (a function, e.g. ``NvmlReader.read``), and
+    per function name the inclusive and self samples among them: profiles of unequal length
+    compare as shares of that function."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        names = [frame.split(" (")[0] for frame in stack.split(";")]
+        if not count.isdigit() or within not in names:
+            continue
+        total += int(count)
+        own[names[-1]] += int(count)
+        for name in set(names):
+            inclusive[name] += int(count)
+    return total, inclusive, own
+
+
 def main() -> None:
-    """``python bench/spy.py FILE.raw ...``: the summary of py-spy raw files."""
-    for raw in sys.argv[1:]:
+    """``python bench/spy.py FILE.raw ...``: the summary of py-spy raw files.
+
+    ``python bench/spy.py --within FUNCTION BEFORE.raw AFTER.raw``: the functions that
+    changed most in their share of FUNCTION's samples, before and after.
+    """
+    args = sys.argv[1:]
+    if args[:1] == ["--within"] and len(args) == 4:
+        within = args[1]
+        (tb, ib, ob), (ta, ia, oa) = shares(Path(args[2]), within), shares(Path(args[3]), within)
+        if not tb or not ta:
+            raise SystemExit(f"no samples within {within}")
+        print(f"share of {within} (inclusive, and self): before {tb} samples, after {ta}")
+        changed = sorted(set(ib) | set(ia), key=lambda name: -abs(ib[name] / tb - ia[name] / ta))
+        for name in changed[:20]:
+            print(f"  {100 * ib[name] / tb:5.1f}% -> {100 * ia[name] / ta:5.1f}%"
+                  f"   (self {100 * ob[name] / tb:4.1f}% -> {100 * oa[name] / ta:4.1f}%)  {name}")
+        return
+    for raw in args:
         print("\n".join(summary(Path(raw))))
 
 

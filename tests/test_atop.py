@@ -287,6 +287,70 @@ def test_atop_shows_all_gpus_of_an_overflowing_host(
             assert line.samples == sample.gpus[index].samples, line
 
 
+def _mig_cards(pid: int) -> list[dict[str, Any]]:
+    """8 A100s x 7 MIG instances (56 devices); `pid` on the fifth card's fourth instance."""
+    cards = []
+    for card in range(8):
+        mig = [{"profile": "1g.10gb", "memory_total_mib": 9856, "memory_used_mib": 1000 + 10 * slot,
+                "processes": [{"pid": pid, "memory_mib": 512}] if (card, slot) == (4, 3) else []}
+               for slot in range(7)]
+        cards.append({"name": "NVIDIA A100-SXM4-80GB", "busid": f"00000000:{0x10 + card:02X}:00.0",
+                      "memory_total_mib": 81920, "mig": mig})
+    return cards
+
+
+def test_atop_shows_the_first_32_of_56_mig_instances_and_every_card_with_mig_card(
+    atop_port: None, tmp_path: Any, processes: Callable[[int], list[subprocess.Popen[bytes]]]
+) -> None:
+    """56 devices: version 1 replies carry the first 32, which atop 2.8.1 shows (sent more, it shows
+    none); version 2 the first 48; with --mig card atop shows the 8 cards, every interval."""
+    (real,) = processes(1)
+    scenario = write_scenario(tmp_path / "mig56.json", _mig_cards(real.pid))
+    daemon = TcpDaemon(scenario, tmp_path / "daemon.log", DAEMON_INTERVAL).start()
+    try:
+        client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+        version, types = client.ask("T", 1)
+        _, body = client.ask("S", 1)
+        _, types_v2 = client.ask("T", 2)
+        _, body_v2 = client.ask("S", 2)
+        client.close()
+        listed = codec.parse_types(types)
+        assert len(listed) == len(codec.parse_stats(body, version)) == codec.ATOP_MAX_GPUS
+        assert len(codec.parse_types(types_v2)) == len(codec.parse_stats(body_v2, 2)) == codec.MAX_WIRE_DEVICES
+        # the four first cards' instances, then four of the fifth's: T order
+        assert [d.busid for d in listed] == [f"00000000:{0x10 + i // 7:02X}:00.0/{i % 7 + 1}.0" for i in range(32)]
+        assert "56 devices, more than atop's 32: atop shows the first 32 in T order" in daemon.log()
+        run = run_atop(ATOP_INTERVAL, 3, "GPU,PRE")
+    finally:
+        daemon.stop()
+    assert run.returncode == 0, str(run)
+    no_length_error(run)
+    samples = run.samples
+    assert len(samples) == 3, str(run)
+    for number, sample in enumerate(samples):
+        assert [g.index for g in sample.gpus] == list(range(32)), f"sample {number}\n{run}"
+        assert [g.mem_used_kib for g in sample.gpus] == [(1000 + 10 * (i % 7)) * MIB for i in range(32)], str(run)
+        line = sample.processes[real.pid]
+        assert (line.gpu_state, line.gpulist, line.mem_now_kib) == ("A", 1 << 31, 512 * MIB), line
+
+    carded = TcpDaemon(scenario, tmp_path / "daemon-card.log", DAEMON_INTERVAL)
+    carded.command += ["--mig", "card"]
+    carded.start()
+    try:
+        run = run_atop(ATOP_INTERVAL, 3, "GPU,PRE")
+    finally:
+        carded.stop()
+    assert run.returncode == 0, str(run)
+    no_length_error(run)
+    samples = run.samples
+    assert len(samples) == 3, str(run)
+    for number, sample in enumerate(samples):
+        assert [g.index for g in sample.gpus] == list(range(8)), f"sample {number}\n{run}"
+        assert [g.mem_used_kib for g in sample.gpus] == [sum(1000 + 10 * s for s in range(7)) * MIB] * 8, str(run)
+        line = sample.processes[real.pid]
+        assert (line.gpu_state, line.gpulist, line.mem_now_kib) == ("A", 1 << 4, 512 * MIB), line
+
+
 def test_atop_across_a_daemon_restart(start_daemon: Callable[..., TcpDaemon]) -> None:
     """A restart never gives atop wrong figures; a new atop run shows the GPUs again."""
     specs = [H100, T4]

@@ -246,3 +246,30 @@ def test_version_1_exited_process_busy_covers_the_rest_of_its_life():
     (record,) = device.processes
     assert (record.state, record.pid, record.gpu_busy, record.samples) == ("E", 7, 90, 2)
     assert queue.seen_v1 == {}
+
+
+def test_version_1_carries_the_first_32_devices_and_only_their_exits():
+    """40 GPUs: version 1 T and S list the first 32, and an exit on a device beyond them leaves its queue
+    unsent; version 2 lists all 40 and hears of both exits."""
+    def host(ended: bool) -> object:
+        devices = []
+        for index in range(40):
+            alive = () if ended and index in (2, 35) else (proc(1000 + index, "C", 2**20, 10, 1),)
+            devices.append(dev(f"gpu{index}", processes=alive, busid=f"00000000:{index + 16:02X}:00.0"))
+        return snap(*devices)
+
+    board = Board()
+    v1, v2 = board.attach(), board.attach()
+    board.fold(host(False))
+    for queue, version in ((v1, 1), (v2, 2)):
+        board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
+    board.fold(host(True))
+    stats = {}
+    for queue, version in ((v1, 1), (v2, 2)):
+        # the body follows the 4-byte prelude
+        types = codec.parse_types(board.reply(codec.Request(codec.COMMAND_TYPES, version), queue)[4:])
+        stats[version] = codec.parse_stats(board.reply(codec.Request(codec.COMMAND_STATS, version), queue)[4:], version)
+        assert len(types) == len(stats[version]) == (32 if version == 1 else 40)
+        assert not queue.entries
+    ended = {v: [(i, p.pid) for i, d in enumerate(s) for p in d.processes if p.state == "E"] for v, s in stats.items()}
+    assert ended == {1: [(2, 1002)], 2: [(2, 1002), (35, 1035)]}

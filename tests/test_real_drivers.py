@@ -481,6 +481,33 @@ def test_watchdog_names_a_library_call_without_a_gpu(log_lines: list[str]) -> No
     assert watchdog.hung_calls == 2
 
 
+def test_watchdog_armed_for_a_poll_ticks_only_while_it_runs(log_lines: list[str]) -> None:
+    """Armed per poll: nothing scheduled between polls; a hung call warned of, its return said when the poll ends."""
+    clock = Clock()
+    watch = CallWatch(clock.seconds)
+    watchdog = HangWatchdog(watch, clock)
+    for _ in range(3):
+        watchdog.arm()
+        watch.begin("nvmlDeviceGetMemoryInfo", "GPU 00000000:17:00.0")
+        clock.advance(0.001)
+        watch.end()
+        watchdog.disarm()
+        assert clock.getDelayedCalls() == []
+        clock.advance(1.0)
+    watchdog.arm()
+    watch.begin("nvmlDeviceGetSamples", "GPU 00000000:17:00.0")
+    clock.pump([1.0] * 12)
+    assert log_lines == [
+        "NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 has not returned for 10 s; "
+        "no poll starts until it does"
+    ]
+    clock.advance(0.5)
+    watch.end()
+    watchdog.disarm()
+    assert log_lines[1:] == ["NVML call nvmlDeviceGetSamples on GPU 00000000:17:00.0 returned after 12.5 s"]
+    assert watchdog.hung_calls == 1 and clock.getDelayedCalls() == []
+
+
 def test_every_nvml_call_of_a_poll_is_noted_with_its_gpu() -> None:
     """The reader notes the call in progress, and what it is on, for device and library calls alike."""
     host = Host(two_cards([]))

@@ -27,6 +27,7 @@ __all__ = [
     "ATOP_ID_CHARS",
     "MAX_TOKEN_CHARS",
     "MAX_WIRE_DEVICES",
+    "wire_devices",
     "INT_MAX",
     "LLONG_MAX",
     "ProtocolError",
@@ -64,9 +65,19 @@ INT_MAX = 2**31 - 1
 LLONG_MAX = 2**63 - 1
 #: the longest device record: ``@`` and eight numbers of up to 20 characters
 _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
-#: devices on the wire at most (atop shows 32): this many device records fit in
-#: one reply whatever their numbers, and their ``T`` entries too
+#: devices on the wire at most: this many device records fit in one reply
+#: whatever their numbers, and their ``T`` entries too
 MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
+
+
+def wire_devices(version: int) -> int:
+    """How many devices (the first, in ``T`` order) a reply of `version` carries.
+
+    Version 1 is atop 2.4 to 2.12, which keep 32 (`ATOP_MAX_GPUS`) and, given
+    a ``T`` of more (atop 2.8.1, tests/test_atop.py), show no GPU at all: they
+    get the first 32.  Version 2 gets `MAX_WIRE_DEVICES`.
+    """
+    return ATOP_MAX_GPUS if version == 1 else MAX_WIRE_DEVICES
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
 _SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))

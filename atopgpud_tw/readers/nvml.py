@@ -220,11 +220,17 @@ class NvmlReader:
 
     def poll(self) -> Deferred:
         """Read all devices in the worker thread; fires with a Snapshot."""
-        if self.watchdog is not None:
-            self.watchdog.start()
         result = self._worker.submit(self.read, self._reactor.seconds())
+        if self.watchdog is not None:
+            self.watchdog.arm()
+            result.addBoth(self._poll_ended)
         result.addCallback(self._reported)
         return result
+
+    def _poll_ended(self, outcome: Any) -> Any:
+        assert self.watchdog is not None
+        self.watchdog.disarm()
+        return outcome
 
     def _reported(self, outcome: tuple[Snapshot, dict[str, str]]) -> Snapshot:
         snapshot, problems = outcome

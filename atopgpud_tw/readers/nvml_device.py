@@ -12,7 +12,7 @@ Everything here runs in the reader's worker thread.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from twisted.logger import Logger
 
@@ -412,7 +412,7 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
         samples = []
     # the driver's clock is learnt from when the call was made, not when the poll began
     now_us = device.now_us if device.clock is None else int(device.clock() * 1_000_000)
-    value, periods = stream.fold([(int(s.timeStamp), _sample_value(s)) for s in samples], now_us)
+    value, periods = stream.fold([(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples], now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         device.poll_periods = periods
     if value is None:
@@ -421,8 +421,23 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
 
 
 def _sample_value(sample: Any) -> float:
-    value = sample.sampleValue
+    value = _field(sample, "sampleValue")
     return float(getattr(value, "uiVal", value))
+
+
+#: a field of an NVML structure as ctypes reads it, without pynvml's `_PrintableStructure.__getattribute__`
+#: (a Python function called per field, which only converts bytes: none of the numbers read here is);
+#: as plain attribute access for any other object
+_field = object.__getattribute__
+
+
+class UtilSample(NamedTuple):
+    """One entry of ``nvmlDeviceGetProcessUtilization``, read once from the binding's structure."""
+
+    pid: int
+    timeStamp: int  # noqa: N815 - the structure's own names, which `nvml_samples` reads
+    smUtil: int  # noqa: N815
+    memUtil: int  # noqa: N815
 
 
 def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
@@ -562,6 +577,8 @@ def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list
     is then put to the test once a pid is listed in two polls running: asked
     for both polls' window, a driver that lists periods lists that pid twice.
     """
+    if stream.mode == PER_PERIOD:
+        return  # settled for good: nothing below would change it
     since = stream.since
     before = stream.mode
     if stream.mode is None:
@@ -583,8 +600,12 @@ def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list
 
 
 def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
+    """The process samples newer than `since`, each read once (they are looked at several times)."""
     try:
-        return list(call_sized(device, "nvmlDeviceGetProcessUtilization", since))
+        return [
+            UtilSample(_field(s, "pid"), _field(s, "timeStamp"), _field(s, "smUtil"), _field(s, "memUtil"))
+            for s in call_sized(device, "nvmlDeviceGetProcessUtilization", since)
+        ]
     except Idle:
         return []  # nothing ran since then
     except Failed as failure:
