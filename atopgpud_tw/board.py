@@ -273,6 +273,7 @@ class Board:
         """The ``S`` body for one client; takes what it reports off its queue."""
         queue.subscribed = True
         prepared = self._rendered(version).prepared
+        result: codec.StatsBody | None
         if not queue.entries:
             result = prepared.full
             self._heard(queue)

@@ -108,7 +108,9 @@ def parse_stats(body: bytes, version: int) -> list[DeviceStats]:
         values = _ints(head.split(" "), "device record")
         if len(values) != 8:
             raise ProtocolError(f"device record has {len(values)} fields, not 8")
-        out.append(DeviceStats(*values, tuple(_parse_process(p, version) for p in procs)))
+        gpu_now, mem_now, total, used, samples, gpu_cum, mem_cum, used_cum = values
+        processes = tuple(_parse_process(p, version) for p in procs)
+        out.append(DeviceStats(gpu_now, mem_now, total, used, samples, gpu_cum, mem_cum, used_cum, processes))
     return out
 
 

@@ -83,8 +83,8 @@ def render_types(devices: Sequence[DeviceTotals]) -> bytes:
 
 def render_device(device: DeviceTotals) -> bytes:
     """A device's ``@`` record (identical in versions 1 and 2)."""
-    now = (device.gpu_busy_now, device.mem_busy_now)
-    rest = (
+    now: tuple[int, ...] = (device.gpu_busy_now, device.mem_busy_now)
+    rest: tuple[int, ...] = (
         device.memory_total_kib,
         device.memory_used_kib,
         device.samples,
@@ -118,6 +118,7 @@ def render_process(
     over its interval); without it they are the averages since the process began.
     """
     pid = totals.pid
+    values: tuple[int, ...]
     if version == 1:
         gpu, mem = busy or (
             _average(totals.gpu_busy_cum, totals.samples),
@@ -126,7 +127,7 @@ def render_process(
         values = (gpu, mem, totals.memory_now_kib, totals.memory_cum_kib, totals.samples)
         if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
             pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
-        return b"#%s %d %d %d 0 %d %d %d" % ((state, pid) + values)
+        return b"#%s %d %d %d 0 %d %d %d" % ((state, pid) + values)  # type: ignore[str-format]  # bytes, then ints
     values = (
         totals.gpu_busy_cum,
         totals.mem_busy_cum,
@@ -136,7 +137,8 @@ def render_process(
     )
     if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
         pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
-    return b"#%s %d %s %d %d %d %d %d" % ((state, pid, _WIRE_KIND.get(totals.kind, b"U")) + values)
+    kind = _WIRE_KIND.get(totals.kind, b"U")
+    return b"#%s %d %s %d %d %d %d %d" % ((state, pid, kind) + values)  # type: ignore[str-format]  # as above
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ class NvmlDevice:
     #: the reader's clock, read at the calls that need the time they were made
     clock: Callable[[], float] | None = field(default=None, repr=False)
     #: the NVML calls whose answers were found wanting, told once
-    noticed: set[str] = field(default_factory=set)
+    noticed: set[int] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
     mig_instance: bool = False
     #: a card's MIG mode and instances
@@ -484,7 +484,7 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device))
-    if busy is None or busy is UNSUPPORTED:
+    if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
         return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
     idle = (0, 0)
     return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
@@ -519,7 +519,8 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
             stream.figures = windowed_process_figures(stream.pending, gpu.shown, {
                 pid for stamp in stream.pending for pid in stream.pending[stamp]
             })
-            stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > gpu.window_end}
+            end = gpu.window_end or 0  # set whenever figures are shown
+            stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > end}
         stream.previous_since, stream.since = since, newest
         stream.listed = set(stream.figures)
         return stream.figures

@@ -337,8 +337,8 @@ class SampleStream:
         if any(value == 0 for _, value in fresh):
             self.zero_seen = True
         dry_gap = self.dry_gap()
-        previous = since
-        for stamp, value in fresh:
+        previous: Any = since
+        for stamp, level in fresh:
             low = max(previous, self.covered_to)
             if period and stamp - previous > DRY_GAP_KNOWN * period:
                 self.dry_spells += 1
@@ -346,7 +346,7 @@ class SampleStream:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
-            self._known(low, stamp, value, stamp)
+            self._known(low, stamp, level, stamp)
             previous = stamp
         periods = 0
         if fresh:
