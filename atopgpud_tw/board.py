@@ -12,7 +12,7 @@ processes.  Version 1 replies carry busy figures over each client's own
 interval, so they are rendered per client once per poll (`Board.stats_v1`).
 
 However many exits a client has queued, a reply looks at no more of them than
-can fit (`codec.EXITED_SCAN`), and takes those it sends off the front of the
+can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
 queue: the cost of a request is bounded by the size of a reply.
 """
 
@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 from twisted.logger import Logger
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.snapshot import Snapshot
 
@@ -50,7 +50,7 @@ class Exited:
         """Its ``E`` record in a reply version."""
         record = self.records.get(version)
         if record is None:
-            record = self.records[version] = codec.render_process(self.totals, version, b"E")
+            record = self.records[version] = render.render_process(self.totals, version, b"E")
         return record
 
 
@@ -76,7 +76,7 @@ class ClientQueue:
     batch: Sequence[Exited] | None = None
     #: version 1 only: the generation of this client's previous ``S`` and its
     #: records then, the same until the next poll
-    v1_prepared: tuple[int, codec.PreparedStats] | None = None
+    v1_prepared: tuple[int, render.PreparedStats] | None = None
     #: version 1 only: the generation `seen_v1` was taken at (-1: never)
     v1_generation: int = -1
     #: version 1 only: `seen_v1` holds only the active processes of that ``S``
@@ -113,7 +113,7 @@ class ClientQueue:
 @dataclass
 class _Rendered:
     generation: int
-    prepared: codec.PreparedStats
+    prepared: render.PreparedStats
     #: the whole framed reply for a client with no exited processes queued
     framed: bytes
 
@@ -131,12 +131,12 @@ class Board:
         self._stats: dict[int, _Rendered] = {}
         #: the latest poll's exits as queued, and the body for a queue holding just them
         self._batch: list[Exited] | None = None
-        self._batch_bodies: dict[int, codec.StatsBody] = {}
+        self._batch_bodies: dict[int, render.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
         #: the most devices said to be more than the wire carries
         self._devices_told = 0
         #: version 1 records this poll, by the generation of the clients' previous S
-        self._v1_shared: dict[int, tuple[codec.PreparedStats, _Seen]] = {}
+        self._v1_shared: dict[int, tuple[render.PreparedStats, _Seen]] = {}
         self._v1_shared_generation = -1
         self.replies_cut = 0
         self.exited_dropped = 0
@@ -266,14 +266,14 @@ class Board:
         cached = self._types.get(version)
         if cached is None or cached[0] != generation:
             devices = self.counters.devices[: codec.wire_devices(version)]
-            cached = self._types[version] = (generation, codec.render_types(devices))
+            cached = self._types[version] = (generation, render.render_types(devices))
         return cached[1]
 
     def stats_body(self, version: int, queue: ClientQueue) -> bytes:
         """The ``S`` body for one client; takes what it reports off its queue."""
         queue.subscribed = True
         prepared = self._rendered(version).prepared
-        result: codec.StatsBody | None
+        result: render.StatsBody | None
         if not queue.entries:
             result = prepared.full
             self._heard(queue)
@@ -281,7 +281,7 @@ class Board:
             shared = queue.batch is not None and queue.batch is self._batch
             result = self._batch_bodies.get(version) if shared else None
             if result is None:
-                result = prepared.body(_records(islice(queue.entries, codec.EXITED_SCAN), version))
+                result = prepared.body(_records(islice(queue.entries, render.EXITED_SCAN), version))
                 if shared:
                     self._batch_bodies[version] = result
             queue.batch = None
@@ -315,11 +315,11 @@ class Board:
         else:
             prepared, now_seen = self._v1_prepared(queue)
             queue.v1_prepared = (generation, prepared)
-        entries = list(islice(queue.entries, codec.EXITED_SCAN))
+        entries = list(islice(queue.entries, render.EXITED_SCAN))
         records = []
         for entry in entries:
             busy, _ = _interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
-            records.append((entry.device_index, codec.render_process(entry.totals, 1, b"E", busy)))
+            records.append((entry.device_index, render.render_process(entry.totals, 1, b"E", busy)))
         result = prepared.body(records) if records else prepared.full
         sent = len(result.exited_sent)
         # now_seen may be shared with other clients: copied before it is changed
@@ -350,7 +350,7 @@ class Board:
             self.replies_cut += 1
         return result.body
 
-    def _v1_prepared(self, queue: ClientQueue) -> tuple[codec.PreparedStats, _Seen]:
+    def _v1_prepared(self, queue: ClientQueue) -> tuple[render.PreparedStats, _Seen]:
         """One client's version 1 records this poll, and the sums to remember for its next ``S``.
 
         Clients whose previous ``S`` came in the same poll, with no exit still to
@@ -377,10 +377,10 @@ class Board:
                 busy, now_seen[key] = _interval_busy(totals, before)
                 if before is not None and before[2] == totals.samples and before[2]:
                     shared_ok = False  # the figures sent last stand: this client's own
-                active.append((totals.memory_now_kib, totals.pid, codec.render_process(totals, 1, b"A", busy)))
+                active.append((totals.memory_now_kib, totals.pid, render.render_process(totals, 1, b"A", busy)))
             active.sort(key=lambda item: (-item[0], item[1]))
-            devices.append(codec.RenderedDevice(rendered.header, tuple(active)))
-        result = codec.PreparedStats(devices), now_seen
+            devices.append(render.RenderedDevice(rendered.header, tuple(active)))
+        result = render.PreparedStats(devices), now_seen
         if since is not None and shared_ok:
             self._v1_shared[since] = result
         return result
@@ -390,7 +390,7 @@ class Board:
         cached = self._stats.get(version)
         if cached is None or cached.generation != generation:
             devices = self.counters.devices[: codec.wire_devices(version)]
-            prepared = codec.PreparedStats(codec.render_devices(devices, version))
+            prepared = render.PreparedStats(render.render_devices(devices, version))
             cached = _Rendered(generation, prepared, codec.frame(version, prepared.full.body))
             self._stats[version] = cached
             self._note_cut(version, prepared.full.active_cut)

@@ -70,7 +70,7 @@ def threads(args: argparse.Namespace) -> None:
 def bare(args: argparse.Namespace) -> None:
     from twisted.internet import reactor, task
 
-    from atopgpud_tw.worker import SerialWorker
+    from atopgpud_tw.readers.worker import SerialWorker
 
     worker = SerialWorker(reactor)
     results = []

@@ -1,8 +1,8 @@
 """Replies rendered once per poll are byte-identical to replies rendered from scratch.
 
-The uncached path is `codec.render_stats` (every record rendered, then joined or
+The uncached path is `render.render_stats` (every record rendered, then joined or
 selected by `assemble_stats`); the cached one is what the Board serves
-(`codec.PreparedStats`, exited records rendered once per version, one body per
+(`render.PreparedStats`, exited records rendered once per version, one body per
 batch of exits).  Random counter states, with exited processes, replies cut to
 atop's limit and devices at atop's 255-process cap, in both versions.
 """
@@ -14,9 +14,8 @@ import random
 import pytest
 from snapshots import dev, proc, snap
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.board import Board
-from atopgpud_tw.codec import render as codec_render
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 
 KINDS = ("C", "G", "C+G")
@@ -66,15 +65,15 @@ def test_prepared_bodies_match_uncached_rendering(seed):
     for _ in range(60):
         devices = random_devices(rng)
         for version in (1, 2):
-            prepared = codec.PreparedStats(codec.render_devices(devices, version))
-            assert prepared.full == codec.render_stats(devices, version)
+            prepared = render.PreparedStats(render.render_devices(devices, version))
+            assert prepared.full == render.render_stats(devices, version)
             for _ in range(3):
                 count = rng.choice((0, 1, 5, 60, 400)) if devices else 0
                 exited = [
                     (rng.randrange(len(devices)), random_totals(rng, rng.randint(1, 10**7))) for _ in range(count)
                 ]
-                records = [(i, codec.render_process(t, version, b"E")) for i, t in exited]
-                assert prepared.body(records) == codec.render_stats(devices, version, exited)
+                records = [(i, render.render_process(t, version, b"E")) for i, t in exited]
+                assert prepared.body(records) == render.render_stats(devices, version, exited)
 
 
 def test_random_states_reach_every_selection_rule():
@@ -83,7 +82,7 @@ def test_random_states_reach_every_selection_rule():
     seen = set()
     for _ in range(60):
         devices = random_devices(rng)
-        result = codec.render_stats(devices, 2)
+        result = render.render_stats(devices, 2)
         seen.add("cut" if result.active_cut else "whole")
         if any(len(d.processes) > codec.MAX_PROCESSES_PER_DEVICE for d in devices):
             seen.add("capped")
@@ -131,7 +130,7 @@ def test_board_replies_match_uncached_rendering_for_every_client(limit):
         for number, (queue, version, every) in enumerate(clients):
             if poll % every:
                 continue
-            expected = codec.render_stats(board.counters.devices, version, models[number] or ())
+            expected = render.render_stats(board.counters.devices, version, models[number] or ())
             reply = board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
             assert reply == codec.frame(version, expected.body)
             sent = set(expected.exited_sent)
@@ -142,16 +141,15 @@ def test_board_replies_match_uncached_rendering_for_every_client(limit):
 
 
 def counting(monkeypatch, name: str) -> list[int]:
-    """Count the calls of a codec function, which keeps working, wherever it is called from."""
+    """Count the calls of a render function, which keeps working, wherever it is called from."""
     calls = [0]
-    original = getattr(codec, name)
+    original = getattr(render, name)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    for owner in (codec, codec_render):  # the package's name, and the one render's own code uses
-        monkeypatch.setattr(owner, name, counted)
+    monkeypatch.setattr(render, name, counted)
     return calls
 
 
@@ -187,14 +185,14 @@ def test_clients_asking_once_per_poll_share_one_body(monkeypatch):
     for queue in queues:
         board.stats_body(2, queue)
     board.fold(snap(dev("a", processes=(proc(2),))))
-    original = codec.PreparedStats.body
+    original = render.PreparedStats.body
     bodies = [0]
 
     def counted(self, exited=()):
         bodies[0] += bool(exited)
         return original(self, exited)
 
-    monkeypatch.setattr(codec.PreparedStats, "body", counted)
+    monkeypatch.setattr(render.PreparedStats, "body", counted)
     replies = {board.stats_body(2, queue) for queue in queues}
     assert len(replies) == 1 and b"#E 1 " in replies.pop()
     assert bodies[0] == 1  # one body with the exits, for all 20 clients
@@ -225,7 +223,7 @@ def test_version_1_busy_figures_are_per_client_intervals():
             expected = (sums[0] - before[0]) // (sums[1] - before[1])
             assert record.gpu_busy == expected, (name, poll)
             seen[id(queue)] = tuple(sums)
-            uncached = codec.parse_stats(codec.render_stats(board.counters.devices, 1).body, 1)[0].processes[0]
+            uncached = codec.parse_stats(render.render_stats(board.counters.devices, 1).body, 1)[0].processes[0]
             assert (record.memory_now_kib, record.memory_cum_kib, record.samples) == (
                 uncached.memory_now_kib, uncached.memory_cum_kib, uncached.samples
             )

@@ -16,7 +16,9 @@ import pytest
 from daemon import free_port, run_daemon
 from scenarios import A10, H100
 
-from atopgpud_tw import cli, client, codec
+from atopgpud_tw import codec
+from atopgpud_tw.atopgpu import cli
+from atopgpud_tw.atopgpu import connection as client
 
 INTERVAL = 0.2
 #: above the largest pid_max Linux allows (2**22): no process can have it

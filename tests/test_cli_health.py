@@ -8,9 +8,9 @@ import time
 import pytest
 from daemon import free_port, run_daemon
 
-from atopgpud_tw import cli
-from atopgpud_tw.cli_health import health_report, render_health
-from atopgpud_tw.client import BadReply
+from atopgpud_tw.atopgpu import cli
+from atopgpud_tw.atopgpu.connection import BadReply
+from atopgpud_tw.atopgpu.health import health_report, render_health
 
 PAGE = """# TYPE atopgpud_build_info gauge
 atopgpud_build_info{version="0.1.0"} 1

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from snapshots import dev, proc, snap
 from twisted.logger import globalLogPublisher
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 
@@ -76,7 +76,7 @@ def test_a_queue_of_thousands_costs_no_more_than_a_reply():
     board, (queue,) = churned_board(8192)
     before = list(queue.entries)
     board.stats_body(2, queue)
-    assert sum(len(e.records) for e in before) <= codec.EXITED_SCAN
+    assert sum(len(e.records) for e in before) <= render.EXITED_SCAN
     assert list(queue.entries) == before[len(before) - len(queue.entries) :], "sent from the front"
 
 
@@ -101,14 +101,14 @@ def test_every_reply_fits_and_parses_whatever_the_input(cards, values, procs):
             for pid in range(procs):
                 totals.processes[pid] = ProcessTotals(values[8] + pid, "C", *values[9:13], values[0])
         devices.append(totals)
-    types = codec.render_types(devices)
+    types = render.render_types(devices)
     assert len(codec.frame(2, types)) <= codec.ATOP_REPLY_LIMIT
     listed = codec.parse_types(types)
     assert len(listed) == min(len(devices), codec.MAX_WIRE_DEVICES)
     assert all(len(t.busid) <= codec.MAX_TOKEN_CHARS and len(t.name) <= codec.MAX_TOKEN_CHARS for t in listed)
     exited = [(0, ProcessTotals(values[8], "G", *values[9:13], values[1]))] * 50
     for version in (1, 2):
-        body = codec.render_stats(devices, version, exited).body
+        body = render.render_stats(devices, version, exited).body
         assert len(codec.frame(version, body)) <= codec.ATOP_REPLY_LIMIT
         parsed = codec.parse_stats(body, version)
         assert len(parsed) == len(listed)
@@ -121,10 +121,10 @@ def test_every_reply_fits_and_parses_whatever_the_input(cards, values, procs):
 def test_ordinary_names_and_numbers_are_unchanged():
     """Clamping and cutting leave ordinary input byte for byte as it was."""
     device = DeviceTotals("a", "00000000:17:00.0", "NVIDIA H100 80GB HBM3", 3)
-    assert codec.render_types([device]) == b"1@00000000:17:00.0 NVIDIA_H100_80GB_HBM3 3"
+    assert render.render_types([device]) == b"1@00000000:17:00.0 NVIDIA_H100_80GB_HBM3 3"
     gone = ProcessTotals(4242, "C+G", 3, -1, -1, 90, 15)
-    assert codec.render_process(gone, 2, b"E") == b"#E 4242 C 90 15 -1 -1 3"
-    assert codec.render_process(ProcessTotals(2**40, "C", 1, -7, 2**64, 1, 1), 2) == (
+    assert render.render_process(gone, 2, b"E") == b"#E 4242 C 90 15 -1 -1 3"
+    assert render.render_process(ProcessTotals(2**40, "C", 1, -7, 2**64, 1, 1), 2) == (
         b"#A %d C 1 1 -1 %d 1" % (codec.INT_MAX, codec.LLONG_MAX)
     )
 

@@ -14,7 +14,7 @@ from daemon import run_daemon
 from scenarios import a10_card
 from test_nvml_reader import make_reader, poll
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.problems import ProblemLog
@@ -74,11 +74,11 @@ def run(scenario: dict, seconds: int = 1, mig: str = "instances") -> tuple[Count
 
 
 def types(counters: Counters) -> list[codec.DeviceType]:
-    return codec.parse_types(codec.render_types(counters.devices))
+    return codec.parse_types(render.render_types(counters.devices))
 
 
 def stats(counters: Counters) -> list[codec.DeviceStats]:
-    return codec.parse_stats(codec.render_stats(counters.devices, 2).body, 2)
+    return codec.parse_stats(render.render_stats(counters.devices, 2).body, 2)
 
 
 def test_types_list_each_instance_and_the_whole_card():

@@ -12,7 +12,7 @@ from typing import Any
 
 from scenarios import a10_card
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
@@ -194,7 +194,7 @@ def test_task_support_digit_follows_the_process_lists():
     reader, _ = make_reader({"gpus": cards}, clock)
     counters = Counters()
     counters.fold(poll(reader, clock, 0.0)[0])
-    types = codec.parse_types(codec.render_types(counters.devices))
+    types = codec.parse_types(render.render_types(counters.devices))
     assert [t.task_support for t in types] == [3, 1, 2, 0]
 
 

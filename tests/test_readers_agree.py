@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 from daemon import Daemon, first_reply, run_daemon, smi_stand_in
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import mig_slots, name_slots, parse_mig_names, parse_report, read_report
@@ -88,7 +88,7 @@ def smi_counters(mig: str) -> Counters:
 
 
 def stats(counters: Counters, version: int = 2) -> list[codec.DeviceStats]:
-    return codec.parse_stats(codec.render_stats(counters.devices, version).body, version)
+    return codec.parse_stats(render.render_stats(counters.devices, version).body, version)
 
 
 def device_figures(device: codec.DeviceStats) -> tuple[int, ...]:
@@ -121,8 +121,8 @@ def smi() -> dict[str, Counters]:
 @pytest.mark.parametrize("mig", ["instances", "card"])
 def test_types_are_byte_identical(nvml: dict[str, Counters], smi: dict[str, Counters], mig: str) -> None:
     """T: the same bus ids, names (profiles, or the product name with '_') and task support."""
-    from_nvml = codec.render_types(nvml[mig].devices)
-    from_smi = codec.render_types(smi[mig].devices)
+    from_nvml = render.render_types(nvml[mig].devices)
+    from_smi = render.render_types(smi[mig].devices)
     assert from_nvml == from_smi == EXPECTED_TYPES[mig]
 
 

@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.metrics import make_registry
+from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml import NvmlReader
 from atopgpud_tw.readers.smi_parse import parse_report
 from atopgpud_tw.sim import parse_scenario, simulated_binding
@@ -92,7 +92,7 @@ class Host:
             self.now += 1.0
 
     def types(self) -> bytes:
-        return codec.render_types(self.counters.devices)
+        return render.render_types(self.counters.devices)
 
     def assert_monotonic(self) -> None:
         for before, after in zip(self.history, self.history[1:]):
@@ -146,7 +146,7 @@ def test_smi_shows_both_cards_with_one_uuid() -> None:
         devices, problems = parse_report(data, keys=keys)
         assert problems == {}
         counters.fold(Snapshot(devices))
-    assert codec.render_types(counters.devices) == CLONES_TYPES
+    assert render.render_types(counters.devices) == CLONES_TYPES
     first, second = counters.devices
     assert (first.samples, second.samples) == (3, 3)
     assert (first.processes[301].memory_now_kib, second.processes[302].memory_now_kib) == (512 * MIB, 1536 * MIB)
@@ -311,9 +311,9 @@ def test_process_memory_unknown_is_minus_one_and_poisons_nothing() -> None:
     assert (totals.samples, totals.memory_now_kib, totals.memory_cum_kib) == (3, -1, -1)
     assert (totals.gpu_busy_cum, totals.mem_busy_cum) == (60, 6)
     assert (device.samples, device.memory_used_cum_kib) == (3, 120)
-    v2 = codec.render_process(totals, 2)
+    v2 = render.render_process(totals, 2)
     assert v2 == b"#A 9 C 60 6 -1 -1 3"
-    assert codec.render_process(totals, 1) == b"#A 9 20 2 0 -1 -1 3"
+    assert render.render_process(totals, 1) == b"#A 9 20 2 0 -1 -1 3"
 
 
 def test_process_memory_known_then_unknown_is_a_failed_read() -> None:
@@ -356,7 +356,7 @@ def test_nvml_lists_a_process_whose_memory_is_not_available() -> None:
                if p.pid == 7724]
     assert proc.usedGpuMemory is None
     host.until(3)
-    (device,) = codec.parse_stats(codec.render_stats(host.counters.devices, 2).body, 2)
+    (device,) = codec.parse_stats(render.render_stats(host.counters.devices, 2).body, 2)
     figures = {p.pid: (p.kind, p.memory_now_kib, p.memory_cum_kib, p.samples) for p in device.processes}
     assert figures == {7724: ("C", -1, -1, 3), 8000: ("C", 64 * MIB, 3 * 64 * MIB, 3)}
     assert device.samples == 3
@@ -368,7 +368,7 @@ def test_smi_lists_a_process_whose_memory_is_n_a() -> None:
     for _ in range(3):
         devices, _ = parse_report((FIXTURES / "not-available.xml").read_bytes())
         counters.fold(Snapshot(devices))
-    wddm = codec.parse_stats(codec.render_stats(counters.devices, 2).body, 2)[0]
+    wddm = codec.parse_stats(render.render_stats(counters.devices, 2).body, 2)[0]
     assert {p.pid: (p.memory_now_kib, p.memory_cum_kib, p.samples) for p in wddm.processes} == {
         7724: (-1, -1, 3), 10808: (-1, -1, 3),
     }

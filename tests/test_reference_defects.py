@@ -8,7 +8,7 @@ from __future__ import annotations
 from snapshots import dev, proc, snap
 from test_protocol import connect, replies, turns
 
-from atopgpud_tw import codec
+from atopgpud_tw import codec, render
 from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import NvmlReader
@@ -69,7 +69,7 @@ def test_defect_4_compute_and_graphics_process_counted_once():
         counters.fold(reader.read(clock[0])[0])
     totals = counters.devices[0].processes[9]
     assert (totals.kind, totals.samples, totals.memory_cum_kib) == ("C+G", 3, 3 * 1024)
-    assert codec.render_process(totals, 2).startswith(b"#A 9 C ")
+    assert render.render_process(totals, 2).startswith(b"#A 9 C ")
 
 
 class SkewedNvml(SimulatedNvml):

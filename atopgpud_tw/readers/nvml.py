@@ -9,7 +9,7 @@ backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
 A card in MIG mode (docs/mig.md, NVML-FACTS.md section 5) is read as its MIG
-instances, each a device named by `atopgpud_tw.identity`, with its own memory and
+instances, each a device named by `atopgpud_tw.readers.identity`, with its own memory and
 processes and no utilization (NVML has none under MIG).  The mode and the
 instances are looked up again at every poll, a few cheap calls, so instances
 created or destroyed while the daemon runs are picked up.  With ``mig="card"``
@@ -27,31 +27,29 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from atopgpud_tw.health import XidEvents, read_card_health
-from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
+from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml_device import (
-    BACKOFF,
     FUNCTION_NOT_FOUND,
     LIFECYCLE,
-    MIG_MODES,
     NO_PERMISSION,
     NOT_SUPPORTED,
     TASK_COMPUTE,
     TASK_GRAPHICS,
+    Backoff,
     DeviceLost,
     NvmlDevice,
     Reinitialise,
-    absent_sample,
     as_text,
     error_name,
     placeholder,
     probe_support,
 )
 from atopgpud_tw.readers.nvml_mig import layout_card, read_card
-from atopgpud_tw.snapshot import DeviceSample, Snapshot
+from atopgpud_tw.readers.worker import SerialWorker
+from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 from atopgpud_tw.watchdog import HANG_AFTER, CallWatch, HangWatchdog
-from atopgpud_tw.worker import SerialWorker
 
 log = Logger()
 
@@ -72,8 +70,7 @@ class NvmlReader:
     def __init__(
         self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances", hang_after: float = HANG_AFTER
     ) -> None:
-        if mig not in MIG_MODES:
-            raise ValueError(f"mig must be one of {', '.join(MIG_MODES)}, not {mig!r}")
+        mig_mode(mig)
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
@@ -89,11 +86,10 @@ class NvmlReader:
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
         self._initialised = False
-        self._retry_at = 0.0
-        self._attempts = 0
+        #: setting NVML up again after it failed
+        self._retry = Backoff()
         #: re-discovery while a device is lost or missing, with its own backoff
-        self._rediscover_at = 0.0
-        self._rediscoveries = 0
+        self._rediscovery = Backoff()
         self._lost = False
         #: every card ever discovered (its key), to notice one missing
         self._cards: set[str] = set()
@@ -142,7 +138,7 @@ class NvmlReader:
         self._call("nvmlInit", None)
         self._initialised = True
         self._devices = self._discover()
-        self._attempts = 0
+        self._retry.succeeded()
 
     def _discover(self) -> list[NvmlDevice]:
         """The devices that can be used now, in index order.
@@ -255,7 +251,7 @@ class NvmlReader:
     def _read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
         problems: dict[str, str] = {}
         if not self._initialised or not (self._devices or self._unusable):
-            if now < self._retry_at:
+            if not self._retry.due(now):
                 problems["init"] = "NVML is being set up again"
                 return self._absent(), problems
             try:
@@ -267,7 +263,7 @@ class NvmlReader:
                 self._schedule_retry(now)
                 problems["init"] = f"cannot set up NVML ({_describe_init_failure(error)})"
                 return self._absent(), problems
-        elif self._missing() and now >= self._rediscover_at:
+        elif self._missing() and self._rediscovery.due(now):
             self._rediscover()
         samples = []
         lost = False
@@ -286,7 +282,7 @@ class NvmlReader:
                 problems[f"{card.key} lost"] = self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
                 if card.mig.enabled and card.mig.instances and self.mig == "instances":
                     continue  # its instances are shown absent, as vanished ones are
-                found = [absent_sample(self._known.get(card.key) or placeholder(card))]
+                found = [(self._known.get(card.key) or placeholder(card)).absent()]
             for sample in found:
                 self._known[sample.key] = sample
             samples.extend(found)
@@ -296,13 +292,11 @@ class NvmlReader:
             if key not in present:
                 problems.setdefault(f"{key} lost", text)
         if lost or self._missing():
-            if now >= self._rediscover_at:
-                delay = BACKOFF[min(self._rediscoveries, len(BACKOFF) - 1)]
-                self._rediscover_at = now + delay
-                self._rediscoveries += 1
+            if self._rediscovery.due(now):
+                self._rediscovery.failed(now)
             self._lost = lost
         else:
-            self._rediscoveries = 0
+            self._rediscovery.succeeded()
         return self._with_vanished(samples), problems
 
     def _missing(self) -> bool:
@@ -331,15 +325,14 @@ class NvmlReader:
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
         present = {s.key for s in samples}
-        gone = [absent_sample(s) for key, s in self._known.items() if key not in present]
+        gone = [s.absent() for key, s in self._known.items() if key not in present]
         return Snapshot(tuple(samples) + tuple(gone))
 
     def _absent(self) -> Snapshot:
-        return Snapshot(tuple(absent_sample(s) for s in self._known.values()))
+        return Snapshot(tuple(s.absent() for s in self._known.values()))
 
     def _schedule_retry(self, now: float) -> None:
-        self._retry_at = now + BACKOFF[min(self._attempts, len(BACKOFF) - 1)]
-        self._attempts += 1
+        self._retry.failed(now)
 
     def _shutdown(self) -> None:
         if self._initialised:

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 from twisted.logger import Logger
 
+from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.readers.nvml_samples import (
     PER_CALL,
     PER_PERIOD,
@@ -40,31 +41,14 @@ from atopgpud_tw.watchdog import CallWatch
 
 log = Logger()
 
-INVALID_ARGUMENT = 2
-NOT_SUPPORTED = 3
-NO_PERMISSION = 4
-NOT_FOUND = 6
-INSUFFICIENT_SIZE = 7
-FUNCTION_NOT_FOUND = 13
-#: errors after which NVML has to be initialised again
-LIFECYCLE = {1: "UNINITIALIZED", 9: "DRIVER_NOT_LOADED", 18: "LIB_RM_VERSION_MISMATCH"}
-GPU_IS_LOST = 15
-GPU_NOT_FOUND = 28
-_ERROR_NAMES = {
-    INVALID_ARGUMENT: "INVALID_ARGUMENT",
-    NOT_SUPPORTED: "NOT_SUPPORTED",
-    NO_PERMISSION: "NO_PERMISSION",
-    NOT_FOUND: "NOT_FOUND",
-    INSUFFICIENT_SIZE: "INSUFFICIENT_SIZE",
-    10: "TIMEOUT",
-    12: "LIBRARY_NOT_FOUND",
-    FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
-    GPU_IS_LOST: "GPU_IS_LOST",
-    17: "OPERATING_SYSTEM",
-    GPU_NOT_FOUND: "GPU_NOT_FOUND",
-    999: "UNKNOWN",
-    **LIFECYCLE,
-}
+INVALID_ARGUMENT = CODES["INVALID_ARGUMENT"]
+NOT_SUPPORTED = CODES["NOT_SUPPORTED"]
+NO_PERMISSION = CODES["NO_PERMISSION"]
+NOT_FOUND = CODES["NOT_FOUND"]
+INSUFFICIENT_SIZE = CODES["INSUFFICIENT_SIZE"]
+FUNCTION_NOT_FOUND = CODES["FUNCTION_NOT_FOUND"]
+GPU_IS_LOST = CODES["GPU_IS_LOST"]
+GPU_NOT_FOUND = CODES["GPU_NOT_FOUND"]
 #: seconds between attempts to set NVML up again, doubling up to the last
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 #: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
@@ -78,7 +62,6 @@ SAME_CLOCK_US = 5_000_000
 _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new
 _NOTHING_NEW = object()
-MIG_MODES = ("instances", "card")
 
 log = Logger()
 
@@ -87,7 +70,7 @@ def error_name(error: BaseException) -> str:
     """A short stable name for an NVML error (also the key of a logged problem)."""
     value = getattr(error, "value", None)
     if isinstance(value, int):
-        return "NVML_ERROR_" + _ERROR_NAMES.get(value, str(value))
+        return "NVML_ERROR_" + NAMES.get(value, str(value))
     return type(error).__name__
 
 
@@ -96,6 +79,26 @@ def as_text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace").rstrip("\0")
     return str(value)
+
+
+class Backoff:
+    """When to try something that failed again: the next delay of `BACKOFF` after
+    each failure (the last one kept), from the first again once it worked."""
+
+    def __init__(self, delays: tuple[float, ...] = BACKOFF) -> None:
+        self.delays = delays
+        self.at = 0.0
+        self.failures = 0
+
+    def due(self, now: float) -> bool:
+        return now >= self.at
+
+    def failed(self, now: float) -> None:
+        self.at = now + self.delays[min(self.failures, len(self.delays) - 1)]
+        self.failures += 1
+
+    def succeeded(self) -> None:
+        self.failures = 0
 
 
 class Unsupported(Exception):
@@ -617,13 +620,3 @@ def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
 
 def placeholder(device: NvmlDevice) -> DeviceSample:
     return DeviceSample(device.key, device.busid, device.name, device.task_support)
-
-
-def absent_sample(sample: DeviceSample) -> DeviceSample:
-    return DeviceSample(
-        key=sample.key,
-        busid=sample.busid,
-        name=sample.name,
-        task_support=sample.task_support,
-        present=False,
-    )

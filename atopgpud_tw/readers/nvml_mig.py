@@ -1,6 +1,6 @@
 """MIG: a card in MIG mode read as its instances, or as their sum (docs/mig.md).
 
-Each instance is a device named by `atopgpud_tw.identity`, with its own memory
+Each instance is a device named by `atopgpud_tw.readers.identity`, with its own memory
 and processes and no utilization (NVML has none under MIG).  The mode and the
 instances are looked up again at every poll, a few cheap calls, so instances
 created or destroyed while the daemon runs are picked up.  With ``mig="card"``
@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from atopgpud_tw.identity import mig_busid, mig_key, mig_profile
+from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml_device import (
     INVALID_ARGUMENT,
     MIG_ENABLED,
@@ -25,7 +25,6 @@ from atopgpud_tw.readers.nvml_device import (
     NvmlDevice,
     Reinitialise,
     Unsupported,
-    absent_sample,
     as_text,
     attempter,
     placeholder,
@@ -205,7 +204,7 @@ def _read_instance(instance: NvmlDevice, problems: dict[str, str]) -> DeviceSamp
         return read_device(instance, problems)
     except DeviceLost as failure:
         problems[f"{instance.key} lost"] = f"MIG instance {instance.busid}: {failure.cause}"
-        return absent_sample(placeholder(instance))
+        return placeholder(instance).absent()
 
 
 def _unread(instance: NvmlDevice) -> DeviceSample:

@@ -20,9 +20,9 @@ from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from atopgpud_tw.identity import CardKeys
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
+from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi_health import read_cards_health
 from atopgpud_tw.readers.smi_parse import (

@@ -19,7 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from atopgpud_tw.identity import CardKeys, mig_busid, mig_key, mig_profile
+from atopgpud_tw.readers.identity import CardKeys, mig_busid, mig_key, mig_profile
 from atopgpud_tw.snapshot import (
     KINDS,
     UNSUPPORTED,

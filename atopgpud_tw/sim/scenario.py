@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from atopgpud_tw.nvml_codes import CODES
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS, HealthSpec, default_health, parse_health
 from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
@@ -23,22 +24,8 @@ from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
 Number = float | int
 Cycled = Number | Sequence[Number] | None
 
-NVML_ERRORS = {
-    "NVML_ERROR_UNINITIALIZED": 1,
-    "NVML_ERROR_INVALID_ARGUMENT": 2,
-    "NVML_ERROR_NOT_SUPPORTED": 3,
-    "NVML_ERROR_NO_PERMISSION": 4,
-    "NVML_ERROR_NOT_FOUND": 6,
-    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
-    "NVML_ERROR_TIMEOUT": 10,
-    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
-    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
-    "NVML_ERROR_GPU_IS_LOST": 15,
-    "NVML_ERROR_OPERATING_SYSTEM": 17,
-    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18,
-    "NVML_ERROR_GPU_NOT_FOUND": 28,
-    "NVML_ERROR_UNKNOWN": 999,
-}
+#: the NVML errors a scenario can make a call return, by their C names
+NVML_ERRORS = {f"NVML_ERROR_{name}": code for name, code in CODES.items()}
 #: faults that are not NVML error codes
 OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError", "hang")
 PROCESS_TYPES = ("C", "G", "C+G")

@@ -60,7 +60,7 @@ try:
 except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, str(ROOT))
 
-from atopgpud_tw import client  # noqa: E402
+from atopgpud_tw.atopgpu import connection as client  # noqa: E402
 from atopgpud_tw.readers.nvml_device import error_name  # noqa: E402
 from atopgpud_tw.sim.replay import FORMAT, driver_offset_us  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Rendering ``T`` and ``S`` bodies from the counters, within atop's limits.
+"""The daemon's side of the wire format: ``T`` and ``S`` bodies rendered from the counters, within atop's limits.
 
 ``T`` body: ``N@busid name tasksupport@busid name tasksupport...``
 

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from atopgpud_tw.client import BadReply, ClientError
+from atopgpud_tw.atopgpu.connection import BadReply, ClientError
 
 DEFAULT_URL = "http://127.0.0.1:9445/metrics"
 #: seconds to wait for the page (the daemon waits at most 2 s for a stuck NVML call)
@@ -139,7 +139,7 @@ _HEADER = ("BUSID", "TYPE", "TEMP", "MEMTEMP", "POWER", "LIMIT", "ENERGY", "SM",
 
 def render_health(doc: dict[str, Any]) -> str:
     """The report as text: one row per card, `-` where the card has no such figure."""
-    from atopgpud_tw.cli import _columns
+    from atopgpud_tw.atopgpu.cli import _columns
 
     rows = []
     for gpu in doc["gpus"]:

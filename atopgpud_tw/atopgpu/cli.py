@@ -6,7 +6,7 @@ report covers the time since the daemon started; with ``--watch`` each later one
 covers the interval since the previous report, on the same connection (so a
 process that ends shows once, marked ``E``, as atop sees it).  ``--health`` shows
 the health and power figures instead, from the daemon's metrics page
-(`atopgpud_tw.cli_health`).  The JSON schema and the table are described in
+(`atopgpud_tw.atopgpu.health`).  The JSON schema and the table are described in
 docs/atopgpu.md.
 """
 
@@ -21,7 +21,7 @@ import time
 from typing import Any, Sequence
 
 from atopgpud_tw import codec
-from atopgpud_tw.client import (
+from atopgpud_tw.atopgpu.connection import (
     DEFAULT_CONNECT,
     ClientError,
     Connection,
@@ -251,7 +251,7 @@ def _emit(doc: dict[str, Any], as_json: bool, watching: bool) -> None:
 
 def run_health(args: argparse.Namespace) -> None:
     """--health: the metrics page's health figures, once or every --watch seconds."""
-    from atopgpud_tw.cli_health import DEFAULT_URL, fetch, health_report, render_health
+    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, health_report, render_health
 
     url = args.metrics_url or DEFAULT_URL
     shown, start = 0, time.monotonic()
