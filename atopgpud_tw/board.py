@@ -101,13 +101,41 @@ class ClientQueue:
         self.lost += overflow
         return overflow
 
+    def subscribe(self) -> None:
+        """The client asked for ``S``: from now on it is told of exits."""
+        self.subscribed = True
+
+    def holds_only(self, batch: Sequence[Exited] | None) -> bool:
+        """Whether the queue holds exactly `batch`, one poll's exits as the Board
+        shares them among every client (the same list object): its reply is then
+        that of every other such client."""
+        return batch is not None and self.batch is batch
+
     def take(self, count: int) -> None:
-        """Forget the first `count` entries: they were sent."""
+        """Forget the first `count` entries: they were sent.  What is left is no
+        longer one poll's shared batch."""
+        self.batch = None
         if count >= len(self.entries):
             self.entries.clear()
         else:
             for _ in range(count):
                 self.entries.popleft()
+
+    def heard(self) -> None:
+        """The client asked again since it lost exits: the count starts afresh."""
+        self.lost = 0
+
+    def only_devices_below(self, count: int) -> None:
+        """Drop the exits on devices from index `count` on: a version 1 reply
+        carries no more devices, so they could never be sent."""
+        if any(entry.device_index >= count for entry in self.entries):
+            self.entries = deque(entry for entry in self.entries if entry.device_index < count)
+            self.batch = None
+
+    def remember_v1(self, seen: dict[tuple[int, int], tuple[int, int, int, int, int]], generation: int) -> None:
+        """Version 1: the sums this ``S`` was worked out from, and the poll they are of."""
+        self.seen_v1 = seen
+        self.v1_generation = generation
 
 
 @dataclass
@@ -209,7 +237,7 @@ class Board:
         if queue not in self.losing:
             return
         self.losing.discard(queue)
-        queue.lost = 0
+        queue.heard()
         if not self.losing:
             log.info(
                 "{lost} exited processes were dropped from {clients} clients' full queues "
@@ -254,7 +282,7 @@ class Board:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
             return codec.frame(version, self.stats_body(version, queue))
-        queue.subscribed = True
+        queue.subscribe()
         rendered = self._rendered(version)
         if rendered.prepared.full.active_cut:
             self.replies_cut += 1
@@ -271,20 +299,19 @@ class Board:
 
     def stats_body(self, version: int, queue: ClientQueue) -> bytes:
         """The ``S`` body for one client; takes what it reports off its queue."""
-        queue.subscribed = True
+        queue.subscribe()
         prepared = self._rendered(version).prepared
         result: render.StatsBody | None
         if not queue.entries:
             result = prepared.full
             self._heard(queue)
         else:
-            shared = queue.batch is not None and queue.batch is self._batch
+            shared = queue.holds_only(self._batch)
             result = self._batch_bodies.get(version) if shared else None
             if result is None:
                 result = prepared.body(_records(islice(queue.entries, render.EXITED_SCAN), version))
                 if shared:
                     self._batch_bodies[version] = result
-            queue.batch = None
             self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
@@ -299,12 +326,10 @@ class Board:
         proportion to the processes once per poll per version 1 client: until the
         next poll its figures stand, and so do its records.
         """
-        queue.subscribed = True
+        queue.subscribe()
         wired = codec.wire_devices(1)
-        if len(self.counters.devices) > wired and any(e.device_index >= wired for e in queue.entries):
-            # exits on devices version 1 does not carry can never be sent to this client
-            queue.entries = deque(e for e in queue.entries if e.device_index < wired)
-            queue.batch = None
+        if len(self.counters.devices) > wired:
+            queue.only_devices_below(wired)
         generation = self.counters.generation
         seen = queue.seen_v1
         same_poll = queue.v1_prepared is not None and queue.v1_prepared[0] == generation
@@ -342,9 +367,7 @@ class Board:
             ]
             if gone:
                 now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
-        queue.batch = None
-        queue.seen_v1 = now_seen
-        queue.v1_generation = generation
+        queue.remember_v1(now_seen, generation)
         self._sent(queue, sent)
         if result.active_cut:
             self.replies_cut += 1
