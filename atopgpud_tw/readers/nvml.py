@@ -39,6 +39,7 @@ from atopgpud_tw.readers.nvml_device import (
     TASK_GRAPHICS,
     Backoff,
     DeviceLost,
+    DevicePoll,
     NvmlDevice,
     Reinitialise,
     as_text,
@@ -268,10 +269,9 @@ class NvmlReader:
         samples = []
         lost = False
         for card in self._devices:
-            card.now_us = int(now * 1_000_000)
-            card.clock = self._call_clock
+            poll = DevicePoll(int(now * 1_000_000), self._call_clock)
             try:
-                found = read_card(card, self.mig, problems)
+                found = read_card(card, self.mig, problems, poll)
             except Reinitialise as failure:
                 problems["init"] = f"{failure.cause}; setting NVML up again"
                 self._shutdown()

@@ -156,14 +156,6 @@ class NvmlDevice:
     streams: dict[int, SampleStream] = field(default_factory=dict)
     #: the driver's per-process utilization samples
     process_stream: ProcessStream = field(default_factory=ProcessStream)
-    #: how many GPU utilization samples this poll brought (None: not known)
-    poll_periods: int | None = None
-    #: this poll's GPU busy figure (None: not known), which process figures may carry on from
-    poll_busy: int | None = None
-    #: this poll's time in microseconds on the reader's clock (the reader sets it)
-    now_us: int = 0
-    #: the reader's clock, read at the calls that need the time they were made
-    clock: Callable[[], float] | None = field(default=None, repr=False)
     #: the NVML calls whose answers were found wanting, told once
     noticed: set[int] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
@@ -339,12 +331,33 @@ def attempter(device: NvmlDevice, problems: dict[str, str]) -> Callable[..., Any
     return attempt
 
 
-def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+@dataclass(eq=False)
+class DevicePoll:
+    """What one poll of one device knows and learns as it goes, handed from call to
+    call rather than left on the device: the poll's time, and what its rates
+    reading tells its process reading."""
+
+    #: the poll's time in microseconds on the reader's clock
+    now_us: int = 0
+    #: the reader's clock, read at the calls that need the time they were made
+    clock: Callable[[], float] | None = field(default=None, repr=False)
+    #: how many GPU utilization samples this poll brought (None: not known)
+    periods: int | None = None
+    #: this poll's GPU busy figure (None: not known), which process figures may carry on from
+    busy: int | None = None
+
+    def call_time_us(self) -> int:
+        """The time of the call being made (the poll's, without a clock)."""
+        return self.now_us if self.clock is None else int(self.clock() * 1_000_000)
+
+
+def read_device(device: NvmlDevice, problems: dict[str, str], poll: DevicePoll | None = None) -> DeviceSample:
     """Everything about one device in this poll (runs in the worker thread)."""
+    poll = poll or DevicePoll()
     attempt = attempter(device, problems)
-    gpu_busy, mem_busy = read_rates(device, attempt)
+    gpu_busy, mem_busy = read_rates(device, attempt, poll)
     total, used = read_memory(device, attempt)
-    processes = attempt(lambda: _read_processes(device, attempt), unsupported=())
+    processes = attempt(lambda: _read_processes(device, attempt, poll), unsupported=())
     return DeviceSample(
         key=device.key,
         busid=device.busid,
@@ -358,7 +371,7 @@ def read_device(device: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
     )
 
 
-def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll) -> tuple[int | None, int | None]:
     """The GPU and memory busy percentages of one device over this poll.
 
     From the driver's sample buffer where it has one (`SampleStream`: a poll
@@ -368,8 +381,6 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | N
     never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
     instance has none: NVML reports no utilization under MIG.
     """
-    device.poll_periods = None
-    device.poll_busy = None
     if device.mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     rates: list[Any] = []
@@ -384,7 +395,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | N
 
     figures = []
     for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
-        value = attempt(lambda kind=kind: _sampled(device, kind), unsupported=_NO_SAMPLES)
+        value = attempt(lambda kind=kind: _sampled(device, kind, poll), unsupported=_NO_SAMPLES)
         if value is _NO_SAMPLES:
             figures = [rate(0), rate(1)]
             break
@@ -400,11 +411,11 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | N
                     busid=device.busid,
                 )
         figures.append(value)
-    device.poll_busy = figures[0] if isinstance(figures[0], int) and figures[0] >= 0 else None
+    poll.busy = figures[0] if isinstance(figures[0], int) and figures[0] >= 0 else None
     return figures[0], figures[1]
 
 
-def _sampled(device: NvmlDevice, kind: int) -> Any:
+def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     """This poll's figure from the sample buffer, or `_NOTHING_NEW`."""
     stream = device.streams.get(kind)
     if stream is None:
@@ -414,10 +425,11 @@ def _sampled(device: NvmlDevice, kind: int) -> Any:
     except Idle:
         samples = []
     # the driver's clock is learnt from when the call was made, not when the poll began
-    now_us = device.now_us if device.clock is None else int(device.clock() * 1_000_000)
-    value, periods = stream.fold([(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples], now_us)
+    value, periods = stream.fold(
+        [(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples], poll.call_time_us()
+    )
     if kind == GPU_UTILIZATION_SAMPLES:
-        device.poll_periods = periods
+        poll.periods = periods
     if value is None:
         return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
     return value
@@ -468,7 +480,9 @@ def _memory_info(device: NvmlDevice) -> Any:
     return device.call("nvmlDeviceGetMemoryInfo")
 
 
-def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[ProcessSample, ...] | None:
+def _read_processes(
+    device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
+) -> tuple[ProcessSample, ...] | None:
     found: dict[int, tuple[str, int]] = {}
     for kind in ("C", "G"):
         listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
@@ -486,14 +500,14 @@ def _read_processes(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[Pr
     if not found:
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
-    busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device))
+    busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device, poll))
     if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
         return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
     idle = (0, 0)
     return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
 
 
-def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
+def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]]:
     """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`).
 
     A poll that brings no new process sample while the device's own buffer had
@@ -508,8 +522,8 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
         # from the device's newest sample of the previous poll, on the same clock
         # (polls that listed nobody would leave `since` behind)
         since = max(since, gpu.before)
-    elapsed = None if stream.polled_us is None else device.now_us - stream.polled_us
-    stream.polled_us = device.now_us
+    elapsed = None if stream.polled_us is None else poll.now_us - stream.polled_us
+    stream.polled_us = poll.now_us
     samples = _process_samples(device, since)
     if samples:
         _learn_process_mode(device, stream, samples)
@@ -530,7 +544,7 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
     else:
         learnt = stream.learn_period(samples, since)
         period = (gpu.period_us if gpu else None) or learnt
-        periods = device.poll_periods
+        periods = poll.periods
         if periods is not None and since:
             # a skipped sample is a period nobody knows of: not an idle one
             periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
@@ -545,7 +559,7 @@ def _process_busy(device: NvmlDevice) -> dict[int, tuple[int, int]]:
                 # periods that ended between the device's call and this one
                 stream.credit = max(0, round((newest - gpu.since) / period))
     if newest <= since:
-        if device.poll_periods == 0 and device.poll_busy:
+        if poll.periods == 0 and poll.busy:
             return stream.figures  # no new period yet: the load goes on
         stream.figures = {}
         return {}

@@ -19,6 +19,7 @@ from atopgpud_tw.readers.nvml_device import (
     MIG_ENABLED,
     UNSUPPORTED,
     DeviceLost,
+    DevicePoll,
     Failed,
     Idle,
     MigState,
@@ -37,14 +38,14 @@ from atopgpud_tw.snapshot import DeviceSample, ProcessSample, merge_processes
 log = Logger()
 
 
-def read_card(card: NvmlDevice, mig: str, problems: dict[str, str]) -> list[DeviceSample]:
+def read_card(card: NvmlDevice, mig: str, problems: dict[str, str], poll: DevicePoll) -> list[DeviceSample]:
     """A card's devices in this poll: the card, or its MIG instances (or their sum).
 
     A lost card raises `DeviceLost`; a MIG instance that fails does not touch
     the card or the other instances.
     """
     if not _mig_enabled(card, mig, problems):
-        return [read_device(card, problems)]
+        return [read_device(card, problems, poll)]
     instances, complete = _enumerate(card, problems)
     if not instances and complete:
         problems[f"{card.key} mig-empty"] = (
