@@ -20,6 +20,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
+from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml_device import (
     DeviceLost,
     Failed,
@@ -74,7 +75,7 @@ class CardHealth:
     values: dict[Series, float] = field(default_factory=dict)
     lost: bool = False
     #: why figures failed in this reading (cause -> text), for the log
-    problems: dict[str, str] = field(default_factory=dict)
+    problems: Problems = field(default_factory=Problems)
 
 
 def read_card_health(device: NvmlDevice) -> CardHealth:
@@ -91,7 +92,7 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
             raise
         except (Failed, Idle) as failure:
             cause = getattr(failure, "cause", str(failure))
-            reading.problems[f"{device.key} {cause}"] = f"GPU {device.busid}: {cause}"
+            reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
             return None
         if series[0]:
             values[series] = float(value) * scale
@@ -126,7 +127,7 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     except (DeviceLost, Reinitialise) as failure:
         reading.values = {}
         reading.lost = True
-        reading.problems[f"{device.key} health lost"] = f"GPU {device.busid}: {failure.cause}"
+        reading.problems.add(f"{device.key} health lost", f"GPU {device.busid}: {failure.cause}")
     return reading
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from twisted.logger import Logger
 
@@ -33,3 +33,44 @@ class ProblemLog:
                 )
         # a cause keeps the words it was first logged with, so its recovery names it
         self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
+
+
+class Problems(Mapping[str, str]):
+    """The troubles found in one poll (or one reading), for `ProblemLog.report`.
+
+    The contract between a reader and its log: each trouble is kept under a key
+    that names its cause and stays the same from poll to poll while the trouble
+    lasts: its subject first (a device or card key, a bus id, ``init``,
+    ``preamble``), then what went wrong there (``lost``, ``mig-empty``, an NVML
+    error's name, an element's path).  A key reported again is the same trouble,
+    not logged again; a key no longer reported has recovered.  The text is what is
+    logged; a trouble keeps the words it was first logged with, so that its
+    recovery names it.  Of two texts under one key in one poll, the later stands.
+    """
+
+    def __init__(self) -> None:
+        self._found: dict[str, str] = {}
+
+    def add(self, key: str, text: str) -> None:
+        """A trouble under `key`, described by `text`."""
+        self._found[key] = text
+
+    def setdefault(self, key: str, text: str) -> str:
+        """A trouble under `key` unless one is there already (whose text stays)."""
+        return self._found.setdefault(key, text)
+
+    def update(self, other: Mapping[str, str]) -> None:
+        """Every trouble of `other` (another part of the poll) added."""
+        self._found.update(other)
+
+    def __getitem__(self, key: str) -> str:
+        return self._found[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._found)
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def __repr__(self) -> str:
+        return f"Problems({self._found!r})"

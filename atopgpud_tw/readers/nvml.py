@@ -27,7 +27,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from atopgpud_tw.health import XidEvents, read_card_health
-from atopgpud_tw.problems import ProblemLog
+from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml_device import (
@@ -229,12 +229,12 @@ class NvmlReader:
         self.watchdog.disarm()
         return outcome
 
-    def _reported(self, outcome: tuple[Snapshot, dict[str, str]]) -> Snapshot:
+    def _reported(self, outcome: tuple[Snapshot, Problems]) -> Snapshot:
         snapshot, problems = outcome
         self._problems.report(problems)
         return snapshot
 
-    def read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
+    def read(self, now: float) -> tuple[Snapshot, Problems]:
         """One blocking poll of every device, and the problems it met.
 
         An exception that escapes (a bug, or a binding gone wrong) fails this poll
@@ -249,11 +249,11 @@ class NvmlReader:
         problems.update(self._unusable_problems())
         return snapshot, problems
 
-    def _read(self, now: float) -> tuple[Snapshot, dict[str, str]]:
-        problems: dict[str, str] = {}
+    def _read(self, now: float) -> tuple[Snapshot, Problems]:
+        problems = Problems()
         if not self._initialised or not (self._devices or self._unusable):
             if not self._retry.due(now):
-                problems["init"] = "NVML is being set up again"
+                problems.add("init", "NVML is being set up again")
                 return self._absent(), problems
             try:
                 if self._initialised:
@@ -262,7 +262,7 @@ class NvmlReader:
                     self._initialise()
             except Exception as error:
                 self._schedule_retry(now)
-                problems["init"] = f"cannot set up NVML ({_describe_init_failure(error)})"
+                problems.add("init", f"cannot set up NVML ({_describe_init_failure(error)})")
                 return self._absent(), problems
         elif self._missing() and self._rediscovery.due(now):
             self._rediscover()
@@ -273,13 +273,14 @@ class NvmlReader:
             try:
                 found = read_card(card, self.mig, problems, poll)
             except Reinitialise as failure:
-                problems["init"] = f"{failure.cause}; setting NVML up again"
+                problems.add("init", f"{failure.cause}; setting NVML up again")
                 self._shutdown()
                 self._schedule_retry(now)
                 return self._absent(), problems
             except DeviceLost as failure:
                 lost = True
-                problems[f"{card.key} lost"] = self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
+                self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
+                problems.add(f"{card.key} lost", self._gone[card.key])
                 if card.mig.enabled and card.mig.instances and self.mig == "instances":
                     continue  # its instances are shown absent, as vanished ones are
                 found = [(self._known.get(card.key) or placeholder(card)).absent()]

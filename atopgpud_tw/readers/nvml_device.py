@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 from twisted.logger import Logger
 
 from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
+from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml_samples import (
     PER_CALL,
     PER_PERIOD,
@@ -305,7 +306,7 @@ def probe_support(device: NvmlDevice) -> int:
     return support
 
 
-def attempter(device: NvmlDevice, problems: dict[str, str]) -> Callable[..., Any]:
+def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
     """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
 
     It returns `unsupported` when the device cannot do it, ``None`` when it
@@ -321,11 +322,11 @@ def attempter(device: NvmlDevice, problems: dict[str, str]) -> Callable[..., Any
         except (DeviceLost, Reinitialise):
             raise
         except Failed as failure:
-            problems[f"{device.key} {failure.cause}"] = f"{subject}: {failure.cause}"
+            problems.add(f"{device.key} {failure.cause}", f"{subject}: {failure.cause}")
             return None
         except Idle as idle:
             # NOT_FOUND where a value was expected: nothing to count in this poll
-            problems[f"{device.key} {idle} not found"] = f"{subject}: {idle}: NVML_ERROR_NOT_FOUND"
+            problems.add(f"{device.key} {idle} not found", f"{subject}: {idle}: NVML_ERROR_NOT_FOUND")
             return None
 
     return attempt
@@ -351,7 +352,7 @@ class DevicePoll:
         return self.now_us if self.clock is None else int(self.clock() * 1_000_000)
 
 
-def read_device(device: NvmlDevice, problems: dict[str, str], poll: DevicePoll | None = None) -> DeviceSample:
+def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None = None) -> DeviceSample:
     """Everything about one device in this poll (runs in the worker thread)."""
     poll = poll or DevicePoll()
     attempt = attempter(device, problems)

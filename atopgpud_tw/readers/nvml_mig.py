@@ -13,6 +13,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml_device import (
     INVALID_ARGUMENT,
@@ -38,7 +39,7 @@ from atopgpud_tw.snapshot import DeviceSample, ProcessSample, merge_processes
 log = Logger()
 
 
-def read_card(card: NvmlDevice, mig: str, problems: dict[str, str], poll: DevicePoll) -> list[DeviceSample]:
+def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) -> list[DeviceSample]:
     """A card's devices in this poll: the card, or its MIG instances (or their sum).
 
     A lost card raises `DeviceLost`; a MIG instance that fails does not touch
@@ -48,8 +49,8 @@ def read_card(card: NvmlDevice, mig: str, problems: dict[str, str], poll: Device
         return [read_device(card, problems, poll)]
     instances, complete = _enumerate(card, problems)
     if not instances and complete:
-        problems[f"{card.key} mig-empty"] = (
-            f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
+        problems.add(
+            f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
         total, used = read_memory(card, attempter(card, problems))
         return [_card_sample(card, total, used, ())]
@@ -67,7 +68,7 @@ def read_card(card: NvmlDevice, mig: str, problems: dict[str, str], poll: Device
 
 def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
     """A card's devices as a poll would show them, by identity only (no readings)."""
-    problems: dict[str, str] = {}
+    problems = Problems()
     if not _mig_enabled(card, mig, problems):
         return [placeholder(card)]
     instances, _ = _enumerate(card, problems)
@@ -76,7 +77,7 @@ def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
     return [placeholder(instance) for instance in instances]
 
 
-def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
+def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
     try:
         enabled = int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
@@ -87,7 +88,7 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
     except (DeviceLost, Reinitialise):
         raise
     except Failed as failure:
-        problems[f"{card.key} {failure.cause}"] = f"GPU {card.busid}: {failure.cause}"
+        problems.add(f"{card.key} {failure.cause}", f"GPU {card.busid}: {failure.cause}")
         return card.mig.enabled
     if enabled != card.mig.enabled:
         card.mig = MigState(enabled=enabled)
@@ -102,7 +103,7 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: dict[str, str]) -> bool:
     return enabled
 
 
-def _enumerate(card: NvmlDevice, problems: dict[str, str]) -> tuple[list[NvmlDevice], bool]:
+def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:
     """The card's MIG instances now, in slot order, and whether the list is complete.
 
     Slots are sparse: NOT_FOUND or INVALID_ARGUMENT means nothing is there (or it
@@ -133,8 +134,9 @@ def _enumerate(card: NvmlDevice, problems: dict[str, str]) -> tuple[list[NvmlDev
             continue
         except Unsupported as unsupported:
             # a driver that cannot say which instance this is: said once, not guessed
-            problems[f"{card.key} mig identity"] = (
-                f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported"
+            problems.add(
+                f"{card.key} mig identity",
+                f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported",
             )
             continue
         except Reinitialise:
@@ -147,13 +149,11 @@ def _enumerate(card: NvmlDevice, problems: dict[str, str]) -> tuple[list[NvmlDev
     return list(found.values()), complete
 
 
-def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: dict[str, str]) -> bool:
+def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: Problems) -> bool:
     """Whether a failure at a slot means "nothing there" (else it is a problem)."""
     if failure.value == INVALID_ARGUMENT:
         return True
-    problems[f"{card.key} mig slot {slot} {failure.cause}"] = (
-        f"GPU {card.busid}: MIG device {slot}: {failure.cause}"
-    )
+    problems.add(f"{card.key} mig slot {slot} {failure.cause}", f"GPU {card.busid}: MIG device {slot}: {failure.cause}")
     return False
 
 
@@ -200,11 +200,11 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
     card.mig.instances = dict(found)
 
 
-def _read_instance(instance: NvmlDevice, problems: dict[str, str]) -> DeviceSample:
+def _read_instance(instance: NvmlDevice, problems: Problems) -> DeviceSample:
     try:
         return read_device(instance, problems)
     except DeviceLost as failure:
-        problems[f"{instance.key} lost"] = f"MIG instance {instance.busid}: {failure.cause}"
+        problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {failure.cause}")
         return placeholder(instance).absent()
 
 

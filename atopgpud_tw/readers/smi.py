@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from atopgpud_tw.problems import ProblemLog
+from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
@@ -148,9 +148,9 @@ class SmiReader:
             root, preamble = read_report(data)
         except SmiReportError as error:
             raise SmiRunError(f"{self._binary} -q -x: {error}") from None
-        problems: dict[str, str] = {}
+        problems = Problems()
         if preamble:
-            problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
+            problems.add("preamble", f"nvidia-smi printed before its report: {preamble}")
         if self._mig == "instances":
             await self._learn_names(mig_slots(root), problems)
         devices, found = read_devices(root, self._mig, self._profiles, self._keys)
@@ -174,7 +174,7 @@ class SmiReader:
         """None: nvidia-smi's report has no XID events."""
         return None
 
-    async def _learn_names(self, slots: tuple[MigSlot, ...], problems: dict[str, str]) -> None:
+    async def _learn_names(self, slots: tuple[MigSlot, ...], problems: Problems) -> None:
         """Ask ``nvidia-smi -L`` for profile names when the MIG instances changed.
 
         The names are kept while the instances stay the same (their ids, SMs and
@@ -183,7 +183,7 @@ class SmiReader:
         now = self._reactor.seconds()
         if slots == self._slots and (self._names_problem is None or now < self._names_retry_at):
             if self._names_problem is not None:
-                problems["mig-names"] = self._names_problem
+                problems.add("mig-names", self._names_problem)
             return
         self._slots, self._profiles, self._names_problem = slots, {}, None
         if not slots:
@@ -194,7 +194,7 @@ class SmiReader:
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
             self._names_retry_at = now + NAMES_RETRY
-            problems["mig-names"] = self._names_problem
+            problems.add("mig-names", self._names_problem)
 
     def _run(self, *arguments: str) -> Deferred:
         """Run nvidia-smi with `arguments` as a child; fires with its stdout."""

@@ -19,6 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Mapping, NamedTuple
 
+from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import CardKeys, mig_busid, mig_key, mig_profile
 from atopgpud_tw.snapshot import (
     KINDS,
@@ -92,18 +93,18 @@ def read_report(data: bytes) -> tuple[ET.Element, str]:
 
 def parse_report(
     data: bytes, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
-) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
+) -> tuple[tuple[DeviceSample, ...], Problems]:
     """The devices of one ``-q -x`` report and the problems met reading their values."""
     root, preamble = read_report(data)
     devices, problems = read_devices(root, mig, profiles, keys)
     if preamble:
-        problems["preamble"] = f"nvidia-smi printed before its report: {preamble}"
+        problems.add("preamble", f"nvidia-smi printed before its report: {preamble}")
     return devices, problems
 
 
 def read_devices(
     root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
-) -> tuple[tuple[DeviceSample, ...], dict[str, str]]:
+) -> tuple[tuple[DeviceSample, ...], Problems]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
     ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
@@ -112,7 +113,7 @@ def read_devices(
     unique within this report only.
     """
     mig_mode(mig)
-    problems: dict[str, str] = {}
+    problems = Problems()
     devices: list[DeviceSample] = []
     found = [(gpu, _card(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
     cards = [(gpu, card) for gpu, card in found if card is not None]
@@ -126,8 +127,8 @@ def read_devices(
             continue
         slots = _slots(gpu, card, problems)
         if not slots:
-            problems[f"{card.busid} mig-empty"] = (
-                f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
+            problems.add(
+                f"{card.busid} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
             )
             devices.append(_whole_card(gpu, card, entries, problems, mig=True))
             continue
@@ -140,9 +141,9 @@ def mig_slots(root: ET.Element) -> tuple[MigSlot, ...]:
     """Every MIG instance of every card in MIG mode, in report order."""
     slots: list[MigSlot] = []
     for position, gpu in enumerate(root.findall("gpu")):
-        card = _card(gpu, position, {})
+        card = _card(gpu, position, Problems())
         if card is not None and _value(gpu, "mig_mode/current_mig") == "Enabled":
-            slots.extend(slot for slot, _ in _slots(gpu, card, {}))
+            slots.extend(slot for slot, _ in _slots(gpu, card, Problems()))
     return tuple(slots)
 
 
@@ -218,18 +219,18 @@ class _Card(NamedTuple):
     name: str
 
 
-def _card(gpu: ET.Element, position: int, problems: dict[str, str]) -> _Card | None:
+def _card(gpu: ET.Element, position: int, problems: Problems) -> _Card | None:
     busid = (gpu.get("id") or "").strip() or _value(gpu, "pci/pci_bus_id") or ""
     uuid = _value(gpu, "uuid")
     key = uuid if uuid and not _not_available(uuid) else busid
     if not key:
-        problems[f"gpu#{position} no-id"] = f"GPU number {position} in the report has no bus id and no UUID"
+        problems.add(f"gpu#{position} no-id", f"GPU number {position} in the report has no bus id and no UUID")
         return None
     return _Card(key, busid, _value(gpu, "product_name") or "")
 
 
 def _whole_card(
-    gpu: ET.Element, card: _Card, entries: list | None, problems: dict[str, str], mig: bool = False
+    gpu: ET.Element, card: _Card, entries: list | None, problems: Problems, mig: bool = False
 ) -> DeviceSample:
     owner = (card.key, card.busid)
     busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
@@ -249,14 +250,14 @@ def _whole_card(
     )
 
 
-def _slots(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> list[tuple[MigSlot, ET.Element]]:
+def _slots(gpu: ET.Element, card: _Card, problems: Problems) -> list[tuple[MigSlot, ET.Element]]:
     """The card's MIG instances by index, each with its ``<mig_device>`` element."""
     slots = []
     for device in gpu.findall("mig_devices/mig_device"):
         ids = [_integer(_value(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id")]
         index, gi, ci = ids
         if index is None or gi is None or ci is None:
-            problems[f"{card.key} mig-ids"] = f"GPU {card.busid}: a MIG device without ids is left out"
+            problems.add(f"{card.key} mig-ids", f"GPU {card.busid}: a MIG device without ids is left out")
             continue
         owner = (mig_key(card.key, gi, ci), card.busid)
         total = _reading(device, _MEMORY[0], _kib, 0, owner, problems)
@@ -270,7 +271,7 @@ def _instances(
     slots: list[tuple[MigSlot, ET.Element]],
     entries: list | None,
     profiles: Profiles,
-    problems: dict[str, str],
+    problems: Problems,
 ) -> list[DeviceSample]:
     """Each instance with its own memory and the processes whose instance ids are its own."""
     devices = []
@@ -295,8 +296,9 @@ def _instances(
         )
     ids = {(slot.gpu_instance, slot.compute_instance) for slot, _ in slots}
     if lost := sorted({s.pid for g, c, s in entries or () if (g, c) not in ids}):
-        problems[f"{card.key} mig-unmatched"] = (
-            f"GPU {card.busid}: processes on no listed MIG instance are left out (pids {lost[:5]})"
+        problems.add(
+            f"{card.key} mig-unmatched",
+            f"GPU {card.busid}: processes on no listed MIG instance are left out (pids {lost[:5]})",
         )
     return devices
 
@@ -320,7 +322,7 @@ def _folded(card: _Card, instances: list[DeviceSample]) -> DeviceSample:
 # -- processes --
 
 
-def _process_entries(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> list | None:
+def _process_entries(gpu: ET.Element, card: _Card, problems: Problems) -> list | None:
     """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable.
 
     A list with one unreadable pid is dropped whole for this poll: a partial
@@ -330,7 +332,7 @@ def _process_entries(gpu: ET.Element, card: _Card, problems: dict[str, str]) -> 
     for info in gpu.findall("processes/process_info"):
         pid = _integer(_value(info, "pid"))
         if pid is None:
-            problems[f"{card.key} pid"] = f"GPU {card.busid}: unreadable pid {_value(info, 'pid')!r}"
+            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {_value(info, 'pid')!r}")
             return None
         kind = _value(info, "type")
         # N/A, as for every process under WDDM, is not known: -1, not a failure
@@ -353,7 +355,7 @@ def _reading(
     parse: Callable[[str], int | None],
     unavailable: int,
     owner: tuple[str, str],
-    problems: dict[str, str],
+    problems: Problems,
 ) -> int | None:
     """The value at `path`: `unavailable` if absent or N/A; None and a problem if unreadable.
 
@@ -365,20 +367,21 @@ def _reading(
     try:
         value = parse(text)
     except _Implausible:
-        problems[f"{owner[0]} {path}"] = f"GPU {owner[1]}: implausible {path} {text[:40]!r}"
+        problems.add(f"{owner[0]} {path}", f"GPU {owner[1]}: implausible {path} {text[:40]!r}")
         return None
     if value is None:
-        problems[f"{owner[0]} {path}"] = f"GPU {owner[1]}: unreadable {path} {text[:40]!r}"
+        problems.add(f"{owner[0]} {path}", f"GPU {owner[1]}: unreadable {path} {text[:40]!r}")
     return value
 
 
-def _within(used: int | None, total: int | None, owner: tuple[str, str], problems: dict[str, str]) -> int | None:
+def _within(used: int | None, total: int | None, owner: tuple[str, str], problems: Problems) -> int | None:
     """`used`, unless it is more than a known `total` (0: not known): then None and a problem."""
     if used is None or not total or used <= total:
         return used
     path = _MEMORY[1]
-    problems[f"{owner[0]} {path}"] = (
-        f"GPU {owner[1]}: implausible {path} {used // 1024} MiB, more than the {total // 1024} MiB total"
+    problems.add(
+        f"{owner[0]} {path}",
+        f"GPU {owner[1]}: implausible {path} {used // 1024} MiB, more than the {total // 1024} MiB total",
     )
     return None
 
