@@ -61,9 +61,9 @@ def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
         scenario = load_scenario(settings.scenario) if settings.scenario else demo_scenario()
     except ScenarioError as error:
         raise ReaderUnavailable(f"scenario {error}") from None
-    reader = NvmlReader(simulated_binding(scenario), reactor, mig=settings.mig, hang_after=_hang_after(settings))
-    reader.name = "sim"
-    return reader
+    return NvmlReader(
+        simulated_binding(scenario), reactor, mig=settings.mig, hang_after=_hang_after(settings), name="sim"
+    )
 
 
 def _hang_after(settings: ReaderSettings) -> float:

@@ -66,12 +66,17 @@ class NvmlReader:
     a device) or ``"card"`` (one device holding its instances' memory and processes).
     """
 
-    name = "nvml"
-
     def __init__(
-        self, nvml: ModuleType | Any, reactor: Any, mig: str = "instances", hang_after: float = HANG_AFTER
+        self,
+        nvml: ModuleType | Any,
+        reactor: Any,
+        mig: str = "instances",
+        hang_after: float = HANG_AFTER,
+        name: str = "nvml",
     ) -> None:
         mig_mode(mig)
+        #: what the log and the status line call this reader ("sim" over the simulator)
+        self.name = name
         self.nvml = nvml
         self.mig = mig
         self._reactor = reactor
