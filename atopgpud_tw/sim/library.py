@@ -42,7 +42,7 @@ from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
-from atopgpud_tw.sim.health_library import health_table
+from atopgpud_tw.sim.health_library import _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.nvml import (
     _ERROR_TEXT,
     NO_INSTANCE,
@@ -68,10 +68,6 @@ NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
 _HANDLE_BASE = 0x5100_0000
 _HANDLE_STEP = 0x40
 
-_int = ctypes.c_int
-_uint = ctypes.c_uint
-_ull = ctypes.c_ulonglong
-_ptr = ctypes.c_void_p
 
 
 class _Corrupt:
