@@ -1,7 +1,7 @@
 """Cumulative counters per device and per process, folded from one Snapshot per poll.
 
 Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour, and it is
-what atop's arithmetic depends on (DESIGN.md, "Counter semantics"):
+what atop's arithmetic depends on (docs/design.md, "Counter semantics"):
 
 - one sample per device per poll, counted only when every supported value of the
   device was read in that poll, so that ``cum / samples`` is an exact average;

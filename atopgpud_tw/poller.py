@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from atopgpud_tw.board import Board
-from atopgpud_tw.readers.base import IReader
+from atopgpud_tw.readers.base import IReader, PollError
 
 
 class PollerService(Service):
@@ -82,7 +82,7 @@ class PollerService(Service):
         self.failed_polls[cause] = self.failed_polls.get(cause, 0) + 1
         if cause != self._failing:
             self._failing = cause
-            if failure.check(Exception) and getattr(failure.value, "expected", False):
+            if failure.check(PollError):
                 self.log.warn("poll failed: {cause}", cause=cause)
             else:
                 self.log.failure("poll failed: {cause}", failure, cause=cause)

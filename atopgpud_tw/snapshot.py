@@ -132,7 +132,7 @@ def add_memory(first: int | None, second: int | None) -> int | None:
 def clamp_percent(value: int | float | None) -> int | None:
     """A percentage from a reader as an int in 0..100; ``None`` stays ``None``.
 
-    Drivers have been seen to report values above 100 (NVML-FACTS.md section 3);
+    Drivers have been seen to report values above 100 (docs/fidelity.md);
     rounding rather than truncating keeps fractional figures from nvidia-smi honest.
     """
     if value is None:

@@ -1,7 +1,7 @@
 """Hung NVML calls: what the reader's thread is calling, watched from the reactor.
 
-An NVML call can hang in the driver, for minutes or for good (NVML-FACTS.md
-section 6).  The reader's thread cannot be interrupted, and while it is stuck no
+An NVML call can hang in the driver, for minutes or for good (docs/reliability.md,
+the faults table).  The reader's thread cannot be interrupted, and while it is stuck no
 poll starts; the counters freeze and nothing says why.  So the thread notes each
 call it makes in a `CallWatch` (two attribute writes, no lock, no reactor call),
 and a `HangWatchdog` on the reactor looks at it once a second while a poll is

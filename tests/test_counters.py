@@ -1,4 +1,4 @@
-"""Counter semantics (DESIGN.md): what atop subtracts must be exact and monotonic."""
+"""Counter semantics (docs/design.md): what atop subtracts must be exact and monotonic."""
 
 from __future__ import annotations
 

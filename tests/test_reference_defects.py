@@ -1,4 +1,4 @@
-"""One test per defect of the reference daemon (PROTOCOL.md, defects 1 to 8).
+"""One test per defect of the reference daemon (docs/protocol.md, "What the reference daemon got wrong", 1 to 8).
 
 Each fails on the reference's behaviour: the comment names what it did.
 """

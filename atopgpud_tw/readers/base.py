@@ -41,5 +41,3 @@ class PollError(Exception):
 
     The poller logs it as one line, without a traceback.
     """
-
-    expected = True

@@ -8,7 +8,7 @@ lacks a symbol) mean NVML must be set up again, which `NvmlReader` does with
 backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
-A card in MIG mode (docs/mig.md, NVML-FACTS.md section 5) is read as its MIG
+A card in MIG mode (docs/mig.md) is read as its MIG
 instances, each a device named by `atopgpud_tw.readers.identity`, with its own memory and
 processes and no utilization (NVML has none under MIG).  The mode and the
 instances are looked up again at every poll, a few cheap calls, so instances

@@ -3,7 +3,7 @@
 The driver measures utilization over its own sample period (1/6 s to 1 s by
 product) and keeps every sample in a buffer; `nvmlDeviceGetUtilizationRates`
 shows only the last period, so a poll once a second can miss most of each second
-(NVML-FACTS.md sections 1 to 3).  The reader takes everything the buffer holds
+(docs/fidelity.md).  The reader takes everything the buffer holds
 instead, and copes with what real drivers do to it (docs/fidelity.md):
 
 - `SampleStream`: one device's buffer of one kind (GPU or memory busy): the

@@ -2,10 +2,10 @@
 
 For hosts where NVML cannot be used from Python.  The child runs through the
 reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
-sockets.  nvidia-smi is known to hang for good on a sick GPU (NVML-FACTS.md
-section 7): a run that outlasts ``timeout`` is killed with SIGKILL, with all it
-started (`smi_child`), and the poll fails at once.  Only one child exists at a time; while a killed one has not yet
-been reaped (a process stuck in the kernel cannot die), polls fail fast instead
+sockets.  nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md):
+a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
+(`smi_child`), and the poll fails at once.  Only one child exists at a time; while a
+killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
 of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
 for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
 """
@@ -204,8 +204,8 @@ class SmiReader:
             if self._child.killed is not None:
                 # the same cause as the kill, so that it is logged once, not alternating
                 return fail(SmiRunError(self._child.killed))
-            pid = self._child.transport.pid
-            return fail(SmiRunError(f"{self._child.command}: the previous run (pid {pid}) has not ended yet"))
+            # no pid in the message: a cause is logged (and counted in the metrics) by its words
+            return fail(SmiRunError(f"{self._child.command}: the previous run has not ended yet"))
         command = " ".join([self._binary, *arguments])
         run = Run(self._reactor, command, self._timeout, lambda: self._ended(run))
         self._child = run

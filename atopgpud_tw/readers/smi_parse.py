@@ -234,7 +234,7 @@ def _whole_card(
 ) -> DeviceSample:
     owner = (card.key, card.busid)
     busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
-    if not mig:  # a card in MIG mode has no utilization of its own (NVML-FACTS.md section 5)
+    if not mig:  # a card in MIG mode has no utilization of its own (docs/mig.md)
         busy = [_reading(gpu, path, _percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (_reading(gpu, path, _kib, 0, owner, problems) for path in _MEMORY)
     used = _within(used, total, owner, problems)

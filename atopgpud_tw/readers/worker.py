@@ -1,7 +1,7 @@
 """One daemon thread that runs blocking calls (NVML) in order, off the reactor.
 
 Twisted's thread pool joins its threads at shutdown, so one NVML call stuck in
-the driver (they are, at times, for good: NVML-FACTS.md section 6) would keep the
+the driver (they are, at times, for good: docs/reliability.md) would keep the
 daemon from stopping.  This worker's thread is a daemon thread: a stuck call pins
 it, the reactor never waits for it, and the process can still exit.
 """

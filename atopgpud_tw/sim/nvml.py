@@ -12,7 +12,7 @@ utilization on MIG cards and for null percentages, NOT_FOUND from the process
 utilization call when nothing ran since the timestamp, timestamps in
 microseconds, `usedGpuMemory` in bytes, names as str, bus ids as bytes.
 
-MIG (NVML-FACTS.md section 5): a GPU with a ``mig`` list is in MIG mode.  Its
+MIG (docs/mig.md): a GPU with a ``mig`` list is in MIG mode.  Its
 instances sit in sparse slots (NOT_FOUND for an empty one), each MIG handle has
 its own name (``<card> MIG <profile>``), UUID, ids, memory and process lists;
 device and process utilization are NOT_SUPPORTED on the card and on its
