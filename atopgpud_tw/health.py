@@ -24,8 +24,8 @@ from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml_device import (
     DeviceLost,
     Failed,
-    Idle,
     Missing,
+    NotFound,
     NvmlDevice,
     Reinitialise,
     Unsupported,
@@ -90,7 +90,7 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
             return None
         except (DeviceLost, Reinitialise):
             raise
-        except (Failed, Idle) as failure:
+        except (Failed, NotFound) as failure:
             cause = getattr(failure, "cause", str(failure))
             reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
             return None
@@ -160,7 +160,7 @@ def _clocks_event_reasons(device: NvmlDevice, values: dict[Series, float], ask: 
             return
         except (DeviceLost, Reinitialise):
             raise
-        except (Failed, Idle):
+        except (Failed, NotFound):
             return
     if reasons is None:
         return

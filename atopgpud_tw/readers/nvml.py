@@ -8,12 +8,8 @@ lacks a symbol) mean NVML must be set up again, which `NvmlReader` does with
 backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
-A card in MIG mode (docs/mig.md) is read as its MIG
-instances, each a device named by `atopgpud_tw.readers.identity`, with its own memory and
-processes and no utilization (NVML has none under MIG).  The mode and the
-instances are looked up again at every poll, a few cheap calls, so instances
-created or destroyed while the daemon runs are picked up.  With ``mig="card"``
-the instances are summed into one device for the card.
+A card in MIG mode is read as its MIG instances, or as their sum
+(`readers.nvml_mig` says how; docs/mig.md).
 """
 
 from __future__ import annotations
@@ -35,8 +31,6 @@ from atopgpud_tw.readers.nvml_device import (
     LIFECYCLE,
     NO_PERMISSION,
     NOT_SUPPORTED,
-    TASK_COMPUTE,
-    TASK_GRAPHICS,
     Backoff,
     DeviceLost,
     DevicePoll,
@@ -49,7 +43,7 @@ from atopgpud_tw.readers.nvml_device import (
 )
 from atopgpud_tw.readers.nvml_mig import layout_card, read_card
 from atopgpud_tw.readers.worker import SerialWorker
-from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
+from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
 from atopgpud_tw.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 
 log = Logger()

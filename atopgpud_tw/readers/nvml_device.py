@@ -110,8 +110,9 @@ class Missing(Unsupported):
     """The binding or the driver's library lacks the function: a fallback may have it."""
 
 
-class Idle(Exception):
-    """NOT_FOUND: no samples since the last read (the device was idle)."""
+class NotFound(Exception):
+    """NVML_ERROR_NOT_FOUND: nothing there (no samples since the last read of an idle
+    device, an empty MIG slot, no such instance)."""
 
 
 class Failed(Exception):
@@ -211,7 +212,7 @@ class NvmlDevice:
                 self.unsupported.add(key)
                 raise Unsupported(key) from None
             if value == NOT_FOUND:
-                raise Idle(function) from None
+                raise NotFound(function) from None
             cause = f"{function}: {error_name(error)}"
             if value in LIFECYCLE:
                 raise Reinitialise(cause, value) from None
@@ -301,7 +302,7 @@ def probe_support(device: NvmlDevice) -> int:
             support |= bit
         except Unsupported:
             pass
-        except (Failed, Idle):
+        except (Failed, NotFound):
             support |= bit  # a passing failure says nothing about support
     return support
 
@@ -324,7 +325,7 @@ def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
         except Failed as failure:
             problems.add(f"{device.key} {failure.cause}", f"{subject}: {failure.cause}")
             return None
-        except Idle as idle:
+        except NotFound as idle:
             # NOT_FOUND where a value was expected: nothing to count in this poll
             problems.add(f"{device.key} {idle} not found", f"{subject}: {idle}: NVML_ERROR_NOT_FOUND")
             return None
@@ -423,7 +424,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
         stream = device.streams[kind] = SampleStream()
     try:
         _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
-    except Idle:
+    except NotFound:
         samples = []
     # the driver's clock is learnt from when the call was made, not when the poll began
     value, periods = stream.fold(
@@ -625,7 +626,7 @@ def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
             UtilSample(_field(s, "pid"), _field(s, "timeStamp"), _field(s, "smUtil"), _field(s, "memUtil"))
             for s in call_sized(device, "nvmlDeviceGetProcessUtilization", since)
         ]
-    except Idle:
+    except NotFound:
         return []  # nothing ran since then
     except Failed as failure:
         if failure.value == 0:

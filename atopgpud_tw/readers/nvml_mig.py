@@ -18,12 +18,11 @@ from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml_device import (
     INVALID_ARGUMENT,
     MIG_ENABLED,
-    UNSUPPORTED,
     DeviceLost,
     DevicePoll,
     Failed,
-    Idle,
     MigState,
+    NotFound,
     NvmlDevice,
     Reinitialise,
     Unsupported,
@@ -34,7 +33,7 @@ from atopgpud_tw.readers.nvml_device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.snapshot import DeviceSample, ProcessSample, merge_processes
+from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, merge_processes
 
 log = Logger()
 
@@ -83,7 +82,7 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
         enabled = int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
     except Unsupported:
         enabled = False
-    except Idle:
+    except NotFound:
         return card.mig.enabled
     except (DeviceLost, Reinitialise):
         raise
@@ -121,7 +120,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     for slot in range(state.slots):
         try:
             handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
-        except (Idle, Unsupported):
+        except (NotFound, Unsupported):
             continue
         except (DeviceLost, Reinitialise):
             raise
@@ -130,7 +129,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             continue
         try:
             instance = _identify(card, handle)
-        except Idle:
+        except NotFound:
             continue
         except Unsupported as unsupported:
             # a driver that cannot say which instance this is: said once, not guessed
