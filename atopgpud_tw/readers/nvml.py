@@ -72,7 +72,7 @@ class NvmlReader:
         #: what the log and the status line call this reader ("sim" over the simulator)
         self.name = name
         self.nvml = nvml
-        self.mig = mig
+        self.mig_mode = mig
         self._reactor = reactor
         #: the time of an NVML call, read when it is made: a poll's calls may wait
         #: in the worker long after the poll began (synchronous reads: none)
@@ -116,7 +116,7 @@ class NvmlReader:
         """
         try:
             self._initialise()
-            layout = [sample for card in self._devices for sample in layout_card(card, self.mig)]
+            layout = [sample for card in self._devices for sample in layout_card(card, self.mig_mode)]
         except Exception as error:
             raise ReaderUnavailable(_describe_init_failure(error)) from None
         self._problems.report(self._unusable_problems())
@@ -270,7 +270,7 @@ class NvmlReader:
         for card in self._devices:
             poll = DevicePoll(int(now * 1_000_000), self._call_clock)
             try:
-                found = read_card(card, self.mig, problems, poll)
+                found = read_card(card, self.mig_mode, problems, poll)
             except Reinitialise as failure:
                 problems.add("init", f"{failure.cause}; setting NVML up again")
                 self._shutdown()
@@ -280,7 +280,7 @@ class NvmlReader:
                 lost = True
                 self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
                 problems.add(f"{card.key} lost", self._gone[card.key])
-                if card.mig.enabled and card.mig.instances and self.mig == "instances":
+                if card.mig_state.enabled and card.mig_state.instances and self.mig_mode == "instances":
                     continue  # its instances are shown absent, as vanished ones are
                 found = [(self._known.get(card.key) or placeholder(card)).absent()]
             for sample in found:

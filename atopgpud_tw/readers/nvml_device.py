@@ -161,9 +161,9 @@ class NvmlDevice:
     #: the NVML calls whose answers were found wanting, told once
     noticed: set[int] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
-    mig_instance: bool = False
+    is_mig_instance: bool = False
     #: a card's MIG mode and instances
-    mig: MigState = field(default_factory=MigState)
+    mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
     missing: set[str] = field(default_factory=set)
     #: how each process list is read, once found: kind ("C", "G") -> binding function
@@ -383,7 +383,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
     never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
     instance has none: NVML reports no utilization under MIG.
     """
-    if device.mig_instance:
+    if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     rates: list[Any] = []
 
@@ -502,7 +502,7 @@ def _read_processes(
     if not found:
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
-    busy = UNSUPPORTED if device.mig_instance else attempt(lambda: _process_busy(device, poll))
+    busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
     if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
         return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
     idle = (0, 0)

@@ -57,7 +57,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
-        samples += [_unread(i) for key, i in card.mig.instances.items() if key not in seen]
+        samples += [_unread(i) for key, i in card.mig_state.instances.items() if key not in seen]
         if not samples:
             return [_card_sample(card, None, None, None)] if mig == "card" else []
     if mig == "card":
@@ -83,14 +83,14 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     except Unsupported:
         enabled = False
     except NotFound:
-        return card.mig.enabled
+        return card.mig_state.enabled
     except (DeviceLost, Reinitialise):
         raise
     except Failed as failure:
         problems.add(f"{card.key} {failure.cause}", f"GPU {card.busid}: {failure.cause}")
-        return card.mig.enabled
-    if enabled != card.mig.enabled:
-        card.mig = MigState(enabled=enabled)
+        return card.mig_state.enabled
+    if enabled != card.mig_state.enabled:
+        card.mig_state = MigState(enabled=enabled)
         # what a card supports depends on its mode
         card.unsupported.clear()
         shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
@@ -109,7 +109,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     was destroyed while being looked at).  Any other failure leaves the list
     incomplete, so that no instance is taken for gone on a passing error.
     """
-    state = card.mig
+    state = card.mig_state
     if state.slots is None:
         slots = attempter(card, problems)(lambda: card.call("nvmlDeviceGetMaxMigDeviceCount"), 0)
         if slots is None:
@@ -163,17 +163,17 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     and the profile are read again at every poll.
     """
     probe = NvmlDevice(
-        card.nvml, handle, card.key, card.busid, card.name, mig_instance=True, said=card.said, watch=card.watch
+        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch
     )
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
     profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
     key = mig_key(card.key, gpu_instance, compute_instance)
-    instance = card.mig.instances.get(key)
+    instance = card.mig_state.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
         instance = NvmlDevice(
-            card.nvml, handle, key, busid, profile, mig_instance=True, said=card.said, watch=card.watch
+            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch
         )
         instance.task_support = probe_support(instance)
     instance.handle = handle
@@ -181,7 +181,7 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
 
 
 def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
-    known = card.mig.instances
+    known = card.mig_state.instances
     for key, instance in found.items():
         if key not in known:
             log.info(
@@ -196,7 +196,7 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
     for key, instance in known.items():
         if key not in found:
             log.info("nvml: GPU {card}: MIG instance {busid} is gone", card=card.busid, busid=instance.busid)
-    card.mig.instances = dict(found)
+    card.mig_state.instances = dict(found)
 
 
 def _read_instance(instance: NvmlDevice, problems: Problems) -> DeviceSample:
