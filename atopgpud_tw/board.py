@@ -38,8 +38,10 @@ DEFAULT_EXITED_LIMIT = 8192
 
 
 @dataclass(eq=False)
-class Exited:
-    """An exited process as every client's queue holds it: one object shared by all."""
+class ExitReport:
+    """The report of an exited process (`counters.ExitedProcess`) as every client's
+    queue holds it, until each client is told: one object shared by all, with its
+    ``E`` records rendered once."""
 
     device_index: int
     totals: ProcessTotals
@@ -65,7 +67,7 @@ class ClientQueue:
 
     limit: int = DEFAULT_EXITED_LIMIT
     subscribed: bool = False
-    entries: deque[Exited] = field(default_factory=deque)
+    entries: deque[ExitReport] = field(default_factory=deque)
     dropped: int = 0
     #: version 1 only: per (device index, pid), the busy sums and samples at this
     #: client's previous ``S`` and the busy figures it was sent then
@@ -73,7 +75,7 @@ class ClientQueue:
     #: the list of one poll's exits when the queue holds exactly that list, else None
     #: (a client that asks once per poll): its reply is then the same as that of every
     #: other such client, and is rendered once
-    batch: Sequence[Exited] | None = None
+    batch: Sequence[ExitReport] | None = None
     #: version 1 only: the generation of this client's previous ``S`` and its
     #: records then, the same until the next poll
     v1_prepared: tuple[int, render.PreparedStats] | None = None
@@ -85,7 +87,7 @@ class ClientQueue:
     #: exits dropped from this queue since the client last asked
     lost: int = 0
 
-    def add(self, exited: Sequence[Exited]) -> int:
+    def add(self, exited: Sequence[ExitReport]) -> int:
         """Queue exits; returns how many old entries had to be dropped."""
         if not self.subscribed:
             return 0
@@ -105,7 +107,7 @@ class ClientQueue:
         """The client asked for ``S``: from now on it is told of exits."""
         self.subscribed = True
 
-    def holds_only(self, batch: Sequence[Exited] | None) -> bool:
+    def holds_only(self, batch: Sequence[ExitReport] | None) -> bool:
         """Whether the queue holds exactly `batch`, one poll's exits as the Board
         shares them among every client (the same list object): its reply is then
         that of every other such client."""
@@ -158,7 +160,7 @@ class Board:
         self._types_framed: dict[int, tuple[int, bytes]] = {}
         self._stats: dict[int, _Rendered] = {}
         #: the latest poll's exits as queued, and the body for a queue holding just them
-        self._batch: list[Exited] | None = None
+        self._batch: list[ExitReport] | None = None
         self._batch_bodies: dict[int, render.StatsBody] = {}
         self._cut_logged: dict[int, bool] = {}
         #: the most devices said to be more than the wire carries
@@ -210,7 +212,7 @@ class Board:
         # a device beyond what the wire carries has no place for its exits
         wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
         if wired:
-            shared = self._batch = [Exited(e.device_index, e.totals) for e in wired]
+            shared = self._batch = [ExitReport(e.device_index, e.totals) for e in wired]
             for queue in self.clients:
                 dropped = queue.add(shared)
                 if dropped:
@@ -456,5 +458,5 @@ def _interval_busy(
     return (gpu, mem), (gpu_cum, mem_cum, samples, gpu, mem)
 
 
-def _records(entries: Iterable[Exited], version: int) -> list[tuple[int, bytes]]:
+def _records(entries: Iterable[ExitReport], version: int) -> list[tuple[int, bytes]]:
     return [(e.device_index, e.record(version)) for e in entries]
