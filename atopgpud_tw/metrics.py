@@ -343,11 +343,15 @@ def make_site(
         return deferToThreadPool(reactor, reactor.getThreadPool(), render)
 
     live = _registry(collector.live)
+    health_part = None
     if health is not None:
-        live.register(HealthCollector(health))  # read when scraped, so rendered for each scrape
+        health_part = CollectorRegistry(auto_describe=False)
+        health_part.register(HealthCollector(health))  # read when scraped (page.py: at most every HEALTH_TTL)
     polled = _registry(collector.polled)
     polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
-    page = MetricsPage(live, polled, lambda: board.counters.generation, in_thread or in_pool)
+    page = MetricsPage(
+        live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
+    )
     root = Resource()
     root.putChild(b"", _Index())
     metrics: Resource = MetricsResource(page)

@@ -1,7 +1,10 @@
 """The ``/metrics`` page, rendered once per poll and format however many scrape it.
 
-The page has two parts.  The daemon's health (polls, clients, an NVML call in
-progress) may change between polls and is small: it is rendered for every scrape.
+The page has three parts.  The daemon's own figures (polls, clients, an NVML call
+in progress) may change between polls and are small: they are rendered for every
+scrape.  The GPUs' health figures are read when scraped, at most once a second or
+so each (metrics_health.py): they are rendered at most once per `HEALTH_TTL`
+seconds, so that hundreds of scrapes at once cost the reactor one rendering.
 The GPU and process series change only when a poll is folded in, and with
 ``--metrics-processes`` run to hundreds of kilobytes: they are collected in the
 reactor thread (so they are one poll's figures, whole), then encoded and
@@ -33,6 +36,8 @@ _EOF = b"# EOF\n"
 _GZIP_LEVEL = 6  # level 9 costs 3 to 8 times the CPU for the same size on these pages
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no time, OS unknown
 _FINAL_BLOCK = b"\x03\x00"  # an empty last block (fixed Huffman codes)
+#: seconds one rendering of the health part serves every scrape (given a clock)
+HEALTH_TTL = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,14 @@ class MetricsPage:
         polled: CollectorRegistry | None = None,
         generation: Callable[[], int] | None = None,
         in_thread: InThread | None = None,
+        health: CollectorRegistry | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.live = live
+        self.health = health
+        self.clock = clock
+        #: the health part per format: [when rendered, its text, its deflate stream once asked for]
+        self._health: dict[str, list[Any]] = {}
         self.polled = polled
         self.generation = generation
         self.in_thread = in_thread or _at_once
@@ -79,14 +90,31 @@ class MetricsPage:
     def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
         """The page in the format of `encoder`, gzip-compressed if asked."""
         head = encoder(self.live)
+        if (self.health is not None or self.polled is not None) and head.endswith(_EOF):
+            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the last part
+        parts: list[list[Any]] = [[None, head, None]]
+        if self.health is not None:
+            parts.append(self._health_part(encoder, content_type))
         if self.polled is None:
-            return _gzip(head, b"", _deflate(b"")) if gzip else head
-        if head.endswith(_EOF):
-            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the polled part
+            return _join(parts + [[None, b"", None]], gzip)
         polled = self._polled(encoder, content_type)
         if isinstance(polled, Rendered):
-            return _join(head, polled, gzip)
-        return polled.addCallback(lambda rendered: _join(head, rendered, gzip))
+            return _join(parts + [[None, polled.text, polled.deflated]], gzip)
+        return polled.addCallback(lambda rendered: _join(parts + [[None, rendered.text, rendered.deflated]], gzip))
+
+    def _health_part(self, encoder: Encoder, content_type: str) -> list[Any]:
+        assert self.health is not None
+        now = self.clock() if self.clock is not None else None
+        cached = self._health.get(content_type)
+        if cached is not None and now is not None and 0 <= now - cached[0] < HEALTH_TTL:
+            return cached
+        text = encoder(self.health)
+        if self.polled is not None and text.endswith(_EOF):
+            text = text[: -len(_EOF)]
+        part = [now, text, None]
+        if now is not None:
+            self._health[content_type] = part
+        return part
 
     def _polled(self, encoder: Encoder, content_type: str) -> Union[Rendered, Deferred[Rendered]]:
         generation = self.generation() if self.generation is not None else None
@@ -122,10 +150,14 @@ class MetricsPage:
                 waiter.callback(result)
 
 
-def _join(head: bytes, rendered: Rendered, gzip: bool) -> bytes:
+def _join(parts: list[list[Any]], gzip: bool) -> bytes:
+    """The page from its parts, each [when, text, its deflate stream or None]."""
     if not gzip:
-        return head + rendered.text
-    return _gzip(head, rendered.text, rendered.deflated)
+        return b"".join(part[1] for part in parts)
+    for part in parts:
+        if part[2] is None:
+            part[2] = _deflate(part[1])  # kept with a cached part for the next scrape
+    return _gzip(parts)
 
 
 def _deflate(data: bytes) -> bytes:
@@ -134,8 +166,11 @@ def _deflate(data: bytes) -> bytes:
     return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
 
 
-def _gzip(head: bytes, body: bytes, deflated_body: bytes) -> bytes:
-    """One gzip member holding `head` then `body` (`deflated_body` is `_deflate(body)`)."""
-    crc = zlib.crc32(body, zlib.crc32(head))
-    trailer = struct.pack("<II", crc & 0xFFFFFFFF, (len(head) + len(body)) & 0xFFFFFFFF)
-    return _GZIP_HEADER + _deflate(head) + deflated_body + _FINAL_BLOCK + trailer
+def _gzip(parts: list[list[Any]]) -> bytes:
+    """One gzip member holding the parts' texts in order, from their deflate streams."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part[1], crc)
+    size = sum(len(part[1]) for part in parts)
+    trailer = struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF)
+    return _GZIP_HEADER + b"".join(part[2] for part in parts) + _FINAL_BLOCK + trailer

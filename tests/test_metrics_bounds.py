@@ -276,3 +276,47 @@ def test_metrics_max_clients_option_reaches_the_site():
                 child.startService()
         ((_, site, _, _),) = reactor.tcpServers
         assert site.guard.limits.max_clients == cap
+
+
+def test_the_health_part_is_rendered_once_per_ttl_however_many_scrape():
+    """Hundreds of scrapes at once cost one rendering of the GPUs' health series; the
+    daemon's own figures stay fresh on every scrape; the page is the same as one
+    rendered whole, plain and gzip."""
+    import gzip as gzip_module
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from atopgpud_tw.page import HEALTH_TTL, MetricsPage
+
+    collected = [0]
+    clients = [0]
+
+    class Health:
+        def collect(self):
+            collected[0] += 1
+            yield GaugeMetricFamily("atopgpud_gpu_temperature_celsius", "t", value=collected[0])
+
+    class Own:
+        def collect(self):
+            yield GaugeMetricFamily("atopgpud_clients_connected", "c", value=clients[0])
+
+    live, health = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    live.register(Own())
+    health.register(Health())
+    now = [100.0]
+    page = MetricsPage(live, health=health, clock=lambda: now[0])
+    pages = []
+    for scrape_number in range(300):
+        clients[0] = scrape_number
+        pages.append(page.render(generate_latest, "text/plain", gzip=scrape_number % 2 == 1))
+    assert collected[0] == 1
+    assert b"atopgpud_clients_connected 299.0" in gzip_module.decompress(pages[-1])
+    whole = CollectorRegistry(auto_describe=False)
+    whole.register(Own())
+    whole.register(Health())
+    collected[0] = 0
+    assert gzip_module.decompress(pages[-1]) == generate_latest(whole)
+    now[0] += HEALTH_TTL
+    page.render(generate_latest, "text/plain", gzip=False)
+    assert collected[0] == 2  # counted once by `whole` above, once now
