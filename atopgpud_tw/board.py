@@ -27,6 +27,7 @@ from twisted.logger import Logger
 
 from atopgpud_tw import codec, render
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
+from atopgpud_tw.problems import Latch
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger()
@@ -162,7 +163,8 @@ class Board:
         #: the latest poll's exits as queued, and the body for a queue holding just them
         self._batch: list[ExitReport] | None = None
         self._batch_bodies: dict[int, render.StatsBody] = {}
-        self._cut_logged: dict[int, bool] = {}
+        #: per reply version, whether its replies are cut (logged when that changes)
+        self._cut: dict[int, Latch] = {}
         #: the most devices said to be more than the wire carries
         self._devices_told = 0
         #: version 1 records this poll, by the generation of the clients' previous S
@@ -422,9 +424,8 @@ class Board:
         return cached
 
     def _note_cut(self, version: int, cut: bool) -> None:
-        if cut == self._cut_logged.get(version, False):
+        if not self._cut.setdefault(version, Latch(False)).change(cut):
             return
-        self._cut_logged[version] = cut
         if cut:
             log.warn(
                 "version {version} replies: too many processes for atop's 8192-byte "

@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from atopgpud_tw.board import Board
+from atopgpud_tw.problems import Latch
 from atopgpud_tw.readers.base import IReader, PollError
 
 
@@ -35,7 +36,8 @@ class PollerService(Service):
         self.clock = clock
         self.polls = 0
         self.failed_polls: dict[str, int] = {}
-        self._failing: str | None = None
+        #: the cause the latest poll failed with (None: it worked)
+        self._failing = Latch()
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
         self._ticks = 0
@@ -43,7 +45,7 @@ class PollerService(Service):
     @property
     def failing(self) -> str | None:
         """The cause the latest poll failed with; None when it worked."""
-        return self._failing
+        return self._failing.value
 
     def startService(self) -> None:
         super().startService()
@@ -73,15 +75,14 @@ class PollerService(Service):
     def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
         self.board.fold(snapshot, taken, since)
         self.polls += 1
-        if self._failing is not None:
-            self.log.info("polls work again (they failed with {cause})", cause=self._failing)
-            self._failing = None
+        failed_with = self._failing.value
+        if self._failing.change(None):
+            self.log.info("polls work again (they failed with {cause})", cause=failed_with)
 
     def _failed(self, failure: Failure) -> None:
         cause = _cause(failure)
         self.failed_polls[cause] = self.failed_polls.get(cause, 0) + 1
-        if cause != self._failing:
-            self._failing = cause
+        if self._failing.change(cause):
             if failure.check(PollError):
                 self.log.warn("poll failed: {cause}", cause=cause)
             else:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from twisted.logger import Logger
+
+
+class Latch:
+    """One condition that is logged when it changes, not while it holds (a poll
+    failing and its cause, replies cut or not): `change` says whether it did."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def change(self, value: Any) -> bool:
+        """Whether `value` differs from the condition's last one (which it becomes)."""
+        if value == self.value:
+            return False
+        self.value = value
+        return True
 
 
 class ProblemLog:

@@ -19,3 +19,13 @@ def test_each_cause_logged_once_and_its_recovery_once_in_its_first_words():
         (e["log_level"].name, e.get("problem")) for e in events if e.get("log_namespace", "").endswith("ProblemLog")
     ]
     assert lines == [("warn", "driver gone"), ("warn", "GPU 0 lost"), ("info", "driver gone"), ("info", "GPU 0 lost")]
+
+
+def test_a_latch_says_when_a_condition_changes_and_only_then():
+    from atopgpud_tw.problems import Latch
+
+    latch = Latch()
+    assert [latch.change(v) for v in (None, "boom", "boom", "bang", None, None)] == [
+        False, True, False, True, True, False
+    ]
+    assert latch.value is None
