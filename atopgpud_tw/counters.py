@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot, merge_processes
+from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot, merge_by_pid
 
 
 @dataclass(slots=True)
@@ -266,7 +266,7 @@ class Counters:
     ) -> list[ExitedProcess]:
         merged = {proc.pid: proc for proc in processes}
         if len(merged) != len(processes):
-            merged = _merge_duplicates(processes)
+            merged = merge_by_pid(processes)  # one sample per pid, its kinds merged (C+G)
         active = device.processes
         for pid, proc in merged.items():
             totals = active.get(pid)
@@ -277,8 +277,3 @@ class Counters:
             return []  # every active process was seen in this poll
         ended = [pid for pid in active if pid not in merged]
         return [ExitedProcess(index, active.pop(pid)) for pid in ended]
-
-
-def _merge_duplicates(processes: tuple[ProcessSample, ...]) -> dict[int, ProcessSample]:
-    """One sample per pid: the first listed, its kind merged with the others' (C+G)."""
-    return {proc.pid: proc for proc in merge_processes(processes)}

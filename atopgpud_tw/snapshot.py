@@ -14,7 +14,7 @@ and know nothing of counters or sockets.  Values follow one convention throughou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 UNSUPPORTED = -1
 
@@ -100,6 +100,11 @@ def merge_processes(samples: Iterable[ProcessSample], memory: str = "first") -> 
     entry's), ``max`` (one allocation listed under both kinds; failed if either
     read failed) or ``sum`` (a pid on two MIG instances holds memory on both).
     """
+    return tuple(merge_by_pid(samples, memory).values())
+
+
+def merge_by_pid(samples: Iterable[ProcessSample], memory: str = "first") -> dict[int, ProcessSample]:
+    """`merge_processes`, by pid (in the same order)."""
     found: dict[int, ProcessSample] = {}
     for sample in samples:
         seen = found.get(sample.pid)
@@ -117,7 +122,37 @@ def merge_processes(samples: Iterable[ProcessSample], memory: str = "first") -> 
         else:
             held = max(seen.memory_kib, sample.memory_kib)
         found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind), memory_kib=held)
-    return tuple(found.values())
+    return found
+
+
+def fold_instances(
+    key: str, busid: str, name: str, instances: Iterable[DeviceSample], task_support: int = TASK_COMPUTE | TASK_GRAPHICS
+) -> DeviceSample:
+    """A card in MIG mode shown as one device (``--mig card``): its instances' memory
+    summed, their processes merged (a pid on two instances holds memory on both),
+    no utilization of its own.  An instance that is not present no longer counts;
+    if one's process list could not be read, neither can the card's."""
+    parts = [part for part in instances if part.present]
+    processes = None
+    if all(part.processes is not None for part in parts):
+        processes = merge_processes((p for part in parts for p in part.processes or ()), memory="sum")
+    return DeviceSample(
+        key,
+        busid,
+        name,
+        task_support,
+        gpu_busy=UNSUPPORTED,
+        mem_busy=UNSUPPORTED,
+        memory_total_kib=total_of([part.memory_total_kib for part in parts]),
+        memory_used_kib=total_of([part.memory_used_kib for part in parts]),
+        processes=processes,
+    )
+
+
+def total_of(values: Sequence[int | None]) -> int | None:
+    """The sum of figures; None (failed) if any of them is."""
+    known = [value for value in values if value is not None]
+    return None if len(known) < len(values) else sum(known)
 
 
 def add_memory(first: int | None, second: int | None) -> int | None:

@@ -33,7 +33,7 @@ from atopgpud_tw.readers.nvml_device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, merge_processes
+from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, fold_instances
 
 log = Logger()
 
@@ -61,7 +61,8 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         if not samples:
             return [_card_sample(card, None, None, None)] if mig == "card" else []
     if mig == "card":
-        return [_card_total(card, samples)]
+        # --mig card: the instances summed
+        return [fold_instances(card.key, card.busid, card.name, samples, card.task_support)]
     return samples
 
 
@@ -226,23 +227,3 @@ def _card_sample(
     )
 
 
-def _card_total(card: NvmlDevice, parts: list[DeviceSample]) -> DeviceSample:
-    """``--mig card``: the card's instances summed; a lost instance no longer counts."""
-    parts = [part for part in parts if part.present]
-    lists = [part.processes for part in parts]
-    processes = None if any(listed is None for listed in lists) else _sum_processes(lists)
-    return _card_sample(
-        card,
-        _sum([part.memory_total_kib for part in parts]),
-        _sum([part.memory_used_kib for part in parts]),
-        processes,
-    )
-
-
-def _sum(values: list[int | None]) -> int | None:
-    return None if None in values else sum(values)  # type: ignore[arg-type]
-
-
-def _sum_processes(lists: list[Any]) -> tuple[ProcessSample, ...]:
-    """One entry per pid; a pid on two instances holds memory on both."""
-    return merge_processes((proc for listed in lists for proc in listed), memory="sum")

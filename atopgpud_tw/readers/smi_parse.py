@@ -27,6 +27,7 @@ from atopgpud_tw.snapshot import (
     DeviceSample,
     ProcessSample,
     clamp_percent,
+    fold_instances,
     merge_processes,
     mig_mode,
 )
@@ -133,7 +134,9 @@ def read_devices(
             devices.append(_whole_card(gpu, card, entries, problems, mig=True))
             continue
         instances = _instances(card, slots, entries, profiles or {}, problems)
-        devices.extend(instances if mig == "instances" else [_folded(card, instances)])
+        if mig == "card":
+            instances = [fold_instances(card.key, card.busid, card.name, instances)]
+        devices.extend(instances)
     return tuple(devices), problems
 
 
@@ -303,22 +306,6 @@ def _instances(
     return devices
 
 
-def _folded(card: _Card, instances: list[DeviceSample]) -> DeviceSample:
-    """A MIG card as one device: its instances' memory and processes together."""
-    processes = None
-    if all(device.processes is not None for device in instances):
-        # a pid on two instances holds memory on both: summed, not the larger
-        processes = merge_processes((p for device in instances for p in device.processes or ()), memory="sum")
-    return DeviceSample(
-        card.key,
-        card.busid,
-        card.name,
-        memory_total_kib=_sum([device.memory_total_kib for device in instances]),
-        memory_used_kib=_sum([device.memory_used_kib for device in instances]),
-        processes=processes,
-    )
-
-
 # -- processes --
 
 
@@ -421,11 +408,6 @@ def _integer(text: str | None) -> int | None:
         return None
     value = int(text)
     return value if value <= MAX_PID else None
-
-
-def _sum(values: list[int | None]) -> int | None:
-    known = [value for value in values if value is not None]
-    return None if len(known) < len(values) else sum(known)
 
 
 def _first_line(text: str) -> str:
