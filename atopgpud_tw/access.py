@@ -54,6 +54,12 @@ def peer_of(transport: Any) -> Peer | None:
     return Peer(pid, uid, frozenset({gid}) | groups)
 
 
+def peer_name(transport: Any) -> str:
+    """A client as the log names it: its address, or its socket's name."""
+    peer = transport.getPeer()
+    return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
+
+
 def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
     """The peer's supplementary groups from SO_PEERGROUPS; None where the kernel has none."""
     for size in (64, _NGROUPS_MAX):

@@ -21,6 +21,8 @@ ABSTRACT_PREFIX = "unix:@"
 #: the kernel's own limit (net.core.somaxconn caps it): a burst of connections waits
 #: in the queue instead of being refused, where Twisted's default of 50 refused them
 DEFAULT_BACKLOG = socket.SOMAXCONN
+#: what an atop listener beyond loopback shows the network
+PROCESS_LISTS = "every GPU process list"
 
 
 def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
@@ -58,7 +60,7 @@ class CheckedEndpoint:
     log = Logger()
 
     def __init__(
-        self, endpoint: IStreamServerEndpoint, group: int | None = None, exposed: str | None = "every GPU process list"
+        self, endpoint: IStreamServerEndpoint, group: int | None = None, exposed: str | None = PROCESS_LISTS
     ) -> None:
         self.endpoint = endpoint
         self.group = group

@@ -24,7 +24,7 @@ from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from atopgpud_tw import codec
-from atopgpud_tw.access import AllowList, BurstLog, Gate
+from atopgpud_tw.access import AllowList, BurstLog, Gate, peer_name
 from atopgpud_tw.board import Board, ClientQueue
 from atopgpud_tw.turns import Turns
 
@@ -175,8 +175,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self._closing = True
 
     def _peer(self) -> str:
-        peer = self.transport.getPeer()
-        return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
+        return peer_name(self.transport)
 
 
 class AtopGpuFactory(Factory):

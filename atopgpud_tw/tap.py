@@ -15,7 +15,7 @@ from atopgpud_tw.access import AllowList, Gate, GatedFactory
 from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.endpoints import CheckedEndpoint, listen_endpoint
+from atopgpud_tw.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
 from atopgpud_tw.listening import ListeningService, listen_all
 from atopgpud_tw.notify import Notifier, NotifyService
 from atopgpud_tw.poller import PollerService
@@ -236,7 +236,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     for description, endpoint, served, inherited in chosen:
         if inherited is not None:
             log.info("serving {socket}, passed by systemd", socket=inherited.describe())
-        exposed = _EXPOSED_ATOP if served is factory else _EXPOSED_METRICS if options["metrics-processes"] else None
+        exposed = PROCESS_LISTS if served is factory else _EXPOSED_METRICS if options["metrics-processes"] else None
         group = options["socket-group"] if inherited is None else None  # systemd's: SocketGroup=
         checked.append((description, CheckedEndpoint(endpoint, group, exposed), served))
     for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
@@ -264,7 +264,6 @@ def _check_pidfile(server: Any) -> None:
         os.unlink(path)  # twistd makes it; left behind, it would outlive a failed start
 
 
-_EXPOSED_ATOP = "every GPU process list"
 _EXPOSED_METRICS = "every GPU process (--metrics-processes)"
 
 

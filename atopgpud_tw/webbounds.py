@@ -33,7 +33,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from atopgpud_tw.access import BurstLog
+from atopgpud_tw.access import BurstLog, peer_name
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class BoundedChannel(HTTPChannel):
         self.guard.cut(
             "metrics requests refused: malformed",
             "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
-            peer=_peer(self.transport),
+            peer=peer_name(self.transport),
             limit=self.limits.max_head,
         )
         self._cut = True
@@ -187,7 +187,7 @@ class BoundedChannel(HTTPChannel):
         self.guard.cut(
             "idle metrics connections closed",
             "closing an idle metrics connection from {peer}",
-            peer=_peer(self.transport),
+            peer=peer_name(self.transport),
         )
         self._close()
 
@@ -208,14 +208,14 @@ class BoundedChannel(HTTPChannel):
             self.guard.cut(
                 "metrics requests cut: headers too slow",
                 "closing a metrics connection from {peer}: no request headers within {seconds} s",
-                peer=_peer(self.transport),
+                peer=peer_name(self.transport),
                 seconds=self.limits.head_timeout,
             )
         else:
             self.guard.cut(
                 "metrics replies cut: left unread",
                 "closing a metrics connection from {peer}: its reply unread after {seconds} s",
-                peer=_peer(self.transport),
+                peer=peer_name(self.transport),
                 seconds=self.limits.reply_timeout,
             )
         self._close()
@@ -224,7 +224,7 @@ class BoundedChannel(HTTPChannel):
         self.guard.cut(
             "metrics requests refused: a body",
             "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
-            peer=_peer(self.transport),
+            peer=peer_name(self.transport),
             size="unstated size" if self.length is None else f"{self.length} bytes",
             limit=self.limits.max_body,
         )
@@ -279,8 +279,3 @@ class PageWriter:
 
     def stopProducing(self) -> None:
         self.stopped = True  # the connection is gone
-
-
-def _peer(transport: Any) -> str:
-    peer = transport.getPeer()
-    return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")

@@ -23,12 +23,12 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from atopgpud_tw.health import XidEvents, read_card_health
+from atopgpud_tw.nvml_codes import LIFECYCLE
 from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml_device import (
     FUNCTION_NOT_FOUND,
-    LIFECYCLE,
     NO_PERMISSION,
     NOT_SUPPORTED,
     Backoff,

@@ -16,6 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from atopgpud_tw.health import CLOCKS_EVENT_REASONS, CardHealth, Series
+from atopgpud_tw.readers.smi_parse import gpu_busid
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")
@@ -60,7 +61,7 @@ def read_cards_health(root: ET.Element) -> list[CardHealth]:
     """Every card's health figures in a parsed report, keyed by bus id."""
     readings = []
     for gpu in root.findall("gpu"):
-        busid = (gpu.get("id") or "").strip() or _text(gpu, "pci/pci_bus_id") or ""
+        busid = gpu_busid(gpu)
         if busid:
             readings.append(card_health(gpu, busid))
     return readings

@@ -222,8 +222,13 @@ class _Card(NamedTuple):
     name: str
 
 
+def gpu_busid(gpu: ET.Element) -> str:
+    """A ``<gpu>`` element's bus id: its ``id`` attribute, else ``pci/pci_bus_id`` ("" if neither)."""
+    return (gpu.get("id") or "").strip() or _value(gpu, "pci/pci_bus_id") or ""
+
+
 def _card(gpu: ET.Element, position: int, problems: Problems) -> _Card | None:
-    busid = (gpu.get("id") or "").strip() or _value(gpu, "pci/pci_bus_id") or ""
+    busid = gpu_busid(gpu)
     uuid = _value(gpu, "uuid")
     key = uuid if uuid and not _not_available(uuid) else busid
     if not key:
