@@ -49,6 +49,21 @@ class Rendered:
     deflated: bytes
 
 
+@dataclass(eq=False)
+class _Part:
+    """One part of a page: its text, and its deflate stream once a gzip scrape asked for it."""
+
+    text: bytes
+    deflated: bytes | None = None
+    #: when it was rendered, for a part kept for later scrapes
+    at: float | None = None
+
+    def deflate(self) -> bytes:
+        if self.deflated is None:
+            self.deflated = _deflate(self.text)  # kept with a cached part for the next scrape
+        return self.deflated
+
+
 class _Frozen:
     """Families collected earlier, as a registry the encoders can read in a thread."""
 
@@ -79,8 +94,8 @@ class MetricsPage:
         self.live = live
         self.health = health
         self.clock = clock
-        #: the health part per format: [when rendered, its text, its deflate stream once asked for]
-        self._health: dict[str, list[Any]] = {}
+        #: the health part per format
+        self._health: dict[str, _Part] = {}
         self.polled = polled
         self.generation = generation
         self.in_thread = in_thread or _at_once
@@ -92,26 +107,26 @@ class MetricsPage:
         head = encoder(self.live)
         if (self.health is not None or self.polled is not None) and head.endswith(_EOF):
             head = head[: -len(_EOF)]  # OpenMetrics ends once, after the last part
-        parts: list[list[Any]] = [[None, head, None]]
+        parts = [_Part(head)]
         if self.health is not None:
             parts.append(self._health_part(encoder, content_type))
         if self.polled is None:
-            return _join(parts + [[None, b"", None]], gzip)
+            return _join(parts + [_Part(b"")], gzip)
         polled = self._polled(encoder, content_type)
         if isinstance(polled, Rendered):
-            return _join(parts + [[None, polled.text, polled.deflated]], gzip)
-        return polled.addCallback(lambda rendered: _join(parts + [[None, rendered.text, rendered.deflated]], gzip))
+            return _join(parts + [_Part(polled.text, polled.deflated)], gzip)
+        return polled.addCallback(lambda rendered: _join(parts + [_Part(rendered.text, rendered.deflated)], gzip))
 
-    def _health_part(self, encoder: Encoder, content_type: str) -> list[Any]:
+    def _health_part(self, encoder: Encoder, content_type: str) -> _Part:
         assert self.health is not None
         now = self.clock() if self.clock is not None else None
         cached = self._health.get(content_type)
-        if cached is not None and now is not None and 0 <= now - cached[0] < HEALTH_TTL:
+        if cached is not None and cached.at is not None and now is not None and 0 <= now - cached.at < HEALTH_TTL:
             return cached
         text = encoder(self.health)
         if self.polled is not None and text.endswith(_EOF):
             text = text[: -len(_EOF)]
-        part = [now, text, None]
+        part = _Part(text, at=now)
         if now is not None:
             self._health[content_type] = part
         return part
@@ -150,13 +165,10 @@ class MetricsPage:
                 waiter.callback(result)
 
 
-def _join(parts: list[list[Any]], gzip: bool) -> bytes:
-    """The page from its parts, each [when, text, its deflate stream or None]."""
+def _join(parts: list[_Part], gzip: bool) -> bytes:
+    """The page from its parts, plain or as one gzip member."""
     if not gzip:
-        return b"".join(part[1] for part in parts)
-    for part in parts:
-        if part[2] is None:
-            part[2] = _deflate(part[1])  # kept with a cached part for the next scrape
+        return b"".join(part.text for part in parts)
     return _gzip(parts)
 
 
@@ -166,11 +178,11 @@ def _deflate(data: bytes) -> bytes:
     return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
 
 
-def _gzip(parts: list[list[Any]]) -> bytes:
+def _gzip(parts: list[_Part]) -> bytes:
     """One gzip member holding the parts' texts in order, from their deflate streams."""
     crc = 0
     for part in parts:
-        crc = zlib.crc32(part[1], crc)
-    size = sum(len(part[1]) for part in parts)
+        crc = zlib.crc32(part.text, crc)
+    size = sum(len(part.text) for part in parts)
     trailer = struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF)
-    return _GZIP_HEADER + b"".join(part[2] for part in parts) + _FINAL_BLOCK + trailer
+    return _GZIP_HEADER + b"".join(part.deflate() for part in parts) + _FINAL_BLOCK + trailer
