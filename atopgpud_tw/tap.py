@@ -131,7 +131,7 @@ class Options(usage.Options):
          "disconnected.", _count("max-unsent")],
         ["idle-timeout", None, 10800.0, "Seconds a client may stay silent between requests "
          "(atop asks every interval).", _seconds("idle-timeout")],
-        ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen "
+        ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen and --metrics "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
          "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and each GPU's health and "
