@@ -1,10 +1,17 @@
-"""Log a trouble once when it starts and once when it ends, not at every poll."""
+"""What is logged once, not at every poll or every event: the one home of that rule.
+
+A trouble once when it starts and once when it ends (`ProblemLog`, over each
+poll's `Problems`); a condition when it changes (`Latch`); a burst of events by
+its first and, when it is over, a count of the rest (`BurstLog`).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from twisted.logger import Logger
+from twisted.internet.interfaces import IReactorTime
+
+from atopgpud_tw.lognames import ClassLogger
 
 
 class Latch:
@@ -30,7 +37,7 @@ class ProblemLog:
     that is no longer reported is logged once as recovered.
     """
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.problems.ProblemLog")
 
     def __init__(self, subject: str) -> None:
         self.subject = subject
@@ -89,3 +96,43 @@ class Problems(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"Problems({self._found!r})"
+
+
+class BurstLog:
+    """Logs the first of a burst of events, and a count when the burst is over.
+
+    A flood of refused connections costs one line at its start and one at its end,
+    however many there were.
+    """
+
+    log = ClassLogger("atopgpud_tw.access.BurstLog")
+
+    def __init__(self, clock: IReactorTime, quiet: float = 10.0) -> None:
+        self.clock = clock
+        self.quiet = quiet
+        self.total = 0
+        self._more = 0
+        self._call: Any = None
+        self._what = ""
+
+    def event(self, first_line: Callable[[], None], what: str) -> None:
+        """Count one event; `first_line` logs it if it starts a burst."""
+        self.total += 1
+        if self._call is not None and self._call.active():
+            self._more += 1
+            self._call.reset(self.quiet)
+            return
+        first_line()
+        self._what = what
+        self._more = 0
+        self._call = self.clock.callLater(self.quiet, self._over)
+
+    def _over(self) -> None:
+        self._call = None
+        if self._more:
+            self.log.warn("{count} more {what} in that burst", count=self._more, what=self._what)
+
+    def stop(self) -> None:
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None

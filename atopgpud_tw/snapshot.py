@@ -111,18 +111,21 @@ def merge_by_pid(samples: Iterable[ProcessSample], memory: str = "first") -> dic
         if seen is None:
             found[sample.pid] = sample
             continue
-        if memory == "first":
-            if seen.kind != sample.kind:
-                found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind))
+        if memory == "first" and seen.kind == sample.kind:
             continue
-        if memory == "sum":
-            held = add_memory(seen.memory_kib, sample.memory_kib)
-        elif seen.memory_kib is None or sample.memory_kib is None:
-            held = None
-        else:
-            held = max(seen.memory_kib, sample.memory_kib)
-        found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind), memory_kib=held)
+        found[sample.pid] = seen._replace(
+            kind=merge_kind(seen.kind, sample.kind), memory_kib=merge_memory(seen.memory_kib, sample.memory_kib, memory)
+        )
     return found
+
+
+def merge_memory(held: int | None, more: int | None, memory: str) -> int | None:
+    """What a pid listed again with `more` holds, by `merge_processes`'s `memory` rule."""
+    if memory == "first":
+        return held
+    if memory == "sum":
+        return add_memory(held, more)
+    return None if held is None or more is None else max(held, more)
 
 
 def fold_instances(

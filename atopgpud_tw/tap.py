@@ -11,22 +11,22 @@ from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
 
-from atopgpud_tw.access import AllowList, Gate, GatedFactory
-from atopgpud_tw.activation import ActivationError, inherited_sockets, take_inherited
-from atopgpud_tw.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
-from atopgpud_tw.listening import ListeningService, listen_all
-from atopgpud_tw.notify import Notifier, NotifyService
-from atopgpud_tw.poller import PollerService
-from atopgpud_tw.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
-from atopgpud_tw.signals import SignalService
+from atopgpud_tw.server.access import AllowList, Gate, GatedFactory
+from atopgpud_tw.server.activation import ActivationError, inherited_sockets, take_inherited
+from atopgpud_tw.server.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.server.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
+from atopgpud_tw.server.listening import ListeningService, listen_all
+from atopgpud_tw.server.notify import Notifier, NotifyService
+from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.signals import SignalService
 from atopgpud_tw.snapshot import MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.tap")
 
 
 def _coerce(option: str, convert: Any, check: Any, wanted: str) -> Any:
@@ -212,9 +212,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     for description in options["listen"]:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
-        from atopgpud_tw.metrics import make_site  # prometheus_client only when asked for
-        from atopgpud_tw.metrics_health import HealthCache
-        from atopgpud_tw.webbounds import WebLimits
+        from atopgpud_tw.server.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.server.metrics_health import HealthCache
+        from atopgpud_tw.server.webbounds import WebLimits
 
         # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
         calls = getattr(reader, "watchdog", None)

@@ -34,7 +34,7 @@ import random
 import sys
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.sim.scenario import Timeline
 

@@ -31,7 +31,7 @@ def main() -> None:
 
     from twisted.internet import reactor, task
 
-    from atopgpud_tw.readers.worker import SerialWorker
+    from atopgpud_tw.readers.nvml.worker import SerialWorker
 
     worker = SerialWorker(reactor)
 

@@ -70,7 +70,7 @@ def threads(args: argparse.Namespace) -> None:
 def bare(args: argparse.Namespace) -> None:
     from twisted.internet import reactor, task
 
-    from atopgpud_tw.readers.worker import SerialWorker
+    from atopgpud_tw.readers.nvml.worker import SerialWorker
 
     worker = SerialWorker(reactor)
     results = []
@@ -98,8 +98,8 @@ def bare(args: argparse.Namespace) -> None:
 
 
 def inprocess(args: argparse.Namespace) -> None:
-    from atopgpud_tw.board import Board
-    from atopgpud_tw.readers.nvml import NvmlReader
+    from atopgpud_tw.readers.nvml.reader import NvmlReader
+    from atopgpud_tw.server.board import Board
     from atopgpud_tw.sim import simulated_binding
     from atopgpud_tw.sim.scenario import parse_scenario
 

@@ -7,7 +7,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 

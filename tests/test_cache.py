@@ -14,9 +14,10 @@ import random
 import pytest
 from snapshots import dev, proc, snap
 
-from atopgpud_tw import codec, render
-from atopgpud_tw.board import Board
+from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
+from atopgpud_tw.server import render
+from atopgpud_tw.server.board import Board
 
 KINDS = ("C", "G", "C+G")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from atopgpud_tw import codec, render
+from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
+from atopgpud_tw.server import render
 
 
 def device(procs: int = 0, memory: int = 1024, **fields: int) -> DeviceTotals:

@@ -14,7 +14,7 @@ import pytest
 from driver_behaviours import BEHAVIOURS, compatible_pairs, expected, host
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 POLLS = 30

@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 from snapshots import dev, proc, snap
 from twisted.logger import globalLogPublisher
 
-from atopgpud_tw import codec, render
-from atopgpud_tw.board import Board
+from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
+from atopgpud_tw.server import render
+from atopgpud_tw.server.board import Board
 
 BIG = 30 * 1024 * 1024
 

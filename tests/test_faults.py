@@ -6,10 +6,10 @@ import pytest
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
-from atopgpud_tw.board import Board
-from atopgpud_tw.poller import PollerService
-from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.readers.nvml_device import BACKOFF
+from atopgpud_tw.readers.nvml.device import BACKOFF
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.poller import PollerService
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 

@@ -13,9 +13,10 @@ from prometheus_client.registry import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from atopgpud_tw.health import CardHealth, read_card_health
-from atopgpud_tw.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.health import CardHealth
+from atopgpud_tw.readers.nvml.health import read_card_health
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS
 

@@ -14,8 +14,8 @@ from scenarios import a10_card
 from twisted.logger import globalLogPublisher
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.readers.nvml_device import SIZE_RETRIES
+from atopgpud_tw.readers.nvml.device import SIZE_RETRIES
+from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.sim.library import GROWN_PID
 from atopgpud_tw.sim.scenario import ScenarioError
@@ -282,7 +282,7 @@ def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts():
 
 def test_a_failed_utilization_read_keeps_the_memory_on_the_board():
     """One poll's process utilization fails: that poll still reports the processes' memory."""
-    from atopgpud_tw.board import Board
+    from atopgpud_tw.server.board import Board
 
     clock = [0.0]
     fault = {"call": "nvmlDeviceGetProcessUtilization", "error": "NVML_ERROR_UNKNOWN", "from": 1, "until": 2}

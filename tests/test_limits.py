@@ -8,9 +8,10 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 
-from atopgpud_tw.access import AllowList, BurstLog, Peer
-from atopgpud_tw.board import Board
-from atopgpud_tw.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.access import AllowList, Peer
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
 
 
 def factory_with(**limits) -> tuple[AtopGpuFactory, Clock]:

@@ -10,10 +10,10 @@ from test_metrics import samples_of, series
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
-from atopgpud_tw.board import Board
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.metrics import make_registry
-from atopgpud_tw.poller import PollerService
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.metrics import make_registry
+from atopgpud_tw.server.poller import PollerService
 
 INTERVAL = 1.0
 

@@ -14,11 +14,12 @@ from daemon import run_daemon
 from scenarios import a10_card
 from test_nvml_reader import make_reader, poll
 
-from atopgpud_tw import codec, render
-from atopgpud_tw.board import Board
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.problems import ProblemLog
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server import render
+from atopgpud_tw.server.board import Board
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario
 from atopgpud_tw.snapshot import UNSUPPORTED
 

@@ -12,9 +12,10 @@ from typing import Any
 
 from scenarios import a10_card
 
-from atopgpud_tw import codec, render
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server import render
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import UNSUPPORTED, Snapshot
 

@@ -7,8 +7,8 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from atopgpud_tw.board import Board
-from atopgpud_tw.poller import PollerService
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.poller import PollerService
 
 
 class FakeReader:

@@ -7,8 +7,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from atopgpud_tw import codec
-from atopgpud_tw.board import Board
-from atopgpud_tw.protocol import AtopGpuFactory
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.protocol import AtopGpuFactory
 
 
 def connect(board: Board, factory: AtopGpuFactory | None = None):

@@ -24,10 +24,12 @@ from typing import Iterator
 import pytest
 from daemon import Daemon, first_reply, run_daemon, smi_stand_in
 
-from atopgpud_tw import codec, render
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.readers.smi_parse import mig_slots, name_slots, parse_mig_names, parse_report, read_report
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.report import parse_report, read_report
+from atopgpud_tw.server import render
 from atopgpud_tw.sim import load_scenario, simulated_binding
 from atopgpud_tw.snapshot import Snapshot
 

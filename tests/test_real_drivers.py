@@ -21,16 +21,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
-from atopgpud_tw import codec, render
-from atopgpud_tw.board import Board
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.metrics import make_registry
 from atopgpud_tw.readers.identity import CardKeys
-from atopgpud_tw.readers.nvml import NvmlReader
-from atopgpud_tw.readers.smi_parse import parse_report
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.watchdog import CallWatch, HangWatchdog
+from atopgpud_tw.readers.smi.report import parse_report
+from atopgpud_tw.server import render
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.metrics import make_registry
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot, add_memory
-from atopgpud_tw.watchdog import CallWatch, HangWatchdog
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures" / "smi"

@@ -8,10 +8,11 @@ from __future__ import annotations
 from snapshots import dev, proc, snap
 from test_protocol import connect, replies, turns
 
-from atopgpud_tw import codec, render
-from atopgpud_tw.board import Board
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import NvmlReader
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server import render
+from atopgpud_tw.server.board import Board
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 
 

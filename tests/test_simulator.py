@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from atopgpud_tw.readers import nvml as nvml_reader
-from atopgpud_tw.readers import nvml_device, nvml_mig
+from atopgpud_tw.readers.nvml import device as nvml_device
+from atopgpud_tw.readers.nvml import mig as nvml_mig
+from atopgpud_tw.readers.nvml import reader as nvml_reader
 from atopgpud_tw.sim import (
     SHIM,
     ScenarioError,
@@ -76,7 +77,7 @@ def test_every_symbol_the_binding_needs_is_in_the_library():
 
 def test_the_reader_calls_the_real_wrappers_down_to_the_c_symbols():
     """The reader's nvml is a copy of the installed pynvml; its calls reach the library's C functions."""
-    from atopgpud_tw.readers.nvml import NvmlReader
+    from atopgpud_tw.readers.nvml.reader import NvmlReader
 
     reader = NvmlReader(simulated_binding(demo_scenario(), clock=lambda: 5.0), reactor=None)
     reader.open()

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
-from atopgpud_tw.readers.smi_parse import parse_report
+from atopgpud_tw.readers.smi.report import parse_report
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"

@@ -10,9 +10,9 @@ from daemon import free_port, run_daemon, smi_stand_in
 from prometheus_client.parser import text_string_to_metric_families
 
 from atopgpud_tw.health import CardHealth
-from atopgpud_tw.metrics_health import FAMILIES
-from atopgpud_tw.readers.smi_health import read_cards_health
-from atopgpud_tw.readers.smi_parse import read_report
+from atopgpud_tw.readers.smi.health import read_cards_health
+from atopgpud_tw.readers.smi.report import read_report
+from atopgpud_tw.server.metrics_health import FAMILIES
 
 FIXTURE = Path(__file__).with_name("fixtures") / "smi" / "health-v13.xml"
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"

@@ -10,16 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atopgpud_tw.readers.smi_parse import (
-    MigSlot,
-    SmiReportError,
-    fallback_profile,
-    mig_slots,
-    name_slots,
-    parse_mig_names,
-    parse_report,
-    read_report,
-)
+from atopgpud_tw.readers.smi.mig import MigSlot, fallback_profile, mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.report import parse_report, read_report
+from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, UNSUPPORTED, DeviceSample, ProcessSample
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smi"

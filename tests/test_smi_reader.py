@@ -12,9 +12,10 @@ import pytest_twisted
 from smi_doubles import FIXTURES, FakeSmi
 from twisted.internet import reactor, task
 
-from atopgpud_tw.readers import smi, smi_child
 from atopgpud_tw.readers.base import ReaderUnavailable
-from atopgpud_tw.readers.smi import SmiReader, SmiRunError
+from atopgpud_tw.readers.smi import child as smi_child
+from atopgpud_tw.readers.smi import reader as smi
+from atopgpud_tw.readers.smi.reader import SmiReader, SmiRunError
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 MIG_CARD = "GPU-11111111-2222-3333-4444-555555555555"

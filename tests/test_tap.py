@@ -12,8 +12,8 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from atopgpud_tw import tap
-from atopgpud_tw.listening import ListeningService
-from atopgpud_tw.poller import PollerService
+from atopgpud_tw.server.listening import ListeningService
+from atopgpud_tw.server.poller import PollerService
 
 
 def options(*args: str) -> tap.Options:

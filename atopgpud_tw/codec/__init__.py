@@ -4,7 +4,7 @@ functions over bytes that import nothing of the daemon.
 `wire` frames requests and replies and holds atop's limits, `parse` reads replies
 back (for clients and tests).  Everything is importable from here: ``codec.frame``,
 ``codec.parse_stats``.  The daemon's side, ``T`` and ``S`` bodies made from its
-counters within those limits, is `atopgpud_tw.render`.  The full description,
+counters within those limits, is `atopgpud_tw.server.render`.  The full description,
 with atop's limits, is in docs/protocol.md.
 """
 

@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.snapshot import Snapshot
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers")
 
 READERS = ("auto", "nvml", "nvidia-smi", "sim")
 
@@ -42,19 +42,19 @@ def _nvml(settings: ReaderSettings, reactor: Any) -> IReader:
         import pynvml
     except ImportError:
         raise ReaderUnavailable("the Python module pynvml (nvidia-ml-py) is not installed") from None
-    from atopgpud_tw.readers.nvml import NvmlReader
+    from atopgpud_tw.readers.nvml.reader import NvmlReader
 
     return NvmlReader(pynvml, reactor, mig=settings.mig, hang_after=_hang_after(settings))
 
 
 def _smi(settings: ReaderSettings, reactor: Any) -> IReader:
-    from atopgpud_tw.readers.smi import SmiReader
+    from atopgpud_tw.readers.smi.reader import SmiReader
 
     return SmiReader(reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig)
 
 
 def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
-    from atopgpud_tw.readers.nvml import NvmlReader
+    from atopgpud_tw.readers.nvml.reader import NvmlReader
     from atopgpud_tw.sim import ScenarioError, demo_scenario, load_scenario, simulated_binding
 
     try:
@@ -67,7 +67,7 @@ def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
 
 
 def _hang_after(settings: ReaderSettings) -> float:
-    from atopgpud_tw.watchdog import HANG_AFTER
+    from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER
 
     return settings.hang_warning or HANG_AFTER
 

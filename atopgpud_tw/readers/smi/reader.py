@@ -4,7 +4,7 @@ For hosts where NVML cannot be used from Python.  The child runs through the
 reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
 sockets.  nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md):
 a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
-(`smi_child`), and the poll fails at once.  Only one child exists at a time; while a
+(`child`), and the poll fails at once.  Only one child exists at a time; while a
 killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
 of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
 for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
@@ -23,20 +23,14 @@ from zope.interface import implementer
 from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
-from atopgpud_tw.readers.smi_child import Run, SmiRunError, Started
-from atopgpud_tw.readers.smi_health import read_cards_health
-from atopgpud_tw.readers.smi_parse import (
-    MigSlot,
-    SmiReportError,
-    mig_slots,
-    name_slots,
-    parse_mig_names,
-    read_devices,
-    read_report,
-)
+from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
+from atopgpud_tw.readers.smi.health import read_cards_health
+from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.report import read_devices, read_report
+from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers.smi")
 
 #: seconds before a failed ``nvidia-smi -L`` is tried again for unchanged instances
 NAMES_RETRY = 60.0
@@ -70,7 +64,7 @@ class SmiReader:
         self._profiles: dict[tuple[str, int, int], str] = {}
         self._names_problem: str | None = None
         self._names_retry_at = 0.0
-        #: the latest report, whose health figures /metrics reads (readers/smi_health.py)
+        #: the latest report, whose health figures /metrics reads (readers/smi/health.py)
         self._report: Any = None
 
     @property

@@ -14,8 +14,9 @@ from typing import Any
 
 from twisted.internet.endpoints import UNIXServerEndpoint, serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
-from twisted.logger import Logger
 from zope.interface import implementer
+
+from atopgpud_tw.lognames import ClassLogger
 
 ABSTRACT_PREFIX = "unix:@"
 #: the kernel's own limit (net.core.somaxconn caps it): a burst of connections waits
@@ -57,7 +58,7 @@ class CheckedEndpoint:
     exposes what `exposed` says (None: nothing worth a warning), and gives a
     filesystem socket the group of ``--socket-group`` once it exists."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.endpoints.CheckedEndpoint")
 
     def __init__(
         self, endpoint: IStreamServerEndpoint, group: int | None = None, exposed: str | None = PROCESS_LISTS

@@ -22,8 +22,9 @@ from types import FrameType
 from typing import Any, Callable
 
 from twisted.application.service import Service
-from twisted.logger import Logger
 from twisted.python import logfile
+
+from atopgpud_tw.lognames import ClassLogger
 
 Handler = Callable[[int, "FrameType | None"], Any]
 
@@ -45,7 +46,7 @@ def twistd_log_file() -> logfile.BaseLogFile | None:
 class SignalService(Service):
     """Installs the handlers above once the reactor runs; puts back the old ones at stop."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.signals.SignalService")
 
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor

@@ -13,7 +13,7 @@ serves atop must not pay for it, so `BoundedChannel` adds (`WebLimits`):
   is answered only once the transport has taken the last reply, and a reply left
   unread past a deadline ends the connection.
 
-Each refusal or cut is logged once per burst (`access.BurstLog`).  Holding the
+Each refusal or cut is logged once per burst (`problems.BurstLog`).  Holding the
 next pipelined request reads two attributes of HTTPChannel's own flow control
 (``_waitingForTransport``, ``_networkProducer``, there since Twisted 17.9);
 tests/test_metrics_bounds.py pins the behaviour.
@@ -27,13 +27,14 @@ from typing import Any
 
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import connectionDone
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from atopgpud_tw.access import BurstLog, peer_name
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.access import peer_name
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class WebLimits:
 class WebGuard:
     """The shared side of the bounds: the connections open, and a burst log per cause."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.webbounds.WebGuard")
 
     def __init__(self, limits: WebLimits, clock: IReactorTime) -> None:
         self.limits = limits

@@ -17,13 +17,15 @@ import errno
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import connectionDone
-from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
+
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
@@ -102,51 +104,11 @@ class AllowList:
         return peer.uid == 0 or peer.uid in self.uids or bool(peer.gids & self.gids)
 
 
-class BurstLog:
-    """Logs the first of a burst of events, and a count when the burst is over.
-
-    A flood of refused connections costs one line at its start and one at its end,
-    however many there were.
-    """
-
-    log = Logger()
-
-    def __init__(self, clock: IReactorTime, quiet: float = 10.0) -> None:
-        self.clock = clock
-        self.quiet = quiet
-        self.total = 0
-        self._more = 0
-        self._call: Any = None
-        self._what = ""
-
-    def event(self, first_line: Callable[[], None], what: str) -> None:
-        """Count one event; `first_line` logs it if it starts a burst."""
-        self.total += 1
-        if self._call is not None and self._call.active():
-            self._more += 1
-            self._call.reset(self.quiet)
-            return
-        first_line()
-        self._what = what
-        self._more = 0
-        self._call = self.clock.callLater(self.quiet, self._over)
-
-    def _over(self) -> None:
-        self._call = None
-        if self._more:
-            self.log.warn("{count} more {what} in that burst", count=self._more, what=self._what)
-
-    def stop(self) -> None:
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-
-
 class Gate:
     """The allow-list where clients connect: admits a transport or refuses it,
     logging refusals once per burst."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.access.Gate")
 
     def __init__(self, allow: AllowList, clock: IReactorTime, where: str = "") -> None:
         self.allow = allow

@@ -15,7 +15,7 @@ from twisted.logger import Logger
 
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
-from atopgpud_tw.readers.nvml_device import (
+from atopgpud_tw.readers.nvml.device import (
     INVALID_ARGUMENT,
     MIG_ENABLED,
     DeviceLost,
@@ -35,7 +35,7 @@ from atopgpud_tw.readers.nvml_device import (
 )
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, fold_instances
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
 
 
 def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) -> list[DeviceSample]:

@@ -19,14 +19,15 @@ from typing import Any, Callable, cast
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
-from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
 from atopgpud_tw import codec
-from atopgpud_tw.access import AllowList, BurstLog, Gate, peer_name
-from atopgpud_tw.board import Board, ClientQueue
-from atopgpud_tw.turns import Turns
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.access import AllowList, Gate, peer_name
+from atopgpud_tw.server.board import Board, ClientQueue
+from atopgpud_tw.server.turns import Turns
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ MAX_PENDING = 64 * 1024
 class AtopGpuProtocol(Protocol, TimeoutMixin):
     """One client connection (atop keeps one open and asks every interval)."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.protocol.AtopGpuProtocol")
     factory: AtopGpuFactory
     #: a connected stream transport (TCP or UNIX): also an IPushProducer's consumer
     transport: Any
@@ -183,7 +184,7 @@ class AtopGpuFactory(Factory):
 
     protocol = AtopGpuProtocol  # type: ignore[assignment]  # Twisted types it as a callable
     noisy = False
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.protocol.AtopGpuFactory")
 
     def __init__(self, board: Board, limits: Limits | None = None, clock: IReactorTime | None = None) -> None:
         if clock is None:

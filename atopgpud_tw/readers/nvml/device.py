@@ -18,7 +18,7 @@ from twisted.logger import Logger
 
 from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.problems import Problems
-from atopgpud_tw.readers.nvml_samples import (
+from atopgpud_tw.readers.nvml.samples import (
     PER_CALL,
     PER_PERIOD,
     ProcessStream,
@@ -30,6 +30,7 @@ from atopgpud_tw.readers.nvml_samples import (
     samples_per_pid,
     windowed_process_figures,
 )
+from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
     TASK_GRAPHICS,
@@ -37,10 +38,11 @@ from atopgpud_tw.snapshot import (
     DeviceSample,
     ProcessSample,
     clamp_percent,
+    merge_kind,
+    merge_memory,
 )
-from atopgpud_tw.watchdog import CallWatch
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
 INVALID_ARGUMENT = CODES["INVALID_ARGUMENT"]
 NOT_SUPPORTED = CODES["NOT_SUPPORTED"]
@@ -64,7 +66,6 @@ _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new
 _NOTHING_NEW = object()
 
-log = Logger()
 
 
 def error_name(error: BaseException) -> str:
@@ -452,7 +453,7 @@ class UtilSample(NamedTuple):
     """One entry of ``nvmlDeviceGetProcessUtilization``, read once from the binding's structure."""
 
     pid: int
-    timeStamp: int  # noqa: N815 - the structure's own names, which `nvml_samples` reads
+    timeStamp: int  # noqa: N815 - the structure's own names, which `samples` reads
     smUtil: int  # noqa: N815
     memUtil: int  # noqa: N815
 
@@ -485,7 +486,7 @@ def _memory_info(device: NvmlDevice) -> Any:
 def _read_processes(
     device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
 ) -> tuple[ProcessSample, ...] | None:
-    found: dict[int, tuple[str, int]] = {}
+    found: dict[int, tuple[str, int | None]] = {}
     for kind in ("C", "G"):
         listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
         if listed is None:
@@ -497,8 +498,8 @@ def _read_processes(
             seen = found.get(pid)
             if seen is None:
                 found[pid] = (kind, memory_kib)
-            else:
-                found[pid] = (seen[0] if seen[0] == kind else "C+G", max(seen[1], memory_kib))
+            else:  # one allocation listed under both kinds (or twice): merge_processes's "max" rule
+                found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
     if not found:
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
@@ -510,7 +511,7 @@ def _read_processes(
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]]:
-    """Per-pid busy percentages since the device's last-seen timestamp (`nvml_samples`).
+    """Per-pid busy percentages since the device's last-seen timestamp (`samples`).
 
     A poll that brings no new process sample while the device's own buffer had
     no new period either, yet the GPU is busy, carries the last figures on: the

@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.readers.base import PollError
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers.smi_child")
 
 #: more output than this is no report (eight H100s print about 200 KiB)
 MAX_OUTPUT = 32 * 2**20

@@ -25,12 +25,13 @@ from typing import Iterable, Sequence
 
 from twisted.logger import Logger
 
-from atopgpud_tw import codec, render
+from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
+from atopgpud_tw.server import render
 from atopgpud_tw.snapshot import Snapshot
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.board")
 
 #: per (device index, pid): busy sums and samples at a client's ``S``, and the figures sent
 _Seen = dict[tuple[int, int], tuple[int, int, int, int, int]]
@@ -135,10 +136,27 @@ class ClientQueue:
             self.entries = deque(entry for entry in self.entries if entry.device_index < count)
             self.batch = None
 
-    def remember_v1(self, seen: dict[tuple[int, int], tuple[int, int, int, int, int]], generation: int) -> None:
-        """Version 1: the sums this ``S`` was worked out from, and the poll they are of."""
+    def records_v1(self, generation: int) -> render.PreparedStats | None:
+        """Version 1: this client's records, if its previous ``S`` came in poll `generation`."""
+        if self.v1_prepared is None or self.v1_prepared[0] != generation:
+            return None
+        return self.v1_prepared[1]
+
+    def remember_v1(
+        self,
+        seen: dict[tuple[int, int], tuple[int, int, int, int, int]],
+        generation: int,
+        records: render.PreparedStats,
+        clean: bool | None = None,
+    ) -> None:
+        """Version 1: the sums this ``S`` was worked out from, the poll they are of
+        and its records; `clean` whether `seen` holds only that poll's active
+        processes (None: as it was, the same poll as the previous ``S``)."""
         self.seen_v1 = seen
         self.v1_generation = generation
+        self.v1_prepared = (generation, records)
+        if clean is not None:
+            self.v1_clean = clean
 
 
 @dataclass
@@ -336,14 +354,12 @@ class Board:
             queue.only_devices_below(wired)
         generation = self.counters.generation
         seen = queue.seen_v1
-        same_poll = queue.v1_prepared is not None and queue.v1_prepared[0] == generation
-        if same_poll:
-            # no poll since this client's previous S: every active figure stands
-            prepared = queue.v1_prepared[1]  # type: ignore[index]
-            now_seen = seen
+        prepared = queue.records_v1(generation)
+        same_poll = prepared is not None
+        if prepared is not None:
+            now_seen = seen  # no poll since this client's previous S: every active figure stands
         else:
             prepared, now_seen = self._v1_prepared(queue)
-            queue.v1_prepared = (generation, prepared)
         entries = list(islice(queue.entries, render.EXITED_SCAN))
         records = []
         for entry in entries:
@@ -352,6 +368,7 @@ class Board:
         result = prepared.body(records) if records else prepared.full
         sent = len(result.exited_sent)
         # now_seen may be shared with other clients: copied before it is changed
+        clean = None
         if not same_poll:
             kept = {}
             for entry in islice(queue.entries, sent, None):
@@ -360,7 +377,7 @@ class Board:
                     kept[key] = seen[key]  # still to be told: keep its starting point
             if kept:
                 now_seen = {**now_seen, **kept}
-            queue.v1_clean = not kept
+            clean = not kept
         elif sent:
             processes = [d.processes for d in self.counters.devices]
             gone = [
@@ -371,7 +388,7 @@ class Board:
             ]
             if gone:
                 now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
-        queue.remember_v1(now_seen, generation)
+        queue.remember_v1(now_seen, generation, prepared, clean)
         self._sent(queue, sent)
         if result.active_cut:
             self.replies_cut += 1

@@ -20,7 +20,8 @@ from twisted.logger import ILogObserver, Logger, globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from atopgpud_tw.access import BurstLog
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
 
 
 class ListeningService(Service):
@@ -55,7 +56,7 @@ def listen_all(
         if outcome and not isinstance(outcome[0], Failure):
             ports.append(outcome[0])
             if clock is not None and hasattr(outcome[0], "_logger"):
-                outcome[0]._logger = Logger(namespace=__name__, observer=AcceptLog(description, clock))
+                outcome[0]._logger = Logger(namespace="atopgpud_tw.listening", observer=AcceptLog(description, clock))
             continue
         for port in ports:
             _close_now(port)
@@ -82,7 +83,7 @@ class AcceptLog:
     accept, is said once per burst rather than in lines per connection (Twisted's
     own took 23.6 MB of log in 10 s)."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.listening.AcceptLog")
 
     def __init__(self, where: str, clock: IReactorTime) -> None:
         self.where = where

@@ -16,18 +16,18 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from atopgpud_tw.board import Board
+from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.readers.base import IReader, PollError
+from atopgpud_tw.server.board import Board
 
 
 class PollerService(Service):
     """Polls `reader` every `interval` seconds into `board`."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.poller.PollerService")
 
     def __init__(self, reader: IReader, board: Board, interval: float, clock: IReactorTime) -> None:
         self.reader = reader

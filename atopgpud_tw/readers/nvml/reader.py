@@ -9,7 +9,7 @@ backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
 A card in MIG mode is read as its MIG instances, or as their sum
-(`readers.nvml_mig` says how; docs/mig.md).
+(`readers.nvml.mig` says how; docs/mig.md).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from atopgpud_tw.health import XidEvents, read_card_health
 from atopgpud_tw.nvml_codes import LIFECYCLE
 from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
-from atopgpud_tw.readers.nvml_device import (
+from atopgpud_tw.readers.nvml.device import (
     FUNCTION_NOT_FOUND,
     NO_PERMISSION,
     NOT_SUPPORTED,
@@ -41,12 +40,13 @@ from atopgpud_tw.readers.nvml_device import (
     placeholder,
     probe_support,
 )
-from atopgpud_tw.readers.nvml_mig import layout_card, read_card
-from atopgpud_tw.readers.worker import SerialWorker
+from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
+from atopgpud_tw.readers.nvml.mig import layout_card, read_card
+from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
+from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
-from atopgpud_tw.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.readers.nvml")
 
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5

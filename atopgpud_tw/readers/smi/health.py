@@ -1,6 +1,6 @@
 """The health and power figures of an ``nvidia-smi -q -x`` report: pure functions over its elements.
 
-The same series as the NVML reader's (atopgpud_tw/health.py), from the
+The same series as the NVML reader's (atopgpud_tw/readers/nvml/health.py), from the
 report each poll already fetched: nothing more is run for them, and they are
 parsed only when ``/metrics`` is fetched.  Element names differ across schema
 versions (v9 to v13), so each figure is looked for under every name it has
@@ -16,7 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from atopgpud_tw.health import CLOCKS_EVENT_REASONS, CardHealth, Series
-from atopgpud_tw.readers.smi_parse import gpu_busid
+from atopgpud_tw.readers.smi.values import gpu_busid
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")

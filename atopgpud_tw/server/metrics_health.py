@@ -27,7 +27,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.problems import ProblemLog
 
-log = Logger()
+log = Logger(namespace="atopgpud_tw.metrics_health")
 
 #: seconds a scrape waits for the figures it asked for
 HEALTH_WAIT = 2.0

@@ -19,7 +19,8 @@ from typing import Callable, NamedTuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
+
+from atopgpud_tw.lognames import ClassLogger
 
 #: seconds an NVML call may run before it is logged as hung (--hang-warning)
 HANG_AFTER = 10.0
@@ -76,7 +77,7 @@ class CallWatch:
 class HangWatchdog:
     """Logs an NVML call that has not returned after `after` seconds, once, and its return, once."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.watchdog.HangWatchdog")
 
     def __init__(self, watch: CallWatch, clock: IReactorTime, after: float = HANG_AFTER) -> None:
         self.watch = watch

@@ -16,7 +16,8 @@ from typing import Any, Callable, MutableMapping
 
 from twisted.application.service import Service
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
+
+from atopgpud_tw.lognames import ClassLogger
 
 #: how often the status line is looked at (it is sent only when it changed)
 STATUS_EVERY = 5.0
@@ -25,7 +26,7 @@ STATUS_EVERY = 5.0
 class Notifier:
     """Sends sd_notify messages to the socket systemd named, if any."""
 
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.notify.Notifier")
 
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
         # taken out of the environment so that no child (nvidia-smi) speaks for the daemon

@@ -29,18 +29,18 @@ from prometheus_client.registry import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
-from atopgpud_tw.board import Board
 from atopgpud_tw.counters import DeviceTotals
-from atopgpud_tw.metrics_atop import AtopSumsCollector
-from atopgpud_tw.metrics_health import HealthCache, HealthCollector, HealthWaiting
-from atopgpud_tw.page import InThread, MetricsPage, Rendered
-from atopgpud_tw.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.metrics_atop import AtopSumsCollector
+from atopgpud_tw.server.metrics_health import HealthCache, HealthCollector, HealthWaiting
+from atopgpud_tw.server.page import InThread, MetricsPage, Rendered
+from atopgpud_tw.server.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
@@ -210,7 +210,7 @@ class MetricsResource(Resource):
     """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it."""
 
     isLeaf = True
-    log = Logger()
+    log = ClassLogger("atopgpud_tw.metrics.MetricsResource")
 
     def __init__(self, page: MetricsPage | CollectorRegistry) -> None:
         super().__init__()

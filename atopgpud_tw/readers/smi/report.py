@@ -1,0 +1,164 @@
+"""Reading ``nvidia-smi -q -x``: the devices of one report, pure functions over its output.
+
+The ``-q -x`` schema grew from v9 to v13, elements moving and changing names, so
+values are found by the elements present, never by the DTD the DOCTYPE line names
+(which may be missing, as may the final newline; line ends may be CRLF).
+docs/nvidia-smi.md lists what is read.  How each value is read, and what an
+unreadable one gives, is values.py; the MIG instances of a card and their
+names from ``nvidia-smi -L`` are mig.py.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from atopgpud_tw.problems import Problems
+from atopgpud_tw.readers.identity import CardKeys
+from atopgpud_tw.readers.smi.mig import Profiles, instances_of, slots_of
+from atopgpud_tw.readers.smi.values import (
+    MEMORY,
+    Card,
+    SmiReportError,
+    card_of,
+    first_line,
+    integer,
+    kib,
+    percent,
+    reading,
+    text_at,
+    within,
+)
+from atopgpud_tw.snapshot import (
+    KINDS,
+    UNSUPPORTED,
+    DeviceSample,
+    ProcessSample,
+    fold_instances,
+    merge_processes,
+    mig_mode,
+)
+
+_BUSY = ("utilization/gpu_util", "utilization/memory_util")
+_REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
+
+
+def read_report(data: bytes) -> tuple[ET.Element, str]:
+    """The ``<nvidia_smi_log>`` element, and any text printed before the document.
+
+    nvidia-smi writes some warnings ("WARNING: infoROM is corrupted at gpu ...")
+    to stdout ahead of the XML; they are returned rather than failing every poll.
+    """
+    if not data.strip():
+        raise SmiReportError("the output is empty")
+    start = _REPORT_START.search(data)
+    preamble = data[: start.start()] if start else b""
+    try:
+        root = ET.fromstring(data[len(preamble) :])
+    except ET.ParseError as error:
+        raise SmiReportError(f"the output is not XML ({error})") from None
+    if root.tag != "nvidia_smi_log":
+        raise SmiReportError(f"the document is <{root.tag}>, not <nvidia_smi_log>")
+    return root, first_line(preamble.decode("utf-8", errors="replace"))
+
+
+def parse_report(
+    data: bytes, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
+) -> tuple[tuple[DeviceSample, ...], Problems]:
+    """The devices of one ``-q -x`` report and the problems met reading their values."""
+    root, preamble = read_report(data)
+    devices, problems = read_devices(root, mig, profiles, keys)
+    if preamble:
+        problems.add("preamble", f"nvidia-smi printed before its report: {preamble}")
+    return devices, problems
+
+
+def read_devices(
+    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
+) -> tuple[tuple[DeviceSample, ...], Problems]:
+    """The devices of a parsed report: cards, or the instances of cards in MIG mode.
+
+    ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
+    reports a MIG card as one device holding all its instances' memory and processes.
+    `keys` keeps cards' keys across reports (a reader's own); without it they are
+    unique within this report only.
+    """
+    mig_mode(mig)
+    problems = Problems()
+    devices: list[DeviceSample] = []
+    found = [(gpu, card_of(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
+    cards = [(gpu, card) for gpu, card in found if card is not None]
+    # two cards with one UUID (anonymised, cloned VMs) are both kept: keys unique per report
+    unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
+    for (gpu, card), key in zip(cards, unique):
+        card = card._replace(key=key)
+        entries = _process_entries(gpu, card, problems)
+        if text_at(gpu, "mig_mode/current_mig") != "Enabled":
+            devices.append(_whole_card(gpu, card, entries, problems))
+            continue
+        slots = slots_of(gpu, card, problems)
+        if not slots:
+            problems.add(
+                f"{card.busid} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
+            )
+            devices.append(_whole_card(gpu, card, entries, problems, mig=True))
+            continue
+        instances = instances_of(card, slots, entries, profiles or {}, problems)
+        if mig == "card":
+            instances = [fold_instances(card.key, card.busid, card.name, instances)]
+        devices.extend(instances)
+    return tuple(devices), problems
+
+
+# -- one card --
+
+
+def _whole_card(
+    gpu: ET.Element, card: Card, entries: list | None, problems: Problems, mig: bool = False
+) -> DeviceSample:
+    owner = (card.key, card.busid)
+    busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
+    if not mig:  # a card in MIG mode has no utilization of its own (docs/mig.md)
+        busy = [reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
+    total, used = (reading(gpu, path, kib, 0, owner, problems) for path in MEMORY)
+    used = within(used, total, owner, problems)
+    return DeviceSample(
+        card.key,
+        card.busid,
+        card.name,
+        gpu_busy=busy[0],
+        mem_busy=busy[1],
+        memory_total_kib=total,
+        memory_used_kib=used,
+        processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
+    )
+
+
+# -- processes --
+
+
+def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | None:
+    """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable.
+
+    A list with one unreadable pid is dropped whole for this poll: a partial
+    list would make the missing processes seem to end.
+    """
+    entries = []
+    for info in gpu.findall("processes/process_info"):
+        pid = integer(text_at(info, "pid"))
+        if pid is None:
+            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {text_at(info, 'pid')!r}")
+            return None
+        kind = text_at(info, "type")
+        # N/A, as for every process under WDDM, is not known: -1, not a failure
+        memory = reading(info, "used_memory", kib, UNSUPPORTED, (card.key, card.busid), problems)
+        sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
+        gi = integer(text_at(info, "gpu_instance_id"))
+        ci = integer(text_at(info, "compute_instance_id"))
+        entries.append((gi, ci, sample))
+    return entries
+
+
+# -- values --
+
+

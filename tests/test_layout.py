@@ -1,0 +1,145 @@
+"""The layout is the design: imports point one way, docs/design.md names every module, log names stay."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+from twisted.logger import Logger
+
+import atopgpud_tw
+from atopgpud_tw.lognames import ClassLogger
+
+PACKAGE = Path(atopgpud_tw.__file__).parent
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+#: what each part may import of the package, beyond itself ("" is the top-level modules)
+ALLOWED = {
+    "codec": set(),
+    "atopgpu": {"codec"},
+    "sim": {"nvml_codes"},
+    "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes"},
+    "server": {"snapshot", "health", "problems", "lognames", "counters", "codec", "readers.base"},
+}
+
+#: every log namespace of the daemon, as its lines show them (docs/reliability.md quotes some)
+NAMESPACES = {
+    "atopgpud_tw.tap",
+    "atopgpud_tw.problems.ProblemLog",
+    "atopgpud_tw.readers",
+    "atopgpud_tw.readers.nvml",
+    "atopgpud_tw.readers.nvml_device",
+    "atopgpud_tw.readers.nvml_mig",
+    "atopgpud_tw.readers.smi",
+    "atopgpud_tw.readers.smi_child",
+    "atopgpud_tw.watchdog.HangWatchdog",
+    "atopgpud_tw.board",
+    "atopgpud_tw.poller.PollerService",
+    "atopgpud_tw.protocol.AtopGpuProtocol",
+    "atopgpud_tw.protocol.AtopGpuFactory",
+    "atopgpud_tw.access.BurstLog",
+    "atopgpud_tw.access.Gate",
+    "atopgpud_tw.endpoints.CheckedEndpoint",
+    "atopgpud_tw.listening",
+    "atopgpud_tw.listening.AcceptLog",
+    "atopgpud_tw.notify.Notifier",
+    "atopgpud_tw.signals.SignalService",
+    "atopgpud_tw.metrics.MetricsResource",
+    "atopgpud_tw.metrics_health",
+    "atopgpud_tw.webbounds.WebGuard",
+}
+
+
+def modules() -> list[str]:
+    return sorted(
+        name
+        for _, name, is_package in pkgutil.walk_packages([str(PACKAGE)], "atopgpud_tw.")
+        if not name.startswith("atopgpud_tw.sim.shim")
+    )
+
+
+def source(name: str) -> Path:
+    path = PACKAGE.joinpath(*name.split(".")[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imported(name: str) -> set[str]:
+    """The package's modules `name` imports, without the ``atopgpud_tw.`` prefix."""
+    found = set()
+    for node in ast.walk(ast.parse(source(name).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("atopgpud_tw"):
+            base = node.module.removeprefix("atopgpud_tw").lstrip(".")
+            found.update(f"{base}.{alias.name}".lstrip(".") if not base else base for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("atopgpud_tw.") for a in node.names if a.name.startswith("atopgpud_tw."))
+    return found
+
+
+def part(module: str) -> str:
+    return module.split(".")[0] if "." in module or module in ALLOWED else ""
+
+
+@pytest.mark.parametrize("name", modules())
+def test_imports_point_one_way(name: str) -> None:
+    own = part(name.removeprefix("atopgpud_tw."))
+    if own not in ALLOWED:
+        return  # the top-level modules and the wiring
+    allowed = ALLOWED[own] | ({"sim"} if name == "atopgpud_tw.readers" else set())  # make_reader's "sim"
+    wrong = sorted(
+        module
+        for module in imported(name)
+        if part(module) != own and not {module, part(module)} & allowed and module != "__version__"
+    )
+    assert not wrong, f"{name} imports {wrong}"
+
+
+def test_design_names_every_module() -> None:
+    design = DESIGN.read_text()
+    missing = []
+    for name in modules():
+        path = source(name).relative_to(PACKAGE)
+        if path.name == "__init__.py" or path.parts[0] == "sim":
+            continue
+        # a module is named by its path under the package, or by its name in its folder's row
+        folder = "/".join(path.parts[:-1])
+        rows = [
+            line
+            for line in design.splitlines()
+            if line.startswith("|") and (f"`{path}`" in line or folder and f"`{folder}/`" in line.split("|")[1])
+        ]
+        if not any(f"`{path}`" in row or f"`{path.name}`" in row for row in rows):
+            missing.append(str(path))
+    assert not missing, f"docs/design.md does not name {missing}"
+
+
+def test_every_logger_has_its_fixed_name() -> None:
+    plain = []
+    for name in modules():
+        for node in ast.walk(ast.parse(source(name).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Logger":
+                if not node.args and not any(k.arg == "namespace" for k in node.keywords):
+                    plain.append(name)
+    assert not plain, f"loggers named after their module (a move renames their lines): {plain}"
+    found = set()
+    for name in modules():
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if isinstance(value, Logger) and not isinstance(value, ClassLogger):
+                found.add(value.namespace)
+            if isinstance(value, type) and value.__module__ == name:
+                found.update(v.namespace for v in vars(value).values() if isinstance(v, ClassLogger))
+    # the port's accept logger is made in a function (listening.listen_all), the test above checks its name
+    assert found == NAMESPACES - {"atopgpud_tw.listening"}
+
+
+def test_a_class_logger_names_its_events_source() -> None:
+    class Thing:
+        log = ClassLogger("atopgpud_tw.thing.Thing")
+
+    thing = Thing()
+    assert thing.log.namespace == "atopgpud_tw.thing.Thing"
+    assert thing.log.source is thing
+    assert Thing.log.source is Thing
