@@ -158,7 +158,6 @@ class Counters:
         self.generation = 0
         #: bumped whenever what ``T`` shows (devices, bus ids, names) changes
         self.layout_generation = 0
-        self.polls = 0
         #: whether polls come with their times (the daemon's do): the *_seconds sums are kept
         self.timed = False
 
@@ -194,7 +193,6 @@ class Counters:
         for index, device in enumerate(self.devices):
             if index not in seen:
                 exited.extend(self._mark_absent(index, device))
-        self.polls += 1
         self.generation += 1
         return exited
 
