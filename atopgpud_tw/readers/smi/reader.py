@@ -26,7 +26,7 @@ from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
-from atopgpud_tw.readers.smi.report import read_devices, read_report
+from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
@@ -143,8 +143,7 @@ class SmiReader:
         except SmiReportError as error:
             raise SmiRunError(f"{self._binary} -q -x: {error}") from None
         problems = Problems()
-        if preamble:
-            problems.add("preamble", f"nvidia-smi printed before its report: {preamble}")
+        note_preamble(preamble, problems)
         if self._mig == "instances":
             await self._learn_names(mig_slots(root), problems)
         devices, found = read_devices(root, self._mig, self._profiles, self._keys)

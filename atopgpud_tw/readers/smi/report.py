@@ -68,9 +68,14 @@ def parse_report(
     """The devices of one ``-q -x`` report and the problems met reading their values."""
     root, preamble = read_report(data)
     devices, problems = read_devices(root, mig, profiles, keys)
+    note_preamble(preamble, problems)
+    return devices, problems
+
+
+def note_preamble(preamble: str, problems: Problems) -> None:
+    """What nvidia-smi printed before its report (`read_report`), as a trouble of the poll."""
     if preamble:
         problems.add("preamble", f"nvidia-smi printed before its report: {preamble}")
-    return devices, problems
 
 
 def read_devices(
