@@ -195,8 +195,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         reader, layout = make_reader(reader_settings(options), reactor)
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    board = Board(Counters(weigh_processes=options["metrics-processes"]), exited_limit=options["max-exited"])
-    board.counters.declare(layout)  # T lists the devices before the first poll
+    counters = Counters(weigh_processes=options["metrics-processes"])
+    board = Board(counters, exited_limit=options["max-exited"], layout=layout)
     top = MultiService()
     SignalService(reactor).setServiceParent(top)
     poller = PollerService(reader, board, options["interval"], reactor)
@@ -242,7 +242,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
         ListeningService(port).setServiceParent(top)
     notifier = Notifier()
-    NotifyService(notifier, lambda: _status(reader.name, board, poller), reactor).setServiceParent(top)
+    NotifyService(notifier, poller.status, reactor).setServiceParent(top)
     return top
 
 
@@ -272,15 +272,3 @@ def _endpoint(reactor: Any, option: str, description: str) -> Any:
         return listen_endpoint(reactor, description)
     except ValueError as error:
         raise SystemExit(f"atopgpud: {option} {description}: {error}") from None
-
-
-def _status(reader: str, board: Board, poller: PollerService) -> str:
-    """The line ``systemctl status`` shows: the reader, the GPUs, failing polls."""
-    devices = board.counters.devices
-    lost = sum(not device.present for device in devices)
-    text = f"{reader}: {len(devices) - lost} GPU{'' if len(devices) - lost == 1 else 's'}"
-    if lost:
-        text += f", {lost} lost"
-    if poller.failing is not None:
-        text += f"; polls failing: {poller.failing}"
-    return text

@@ -9,6 +9,7 @@ from twisted.logger import capturedLogs
 
 from atopgpud_tw.server.board import Board
 from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.snapshot import Snapshot
 
 
 class FakeReader:
@@ -31,6 +32,8 @@ class FakeReader:
                 return fail(outcome)
             if outcome == "raise":
                 raise RuntimeError("reader bug")
+            if isinstance(outcome, Snapshot):
+                return succeed(outcome)
         return succeed(snap(dev()))
 
     def close(self) -> None:
@@ -92,3 +95,17 @@ def test_stop_leaves_no_delayed_calls_and_closes_the_reader():
     clock.advance(1.0)
     service.stopService()
     assert clock.getDelayedCalls() == [] and reader.closed
+
+
+def test_status_names_the_reader_the_gpus_and_a_failing_cause():
+    """The systemctl status line: GPUs counted, lost ones and a failing poll's cause named, recovery clears it."""
+    reader = FakeReader([snap(dev(), dev("b")), snap(dev(), dev("b", present=False)), ValueError("boom")])
+    service, clock, board = start(reader)
+    assert service.status() == "fake: 2 GPUs"
+    clock.advance(1.0)
+    assert service.status() == "fake: 1 GPU, 1 lost"
+    clock.advance(1.0)
+    assert service.status() == "fake: 1 GPU, 1 lost; polls failing: ValueError: boom"
+    clock.advance(1.0)
+    assert service.status() == "fake: 1 GPU, 1 lost"
+    service.stopService()

@@ -170,8 +170,13 @@ class _Rendered:
 class Board:
     """Counters plus what is needed to answer every client quickly."""
 
-    def __init__(self, counters: Counters | None = None, exited_limit: int = DEFAULT_EXITED_LIMIT) -> None:
+    def __init__(
+        self, counters: Counters | None = None, exited_limit: int = DEFAULT_EXITED_LIMIT, layout: Snapshot | None = None
+    ) -> None:
+        """`layout`: the devices the reader found at start-up, which ``T`` lists before the first poll."""
         self.counters = counters or Counters()
+        if layout is not None:
+            self.counters.declare(layout)
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
         #: per version: the ``T`` body and its framed reply, with the layout generation they show

@@ -47,6 +47,17 @@ class PollerService(Service):
         """The cause the latest poll failed with; None when it worked."""
         return self._failing.value
 
+    def status(self) -> str:
+        """One line for ``systemctl status`` (notify.py): the reader, the GPUs, failing polls."""
+        devices = self.board.counters.devices
+        lost = sum(not device.present for device in devices)
+        text = f"{self.reader.name}: {len(devices) - lost} GPU{'' if len(devices) - lost == 1 else 's'}"
+        if lost:
+            text += f", {lost} lost"
+        if self.failing is not None:
+            text += f"; polls failing: {self.failing}"
+        return text
+
     def startService(self) -> None:
         super().startService()
         self._loop = LoopingCall.withCount(self._tick)
