@@ -5,7 +5,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
@@ -216,9 +216,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.server.metrics_health import HealthCache
         from atopgpud_tw.server.webbounds import WebLimits
 
-        # health figures where the reader has them (NVML, the simulator, nvidia-smi's report)
-        calls = getattr(reader, "watchdog", None)
-        health = HealthCache(cast(Any, reader), reactor, watchdog=calls) if hasattr(reader, "health") else None
+        calls = reader.watchdog
+        health = HealthCache(reader, reactor, watchdog=calls)
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], calls,
             WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=health,

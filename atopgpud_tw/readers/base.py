@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
@@ -34,6 +36,19 @@ class IReader(Interface):
     def close() -> Deferred | None:
         """Release what the reader holds (NVML, child processes); may return a
         Deferred that fires when done (stopping waits for it, briefly)."""
+
+    watchdog = Attribute(
+        "the HangWatchdog over the calls in the reader's own thread (its figures are on /metrics); "
+        "None for a reader with no such thread"
+    )
+
+    def health(wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
+        """The health figures (`health.CardHealth`) of each card `wanted` (by key),
+        one Deferred per card; only ``/metrics`` asks, when it is scraped."""
+
+    def xid_counts() -> Deferred | None:
+        """A Deferred firing with the XID errors counted so far, by (card key, XID);
+        None where the reader cannot count them."""
 
 
 class PollError(Exception):

@@ -15,7 +15,7 @@ are listed in docs/metrics.md.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from twisted.internet.defer import Deferred
@@ -26,6 +26,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.problems import ProblemLog
+from atopgpud_tw.readers.base import IReader
 
 log = Logger(namespace="atopgpud_tw.metrics_health")
 
@@ -57,19 +58,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-class HealthSource(Protocol):
-    """What the cache needs of a reader (`NvmlReader` has it)."""
-
-    def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]: ...
-
-    def xid_counts(self) -> Deferred | None: ...
-
-
 class HealthCache:
     """The latest health reading of each card, refreshed when a scrape asks."""
 
     def __init__(
-        self, source: HealthSource, clock: IReactorTime, wait: float = HEALTH_WAIT, watchdog: Any = None
+        self, source: IReader, clock: IReactorTime, wait: float = HEALTH_WAIT, watchdog: Any = None
     ) -> None:
         self.source = source
         self.clock = clock

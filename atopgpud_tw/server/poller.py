@@ -66,6 +66,8 @@ class PollerService(Service):
         self._finished.addErrback(self._loop_died)
 
     def stopService(self) -> Deferred:
+        # Unlike TimerService, which this is otherwise, stopping does not wait for the
+        # poll in flight: one stuck in the driver never ends; the reader's close is bounded.
         super().stopService()
         if self._loop is not None and self._loop.running:
             self._loop.stop()

@@ -41,6 +41,8 @@ class SmiReader:
     """Reads every GPU by running nvidia-smi."""
 
     name = "nvidia-smi"
+    #: no thread of its own: a hung nvidia-smi is a poll that times out
+    watchdog = None
 
     def __init__(
         self, reactor: Any, binary: str | None, timeout: float = 5.0, mig: str = "instances"
