@@ -1,7 +1,8 @@
 """The server side: the counters served over the wire, to atop and to Prometheus.
 
 `poller` folds each Snapshot into the `board` (counters, replies rendered once
-per poll by `render`, each client's queue); `protocol` answers atop's requests
+per poll by `render`, each client's queue, version 1's per-client figures by
+`intervals`); `protocol` answers atop's requests
 from the board, one turn at a time (`turns`), behind `access`; `endpoints`,
 `listening` and `activation` give it its sockets; `metrics` (with
 `metrics_atop`, `metrics_health`, `page` and `webbounds`) is ``/metrics``;

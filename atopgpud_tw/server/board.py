@@ -9,7 +9,7 @@ each exited process's record is rendered once per version for all the clients
 that hear of it.  A version 2 request costs no work that grows with the number
 of clients or, unless the reply must be cut to atop's limit, with the number of
 processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per client once per poll (`Board.stats_v1`).
+interval, so they are rendered per client once per poll (intervals.py).
 
 However many exits a client has queued, a reply looks at no more of them than
 can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
@@ -29,12 +29,10 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server import render
+from atopgpud_tw.server.intervals import Seen, V1Intervals
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
-
-#: per (device index, pid): busy sums and samples at a client's ``S``, and the figures sent
-_Seen = dict[tuple[int, int], tuple[int, int, int, int, int]]
 
 DEFAULT_EXITED_LIMIT = 8192
 
@@ -73,7 +71,7 @@ class ClientQueue:
     dropped: int = 0
     #: version 1 only: per (device index, pid), the busy sums and samples at this
     #: client's previous ``S`` and the busy figures it was sent then
-    seen_v1: dict[tuple[int, int], tuple[int, int, int, int, int]] = field(default_factory=dict)
+    seen_v1: Seen = field(default_factory=dict)
     #: the list of one poll's exits when the queue holds exactly that list, else None
     #: (a client that asks once per poll): its reply is then the same as that of every
     #: other such client, and is rendered once
@@ -144,7 +142,7 @@ class ClientQueue:
 
     def remember_v1(
         self,
-        seen: dict[tuple[int, int], tuple[int, int, int, int, int]],
+        seen: Seen,
         generation: int,
         records: render.PreparedStats,
         clean: bool | None = None,
@@ -190,9 +188,8 @@ class Board:
         self._cut: dict[int, Latch] = {}
         #: the most devices said to be more than the wire carries
         self._devices_told = 0
-        #: version 1 records this poll, by the generation of the clients' previous S
-        self._v1_shared: dict[int, tuple[render.PreparedStats, _Seen]] = {}
-        self._v1_shared_generation = -1
+        #: version 1 clients' figures over their own intervals
+        self._v1 = V1Intervals()
         self.replies_cut = 0
         self.exited_dropped = 0
         #: clients whose exits did not all fit in their latest reply
@@ -345,94 +342,17 @@ class Board:
         return result.body
 
     def stats_v1(self, queue: ClientQueue) -> bytes:
-        """The version 1 ``S`` body for one client, with busy figures over its interval.
-
-        atop 2.12 and older show a process's version 1 busy figures as they come,
-        as the figures of the interval since their previous request; so they are
-        worked out per client from the sums it saw then.  This costs work in
-        proportion to the processes once per poll per version 1 client: until the
-        next poll its figures stand, and so do its records.
-        """
+        """The version 1 ``S`` body for one client, with busy figures over its own
+        interval (`intervals.V1Intervals`); takes what it reports off its queue."""
         queue.subscribe()
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:
             queue.only_devices_below(wired)
-        generation = self.counters.generation
-        seen = queue.seen_v1
-        prepared = queue.records_v1(generation)
-        same_poll = prepared is not None
-        if prepared is not None:
-            now_seen = seen  # no poll since this client's previous S: every active figure stands
-        else:
-            prepared, now_seen = self._v1_prepared(queue)
-        entries = list(islice(queue.entries, render.EXITED_SCAN))
-        records = []
-        for entry in entries:
-            busy, _ = _interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
-            records.append((entry.device_index, render.render_process(entry.totals, 1, b"E", busy)))
-        result = prepared.body(records) if records else prepared.full
-        sent = len(result.exited_sent)
-        # now_seen may be shared with other clients: copied before it is changed
-        clean = None
-        if not same_poll:
-            kept = {}
-            for entry in islice(queue.entries, sent, None):
-                key = (entry.device_index, entry.totals.pid)
-                if key in seen and key not in now_seen:
-                    kept[key] = seen[key]  # still to be told: keep its starting point
-            if kept:
-                now_seen = {**now_seen, **kept}
-            clean = not kept
-        elif sent:
-            processes = [d.processes for d in self.counters.devices]
-            gone = [
-                (e.device_index, e.totals.pid)
-                for e in entries[:sent]
-                if e.totals.pid not in processes[e.device_index]
-                and (e.device_index, e.totals.pid) in now_seen
-            ]
-            if gone:
-                now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
-        queue.remember_v1(now_seen, generation, prepared, clean)
-        self._sent(queue, sent)
+        result = self._v1.reply(queue, self.counters, lambda: self._rendered(1).prepared)
+        self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
         return result.body
-
-    def _v1_prepared(self, queue: ClientQueue) -> tuple[render.PreparedStats, _Seen]:
-        """One client's version 1 records this poll, and the sums to remember for its next ``S``.
-
-        Clients whose previous ``S`` came in the same poll, with no exit still to
-        be told, remembered the same sums: their records are the same, rendered
-        for the first of them, unless a process had no sample since (its
-        figures are then those that client was sent last).
-        """
-        generation = self.counters.generation
-        if self._v1_shared_generation != generation:
-            self._v1_shared_generation = generation
-            self._v1_shared = {}
-        since = queue.v1_generation if queue.v1_clean else None
-        shared = self._v1_shared.get(since) if since is not None else None
-        if shared is not None:
-            return shared
-        shared_ok = True
-        seen, now_seen = queue.seen_v1, {}
-        devices = []
-        for index, (device, rendered) in enumerate(zip(self.counters.devices, self._rendered(1).prepared.devices)):
-            active = []
-            for totals in device.processes.values():
-                key = (index, totals.pid)
-                before = seen.get(key)
-                busy, now_seen[key] = _interval_busy(totals, before)
-                if before is not None and before[2] == totals.samples and before[2]:
-                    shared_ok = False  # the figures sent last stand: this client's own
-                active.append((totals.memory_now_kib, totals.pid, render.render_process(totals, 1, b"A", busy)))
-            active.sort(key=lambda item: (-item[0], item[1]))
-            devices.append(render.RenderedDevice(rendered.header, tuple(active)))
-        result = render.PreparedStats(devices), now_seen
-        if since is not None and shared_ok:
-            self._v1_shared[since] = result
-        return result
 
     def _rendered(self, version: int) -> _Rendered:
         generation = self.counters.generation
@@ -456,29 +376,6 @@ class Board:
             )
         else:
             log.info("version {version} replies: every process fits again", version=version)
-
-
-def _interval_busy(
-    totals: ProcessTotals, before: tuple[int, int, int, int, int] | None
-) -> tuple[tuple[int, int], tuple[int, int, int, int, int]]:
-    """A process's busy figures since a client's previous request, and what to remember.
-
-    Without an earlier request (or when the pid is another process now, its
-    samples fewer than before) the interval is the process's whole life.  With no
-    new sample since, the figures sent last time stand.
-    """
-    gpu_cum, mem_cum, samples = totals.gpu_busy_cum, totals.mem_busy_cum, totals.samples
-    if before is None or before[2] > samples or before[0] > gpu_cum or before[1] > mem_cum:
-        before = (0, 0, 0, 0, 0)
-    count = samples - before[2]
-    if count:
-        gpu = -1 if gpu_cum < 0 else (gpu_cum - before[0]) // count
-        mem = -1 if mem_cum < 0 else (mem_cum - before[1]) // count
-    elif before[2]:
-        gpu, mem = before[3], before[4]
-    else:
-        gpu, mem = (-1 if gpu_cum < 0 else 0), (-1 if mem_cum < 0 else 0)
-    return (gpu, mem), (gpu_cum, mem_cum, samples, gpu, mem)
 
 
 def _records(entries: Iterable[ExitReport], version: int) -> list[tuple[int, bytes]]:
