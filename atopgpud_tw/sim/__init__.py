@@ -8,6 +8,8 @@ model (`nvml.SimulatedNvml`) of a scenario.
 
 from __future__ import annotations
 
+import ast
+import ctypes
 import functools
 import importlib.machinery
 import importlib.util
@@ -57,27 +59,69 @@ def pynvml_origin() -> str:
     raise ImportError("the simulator needs nvidia-ml-py (the pynvml module) installed")
 
 
+#: the name under which a copy's module body finds the shared structure types while it runs
+_SHARED = "__atopgpud_sim_structures__"
+
+
 @functools.cache
-def _pynvml_code() -> Any:
-    """The real pynvml's compiled module body, read once per process (each copy runs it afresh)."""
-    spec = importlib.util.spec_from_file_location("pynvml", pynvml_origin())
+def _pynvml_code() -> tuple[Any, dict[str, type]]:
+    """The real pynvml's module body, compiled once per process, and the ctypes
+    structure types its copies share.
+
+    Making pynvml's 200-odd `Structure` and `Union` types is most of what
+    running its body costs, and they are plain layouts: their methods read
+    nothing but the module's constants.  So a first, private run of the
+    original body makes them, and the body every copy runs takes each from
+    there (its ``class`` statement becomes ``name = <the shared type>``).
+    Everything else, functions, error classes and state, is made afresh in each
+    copy as before; a name defined twice keeps its ``class`` statements.
+    """
+    origin = pynvml_origin()
+    spec = importlib.util.spec_from_file_location("pynvml", origin)
     assert spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
-    return spec.loader.get_code("pynvml")
+    template = _run(spec.loader.get_code("pynvml"), "atopgpud_tw.sim._pynvml_types")
+    tree = ast.parse(Path(origin).read_bytes(), origin)
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    once = {name for name in (node.name for node in classes) if sum(n.name == name for n in classes) == 1}
+    shared: dict[str, type] = {}
+    for index, node in enumerate(tree.body):
+        if not isinstance(node, ast.ClassDef) or node.name not in once or node.decorator_list:
+            continue
+        made = vars(template).get(node.name)
+        if isinstance(made, type) and issubclass(made, (ctypes.Structure, ctypes.Union)):
+            shared[node.name] = made
+            statement = ast.parse(f"{node.name} = {_SHARED}[{node.name!r}]").body[0]
+            for part in ast.walk(statement):
+                ast.copy_location(part, node)
+            tree.body[index] = statement
+    return compile(tree, origin, "exec", dont_inherit=True), shared
 
 
-def fresh_pynvml(name: str | None = None) -> ModuleType:
-    """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount."""
-    name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
+def _run(code: Any, name: str, shared: dict[str, type] | None = None) -> ModuleType:
+    """A new module `name` of the pynvml file, its body `code` run."""
     spec = importlib.util.spec_from_file_location(name, pynvml_origin())
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    if shared is not None:
+        module.__dict__[_SHARED] = shared
     # the module looks itself up in sys.modules while it is being executed
     sys.modules[name] = module
     try:
-        exec(_pynvml_code(), module.__dict__)
+        exec(code, module.__dict__)
     finally:
         del sys.modules[name]
+        module.__dict__.pop(_SHARED, None)
     return module
+
+
+def fresh_pynvml(name: str | None = None) -> ModuleType:
+    """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount.
+
+    Its functions, error classes and state are its own; its ctypes structure
+    types are those every copy shares (see `_pynvml_code`).
+    """
+    code, shared = _pynvml_code()
+    return _run(code, name or f"atopgpud_tw.sim._pynvml_{next(_copies)}", shared)
 
 
 def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> ModuleType:
