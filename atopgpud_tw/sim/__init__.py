@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import json
 import sys
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +40,7 @@ __all__ = [
 #: the folder that puts a simulated `pynvml` first on PYTHONPATH (shim/pynvml.py)
 SHIM = Path(__file__).resolve().with_name("shim")
 _copies = itertools.count(1)
+_made = itertools.count()
 
 
 def demo_scenario() -> Scenario:
@@ -64,33 +66,39 @@ _SHARED = "__atopgpud_sim_structures__"
 
 
 @functools.cache
-def _pynvml_code() -> tuple[Any, dict[str, type]]:
-    """The real pynvml's module body, compiled once per process, and the ctypes
-    structure types its copies share.
+def _pynvml_code() -> Any:
+    """The real pynvml's compiled module body, read once per process (each copy runs it afresh)."""
+    spec = importlib.util.spec_from_file_location("pynvml", pynvml_origin())
+    assert spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+    return spec.loader.get_code("pynvml")
+
+
+@functools.cache
+def _sharing_code() -> tuple[Any, dict[str, type]]:
+    """pynvml's module body, compiled to take its ctypes structure types from
+    the dict that comes with it, instead of making them.
 
     Making pynvml's 200-odd `Structure` and `Union` types is most of what
     running its body costs, and they are plain layouts: their methods read
-    nothing but the module's constants.  So a first, private run of the
-    original body makes them, and the body every copy runs takes each from
-    there (its ``class`` statement becomes ``name = <the shared type>``).
-    Everything else, functions, error classes and state, is made afresh in each
-    copy as before; a name defined twice keeps its ``class`` statements.
+    nothing but the module's constants.  So a private run of the original body
+    makes them once, and in this body each one's ``class`` statement becomes
+    ``name = <that type>``.  Everything else, functions, error classes and
+    state, is made by each run as before; a name defined twice keeps its
+    ``class`` statements.
     """
     origin = pynvml_origin()
-    spec = importlib.util.spec_from_file_location("pynvml", origin)
-    assert spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
-    template = _run(spec.loader.get_code("pynvml"), "atopgpud_tw.sim._pynvml_types")
+    template = vars(_run(_pynvml_code(), "atopgpud_tw.sim._pynvml_types"))
     tree = ast.parse(Path(origin).read_bytes(), origin)
-    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    once = {name for name in (node.name for node in classes) if sum(n.name == name for n in classes) == 1}
+    defined = Counter(node.name for node in tree.body if isinstance(node, ast.ClassDef))
     shared: dict[str, type] = {}
     for index, node in enumerate(tree.body):
-        if not isinstance(node, ast.ClassDef) or node.name not in once or node.decorator_list:
+        if not isinstance(node, ast.ClassDef) or defined[node.name] != 1 or node.decorator_list:
             continue
-        made = vars(template).get(node.name)
+        made = template.get(node.name)
         if isinstance(made, type) and issubclass(made, (ctypes.Structure, ctypes.Union)):
             shared[node.name] = made
-            statement = ast.parse(f"{node.name} = {_SHARED}[{node.name!r}]").body[0]
+            lookup = ast.Subscript(ast.Name(_SHARED, ast.Load()), ast.Constant(node.name), ast.Load())
+            statement = ast.Assign([ast.Name(node.name, ast.Store())], lookup)
             for part in ast.walk(statement):
                 ast.copy_location(part, node)
             tree.body[index] = statement
@@ -117,11 +125,16 @@ def _run(code: Any, name: str, shared: dict[str, type] | None = None) -> ModuleT
 def fresh_pynvml(name: str | None = None) -> ModuleType:
     """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount.
 
-    Its functions, error classes and state are its own; its ctypes structure
-    types are those every copy shares (see `_pynvml_code`).
+    Its functions, error classes and state are its own.  Its ctypes structure
+    types are those all copies after the first share (see `_sharing_code`): a
+    process that makes one copy, such as a daemon on a simulated host, does not
+    pay for preparing that.
     """
-    code, shared = _pynvml_code()
-    return _run(code, name or f"atopgpud_tw.sim._pynvml_{next(_copies)}", shared)
+    name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
+    if next(_made) == 0:
+        return _run(_pynvml_code(), name)
+    code, shared = _sharing_code()
+    return _run(code, name, shared)
 
 
 def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> ModuleType:
