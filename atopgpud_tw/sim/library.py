@@ -37,6 +37,7 @@ unexpected one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections import Counter
 from types import ModuleType, SimpleNamespace
@@ -269,10 +270,14 @@ class SimulatedLibrary:
         handle = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self.model_handle(device))
         return self._put_handle(out, handle)
 
+    def _array(self, out: int | None, name: str) -> Any:
+        """The caller's memory at `out` as an array of the binding's structure `name`, to write as C does."""
+        return ctypes.cast(out, _raw(getattr(self._b, name)))  # type: ignore[arg-type]  # NULL only when unused
+
     def _struct(self, out: int | None, name: str) -> Any:
         if not out:
             raise NVMLError(INVALID_ARGUMENT)
-        return ctypes.cast(out, ctypes.POINTER(getattr(self._b, name)))[0]
+        return self._array(out, name)[0]
 
     def _pci_info(self, device: int | None, out: int | None) -> int:
         info = self._call("nvmlDeviceGetPciInfo", self.model_handle(device))
@@ -331,7 +336,7 @@ class SimulatedLibrary:
             count[0] = len(items)
             return INSUFFICIENT_SIZE
         # NULL only with nothing to write (no items, or a count of them that fits)
-        array = ctypes.cast(buffer, ctypes.POINTER(getattr(self._b, struct)))  # type: ignore[arg-type]
+        array = self._array(buffer, struct)
         for index, item in enumerate(items):
             write(array[index], item)
         count[0] = len(items)
@@ -412,6 +417,19 @@ class SimulatedLibrary:
         kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
         ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
         return self._fill(list(items), count, buffer, "c_nvmlSample_t", _write_sample)
+
+
+@functools.cache
+def _raw(struct: type) -> Any:
+    """A pointer to the layout of the binding's structure `struct`, without pynvml's
+    attribute hooks (`_PrintableStructure`'s ``__setattr__`` and ``__getattribute__``,
+    which only convert str and bytes): the library writes the caller's memory as
+    plain C fields, as a C library does, and at C speed."""
+    plain = type(
+        struct.__name__, (struct,), {"__setattr__": object.__setattr__, "__getattribute__": object.__getattribute__}
+    )
+    assert ctypes.sizeof(plain) == ctypes.sizeof(struct)
+    return ctypes.POINTER(plain)
 
 
 def _grown_process(index: int) -> SimpleNamespace:
