@@ -43,7 +43,7 @@ from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
-from atopgpud_tw.sim.health_library import _int, _ptr, _uint, _ull, health_table  # the C types, named once
+from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.nvml import (
     _ERROR_TEXT,
     NO_INSTANCE,
@@ -125,7 +125,7 @@ class SimulatedLibrary:
     def _put_handle(self, out: int | None, handle: Handle) -> int:
         if not out:
             return INVALID_ARGUMENT
-        ctypes.cast(out, ctypes.POINTER(_ptr))[0] = self.handle_id(handle)
+        _at(out, _ptr)[0] = self.handle_id(handle)
         return SUCCESS
 
     # -- plumbing --
@@ -247,7 +247,7 @@ class SimulatedLibrary:
             value = self._call(method, self.model_handle(device))
             if not out:
                 return INVALID_ARGUMENT
-            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(getattr(value, "value", value))
+            _at(out, _uint)[0] = int(getattr(value, "value", value))
             return SUCCESS
 
         return answer
@@ -256,7 +256,7 @@ class SimulatedLibrary:
         value = self._call("nvmlDeviceGetCount")
         if not out:
             return INVALID_ARGUMENT
-        ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)
+        _at(out, _uint)[0] = int(value)
         return SUCCESS
 
     def _handle_by_index(self, index: int, out: int | None) -> int:
@@ -317,8 +317,8 @@ class SimulatedLibrary:
         mode = self._call("nvmlDeviceGetMigMode", self.model_handle(device))
         if not (current and pending):
             return INVALID_ARGUMENT
-        ctypes.cast(current, ctypes.POINTER(_uint))[0] = int(mode[0])
-        ctypes.cast(pending, ctypes.POINTER(_uint))[0] = int(mode[1])
+        _at(current, _uint)[0] = int(mode[0])
+        _at(pending, _uint)[0] = int(mode[1])
         return SUCCESS
 
     # -- lists: a size query with a NULL buffer, then the fill --
@@ -347,7 +347,7 @@ class SimulatedLibrary:
             handle = self.model_handle(device)
             if not count_out:
                 return INVALID_ARGUMENT
-            count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+            count = _at(count_out, _uint)
             key = self._key(symbol, device)
             if not buffer:
                 try:
@@ -373,7 +373,7 @@ class SimulatedLibrary:
         handle = self.model_handle(device)
         if not count_out:
             return INVALID_ARGUMENT
-        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        count = _at(count_out, _uint)
         key = self._key("nvmlDeviceGetProcessUtilization", device)
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
         if not buffer:
@@ -403,19 +403,19 @@ class SimulatedLibrary:
         handle = self.model_handle(device)
         if not (count_out and value_type):
             return INVALID_ARGUMENT
-        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        count = _at(count_out, _uint)
         key = self._key("nvmlDeviceGetSamples", device)
         if not buffer:
             kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
             samples = list(samples)
             grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
             self._pending[key] = (kind_out, samples + samples[-1:] * grown)
-            ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+            _at(value_type, _int)[0] = int(kind_out)
             count[0] = len(samples)
             return SUCCESS
         pending = self._pending.pop(key, None)
         kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
-        ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+        _at(value_type, _int)[0] = int(kind_out)
         return self._fill(list(items), count, buffer, "c_nvmlSample_t", _write_sample)
 
 

@@ -362,7 +362,7 @@ class SimulatedNvml(HealthDriver):
         if gpu.replay is not None:
             return self._replay_rates(gpu)
         # like the driver: the busy share of its last sample period only
-        last = self._periods(gpu)[-1:]
+        last = self._periods(gpu, newest_only=True)
         return c_nvmlUtilization_t(
             gpu=self._util(handle, gpu, "gpu", last),
             memory=self._util(handle, gpu, "mem", last),
@@ -410,7 +410,7 @@ class SimulatedNvml(HealthDriver):
         return int(gpu.sample_clock * 1_000_000)
 
     def _periods(
-        self, gpu: GpuSpec, since: int = 0, base_us: int | None = None
+        self, gpu: GpuSpec, since: int = 0, base_us: int | None = None, newest_only: bool = False
     ) -> list[tuple[int, float, float]]:
         """The driver's completed sample periods in its buffer, stamped after
         `since`: (stamp, start, end).
@@ -419,6 +419,7 @@ class SimulatedNvml(HealthDriver):
         time on the sample clock (`base_us` at time 0, the epoch by default),
         off by the GPU's jitter and late stamps; a missing sample is left out,
         and a sample is there only once its stamp has passed (it is written late).
+        `newest_only`: the last of them alone (looked for from the newest back).
         """
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
@@ -430,7 +431,8 @@ class SimulatedNvml(HealthDriver):
             first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
         shifts = None if not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples) else self._shifts(gpu)
         out = []
-        for k in range(first, last + 1):
+        numbers = range(first, last + 1)
+        for k in reversed(numbers) if newest_only else numbers:
             end = phase + k * period
             shift = 0.0 if shifts is None else shifts(k)
             if shift is None or end + shift > now + 1e-9:
@@ -438,6 +440,8 @@ class SimulatedNvml(HealthDriver):
             stamp = base + int(round((end + shift) * 1_000_000))
             if stamp > since:
                 out.append((stamp, end - period, end))
+                if newest_only:
+                    break
         return out
 
     def _shifts(self, gpu: GpuSpec) -> Callable[[int], float | None]:
