@@ -8,12 +8,15 @@ model (`nvml.SimulatedNvml`) of a scenario.
 
 from __future__ import annotations
 
+import ast
+import ctypes
 import functools
 import importlib.machinery
 import importlib.util
 import itertools
 import json
 import sys
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +40,7 @@ __all__ = [
 #: the folder that puts a simulated `pynvml` first on PYTHONPATH (shim/pynvml.py)
 SHIM = Path(__file__).resolve().with_name("shim")
 _copies = itertools.count(1)
+_made = itertools.count()
 
 
 def demo_scenario() -> Scenario:
@@ -57,6 +61,10 @@ def pynvml_origin() -> str:
     raise ImportError("the simulator needs nvidia-ml-py (the pynvml module) installed")
 
 
+#: the name under which a copy's module body finds the shared structure types while it runs
+_SHARED = "__atopgpud_sim_structures__"
+
+
 @functools.cache
 def _pynvml_code() -> Any:
     """The real pynvml's compiled module body, read once per process (each copy runs it afresh)."""
@@ -65,19 +73,68 @@ def _pynvml_code() -> Any:
     return spec.loader.get_code("pynvml")
 
 
-def fresh_pynvml(name: str | None = None) -> ModuleType:
-    """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount."""
-    name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
+@functools.cache
+def _sharing_code() -> tuple[Any, dict[str, type]]:
+    """pynvml's module body, compiled to take its ctypes structure types from
+    the dict that comes with it, instead of making them.
+
+    Making pynvml's 200-odd `Structure` and `Union` types is most of what
+    running its body costs, and they are plain layouts: their methods read
+    nothing but the module's constants.  So a private run of the original body
+    makes them once, and in this body each one's ``class`` statement becomes
+    ``name = <that type>``.  Everything else, functions, error classes and
+    state, is made by each run as before; a name defined twice keeps its
+    ``class`` statements.
+    """
+    origin = pynvml_origin()
+    template = vars(_run(_pynvml_code(), "atopgpud_tw.sim._pynvml_types"))
+    tree = ast.parse(Path(origin).read_bytes(), origin)
+    defined = Counter(node.name for node in tree.body if isinstance(node, ast.ClassDef))
+    shared: dict[str, type] = {}
+    for index, node in enumerate(tree.body):
+        if not isinstance(node, ast.ClassDef) or defined[node.name] != 1 or node.decorator_list:
+            continue
+        made = template.get(node.name)
+        if isinstance(made, type) and issubclass(made, (ctypes.Structure, ctypes.Union)):
+            shared[node.name] = made
+            lookup = ast.Subscript(ast.Name(_SHARED, ast.Load()), ast.Constant(node.name), ast.Load())
+            statement = ast.Assign([ast.Name(node.name, ast.Store())], lookup)
+            for part in ast.walk(statement):
+                ast.copy_location(part, node)
+            tree.body[index] = statement
+    return compile(tree, origin, "exec", dont_inherit=True), shared
+
+
+def _run(code: Any, name: str, shared: dict[str, type] | None = None) -> ModuleType:
+    """A new module `name` of the pynvml file, its body `code` run."""
     spec = importlib.util.spec_from_file_location(name, pynvml_origin())
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    if shared is not None:
+        module.__dict__[_SHARED] = shared
     # the module looks itself up in sys.modules while it is being executed
     sys.modules[name] = module
     try:
-        exec(_pynvml_code(), module.__dict__)
+        exec(code, module.__dict__)
     finally:
         del sys.modules[name]
+        module.__dict__.pop(_SHARED, None)
     return module
+
+
+def fresh_pynvml(name: str | None = None) -> ModuleType:
+    """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount.
+
+    Its functions, error classes and state are its own.  Its ctypes structure
+    types are those all copies after the first share (see `_sharing_code`): a
+    process that makes one copy, such as a daemon on a simulated host, does not
+    pay for preparing that.
+    """
+    name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
+    if next(_made) == 0:
+        return _run(_pynvml_code(), name)
+    code, shared = _sharing_code()
+    return _run(code, name, shared)
 
 
 def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> ModuleType:

@@ -26,6 +26,11 @@ VALUE_UNSIGNED_INT = 1
 _EVENT_SET_BASE = 0x5200_0000
 
 
+def _at(address: int, ctype: Any) -> Any:
+    """The C value of type `ctype` at `address` (not NULL), read and written as ``[0]``."""
+    return (ctype * 1).from_address(address)
+
+
 def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
     """The C symbols of the health figures and events, for `SimulatedLibrary._table`."""
     h = _ptr
@@ -36,7 +41,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
             result = library._call(method, library.model_handle(device), *values)
             if not out:
                 return INVALID_ARGUMENT
-            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(result)
+            _at(out, _uint)[0] = int(result)
             return SUCCESS
 
         return answer
@@ -47,7 +52,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
             result = library._call(method, library.model_handle(device), *values)
             if not out:
                 return INVALID_ARGUMENT
-            ctypes.cast(out, ctypes.POINTER(_ull))[0] = int(result)
+            _at(out, _ull)[0] = int(result)
             return SUCCESS
 
         return answer
@@ -57,7 +62,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         if not all(outs):
             return INVALID_ARGUMENT
         for out, value in zip(outs, values):
-            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)  # type: ignore[arg-type]  # checked not NULL above
+            _at(out, _uint)[0] = int(value)  # type: ignore[arg-type]  # checked not NULL above
         return SUCCESS
 
     def field_values(device: int | None, count: int, buffer: int | None) -> int:
@@ -85,7 +90,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         ident = library._call("nvmlEventSetCreate")
         if not out:
             return INVALID_ARGUMENT
-        ctypes.cast(out, ctypes.POINTER(_ptr))[0] = _EVENT_SET_BASE + ident
+        _at(out, _ptr)[0] = _EVENT_SET_BASE + ident
         return SUCCESS
 
     def register(device: int | None, types: int, event_set: int | None) -> int:

@@ -37,12 +37,13 @@ unexpected one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
-from atopgpud_tw.sim.health_library import _int, _ptr, _uint, _ull, health_table  # the C types, named once
+from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.nvml import (
     _ERROR_TEXT,
     NO_INSTANCE,
@@ -124,7 +125,7 @@ class SimulatedLibrary:
     def _put_handle(self, out: int | None, handle: Handle) -> int:
         if not out:
             return INVALID_ARGUMENT
-        ctypes.cast(out, ctypes.POINTER(_ptr))[0] = self.handle_id(handle)
+        _at(out, _ptr)[0] = self.handle_id(handle)
         return SUCCESS
 
     # -- plumbing --
@@ -246,7 +247,7 @@ class SimulatedLibrary:
             value = self._call(method, self.model_handle(device))
             if not out:
                 return INVALID_ARGUMENT
-            ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(getattr(value, "value", value))
+            _at(out, _uint)[0] = int(getattr(value, "value", value))
             return SUCCESS
 
         return answer
@@ -255,7 +256,7 @@ class SimulatedLibrary:
         value = self._call("nvmlDeviceGetCount")
         if not out:
             return INVALID_ARGUMENT
-        ctypes.cast(out, ctypes.POINTER(_uint))[0] = int(value)
+        _at(out, _uint)[0] = int(value)
         return SUCCESS
 
     def _handle_by_index(self, index: int, out: int | None) -> int:
@@ -269,10 +270,14 @@ class SimulatedLibrary:
         handle = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self.model_handle(device))
         return self._put_handle(out, handle)
 
+    def _array(self, out: int | None, name: str) -> Any:
+        """The caller's memory at `out` as an array of the binding's structure `name`, to write as C does."""
+        return ctypes.cast(out, _raw(getattr(self._b, name)))  # type: ignore[arg-type]  # NULL only when unused
+
     def _struct(self, out: int | None, name: str) -> Any:
         if not out:
             raise NVMLError(INVALID_ARGUMENT)
-        return ctypes.cast(out, ctypes.POINTER(getattr(self._b, name)))[0]
+        return self._array(out, name)[0]
 
     def _pci_info(self, device: int | None, out: int | None) -> int:
         info = self._call("nvmlDeviceGetPciInfo", self.model_handle(device))
@@ -312,8 +317,8 @@ class SimulatedLibrary:
         mode = self._call("nvmlDeviceGetMigMode", self.model_handle(device))
         if not (current and pending):
             return INVALID_ARGUMENT
-        ctypes.cast(current, ctypes.POINTER(_uint))[0] = int(mode[0])
-        ctypes.cast(pending, ctypes.POINTER(_uint))[0] = int(mode[1])
+        _at(current, _uint)[0] = int(mode[0])
+        _at(pending, _uint)[0] = int(mode[1])
         return SUCCESS
 
     # -- lists: a size query with a NULL buffer, then the fill --
@@ -331,7 +336,7 @@ class SimulatedLibrary:
             count[0] = len(items)
             return INSUFFICIENT_SIZE
         # NULL only with nothing to write (no items, or a count of them that fits)
-        array = ctypes.cast(buffer, ctypes.POINTER(getattr(self._b, struct)))  # type: ignore[arg-type]
+        array = self._array(buffer, struct)
         for index, item in enumerate(items):
             write(array[index], item)
         count[0] = len(items)
@@ -342,7 +347,7 @@ class SimulatedLibrary:
             handle = self.model_handle(device)
             if not count_out:
                 return INVALID_ARGUMENT
-            count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+            count = _at(count_out, _uint)
             key = self._key(symbol, device)
             if not buffer:
                 try:
@@ -368,7 +373,7 @@ class SimulatedLibrary:
         handle = self.model_handle(device)
         if not count_out:
             return INVALID_ARGUMENT
-        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        count = _at(count_out, _uint)
         key = self._key("nvmlDeviceGetProcessUtilization", device)
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
         if not buffer:
@@ -398,20 +403,33 @@ class SimulatedLibrary:
         handle = self.model_handle(device)
         if not (count_out and value_type):
             return INVALID_ARGUMENT
-        count = ctypes.cast(count_out, ctypes.POINTER(_uint))
+        count = _at(count_out, _uint)
         key = self._key("nvmlDeviceGetSamples", device)
         if not buffer:
             kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
             samples = list(samples)
             grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
             self._pending[key] = (kind_out, samples + samples[-1:] * grown)
-            ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+            _at(value_type, _int)[0] = int(kind_out)
             count[0] = len(samples)
             return SUCCESS
         pending = self._pending.pop(key, None)
         kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
-        ctypes.cast(value_type, ctypes.POINTER(_int))[0] = int(kind_out)
+        _at(value_type, _int)[0] = int(kind_out)
         return self._fill(list(items), count, buffer, "c_nvmlSample_t", _write_sample)
+
+
+@functools.cache
+def _raw(struct: type) -> Any:
+    """A pointer to the layout of the binding's structure `struct`, without pynvml's
+    attribute hooks (`_PrintableStructure`'s ``__setattr__`` and ``__getattribute__``,
+    which only convert str and bytes): the library writes the caller's memory as
+    plain C fields, as a C library does, and at C speed."""
+    plain = type(
+        struct.__name__, (struct,), {"__setattr__": object.__setattr__, "__getattribute__": object.__getattribute__}
+    )
+    assert ctypes.sizeof(plain) == ctypes.sizeof(struct)
+    return ctypes.POINTER(plain)
 
 
 def _grown_process(index: int) -> SimpleNamespace:

@@ -105,7 +105,7 @@ class _Record:
     """A result object with attributes, which callers may also set (as pynvml's)."""
 
     def __init__(self, **fields: Any) -> None:
-        self.__dict__.update(fields)
+        self.__dict__ = fields  # a dict of its own: made for this call
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__})"
@@ -168,6 +168,8 @@ class SimulatedNvml(HealthDriver):
         self._samples: dict[tuple[Any, ...], int] = {}
         self._drawn: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self._event_sets: dict[int, EventSet] = {}
+        #: by id() of a GpuSpec of the scenario (which keeps them)
+        self._shift_tables: dict[int, _StampShifts] = {}
         self._event_lock = threading.Lock()
         for name, cls in ERROR_CLASSES.items():
             setattr(self, cls.__name__, cls)
@@ -360,7 +362,7 @@ class SimulatedNvml(HealthDriver):
         if gpu.replay is not None:
             return self._replay_rates(gpu)
         # like the driver: the busy share of its last sample period only
-        last = self._periods(gpu)[-1:]
+        last = self._periods(gpu, newest_only=True)
         return c_nvmlUtilization_t(
             gpu=self._util(handle, gpu, "gpu", last),
             memory=self._util(handle, gpu, "mem", last),
@@ -387,10 +389,14 @@ class SimulatedNvml(HealthDriver):
                 raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
             return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
-        out = [
-            _sample(stamp, self._util(device, gpu, field, [(stamp, start, end)]))
-            for stamp, start, end in self._periods(gpu, timeStamp, self._sample_base_us(gpu))
-        ]
+        periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
+        timeline = getattr(gpu, f"{field}_timeline")
+        if timeline is None:
+            # a constant load (see `_util`)
+            value = int(getattr(gpu, f"{field}_util"))
+            out = [_sample(stamp, value) for stamp, _, _ in periods]
+        else:
+            out = [_sample(stamp, int(round(timeline.percent(start, end)))) for stamp, start, end in periods]
         if not gpu.idle_samples:
             out = [s for s in out if s.sampleValue.uiVal]  # type: ignore[attr-defined]  # a ctypes field
         if not out:
@@ -404,7 +410,7 @@ class SimulatedNvml(HealthDriver):
         return int(gpu.sample_clock * 1_000_000)
 
     def _periods(
-        self, gpu: GpuSpec, since: int = 0, base_us: int | None = None
+        self, gpu: GpuSpec, since: int = 0, base_us: int | None = None, newest_only: bool = False
     ) -> list[tuple[int, float, float]]:
         """The driver's completed sample periods in its buffer, stamped after
         `since`: (stamp, start, end).
@@ -413,6 +419,7 @@ class SimulatedNvml(HealthDriver):
         time on the sample clock (`base_us` at time 0, the epoch by default),
         off by the GPU's jitter and late stamps; a missing sample is left out,
         and a sample is there only once its stamp has passed (it is written late).
+        `newest_only`: the last of them alone (looked for from the newest back).
         """
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
@@ -422,17 +429,27 @@ class SimulatedNvml(HealthDriver):
         first = last - SAMPLE_BUFFER + 1
         if since > base:
             first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
-        plain = not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples)
+        shifts = None if not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples) else self._shifts(gpu)
         out = []
-        for k in range(first, last + 1):
+        numbers = range(first, last + 1)
+        for k in reversed(numbers) if newest_only else numbers:
             end = phase + k * period
-            shift = 0.0 if plain else _stamp_shift(gpu, k)
+            shift = 0.0 if shifts is None else shifts(k)
             if shift is None or end + shift > now + 1e-9:
                 continue
             stamp = base + int(round((end + shift) * 1_000_000))
             if stamp > since:
                 out.append((stamp, end - period, end))
+                if newest_only:
+                    break
         return out
+
+    def _shifts(self, gpu: GpuSpec) -> Callable[[int], float | None]:
+        """How `gpu`'s sample stamps are off (see `_StampShifts`), made once per GPU."""
+        shifts = self._shift_tables.get(id(gpu))
+        if shifts is None:
+            shifts = self._shift_tables[id(gpu)] = _StampShifts(gpu)
+        return shifts
 
     def _util(self, handle: Handle, gpu: GpuSpec, field: str, periods: list[Any]) -> int:
         """The GPU's busy percentage over one period (timeline or constant) or its next cycled value."""
@@ -613,14 +630,28 @@ def _process_levels(proc: ProcessSpec, start: float, end: float) -> tuple[float,
     if not (proc.alive(start) or proc.alive(end)):
         return 0.0, 0.0
     if proc.sm_timeline is None and proc.mem_timeline is None:
-        return float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
+        return _steady_levels(proc)
     sm = proc.sm_timeline.percent(start, end) if proc.sm_timeline else 0.0
     mem = proc.mem_timeline.percent(start, end) if proc.mem_timeline else 0.0
     return float(sm or 0), float(mem or 0)
 
 
+def _steady_levels(proc: ProcessSpec) -> tuple[float, float]:
+    """The SM and memory busy percentages of a process without timelines, whenever it runs."""
+    return float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
+
+
 def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
     """One entry per period in which the process was busy, as some drivers keep them."""
+    if proc.sm_timeline is None and proc.mem_timeline is None:
+        # the same levels in each period it ran in (see `_process_levels`)
+        sm, mem = (round(x) for x in _steady_levels(proc))
+        if not (sm or mem):
+            return []
+        alive = proc.alive
+        return [
+            _process_sample(proc.pid, stamp, sm, mem) for stamp, start, end in periods if alive(start) or alive(end)
+        ]
     out = []
     for stamp, start, end in periods:
         sm, mem = (round(x) for x in _process_levels(proc, start, end))
@@ -648,23 +679,35 @@ def _process_sample(pid: int, timeStamp: int, smUtil: float, memUtil: float, **_
     )
 
 
-def _stamp_shift(gpu: GpuSpec, k: int) -> float | None:
-    """Seconds sample k's stamp is off by (jitter, a late stamp); None when it is missing."""
-    period, phase = gpu.sample_period, gpu.sample_phase
+class _StampShifts:
+    """Seconds a GPU's sample k's stamp is off by (jitter, a late stamp); None when it is missing.
 
-    def due(when: float) -> int:
-        return math.ceil((when - phase) / period - 1e-9)
+    Called with k; the missing and late samples are looked up by their sample
+    number, worked out once.
+    """
 
-    if any(due(when) == k for when in gpu.missing_samples):
-        return None
-    shift = 0.0
-    if gpu.sample_jitter_ms:
-        spread = ((k * 2654435761) % 4294967296) / 4294967296.0
-        shift += (2 * spread - 1) * gpu.sample_jitter_ms / 1000
-    for when, ms in gpu.late_samples:
-        if due(when) == k:
-            shift += ms / 1000
-    return shift
+    def __init__(self, gpu: GpuSpec) -> None:
+        period, phase = gpu.sample_period, gpu.sample_phase
+
+        def due(when: float) -> int:
+            return math.ceil((when - phase) / period - 1e-9)
+
+        self._jitter = gpu.sample_jitter_ms
+        self._missing = {due(when) for when in gpu.missing_samples}
+        self._late: dict[int, list[float]] = {}
+        for when, ms in gpu.late_samples:
+            self._late.setdefault(due(when), []).append(ms / 1000)
+
+    def __call__(self, k: int) -> float | None:
+        if k in self._missing:
+            return None
+        shift = 0.0
+        if self._jitter:
+            spread = ((k * 2654435761) % 4294967296) / 4294967296.0
+            shift += (2 * spread - 1) * self._jitter / 1000
+        for late in self._late.get(k, ()):
+            shift += late
+        return shift
 
 
 def _sample(stamp: int, value: int) -> c_nvmlSample_t:
