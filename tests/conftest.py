@@ -45,16 +45,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).stem in E2E_MODULES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") is not None:
+            # one worker runs them all, in order (--dist loadgroup): daemons, atop and a
+            # booted systemd do not share the machine with each other
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for ``-n auto`` (pyproject's addopts): for a run of whole folders (the
+    suite, ``-m "not e2e"``) one per core, up to 4; none for named files or tests,
+    which take less time than starting a worker does."""
+    if any("::" in arg or Path(arg).is_file() for arg in config.args):
+        return 0
+    cores = len(os.sched_getaffinity(0))
+    return min(cores, 4) if cores > 1 else 0
 
 
 def _collect_and_freeze() -> None:
     """Collect the garbage, then freeze what is left: later collections skip it.
 
-    The simulated NVML bindings leave about a million live objects (ctypes types that
-    ctypes caches for good).  Without this every full collection in a later test walks
-    them all (most of a second each, several times a run), pytest's unconfigure walks
-    them twice more and the interpreter again at exit.  Nothing is frozen that was
-    garbage: it is collected first, and what a finalizer raises is reported as before.
+    What is alive at a module's end (the packages imported, hypothesis, what
+    earlier modules' tests cached) is walked by every later full collection, most
+    of a second in all over a run; pytest's unconfigure walks it twice more.
+    Nothing is frozen that was garbage: it is collected first, and what a
+    finalizer raises is reported as before.
     """
     gc.collect()
     gc.freeze()

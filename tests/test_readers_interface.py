@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest_twisted
 from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
@@ -12,14 +13,17 @@ from atopgpud_tw.readers.smi.reader import SmiReader
 from atopgpud_tw.sim import demo_scenario, simulated_binding
 
 
-def test_the_simulator_reader_provides_ireader() -> None:
+@pytest_twisted.ensureDeferred
+async def test_the_simulator_reader_provides_ireader() -> None:
     """make_reader's sim reader: open, with a watchdog on its thread."""
-    reader, layout = make_reader(ReaderSettings(kind="sim"), Clock())
+    from twisted.internet import reactor
+
+    reader, layout = make_reader(ReaderSettings(kind="sim"), reactor)
     try:
         assert verifyObject(IReader, reader) and reader.name == "sim" and layout.devices
         assert reader.watchdog is not None
     finally:
-        reader.close()
+        await reader.close()
 
 
 def test_the_nvml_reader_provides_ireader() -> None:
