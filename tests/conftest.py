@@ -4,7 +4,8 @@
 a booted systemd.  ``pytest -m "not e2e"`` is the quick inner loop; a test that
 starts a process without the mark fails, so the marker stays true.
 
-The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``,
+The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``, ``connections``,
+``sim_readers``, ``metrics_text``,
 ``clocked``, ``smi_doubles`` ...) are imported as top-level modules in any import mode.
 """
 

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from connections import connect, replies, turns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from snapshots import dev, proc, snap
-from test_protocol import connect, replies, turns
 from twisted.internet.testing import MemoryReactorClock
 
 from atopgpud_tw import __main__ as console

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from connections import connect, replies
 from snapshots import dev, snap
-from test_protocol import replies
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 
 from atopgpud_tw.problems import BurstLog
@@ -21,13 +20,6 @@ def factory_with(**limits) -> tuple[AtopGpuFactory, Clock]:
     return AtopGpuFactory(board, Limits(**limits), clock), clock
 
 
-def open_connection(factory: AtopGpuFactory):
-    protocol = factory.buildProtocol(None)
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    return protocol, transport
-
-
 def logged(events, text):
     return sum(text in e.get("log_format", "") for e in events)
 
@@ -36,8 +28,8 @@ def test_connections_beyond_the_cap_are_closed_at_once_one_line_per_burst():
     """Beyond --max-clients a connection is closed at once; a burst logs twice at most."""
     with capturedLogs() as events:
         factory, clock = factory_with(max_clients=2)
-        kept = [open_connection(factory) for _ in range(2)]
-        refused = [open_connection(factory) for _ in range(50)]
+        kept = [connect(factory=factory) for _ in range(2)]
+        refused = [connect(factory=factory) for _ in range(50)]
         clock.advance(11)
     assert all(t.disconnecting for _, t in refused)
     assert not any(t.disconnecting for _, t in kept)
@@ -45,14 +37,14 @@ def test_connections_beyond_the_cap_are_closed_at_once_one_line_per_burst():
     assert logged(events, "more {what} in that burst") == 1
     assert len(factory.board.clients) == 2
     kept[0][0].connectionLost(None)
-    newcomer, transport = open_connection(factory)
+    newcomer, transport = connect(factory=factory)
     assert not transport.disconnecting
 
 
 def test_client_that_does_not_read_is_disconnected():
     """Replies piling up unread past --max-unsent end the connection."""
     factory, _ = factory_with(max_unsent=10_000)
-    protocol, transport = open_connection(factory)
+    protocol, transport = connect(factory=factory)
     protocol.pauseProducing()  # what the transport does when its buffer is full
     for _ in range(10_000):
         protocol.dataReceived(b"S\x02")
@@ -65,7 +57,7 @@ def test_client_that_does_not_read_is_disconnected():
 def test_client_that_reads_again_is_not_disconnected():
     """A client that catches up (resumeProducing) starts with a clean slate."""
     factory, _ = factory_with(max_unsent=10_000)
-    protocol, transport = open_connection(factory)
+    protocol, transport = connect(factory=factory)
     for _ in range(200):
         protocol.pauseProducing()
         protocol.dataReceived(b"S\x02")
@@ -76,8 +68,8 @@ def test_client_that_reads_again_is_not_disconnected():
 def test_silent_new_connection_is_closed_after_the_first_request_timeout():
     """A connection that never sends a request is closed; one that asks is kept."""
     factory, clock = factory_with(first_request_timeout=60, idle_timeout=3600)
-    silent, silent_transport = open_connection(factory)
-    talker, talker_transport = open_connection(factory)
+    silent, silent_transport = connect(factory=factory)
+    talker, talker_transport = connect(factory=factory)
     talker.dataReceived(b"T\x02")
     clock.advance(61)
     assert silent_transport.disconnecting and not talker_transport.disconnecting
@@ -86,7 +78,7 @@ def test_silent_new_connection_is_closed_after_the_first_request_timeout():
 def test_atop_with_ten_minute_intervals_stays_connected():
     """A client asking every 10 minutes is never timed out; one silent for the idle timeout is."""
     factory, clock = factory_with(idle_timeout=3 * 3600)
-    protocol, transport = open_connection(factory)
+    protocol, transport = connect(factory=factory)
     for _ in range(24):
         protocol.dataReceived(b"S\x02")
         clock.advance(600)

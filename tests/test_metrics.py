@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 from daemon import free_port, run_daemon
+from metrics_text import samples_of, series
 from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from scenarios import A10, H100
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
@@ -26,20 +26,6 @@ SCENARIO = {
     "gpus": [H100, A10]
 }
 
-
-
-def samples_of(text: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a page by (sample name, labels)."""
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def series(page: dict, name: str, **labels: str) -> list[float]:
-    wanted = set(labels.items())
-    return [value for (got, keys), value in page.items() if got == name and wanted <= keys]
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ run slower than --interval or fail; atop's wire counters are untouched."""
 from __future__ import annotations
 
 import pytest
+from metrics_text import samples_of, series
 from prometheus_client.exposition import generate_latest
 from snapshots import dev, proc, snap
-from test_metrics import samples_of, series
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from daemon import run_daemon
 from scenarios import a10_card
-from test_nvml_reader import make_reader, poll
+from sim_readers import make_reader, poll
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters

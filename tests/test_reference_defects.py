@@ -5,21 +5,16 @@ Each fails on the reference's behaviour: the comment names what it did.
 
 from __future__ import annotations
 
+from connections import connect, replies, turns
+from sim_readers import SkewedNvml, make_reader
 from snapshots import dev, proc, snap
-from test_protocol import connect, replies, turns
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server import render
 from atopgpud_tw.server.board import Board
-from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
-
-
-def sim_reader(scenario: dict, clock: list[float]) -> NvmlReader:
-    reader = NvmlReader(simulated_binding(parse_scenario(scenario), clock=lambda: clock[0]), reactor=None)
-    reader.open()
-    return reader
+from atopgpud_tw.sim import binding_over, parse_scenario
 
 
 def test_defect_1_exited_process_is_under_its_own_gpu():
@@ -61,7 +56,7 @@ def test_defect_3_one_failed_read_does_not_poison_the_sum():
 def test_defect_4_compute_and_graphics_process_counted_once():
     """Reference: a C+G process was counted twice per sample through the sim's two lists."""
     clock = [0.0]
-    reader = sim_reader(
+    reader, _ = make_reader(
         {"gpus": [{"processes": [{"pid": 9, "type": "C+G", "memory_mib": 1, "sm_util": 10}]}]}, clock
     )
     counters = Counters()
@@ -71,20 +66,6 @@ def test_defect_4_compute_and_graphics_process_counted_once():
     totals = counters.devices[0].processes[9]
     assert (totals.kind, totals.samples, totals.memory_cum_kib) == ("C+G", 3, 3 * 1024)
     assert render.render_process(totals, 2).startswith(b"#A 9 C ")
-
-
-class SkewedNvml(SimulatedNvml):
-    """GPU 0's clock runs 10 s ahead of GPU 1's in process-utilization stamps."""
-
-    def nvmlDeviceGetProcessUtilization(self, handle, timeStamp):
-        samples = super().nvmlDeviceGetProcessUtilization(handle, 0)
-        skew = 10_000_000 if handle.gpu == 0 else 0
-        out = [s for s in samples if s.timeStamp + skew > timeStamp]
-        for s in out:
-            s.timeStamp += skew
-        if not out:
-            raise self.NVMLError(6)
-        return out
 
 
 def test_defect_5_last_seen_timestamp_is_per_gpu():
@@ -105,7 +86,7 @@ def test_defect_5_last_seen_timestamp_is_per_gpu():
 def test_defect_6_one_process_query_unsupported_keeps_sampling():
     """Reference: a GPU with only one process query raised NameError and froze the counters."""
     clock = [0.0]
-    reader = sim_reader(
+    reader, _ = make_reader(
         {"gpus": [{"graphics_list": False, "gpu_util": 40, "processes": [{"pid": 3, "memory_mib": 2}]}]},
         clock,
     )
@@ -121,7 +102,7 @@ def test_defect_6_one_process_query_unsupported_keeps_sampling():
 def test_defect_6_library_mismatch_is_contained():
     """Reference: NVMLLibraryMismatchError (not an NVMLError) killed the sampling thread."""
     clock = [0.0]
-    reader = sim_reader(
+    reader, _ = make_reader(
         {
             "gpus": [
                 {
