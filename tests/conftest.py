@@ -4,9 +4,9 @@
 a booted systemd.  ``pytest -m "not e2e"`` is the quick inner loop; a test that
 starts a process without the mark fails, so the marker stays true.
 
-The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``, ``connections``,
-``sim_readers``, ``metrics_text``,
-``clocked``, ``smi_doubles`` ...) are imported as top-level modules in any import mode.
+The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``,
+``connections``, ``sim_readers``, ``metrics_text``, ``clocked``, ``smi_doubles`` ...)
+are imported as top-level modules in any import mode; no test module imports another.
 """
 
 from __future__ import annotations
