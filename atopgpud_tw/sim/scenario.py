@@ -11,8 +11,9 @@ ignored silently); keys starting with ``_`` are comments.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -84,6 +85,11 @@ class ScenarioError(ValueError):
     """A scenario that cannot be used; the message names the file and the field."""
 
 
+def in_span(now: float, start: float, stop: float | None) -> bool:
+    """Whether `now` is from `start` on and before `stop` (None: for ever)."""
+    return start <= now and (stop is None or now < stop)
+
+
 @dataclass(frozen=True)
 class Fault:
     call: str
@@ -92,7 +98,7 @@ class Fault:
     until: float | None = None
 
     def active(self, now: float) -> bool:
-        return self.start <= now and (self.until is None or now < self.until)
+        return in_span(now, self.start, self.until)
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class ProcessSpec:
     def alive(self, now: float) -> bool:
         """Whether it runs at `now`; one that starts at 0 was already running
         before (the driver's buffer has its past)."""
-        return (self.start <= now or not self.start) and (self.stop is None or now < self.stop)
+        return in_span(now, self.start or -math.inf, self.stop)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class MigSpec:
     faults: tuple[Fault, ...] = ()
 
     def alive(self, now: float) -> bool:
-        return self.start <= now and (self.stop is None or now < self.stop)
+        return in_span(now, self.start, self.stop)
 
 
 @dataclass(frozen=True)
@@ -288,16 +294,18 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
     )
 
 
-_TOP_FIELDS = {"gpus", "call_delay_ms", "faults", "repeat", "driver", "missing_symbols"}
-_GPU_FIELDS = {
-    "name", "busid", "uuid", "memory_total_mib", "memory_used_mib", "gpu_util", "mem_util",
-    "processes", "mig", "mig_capable", "faults", "compute_list", "graphics_list",
-    "sample_period", "gpu_timeline", "mem_timeline", "samples_supported", "idle_samples",
-    "memory_reserved_mib", "process_list_capacity", "grow_between_calls",
-    "sample_clock", "sample_phase", "sample_jitter_ms", "late_samples", "missing_samples",
-    "samples_not_found", "process_utilization", "duplicate_process_samples", "stray_process_samples",
-    "replay", "health",
-}
+def _keys(spec: type, **json_names: str) -> set[str]:
+    """The keys a JSON object of `spec` may have: its dataclass fields (named as `json_names` says)."""
+    return {json_names.get(f.name, f.name) for f in fields(spec)}
+
+
+def _default(spec: type, name: str) -> Any:
+    """`spec`'s default for the field `name`: what a scenario that leaves the key out gets."""
+    return next(f.default for f in fields(spec) if f.name == name)
+
+
+_TOP_FIELDS = _keys(Scenario)
+_GPU_FIELDS = _keys(GpuSpec)
 PROCESS_UTILIZATION = ("per-period", "per-call")
 #: what a replayed recording supplies, so a replayed GPU cannot also give it
 _REPLAYED_FIELDS = (
@@ -306,21 +314,18 @@ _REPLAYED_FIELDS = (
     "late_samples", "missing_samples", "process_utilization", "duplicate_process_samples",
     "stray_process_samples",
 )
-_PROCESS_FIELDS = {"pid", "type", "memory_mib", "sm_util", "mem_util", "start", "stop", "sm_timeline", "mem_timeline"}
-_TIMELINE_FIELDS = {"period", "busy", "level"}
-_MIG_FIELDS = {
-    "profile", "memory_total_mib", "memory_used_mib", "gpu_instance", "compute_instance",
-    "processes", "start", "stop", "slot", "faults",
-}
-_FAULT_FIELDS = {"call", "error", "from", "until"}
+_PROCESS_FIELDS = _keys(ProcessSpec)
+_TIMELINE_FIELDS = _keys(Timeline)
+_MIG_FIELDS = _keys(MigSpec)
+_FAULT_FIELDS = _keys(Fault, start="from")
 
 
-def _object(value: Any, where: str, fields: set[str]) -> dict[str, Any]:
+def _object(value: Any, where: str, known: set[str]) -> dict[str, Any]:
     """A JSON object whose keys are all known; keys starting with ``_`` are comments."""
     if not isinstance(value, dict):
         raise ScenarioError(f"{where} must be an object")
     for key in value:
-        if key not in fields and not str(key).startswith("_"):
+        if key not in known and not str(key).startswith("_"):
             prefix = "" if where == "the scenario" else f"{where}."
             raise ScenarioError(f"{prefix}{key} is not a known field")
     return value
@@ -546,7 +551,9 @@ def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> G
         name=name,
         busid=busid,
         uuid=uuid,
-        memory_total_mib=_number(spec.get("memory_total_mib", 16384), f"{where}.memory_total_mib", 0),
+        memory_total_mib=_number(
+            spec.get("memory_total_mib", _default(GpuSpec, "memory_total_mib")), f"{where}.memory_total_mib", 0
+        ),
         memory_used_mib=_cycled(spec.get("memory_used_mib", 0), f"{where}.memory_used_mib"),
         gpu_util=_cycled(spec.get("gpu_util", 0), f"{where}.gpu_util", nullable=True, percent=True),
         mem_util=_cycled(spec.get("mem_util", 0), f"{where}.mem_util", nullable=True, percent=True),
@@ -556,7 +563,9 @@ def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> G
         compute_list=_flag(spec.get("compute_list", True), f"{where}.compute_list"),
         graphics_list=_flag(spec.get("graphics_list", True), f"{where}.graphics_list"),
         mig_capable=capable,
-        sample_period=_number(spec.get("sample_period", 1 / 6), f"{where}.sample_period", minimum=0.001),
+        sample_period=_number(
+            spec.get("sample_period", _default(GpuSpec, "sample_period")), f"{where}.sample_period", minimum=0.001
+        ),
         gpu_timeline=_timeline(spec.get("gpu_timeline"), f"{where}.gpu_timeline"),
         mem_timeline=_timeline(spec.get("mem_timeline"), f"{where}.mem_timeline"),
         samples_supported=_flag(spec.get("samples_supported", True), f"{where}.samples_supported"),
@@ -598,7 +607,7 @@ def _growth(value: Any, where: str) -> dict[str, Cycled]:
 
 def _sample_timing(spec: dict[str, Any], where: str) -> dict[str, Any]:
     """The fields of how a GPU's driver stamps and lists its samples."""
-    period = spec.get("sample_period", 1 / 6)
+    period = spec.get("sample_period", _default(GpuSpec, "sample_period"))
     clock = spec.get("sample_clock", "epoch")
     if clock == "epoch":
         clock = None
