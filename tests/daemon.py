@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -51,7 +52,11 @@ def unique_name(prefix: str = "atopgpud-test") -> str:
 
 
 class Client:
-    """A blocking atop-like client: one connection, requests answered in order."""
+    """A blocking atop-like client: one connection, requests answered in order.
+
+    Written apart from `atopgpud_tw.atopgpu.connection` on purpose: the tests read
+    the wire through code that does not share the client's mistakes.
+    """
 
     def __init__(self, address: Any, family: int = socket.AF_UNIX, timeout: float = 5.0) -> None:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -160,8 +165,9 @@ class Daemon:
         return status
 
 
+@contextmanager
 def run_daemon(tmp: Path, args: Sequence[str] = (), scenario: Any = None) -> Iterator[Daemon]:
-    """A started daemon, stopped when the generator is closed (for fixtures)."""
+    """A started daemon, stopped (SIGTERM, then SIGKILL) when the block ends, however it ends."""
     daemon = Daemon(tmp, args, scenario).start()
     try:
         yield daemon

@@ -48,13 +48,9 @@ def port() -> int:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, port):
     args = ["--interval", str(INTERVAL), "--listen", f"tcp:{port}:interface=127.0.0.1"]
-    daemons = run_daemon(tmp_path_factory.mktemp("cli"), args, scenario=SCENARIO)
-    try:
-        started = next(daemons)
+    with run_daemon(tmp_path_factory.mktemp("cli"), args, scenario=SCENARIO) as started:
         started.wait_samples(3)
         yield started
-    finally:
-        daemons.close()  # stops the daemon (SIGTERM, then kill)
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

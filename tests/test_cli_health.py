@@ -75,10 +75,8 @@ def test_health_json_from_a_daemon_on_the_simulator(tmp_path, capsys):
     """Against a daemon: the scenario's power, its unsupported fan left null, its XID counted."""
     port = free_port()
     scenario = {"gpus": [{"health": {"power_w": 275, "xid_events": [[1.5, 48]]}}]}
-    daemons = run_daemon(tmp_path, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"],
-                         scenario=scenario)
-    try:
-        daemon = next(daemons)
+    with run_daemon(tmp_path, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"],
+                    scenario=scenario) as daemon:
         daemon.wait_samples(4)  # past 1.5 s of simulated time
         url = f"http://127.0.0.1:{port}/metrics"
         deadline = time.monotonic() + 30
@@ -93,5 +91,3 @@ def test_health_json_from_a_daemon_on_the_simulator(tmp_path, capsys):
         assert gpu["xid_errors"] == {"48": 1}
         assert cli.main(["--health", "--metrics-url", url]) == 0
         assert "48x1" in capsys.readouterr().out
-    finally:
-        daemons.close()

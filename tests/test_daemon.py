@@ -26,7 +26,8 @@ GPU_B = {
 
 @pytest.fixture
 def daemon(tmp_path):
-    yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": [GPU_A, GPU_B]})
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": [GPU_A, GPU_B]}) as daemon:
+        yield daemon
 
 
 def test_types_lists_the_scenario(daemon):
@@ -62,7 +63,7 @@ def test_counters_are_exact_after_n_samples(daemon):
 
 def test_unsupported_utilization_is_minus_one(tmp_path):
     """A GPU whose utilization NVML does not support shows -1 now and cumulative."""
-    for daemon in run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": [dict(GPU_A, gpu_util=None)]}):
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": [dict(GPU_A, gpu_util=None)]}) as daemon:
         (a,) = daemon.wait_samples(2)
         assert (a.gpu_busy_now, a.mem_busy_now, a.gpu_busy_cum, a.mem_busy_cum) == (-1, -1, -1, -1)
         assert a.memory_used_cum_kib == a.samples * 2048 * 1024
@@ -129,7 +130,7 @@ def test_eight_gpus_forty_processes_fit(tmp_path):
         }
         for g in range(8)
     ]
-    for daemon in run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": gpus}):
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario={"gpus": gpus}) as daemon:
         daemon.wait_samples(2)
         client = daemon.client()
         for version in (1, 2):
@@ -146,7 +147,7 @@ def test_eight_gpus_forty_processes_fit(tmp_path):
 def test_tcp_listener_serves_old_atop(tmp_path):
     """--listen tcp:PORT:interface=127.0.0.1 answers API version 1 as atop 2.8 asks."""
     port = free_port()
-    for _ in run_daemon(tmp_path, ["--reader", "sim", "--listen", f"tcp:{port}:interface=127.0.0.1"]):
+    with run_daemon(tmp_path, ["--reader", "sim", "--listen", f"tcp:{port}:interface=127.0.0.1"]) as _:
         client = Client(("127.0.0.1", port), socket.AF_INET)
         version, body = client.ask("T", 1)
         assert version == 1 and body.startswith(b"2@00000000:17:00.0 NVIDIA_H100_80GB_HBM3 3@")

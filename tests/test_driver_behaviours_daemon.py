@@ -24,7 +24,7 @@ def test_every_behaviour_through_the_installed_daemon(tmp_path):
     for index, name in enumerate(names):
         cards.extend(gpus(name, at=ONE_OFF_AT, first=2 * index))
     loads = list(LOADS.values())
-    for daemon in run_daemon(tmp_path, ["--interval", "1"], scenario={"gpus": cards}):
+    with run_daemon(tmp_path, ["--interval", "1"], scenario={"gpus": cards}) as daemon:
         client = daemon.client()
         daemon.wait_samples(2)
         first = client.stats()

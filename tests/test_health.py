@@ -236,9 +236,7 @@ def test_daemon_serves_health_and_marks_a_hung_call_stale(tmp_path):
     scenario = {"gpus": [{"health": {"power_w": 250}, "faults": [
         {"call": "nvmlDeviceGetPcieReplayCounter", "error": "hang", "from": 4, "until": 40}]}]}
     args = ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"]
-    daemons = run_daemon(tmp_path, args, scenario=scenario)
-    try:
-        daemon = next(daemons)
+    with run_daemon(tmp_path, args, scenario=scenario) as daemon:
         url = f"http://127.0.0.1:{port}/metrics"
 
         def scrape() -> dict:
@@ -258,8 +256,6 @@ def test_daemon_serves_health_and_marks_a_hung_call_stale(tmp_path):
         stale = [v for (name, _), v in page.items() if name == "atopgpud_gpu_health_stale"]
         assert stale == [1]
         assert [v for (name, _), v in page.items() if name == "atopgpud_gpu_power_watts"] == [250]
-    finally:
-        daemons.close()
 
 
 def test_every_health_series_is_documented():

@@ -34,9 +34,7 @@ def scraped(tmp_path_factory) -> str:
     port = free_port()
     metrics = f"tcp:{port}:interface=127.0.0.1"
     args = ["--interval", str(INTERVAL), "--metrics", metrics, "--metrics-processes"]
-    daemons = run_daemon(tmp_path_factory.mktemp("metrics"), args, scenario=SCENARIO)
-    try:
-        daemon = next(daemons)
+    with run_daemon(tmp_path_factory.mktemp("metrics"), args, scenario=SCENARIO) as daemon:
         daemon.wait_samples(3)
         client = daemon.client()
         try:
@@ -46,8 +44,6 @@ def scraped(tmp_path_factory) -> str:
                 text = response.read().decode()
         finally:
             client.close()
-    finally:
-        daemons.close()
     return text
 
 

@@ -331,7 +331,8 @@ def test_many_instances_all_have_distinct_windows():
 
 @pytest.fixture
 def mig_daemon(tmp_path):
-    yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario=mixed())
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario=mixed()) as daemon:
+        yield daemon
 
 
 @pytest.mark.e2e
@@ -359,7 +360,8 @@ def test_daemon_serves_instances_over_a_real_socket(mig_daemon):
 
 @pytest.fixture
 def mig_card_daemon(tmp_path):
-    yield from run_daemon(tmp_path, ["--interval", "0.2", "--mig", "card"], scenario=mixed())
+    with run_daemon(tmp_path, ["--interval", "0.2", "--mig", "card"], scenario=mixed()) as daemon:
+        yield daemon
 
 
 @pytest.mark.e2e

@@ -88,20 +88,18 @@ def prometheus(tmp_path_factory):
         pytest.skip("prometheus is not installed (Debian package prometheus)")
     tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
-    daemons = run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"],
-                         scenario=SCENARIO)
-    next(daemons)
-    server = Prometheus(binary, tmp, f"127.0.0.1:{port}")
-    try:
-        # the A10 was lost (4 s to 7 s) and is back, and a span has passed since
-        server.wait_for('min_over_time(atopgpud_gpu_present{busid="00000000:18:00.0"}[1h]) == 0')
-        server.wait_for('atopgpud_gpu_present{busid="00000000:18:00.0"} == 1 '
-                        'and min_over_time(atopgpud_gpu_present{busid="00000000:18:00.0"}[1h]) == 0')
-        server.wait_for('count_over_time(atopgpud_gpu_samples_total{busid="00000000:17:00.0"}[1h]) > 16')
-        yield server
-    finally:
-        server.stop()
-        daemons.close()
+    with run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"],
+                    scenario=SCENARIO):
+        server = Prometheus(binary, tmp, f"127.0.0.1:{port}")
+        try:
+            # the A10 was lost (4 s to 7 s) and is back, and a span has passed since
+            server.wait_for('min_over_time(atopgpud_gpu_present{busid="00000000:18:00.0"}[1h]) == 0')
+            server.wait_for('atopgpud_gpu_present{busid="00000000:18:00.0"} == 1 '
+                            'and min_over_time(atopgpud_gpu_present{busid="00000000:18:00.0"}[1h]) == 0')
+            server.wait_for('count_over_time(atopgpud_gpu_samples_total{busid="00000000:17:00.0"}[1h]) > 16')
+            yield server
+        finally:
+            server.stop()
 
 
 def raw(server: Prometheus, metric: str, at: float, span: str = "1h") -> list[tuple[float, float]]:

@@ -217,8 +217,8 @@ def daemons(
     common = ["--interval", "0.2", "--mig", request.param]
     sim_args = ["--reader", "sim", "--scenario", str(SCENARIO), *common]
     smi_args = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_binary), "--smi-timeout", "5", *common]
-    for sim in run_daemon(tmp_path, sim_args):
-        for smi in run_daemon(tmp_path, smi_args):
+    with run_daemon(tmp_path, sim_args) as sim:
+        with run_daemon(tmp_path, smi_args) as smi:
             yield request.param, sim, smi
 
 

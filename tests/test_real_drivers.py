@@ -173,8 +173,8 @@ def clone_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
     """A simulated daemon and an nvidia-smi daemon, each on the clones host."""
     common = ["--interval", "0.2"]
     smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_stand_in(tmp_path, FIXTURES / "clones.xml"))]
-    for sim_daemon in run_daemon(tmp_path, common, scenario=clones()):
-        for smi_daemon in run_daemon(tmp_path, [*smi, *common]):
+    with run_daemon(tmp_path, common, scenario=clones()) as sim_daemon:
+        with run_daemon(tmp_path, [*smi, *common]) as smi_daemon:
             yield sim_daemon, smi_daemon
 
 
@@ -275,7 +275,8 @@ def test_uuid_not_supported_keys_by_bus_id_at_once() -> None:
 def late_gpu_daemon(tmp_path: Path) -> Iterator[Daemon]:
     """The second card cannot be identified for the first simulated second."""
     fault = {"call": "nvmlDeviceGetPciInfo", "error": "NVML_ERROR_GPU_IS_LOST", "until": 1.0}
-    yield from run_daemon(tmp_path, ["--interval", "0.2"], scenario=two_cards([fault]))
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario=two_cards([fault])) as daemon:
+        yield daemon
 
 
 @pytest.mark.e2e
@@ -393,8 +394,8 @@ class Poller:
 @pytest.fixture
 def unknown_memory_daemons(tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
     smi = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi_stand_in(tmp_path, FIXTURES / "not-available.xml"))]
-    for sim_daemon in run_daemon(tmp_path, ["--interval", "0.2"], scenario=unknown_memory_host()):
-        for smi_daemon in run_daemon(tmp_path, [*smi, "--interval", "0.2"]):
+    with run_daemon(tmp_path, ["--interval", "0.2"], scenario=unknown_memory_host()) as sim_daemon:
+        with run_daemon(tmp_path, [*smi, "--interval", "0.2"]) as smi_daemon:
             yield sim_daemon, smi_daemon
 
 
@@ -542,7 +543,7 @@ def hung_daemon(tmp_path: Path) -> Iterator[tuple[Daemon, int]]:
     args = ["--interval", "0.2", "--hang-warning", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"]
     scenario = two_cards([])
     scenario["gpus"][0].update(samples_supported=True, faults=[hang])
-    for daemon in run_daemon(tmp_path, args, scenario=scenario):
+    with run_daemon(tmp_path, args, scenario=scenario) as daemon:
         yield daemon, port
 
 

@@ -46,7 +46,8 @@ def smi_args(fake: FakeSmi, reader: str = "nvidia-smi") -> list[str]:
 
 @pytest.fixture
 def daemon(tmp_path: Path, fake: FakeSmi) -> Iterator[Daemon]:
-    yield from run_daemon(tmp_path, smi_args(fake))
+    with run_daemon(tmp_path, smi_args(fake)) as daemon:
+        yield daemon
 
 
 def wait_until(condition: Callable[[], bool], what: str, daemon: Daemon, timeout: float = 15.0) -> None:
@@ -189,7 +190,7 @@ def test_auto_falls_back_to_nvidia_smi(tmp_path: Path, fake: FakeSmi, monkeypatc
         pytest.skip("an NVML library is installed here: auto would pick nvml")
     # the daemon inherits this environment
     monkeypatch.setenv("LD_LIBRARY_PATH", "")
-    for daemon in run_daemon(tmp_path, smi_args(fake, reader="auto")):
+    with run_daemon(tmp_path, smi_args(fake, reader="auto")) as daemon:
         a, _ = daemon.wait_samples(2)
         client = daemon.client()
         try:
@@ -226,17 +227,13 @@ def test_a_ten_kilobyte_product_name_keeps_t_within_atops_limit(tmp_path: Path, 
     plain = (FIXTURES / "plain-v11.xml").read_text()
     huge = "X" * 10_000 + " Board A"
     (fake.state / "report.xml").write_text(plain.replace("NVIDIA Test Board A", huge, 1))
-    started = run_daemon(tmp_path, smi_args(fake))
-    running = next(started)
-    try:
+    with run_daemon(tmp_path, smi_args(fake)) as running:
         running.wait_samples(1)
         client = running.client()
         try:
             version, body = client.ask("T", 2)
         finally:
             client.close()
-    finally:
-        started.close()
     assert 4 + len(body) <= codec.ATOP_REPLY_LIMIT
     assert codec.parse_types(body)[0].name == codec.wire_token(huge).decode()
     assert codec.wire_token(huge).endswith(b"XXX_Board_A") and len(codec.wire_token(huge)) == 64

@@ -121,10 +121,8 @@ def test_daemon_on_nvidia_smi_serves_the_health_series(tmp_path):
     """--reader nvidia-smi: /metrics has the report's health figures, with no XID series."""
     port = free_port()
     binary = smi_stand_in(tmp_path, FIXTURE)
-    daemons = run_daemon(tmp_path, ["--reader", "nvidia-smi", "--nvidia-smi", str(binary), "--interval", "0.5",
-                                    "--metrics", f"tcp:{port}:interface=127.0.0.1"])
-    try:
-        daemon = next(daemons)
+    with run_daemon(tmp_path, ["--reader", "nvidia-smi", "--nvidia-smi", str(binary), "--interval", "0.5",
+                    "--metrics", f"tcp:{port}:interface=127.0.0.1"]) as daemon:
         daemon.wait_samples(1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
             text = response.read().decode()
@@ -134,8 +132,6 @@ def test_daemon_on_nvidia_smi_serves_the_health_series(tmp_path):
         assert page[("atopgpud_gpu_power_watts", h100)] == pytest.approx(612.40)
         assert page[("atopgpud_gpu_health_stale", h100)] == 0
         assert not any(name.startswith("atopgpud_gpu_xid") for name, _ in page)
-    finally:
-        daemons.close()
 
 
 def test_implausible_values_are_left_out():
