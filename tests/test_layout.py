@@ -131,7 +131,7 @@ def test_every_logger_has_its_fixed_name() -> None:
                 found.add(value.namespace)
             if isinstance(value, type) and value.__module__ == name:
                 found.update(v.namespace for v in vars(value).values() if isinstance(v, ClassLogger))
-    # the port's accept logger is made in a function (listening.listen_all), the test above checks its name
+    # the ports' accept logger is made in a function (listening.listen_all): the scan above sees it named
     assert found == NAMESPACES - {"atopgpud_tw.listening"}
 
 
