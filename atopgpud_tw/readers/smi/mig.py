@@ -63,8 +63,6 @@ def fallback_profile(slot: MigSlot) -> str:
 
 
 _GPU_LINE = re.compile(r"GPU\s+\d+:.*\(UUID:\s*([^)\s]+)\s*\)")
-
-
 _MIG_LINE = re.compile(r"\s+MIG\s+(\S+)\s+Device\s+(\d+):")
 
 

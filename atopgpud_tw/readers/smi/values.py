@@ -20,12 +20,8 @@ from atopgpud_tw.snapshot import clamp_percent
 
 #: memory figures beyond this (4 PiB) are a garbled report, not a device
 MAX_MEMORY_MIB = 2**32
-
-
 #: pids and instance ids beyond this are no Linux pid (PID_MAX_LIMIT is 2**22)
 MAX_PID = 2**31 - 1
-
-
 #: what nvidia-smi prints for a value it cannot give, brackets and case aside
 _NOT_AVAILABLE = {
     "n/a",
@@ -33,14 +29,8 @@ _NOT_AVAILABLE = {
     "insufficient permissions",
     "requested functionality has been deprecated",
 }
-
-
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%?")
-
-
 _MIB = re.compile(r"(\d+(?:\.\d+)?)\s*MiB", re.IGNORECASE)
-
-
 MEMORY = ("fb_memory_usage/total", "fb_memory_usage/used")
 
 
