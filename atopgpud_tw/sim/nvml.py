@@ -389,14 +389,9 @@ class SimulatedNvml(HealthDriver):
                 raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
             return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
+        level = _period_level(gpu, field)
         periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
-        timeline = getattr(gpu, f"{field}_timeline")
-        if timeline is None:
-            # a constant load (see `_util`)
-            value = int(getattr(gpu, f"{field}_util"))
-            out = [_sample(stamp, value) for stamp, _, _ in periods]
-        else:
-            out = [_sample(stamp, int(round(timeline.percent(start, end)))) for stamp, start, end in periods]
+        out = [_sample(stamp, level(start, end)) for stamp, start, end in periods]
         if not gpu.idle_samples:
             out = [s for s in out if s.sampleValue.uiVal]  # type: ignore[attr-defined]  # a ctypes field
         if not out:
@@ -458,10 +453,7 @@ class SimulatedNvml(HealthDriver):
         if not periods:
             return 0
         start, end = periods[-1][-2:]
-        timeline = getattr(gpu, f"{field}_timeline")
-        if timeline is None:
-            return int(getattr(gpu, f"{field}_util"))
-        return int(round(timeline.percent(start, end)))
+        return _period_level(gpu, field)(start, end)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
@@ -625,36 +617,41 @@ def _recording(gpu: GpuSpec) -> replay.Recording:
     return gpu.replay
 
 
-def _process_levels(proc: ProcessSpec, start: float, end: float) -> tuple[float, float]:
-    """A process's SM and memory busy percentages over one period (0 when it did not run)."""
-    if not (proc.alive(start) or proc.alive(end)):
-        return 0.0, 0.0
+def _period_level(gpu: GpuSpec, field: str) -> Callable[[float, float], int]:
+    """The GPU's busy percentage (`field` "gpu" or "mem") over a sample period from
+    start to end: its timeline's share of the period, or its constant load."""
+    timeline = getattr(gpu, f"{field}_timeline")
+    if timeline is None:
+        value = int(getattr(gpu, f"{field}_util"))
+        return lambda start, end: value
+    return lambda start, end: int(round(timeline.percent(start, end)))
+
+
+def _process_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, float]]:
+    """A process's SM and memory busy percentages over a period from start to end
+    (0 when it did not run): its timelines' shares, or its steady levels."""
+    alive = proc.alive
     if proc.sm_timeline is None and proc.mem_timeline is None:
-        return _steady_levels(proc)
-    sm = proc.sm_timeline.percent(start, end) if proc.sm_timeline else 0.0
-    mem = proc.mem_timeline.percent(start, end) if proc.mem_timeline else 0.0
-    return float(sm or 0), float(mem or 0)
+        steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
+        return lambda start, end: steady if alive(start) or alive(end) else (0.0, 0.0)
+    sm_timeline, mem_timeline = proc.sm_timeline, proc.mem_timeline
 
+    def levels(start: float, end: float) -> tuple[float, float]:
+        if not (alive(start) or alive(end)):
+            return 0.0, 0.0
+        sm = sm_timeline.percent(start, end) if sm_timeline else 0.0
+        mem = mem_timeline.percent(start, end) if mem_timeline else 0.0
+        return float(sm or 0), float(mem or 0)
 
-def _steady_levels(proc: ProcessSpec) -> tuple[float, float]:
-    """The SM and memory busy percentages of a process without timelines, whenever it runs."""
-    return float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
+    return levels
 
 
 def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
     """One entry per period in which the process was busy, as some drivers keep them."""
-    if proc.sm_timeline is None and proc.mem_timeline is None:
-        # the same levels in each period it ran in (see `_process_levels`)
-        sm, mem = (round(x) for x in _steady_levels(proc))
-        if not (sm or mem):
-            return []
-        alive = proc.alive
-        return [
-            _process_sample(proc.pid, stamp, sm, mem) for stamp, start, end in periods if alive(start) or alive(end)
-        ]
+    levels = _process_levels(proc)
     out = []
     for stamp, start, end in periods:
-        sm, mem = (round(x) for x in _process_levels(proc, start, end))
+        sm, mem = (round(x) for x in levels(start, end))
         if sm or mem:
             out.append(_process_sample(proc.pid, stamp, sm, mem))
     return out
@@ -665,7 +662,8 @@ def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]]) 
     stamped with the window's newest period, as drivers are reported to answer."""
     if not periods:
         return []
-    levels = [_process_levels(proc, start, end) for _, start, end in periods]
+    level = _process_levels(proc)
+    levels = [level(start, end) for _, start, end in periods]
     sm = round(sum(level[0] for level in levels) / len(levels))
     mem = round(sum(level[1] for level in levels) / len(levels))
     if not (sm or mem):
