@@ -216,11 +216,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.server.metrics_health import HealthCache
         from atopgpud_tw.server.webbounds import WebLimits
 
-        calls = reader.watchdog
-        health = HealthCache(reader, reactor, watchdog=calls)
         site: Any = make_site(
-            board, poller, options["interval"], options["metrics-processes"], calls,
-            WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=health,
+            board, poller, options["interval"], options["metrics-processes"], reader.watchdog,
+            WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=HealthCache(reader, reactor),
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))

@@ -156,6 +156,8 @@ def test_xid_events_are_counted_from_registration_on():
 class FakeSource:
     """A reader whose health jobs the test fires."""
 
+    watchdog: object = None
+
     def __init__(self) -> None:
         self.jobs: list[tuple[str, Deferred]] = []
         self.keys = ["GPU-a"]
@@ -282,10 +284,11 @@ class HungWatchdog:
 def test_a_scrape_does_not_wait_behind_a_call_already_hung():
     """While the reader's thread is in a call running longer than the bound, the page goes out at once."""
     clock, source = Clock(), FakeSource()
-    cache = HealthCache(source, clock, watchdog=HungWatchdog(HEALTH_WAIT + 1))
+    source.watchdog = HungWatchdog(HEALTH_WAIT + 1)
+    cache = HealthCache(source, clock)
     assert cache.refresh().called
     assert len(source.jobs) == 1 and cache.stale("GPU-a")  # asked, queued behind it
-    cache.watchdog = HungWatchdog(0.0)
+    source.watchdog = HungWatchdog(0.0)
     assert not cache.refresh().called  # nothing hung: the scrape waits for the reading
 
 

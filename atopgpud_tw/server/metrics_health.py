@@ -61,14 +61,10 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 class HealthCache:
     """The latest health reading of each card, refreshed when a scrape asks."""
 
-    def __init__(
-        self, source: IReader, clock: IReactorTime, wait: float = HEALTH_WAIT, watchdog: Any = None
-    ) -> None:
+    def __init__(self, source: IReader, clock: IReactorTime, wait: float = HEALTH_WAIT) -> None:
         self.source = source
         self.clock = clock
         self.wait = wait
-        #: the reader's HangWatchdog: while a call in its thread is hung, a scrape does not wait
-        self.watchdog = watchdog
         self.readings: dict[str, CardHealth] = {}
         self.read_at: dict[str, float] = {}
         self.xids: dict[tuple[str, int], int] = {}
@@ -106,7 +102,8 @@ class HealthCache:
         return self._first_of(list(self.pending.values()))
 
     def _hung(self) -> bool:
-        watchdog = self.watchdog
+        """Whether a call in the reader's thread is hung (its watchdog says so): a scrape does not wait."""
+        watchdog = self.source.watchdog
         if watchdog is None:
             return False
         return bool(watchdog.running_seconds() >= min(watchdog.after, self.wait))
