@@ -162,8 +162,3 @@ def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | 
         ci = integer(text_at(info, "compute_instance_id"))
         entries.append((gi, ci, sample))
     return entries
-
-
-# -- values --
-
-
