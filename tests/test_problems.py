@@ -1,7 +1,11 @@
-"""A trouble is logged once when it starts and once when it ends."""
+"""A trouble is logged once when it starts and once when it ends; one that keeps coming back, by a count."""
 
 from __future__ import annotations
 
+import re
+import time
+
+import pytest
 from twisted.logger import capturedLogs, formatEvent
 
 from atopgpud_tw.problems import ProblemLog
@@ -167,3 +171,28 @@ def test_the_readers_log_a_gpus_name_and_bus_id_as_data():
     assert "nvml: GPU 00000000:17:00.0\\x1b[2J GPU\\x1b]0;PWN\\x07 (processes: compute and graphics)" in lines
     assert "nvml: GPU 00000000:17:00.0\\x1b[2J: nvmlDeviceGetMemoryInfo: NVML_ERROR_UNKNOWN" in lines
     assert not [line for line in lines if "\x1b" in line or "\x07" in line]
+
+
+@pytest.mark.e2e
+def test_a_flapping_call_through_the_daemon_costs_a_bounded_number_of_lines(tmp_path):
+    """nvmlDeviceGetMemoryInfo failing for 0.3 s of every 0.6 s: five lines, however long it flaps."""
+    from daemon import run_daemon
+    from scenarios import H100
+
+    faults = [{"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_UNKNOWN", "from": k * 0.6 + 0.3,
+               "until": k * 0.6 + 0.6} for k in range(200)]
+    with run_daemon(tmp_path, ["--interval", "0.1"], scenario={"gpus": [dict(H100, faults=faults)]}) as daemon:
+        daemon.wait_samples(3)
+        started = time.monotonic()
+        # a third of the polls fail in the sample count: the fault really flaps all along
+        first = daemon.wait_samples(1)[0].samples
+        time.sleep(8)
+        samples = daemon.wait_samples(1)[0].samples - first
+        took = time.monotonic() - started
+    assert samples < 0.75 * took / 0.1, (samples, took)
+    lines = [line for line in daemon.log().splitlines() if "nvmlDeviceGetMemoryInfo" in line]
+    assert len(lines) == 5, "\n".join(lines)
+    assert re.search(
+        r"nvml: GPU 00000000:17:00.0: nvmlDeviceGetMemoryInfo: NVML_ERROR_UNKNOWN \(again: 3 times in \d+ s; "
+        r"from now on counted, and said at most once every 1 min\)$", lines[4]
+    ), lines[4]
