@@ -226,7 +226,7 @@ def test_bad_watch_and_count_say_what_they_want(capsys, args, words):
         cli.main(args)
     assert raised.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"atopgpu: error: {words}"
+    assert err == f"atopgpu: {words} (try atopgpu --help)\n"
     assert "_positive" not in err and "Traceback" not in err
 
 

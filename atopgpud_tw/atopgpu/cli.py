@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from atopgpud_tw import codec
 from atopgpud_tw.atopgpu.connection import (
@@ -212,7 +212,7 @@ def _positive(value: str) -> float:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not MIN_WATCH <= number < 1e6:
+    if not MIN_WATCH <= number <= 1e6:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from {MIN_WATCH:g} to 1e6")
     return number
 
@@ -223,9 +223,16 @@ def _count(value: str) -> int:
     return int(value)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (no usage lines before it), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (try {self.prog} --help)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The command line of ``atopgpu``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="atopgpu",
         description="Show the GPU and per-process figures a running atopgpud serves to atop.",
     )
