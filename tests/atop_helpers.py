@@ -99,11 +99,20 @@ def port_taken() -> str | None:
 
 def port_answers() -> bool:
     """Whether something accepts connections on the atop port."""
+    return answers((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+
+
+def answers(address: Any, family: int) -> bool:
+    """Whether something accepts connections at `address` (TCP, or a UNIX socket)."""
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
     try:
-        with socket.create_connection((ATOP_HOST, ATOP_PORT), timeout=0.5):
-            return True
+        probe.connect(address)
+        return True
     except OSError:
         return False
+    finally:
+        probe.close()
 
 
 # -- the daemon -----------------------------------------------------------------------
@@ -124,13 +133,21 @@ def write_scenario(path: Path, gpus: Sequence[dict[str, Any]], **top: Any) -> Pa
 
 
 class TcpDaemon:
-    """``atopgpud --reader sim`` listening where old atop looks: TCP 127.0.0.1:59123."""
+    """``atopgpud --reader sim`` listening where old atop looks: TCP 127.0.0.1:59123.
 
-    def __init__(self, scenario: Path, log_path: Path, interval: float = 0.25) -> None:
+    Or elsewhere: `listen` the daemon's ``--listen``, `address` and `family`
+    where a client reaches it (the abstract socket atop 2.13 looks for).
+    """
+
+    def __init__(
+        self, scenario: Path, log_path: Path, interval: float = 0.25,
+        listen: str = TCP_LISTEN, address: Any = (ATOP_HOST, ATOP_PORT), family: int = socket.AF_INET,
+    ) -> None:
         self.command = [
             *daemon_command(), "--reader", "sim", "--scenario", str(scenario),
-            "--listen", TCP_LISTEN, "--interval", str(interval),
+            "--listen", listen, "--interval", str(interval),
         ]
+        self.address, self.family = address, family
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -142,7 +159,7 @@ class TcpDaemon:
             self.command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         deadline = time.monotonic() + timeout
-        while not port_answers():
+        while not answers(self.address, self.family):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the daemon exited with {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
@@ -156,7 +173,7 @@ class TcpDaemon:
         return self
 
     def _polled(self) -> bool:
-        client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+        client = Client(self.address, self.family)
         try:
             return all(device.samples for device in client.stats(2))
         finally:
@@ -197,18 +214,18 @@ def unused_pids(count: int) -> list[int]:
     return [pid_max + 1 + n for n in range(count)]
 
 
-def atop_command(interval: int, count: int, labels: str = "GPU,PRE") -> list[str]:
-    """``atop [-k] -P labels interval count``."""
-    atop = atop_path()
+def atop_command(interval: int, count: int, labels: str = "GPU,PRE", atop: str | None = None) -> list[str]:
+    """``atop [-k] -P labels interval count``; `atop` the binary (default: the installed one)."""
+    atop = atop or atop_path()
     assert atop is not None
     flags = ["-k"] if atop_needs_k(atop) else []
     return [atop, *flags, "-P", labels, str(interval), str(count)]
 
 
-def run_atop(interval: int, count: int, labels: str = "GPU,PRE") -> AtopRun:
-    """Run atop to the end and keep what it printed."""
+def run_atop(interval: int, count: int, labels: str = "GPU,PRE", atop: str | None = None) -> AtopRun:
+    """Run atop (`atop`, default the installed one) to the end and keep what it printed."""
     done = subprocess.run(
-        atop_command(interval, count, labels),
+        atop_command(interval, count, labels, atop),
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=interval * count + 30,
     )
     return AtopRun(done.stdout, done.stderr, done.returncode)

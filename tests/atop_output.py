@@ -56,6 +56,10 @@ class ProcessLine:
     mem_now_kib: int
     mem_cum_kib: int
     samples: int
+    #: atop 2.13 and later only: whether the line is of a process (``y``) or a thread
+    #: (``n``), and the process's GPU type (``C``, ``G``, ``U``)
+    is_process: bool | None = None
+    gpu_type: str | None = None
 
 
 @dataclass
@@ -74,14 +78,19 @@ def parse_gpu(fields: list[str]) -> GpuLine:
 
 
 def parse_pre(line: str) -> ProcessLine:
-    """``PRE host epoch date time interval pid (name)`` and nine fields; names may hold spaces."""
+    """``PRE host epoch date time interval pid (name)`` and nine fields; names may hold spaces.
+
+    atop 2.13 adds two: ``y`` (a process) or ``n`` (a thread), and the GPU type.
+    """
     fields = line.split()
-    head, tail = fields[:7], fields[-_PRE_TAIL:]
-    name = line.split(" ", 7)[7].rsplit(" ", _PRE_TAIL)[0]
-    state, gpu_state, nrgpus, gpulist, *numbers = tail
+    extra = 2 if len(fields) >= 7 + _PRE_TAIL + 2 and fields[-2] in ("y", "n") else 0
+    head, tail = fields[:7], fields[len(fields) - _PRE_TAIL - extra:]
+    name = line.split(" ", 7)[7].rsplit(" ", _PRE_TAIL + extra)[0]
+    state, gpu_state, nrgpus, gpulist, *numbers = tail[:_PRE_TAIL]
+    more = (tail[-2] == "y", tail[-1]) if extra else (None, None)
     return ProcessLine(
         int(head[6]), name.strip("()"), state, gpu_state, int(nrgpus), int(gpulist, 16),
-        *(int(n) for n in numbers),
+        *(int(n) for n in numbers), *more,
     )
 
 
@@ -103,7 +112,10 @@ def parse_output(text: str) -> list[Sample]:
             current.gpus.append(parse_gpu(fields))
         elif fields[0] == "PRE":
             proc = parse_pre(line)
-            current.processes[proc.pid] = proc
+            kept = current.processes.get(proc.pid)
+            # atop 2.13 lists a thread of the same id after its process: keep the process
+            if kept is None or kept.is_process is not True:
+                current.processes[proc.pid] = proc
     return samples
 
 

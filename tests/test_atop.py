@@ -302,8 +302,8 @@ def _mig_cards(pid: int) -> list[dict[str, Any]]:
 def test_atop_shows_the_first_32_of_56_mig_instances_and_every_card_with_mig_card(
     atop_port: None, tmp_path: Any, processes: Callable[[int], list[subprocess.Popen[bytes]]]
 ) -> None:
-    """56 devices: version 1 replies carry the first 32, which atop 2.8.1 shows (sent more, it shows
-    none); version 2 the first 48; with --mig card atop shows the 8 cards, every interval."""
+    """56 devices: replies to atop (versions 1 and 2) carry the first 32, which atop 2.8.1 shows (sent
+    more, it shows none); with --mig card atop shows the 8 cards, every interval."""
     (real,) = processes(1)
     scenario = write_scenario(tmp_path / "mig56.json", _mig_cards(real.pid))
     daemon = TcpDaemon(scenario, tmp_path / "daemon.log", DAEMON_INTERVAL).start()
@@ -316,10 +316,10 @@ def test_atop_shows_the_first_32_of_56_mig_instances_and_every_card_with_mig_car
         client.close()
         listed = codec.parse_types(types)
         assert len(listed) == len(codec.parse_stats(body, version)) == codec.ATOP_MAX_GPUS
-        assert len(codec.parse_types(types_v2)) == len(codec.parse_stats(body_v2, 2)) == codec.MAX_WIRE_DEVICES
+        assert len(codec.parse_types(types_v2)) == len(codec.parse_stats(body_v2, 2)) == codec.ATOP_MAX_GPUS
         # the four first cards' instances, then four of the fifth's: T order
         assert [d.busid for d in listed] == [f"00000000:{0x10 + i // 7:02X}:00.0/{i % 7 + 1}.0" for i in range(32)]
-        assert "56 devices, more than atop's 32: atop shows the first 32 in T order" in daemon.log()
+        assert "56 devices, more than atop's 32 (MAXGPU): replies to atop carry the first 32 in T order" in daemon.log()
         run = run_atop(ATOP_INTERVAL, 3, "GPU,PRE")
     finally:
         daemon.stop()

@@ -283,9 +283,9 @@ def test_version_1_exited_process_busy_covers_the_rest_of_its_life():
     assert queue.seen_v1 == {}
 
 
-def test_version_1_carries_the_first_32_devices_and_only_their_exits():
-    """40 GPUs: version 1 T and S list the first 32, and an exit on a device beyond them leaves its queue
-    unsent; version 2 lists all 40 and hears of both exits."""
+def test_atop_is_sent_the_first_32_devices_and_only_their_exits():
+    """40 GPUs: T and S as atop asks for them (versions 1 and 2) list the first 32, and an exit on a device
+    beyond them is not sent; asked with the version byte only atopgpu sends, all 40, with both exits."""
     def host(ended: bool) -> object:
         devices = []
         for index in range(40):
@@ -294,17 +294,22 @@ def test_version_1_carries_the_first_32_devices_and_only_their_exits():
         return snap(*devices)
 
     board = Board()
-    v1, v2 = board.attach(), board.attach()
+    asked = (1, 2, codec.WIDE_REQUEST)
+    queues = {version: board.attach() for version in asked}
     board.fold(host(False))
-    for queue, version in ((v1, 1), (v2, 2)):
+    for version, queue in queues.items():
         board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
     board.fold(host(True))
     stats = {}
-    for queue, version in ((v1, 1), (v2, 2)):
-        # the body follows the 4-byte prelude
-        types = codec.parse_types(board.reply(codec.Request(codec.COMMAND_TYPES, version), queue)[4:])
-        stats[version] = codec.parse_stats(board.reply(codec.Request(codec.COMMAND_STATS, version), queue)[4:], version)
-        assert len(types) == len(stats[version]) == (32 if version == 1 else 40)
+    for version, queue in queues.items():
+        # the body follows the 4-byte prelude; the wide request is answered in version 2
+        reply_version = codec.negotiate(version)
+        types_reply = board.reply(codec.Request(codec.COMMAND_TYPES, version), queue)
+        stats_reply = board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
+        assert codec.parse_prelude(types_reply[:4])[0] == codec.parse_prelude(stats_reply[:4])[0] == reply_version
+        types = codec.parse_types(types_reply[4:])
+        stats[version] = codec.parse_stats(stats_reply[4:], reply_version)
+        assert len(types) == len(stats[version]) == (40 if version == codec.WIDE_REQUEST else codec.ATOP_MAX_GPUS)
         assert not queue.entries
     ended = {v: [(i, p.pid) for i, d in enumerate(s) for p in d.processes if p.state == "E"] for v, s in stats.items()}
-    assert ended == {1: [(2, 1002)], 2: [(2, 1002), (35, 1035)]}
+    assert ended == {1: [(2, 1002)], 2: [(2, 1002)], codec.WIDE_REQUEST: [(2, 1002), (35, 1035)]}

@@ -159,11 +159,12 @@ class Connection:
         """Close the socket (the daemon then forgets this client)."""
         self._sock.close()
 
-    def ask(self, command: str, version: int) -> bytes:
-        """Send one request; the reply body, once its prelude has been checked."""
+    def ask(self, command: str, version: int, asked: int | None = None) -> bytes:
+        """Send one request for a reply of `version` (with the version byte `asked`,
+        if given: `codec.WIDE_REQUEST`); the reply body, once its prelude has been checked."""
         name = f"{command} request"
         try:
-            self._sock.sendall(codec.encode_request(command, version))
+            self._sock.sendall(codec.encode_request(command, version if asked is None else asked))
         except OSError as error:
             raise ClientError(
                 f"{self.address.description}: {name} not sent ({error.strerror or error})"
@@ -242,16 +243,22 @@ def _malformed(what: str) -> Iterator[None]:
 
 
 def take_reading(connection: Connection, version: int) -> Reading:
-    """Ask ``T`` and ``S``; ``T`` again once if a GPU appeared in between."""
+    """Ask ``T`` and ``S``; ``T`` again once if a GPU appeared in between.
+
+    Version 2 is asked with `codec.WIDE_REQUEST`, which atop never sends: on a
+    host of more than atop's 32 devices the daemon then lists up to
+    `codec.MAX_WIRE_DEVICES`.  Version 1 is asked as atop 2.4 to 2.12 ask.
+    """
+    asked = codec.WIDE_REQUEST if version == 2 else version
     with _malformed("T"):
-        types = codec.parse_types(connection.ask("T", version))
+        types = codec.parse_types(connection.ask("T", version, asked))
     with _malformed("S"):
-        stats = codec.parse_stats(connection.ask("S", version), version)
+        stats = codec.parse_stats(connection.ask("S", version, asked), version)
         codec.check_stats(stats, version)
     taken = time.monotonic()
     if len(stats) != len(types):
         with _malformed("T"):
-            types = codec.parse_types(connection.ask("T", version))
+            types = codec.parse_types(connection.ask("T", version, asked))
     if len(stats) != len(types):
         raise BadReply(f"the T reply lists {len(types)} GPUs, the S reply {len(stats)}")
     return Reading(version, tuple(types), tuple(stats), taken)

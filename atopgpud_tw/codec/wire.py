@@ -27,6 +27,7 @@ __all__ = [
     "ATOP_ID_CHARS",
     "MAX_TOKEN_CHARS",
     "MAX_WIRE_DEVICES",
+    "WIDE_REQUEST",
     "wire_devices",
     "INT_MAX",
     "LLONG_MAX",
@@ -53,7 +54,9 @@ ATOP_REPLY_LIMIT = 8192
 REPLY_LIMIT = ATOP_REPLY_LIMIT
 #: atop keeps at most this many process entries per GPU (an unsigned char)
 MAX_PROCESSES_PER_DEVICE = 255
-#: atop shows at most this many GPUs
+#: atop keeps at most this many GPUs: ``MAXGPU`` in atop's photosyst.h (line 38 in
+#: 2.13.0; 32 in every version).  Given a ``T`` of more, atop's gputype_parse
+#: (gpucom.c) fails and atop shows no GPU at all, so no reply to atop carries more
 ATOP_MAX_GPUS = 32
 #: atop keeps the last characters of a bus id and of a type name
 ATOP_ID_CHARS = 12
@@ -68,16 +71,21 @@ _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
 #: devices on the wire at most: this many device records fit in one reply
 #: whatever their numbers, and their ``T`` entries too
 MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
+#: a version byte atop never sends (it sends 1 or 2): ``atopgpu`` asks with it for
+#: version 2 replies of up to `MAX_WIRE_DEVICES` devices.  The reply is version 2; a
+#: daemon that does not know this byte answers it as the newest version, as the
+#: protocol has unknown versions mean, so the request works with any daemon
+WIDE_REQUEST = 0x80 | 2
 
 
-def wire_devices(version: int) -> int:
-    """How many devices (the first, in ``T`` order) a reply of `version` carries.
+def wire_devices(asked: int) -> int:
+    """How many devices (the first, in ``T`` order) a reply carries, by the version byte asked with.
 
-    Version 1 is atop 2.4 to 2.12, which keep 32 (`ATOP_MAX_GPUS`) and, given
-    a ``T`` of more (atop 2.8.1, tests/test_atop.py), show no GPU at all: they
-    get the first 32.  Version 2 gets `MAX_WIRE_DEVICES`.
+    Every atop keeps 32 (`ATOP_MAX_GPUS`) and, given a ``T`` of more, shows
+    no GPU at all (atop 2.8.1 and 2.13, tests/test_atop.py): any request atop
+    sends gets the first 32.  Only `WIDE_REQUEST` gets `MAX_WIRE_DEVICES`.
     """
-    return ATOP_MAX_GPUS if version == 1 else MAX_WIRE_DEVICES
+    return MAX_WIRE_DEVICES if asked == WIDE_REQUEST else ATOP_MAX_GPUS
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
 _SAFE = bytes(c if 0x21 <= c <= 0x7E and c not in b"@#" else ord("_") for c in range(256))
@@ -96,6 +104,11 @@ class Request:
     def reply_version(self) -> int:
         """The version the reply is rendered in and stamped with."""
         return negotiate(self.version)
+
+    @property
+    def devices(self) -> int:
+        """How many devices, at most, its reply carries (`wire_devices`)."""
+        return wire_devices(self.version)
 
 
 def negotiate(version: int) -> int:

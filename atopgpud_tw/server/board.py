@@ -157,6 +157,10 @@ class ClientQueue:
             self.v1_clean = clean
 
 
+#: what a reply shows: its version, and how many devices (the first, in ``T`` order) it carries
+_View = tuple[int, int]
+
+
 @dataclass
 class _Rendered:
     generation: int
@@ -177,14 +181,15 @@ class Board:
             self.counters.declare(layout)
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
-        #: per version: the ``T`` body and its framed reply, with the layout generation they show
-        self._types: dict[int, tuple[int, bytes]] = {}
-        self._types_framed: dict[int, tuple[int, bytes]] = {}
-        self._stats: dict[int, _Rendered] = {}
-        #: the latest poll's exits as queued, and the body for a queue holding just them
+        #: per view (reply version, devices carried: `codec.wire_devices`): the ``T``
+        #: body and its framed reply, with the layout generation they show
+        self._types: dict[_View, tuple[int, bytes]] = {}
+        self._types_framed: dict[_View, tuple[int, bytes]] = {}
+        self._stats: dict[_View, _Rendered] = {}
+        #: the latest poll's exits as queued, and the body per view for a queue holding just them
         self._batch: list[ExitReport] | None = None
-        self._batch_bodies: dict[int, render.StatsBody] = {}
-        #: per reply version, whether its replies are cut (logged when that changes)
+        self._batch_bodies: dict[_View, render.StatsBody] = {}
+        #: per reply version, whether the replies atop is sent are cut (logged when that changes)
         self._cut: dict[int, Latch] = {}
         #: the most devices said to be more than the wire carries
         self._devices_told = 0
@@ -223,10 +228,12 @@ class Board:
         if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
             self._devices_told = len(self.counters.devices)
             log.warn(
-                "{count} devices, more than atop's {most}: atop shows the first {most} in T order (version 1 "
-                "replies carry no more; version 2 replies carry {wired}); --mig card shows each MIG card as one device",
+                "{count} devices, more than atop's {most} (MAXGPU): replies to atop carry the first {most} "
+                "in T order and no exit of a process on the other {left}; to see them all, --mig card shows "
+                "each MIG card as one device, atopgpu shows {wired} and /metrics (--metrics) every one",
                 count=self._devices_told,
                 most=codec.ATOP_MAX_GPUS,
+                left=self._devices_told - codec.ATOP_MAX_GPUS,
                 wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
             )
         self._batch = None
@@ -296,46 +303,52 @@ class Board:
     def reply(self, request: codec.Request, queue: ClientQueue) -> bytes:
         """The framed reply to one request of one client."""
         version = request.reply_version
+        devices = request.devices
         if request.command == codec.COMMAND_TYPES:
             generation = self.counters.layout_generation
-            framed = self._types_framed.get(version)
+            view = (version, devices)
+            framed = self._types_framed.get(view)
             if framed is None or framed[0] != generation:
-                framed = self._types_framed[version] = (generation, codec.frame(version, self.types_body(version)))
+                body = self.types_body(version, devices)
+                framed = self._types_framed[view] = (generation, codec.frame(version, body))
             return framed[1]
         if version == 1:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
-            return codec.frame(version, self.stats_body(version, queue))
+            return codec.frame(version, self.stats_body(version, queue, devices))
         queue.subscribe()
-        rendered = self._rendered(version)
+        rendered = self._rendered(version, devices)
         if rendered.prepared.full.active_cut:
             self.replies_cut += 1
         return rendered.framed
 
-    def types_body(self, version: int = 2) -> bytes:
-        """The ``T`` body, rendered again only when the device list changed."""
+    def types_body(self, version: int = 2, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
+        """The ``T`` body listing the first `devices`, rendered again only when the device list changed."""
         generation = self.counters.layout_generation
-        cached = self._types.get(version)
+        view = (version, devices)
+        cached = self._types.get(view)
         if cached is None or cached[0] != generation:
-            devices = self.counters.devices[: codec.wire_devices(version)]
-            cached = self._types[version] = (generation, render.render_types(devices))
+            cached = self._types[view] = (generation, render.render_types(self.counters.devices[:devices]))
         return cached[1]
 
-    def stats_body(self, version: int, queue: ClientQueue) -> bytes:
-        """The ``S`` body for one client; takes what it reports off its queue."""
+    def stats_body(self, version: int, queue: ClientQueue, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
+        """The ``S`` body of the first `devices` for one client; takes what it reports off its queue."""
         queue.subscribe()
-        prepared = self._rendered(version).prepared
+        if len(self.counters.devices) > devices:
+            queue.only_devices_below(devices)
+        view = (version, devices)
+        prepared = self._rendered(version, devices).prepared
         result: render.StatsBody | None
         if not queue.entries:
             result = prepared.full
             self._heard(queue)
         else:
             shared = queue.holds_only(self._batch)
-            result = self._batch_bodies.get(version) if shared else None
+            result = self._batch_bodies.get(view) if shared else None
             if result is None:
                 result = prepared.body(_records(islice(queue.entries, render.EXITED_SCAN), version))
                 if shared:
-                    self._batch_bodies[version] = result
+                    self._batch_bodies[view] = result
             self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
@@ -348,21 +361,24 @@ class Board:
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:
             queue.only_devices_below(wired)
-        result = self._v1.reply(queue, self.counters, lambda: self._rendered(1).prepared)
+        result = self._v1.reply(queue, self.counters, lambda: self._rendered(1, wired).prepared)
         self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
         return result.body
 
-    def _rendered(self, version: int) -> _Rendered:
+    def _rendered(self, version: int, devices: int) -> _Rendered:
         generation = self.counters.generation
-        cached = self._stats.get(version)
+        view = (version, devices)
+        cached = self._stats.get(view)
         if cached is None or cached.generation != generation:
-            devices = self.counters.devices[: codec.wire_devices(version)]
-            prepared = render.PreparedStats(render.render_devices(devices, version))
+            listed = self.counters.devices[:devices]
+            prepared = render.PreparedStats(render.render_devices(listed, version))
             cached = _Rendered(generation, prepared, codec.frame(version, prepared.full.body))
-            self._stats[version] = cached
-            self._note_cut(version, prepared.full.active_cut)
+            self._stats[view] = cached
+            if devices == codec.ATOP_MAX_GPUS:
+                # what atop is sent (atopgpu's wider view would only repeat it)
+                self._note_cut(version, prepared.full.active_cut)
         return cached
 
     def _note_cut(self, version: int, cut: bool) -> None:
