@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from atop_helpers import TCP_LISTEN, AtopProcess, port_lock, port_taken, skip_reason, sleepers
+from atop_output import process_lines
 from daemon import Client, stop_process, twistd, unique_name
 from timeshift import Shift, build
 
@@ -51,10 +53,11 @@ def timeshift_library(tmp_path_factory):
 class ShiftedDaemon:
     """The daemon as a child whose wall clock this test moves."""
 
-    def __init__(self, tmp: Path, library: Path, how: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, library: Path, how: str, extra: tuple[str, ...] = (),
+                 spec: dict | None = None) -> None:
         self.name = unique_name("atopgpud-time")
         scenario = tmp / f"{self.name}.json"
-        scenario.write_text(json.dumps(SCENARIO))
+        scenario.write_text(json.dumps(spec or SCENARIO))
         self.shift = Shift(tmp / f"{self.name}.shift")
         self.log_path = tmp / f"{self.name}.log"
         env = dict(os.environ, LD_PRELOAD=str(library), TIMESHIFT_FILE=str(self.shift.path), LD_LIBRARY_PATH="")
@@ -211,3 +214,43 @@ def test_a_suspend_of_a_day(tmp_path, timeshift_library, how):
     finally:
         idle.close()
         daemon.stop()
+
+
+def test_atop_across_steps_of_the_daemons_wall_clock(tmp_path, timeshift_library):
+    """atop itself (Debian's 2.8.1 over TCP, or a newer one with -k), every 2 s while the daemon's wall
+    clock is set back 90 s and then forward a day: each interval's GPU and process figures are the load."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with port_lock(), sleepers(1) as (proc,):
+        taken = port_taken()
+        if taken:
+            pytest.skip(f"{taken}; this test needs that port for atop")
+        spec = json.loads(json.dumps(SCENARIO))
+        spec["gpus"][0]["processes"][0]["pid"] = proc.pid
+        daemon = ShiftedDaemon(tmp_path, timeshift_library, "twistd -n", ("--listen", TCP_LISTEN), spec)
+        try:
+            atop = AtopProcess(2, 6, "GPU,PRE")
+            atop.read_samples(2)
+            time.sleep(0.7)
+            daemon.shift.step(-90)
+            atop.read_samples(4)
+            time.sleep(1.1)
+            daemon.shift.step(86400)
+            run = atop.finish()
+        finally:
+            daemon.stop()
+    assert run.returncode == 0, str(run)
+    intervals = run.samples[1:]  # the first covers the time since boot
+    assert len(intervals) == 5, str(run)
+    for number, sample in enumerate(intervals, start=1):
+        (gpu,) = sample.gpus
+        where = f"interval {number}: {gpu}"
+        assert 2 / INTERVAL - 3 <= gpu.samples <= 2 / INTERVAL + 2, where  # polls at their interval
+        assert abs(gpu.gpu_cum - 40 * gpu.samples) <= 40, where
+        assert abs(gpu.mem_cum - 10 * gpu.samples) <= 10, where
+    lines = process_lines(intervals, proc.pid)
+    assert len(lines) == 5, str(run)
+    for line in lines:
+        assert line.samples >= 2 / INTERVAL - 3, line
+        assert abs(line.gpu_busy - 30) <= 30 / line.samples + 1, line  # an interval's average, off by a poll at most
