@@ -48,6 +48,7 @@ but the one handed in.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -57,8 +58,10 @@ STEP_US = 100_000
 SLACK_US = 250_000
 #: the driver's newest stamp this close to a host clock's now: its stamps follow that clock
 FOLLOW_US = 10_000_000
-#: stamps remembered per kind of sample (a driver's buffer holds some 100 to 1000)
+#: stamps remembered per kind of sample while a step is recent (a driver's buffer holds some 100 to 1000)
 SEEN = 4096
+#: answers remembered per kind of sample while no step is: the stamps seen before the next one
+HISTORY = 256
 #: a step this long ago (reader's time) no longer matters: every buffer has moved on
 FORGET_US = 900_000_000
 #: the host clocks a driver's stamps may follow
@@ -99,14 +102,19 @@ class StampMap:
     segments: list[Segment] = field(default_factory=lambda: [Segment(0, 0)])
     #: the reader's time of the latest call that brought stamps
     seen_at: int | None = None
-    #: per kind: raw stamp -> (steady stamp, its segment's index in `history`)
+    #: per kind, while a step is recent: raw stamp -> (steady stamp, its segment's index)
     seen: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    #: per kind, while none is: the latest answers' raw stamps, with their offset and segment
+    #: (made into `seen` when a step comes: one append per call until then)
+    history: dict[str, deque[tuple[Sequence[int], int, int]]] = field(default_factory=dict)
     #: per kind: steady stamp -> raw stamp
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: steps found: (reader's time, µs the driver's clock moved)
     steps: list[tuple[int, int]] = field(default_factory=list)
+    #: the host clocks' offsets as last read (at `seen_at`)
+    _offsets: Sequence[int] | None = field(default=None, repr=False)
 
     @property
     def current(self) -> int:
@@ -137,13 +145,16 @@ class StampMap:
         self._observe(now_us, raws)
         if self.follows is None or self.follows < 0:
             return list(raws)
-        seen = self.seen.setdefault(kind, {})
-        back = self.raw.setdefault(kind, {})
         if len(self.segments) == 1:
-            offset, index = self.segments[0].offset, self.current
-            placed = [(raw - offset, index) for raw in raws]
-        else:
-            placed = self._placed(seen, raws, now_us, asked, keys)
+            offset = self.segments[0].offset
+            if raws:
+                answers = self.history.get(kind)
+                if answers is None:
+                    answers = self.history[kind] = deque(maxlen=HISTORY)
+                answers.append((raws, offset, self.current))
+            return [raw - offset for raw in raws] if offset else list(raws)
+        seen, back = self._memory(kind)
+        placed = self._placed(seen, raws, now_us, asked, keys)
         for raw, place in zip(raws, placed):
             if seen.get(raw) != place:  # new, or a new sample with an old one's stamp (the later)
                 seen[raw] = place
@@ -152,6 +163,19 @@ class StampMap:
             steady_old, _ = seen.pop(next(iter(seen)))
             back.pop(steady_old, None)
         return [steady for steady, _ in placed]
+
+    def _memory(self, kind: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+        """`seen` and `raw` of `kind`, made from its answers of before the step the first time."""
+        seen = self.seen.get(kind)
+        if seen is None:
+            seen = self.seen[kind] = {}
+            back = self.raw[kind] = {}
+            for raws, offset, index in self.history.pop(kind, ()):
+                for raw in raws:
+                    if raw not in seen:
+                        seen[raw] = (raw - offset, index)
+                        back[raw - offset] = raw
+        return seen, self.raw[kind]
 
     def _placed(self, seen: dict[int, tuple[int, int]], raws: Sequence[int], now_us: int, asked: int,
                 keys: Sequence[object] | None) -> list[tuple[int, int]]:
@@ -191,7 +215,11 @@ class StampMap:
             if self.follows is None:
                 self.follows = -1
             return
-        offsets = self.host()
+        if self.follows is not None and self.follows < 0:
+            return  # a clock of the driver's own: nothing to look at
+        if now_us != self.seen_at or self._offsets is None:
+            self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
+        offsets = self._offsets
         if self.follows is None:
             if not raws:
                 return
@@ -203,8 +231,6 @@ class StampMap:
                 self.segments[0].host = offsets[self.follows]
             self.seen_at = now_us
             return
-        if self.follows < 0:
-            return
         current = self.segments[-1]
         moved = offsets[self.follows] - current.host
         if abs(moved) > STEP_US:
@@ -215,3 +241,5 @@ class StampMap:
         while len(self.segments) > 1 and now_us - (self.segments[1].began_us or now_us) > FORGET_US:
             self.segments.pop(0)
             self.dropped += 1
+            if len(self.segments) == 1:  # no step recent: back to remembering answers
+                self.seen, self.raw = {}, {}
