@@ -68,8 +68,8 @@ class ShiftedDaemon:
             command = [str(Path(twistd()[0]).with_name("atopgpud")), "--reader", "nvml", *options]
         else:
             sim = ["--reader", "sim", "--scenario", str(scenario)]
-            if how == "twistd -n":
-                command = [*twistd(), "-n", "--pidfile=", "atopgpud", *sim, *options]
+            if how.startswith("twistd -n"):  # with --reactor=NAME after it, that reactor
+                command = [*twistd(), *how.split()[1:], "--pidfile=", "atopgpud", *sim, *options]
             else:  # twistd daemonizes: its log to a file
                 command = [*twistd(), f"--pidfile={self.pidfile}", f"--logfile={self.log_path}",
                            "atopgpud", *sim, *options]
@@ -179,12 +179,14 @@ def test_steps_back_and_forward_keep_polling_and_figures(tmp_path, timeshift_lib
         daemon.stop()
 
 
-def test_twistd_daemonized_polls_across_a_step_back(tmp_path, timeshift_library):
-    """``twistd atopgpud`` (daemonized after the reactor's clock was chosen) polls on after a step back."""
-    daemon = ShiftedDaemon(tmp_path, timeshift_library, "twistd")
+@pytest.mark.parametrize("how", ["twistd", "twistd -n --reactor=poll", "twistd -n --reactor=asyncio"])
+def test_twistd_daemonized_or_on_another_reactor_polls_across_a_step_back(tmp_path, timeshift_library, how):
+    """``twistd atopgpud`` (daemonized after the reactor's clock was chosen), and twistd's other
+    reactors, poll on after a step back."""
+    daemon = ShiftedDaemon(tmp_path, timeshift_library, how)
     try:
         daemon.shift.step(-600)
-        _span(daemon, 2.0, "twistd: stepped back 600 s")
+        _span(daemon, 2.0, f"{how}: stepped back 600 s")
     finally:
         daemon.stop()
 
