@@ -125,3 +125,27 @@ def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
     assert stamps.steady("s", [123_000_000_000], 1_000_000) == [123_000_000_000]
     assert stamps.follows == -1
     assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
+
+
+@pytest.mark.parametrize("driver", [
+    {"sample_jitter_ms": 20},
+    {"sample_jitter_ms": 30, "process_utilization": "per-call"},
+    {"duplicate_process_samples": True},
+    {"idle_samples": False},
+], ids=["jitter", "jitter-per-call", "duplicates", "no-idle-samples"])
+@pytest.mark.parametrize("step", [-1, -60, 3600])
+def test_a_rough_driver_with_two_processes_reads_the_same_across_a_step(driver, step):
+    """Jittered stamps, duplicated process samples, a buffer without idle samples: each
+    process's figures, and the GPU's, read the load in every poll across the step."""
+    for at in (7.3, 8.0):
+        card = a10_card(**driver)
+        card["processes"].append({"pid": 301, "memory_mib": 50, "sm_util": 10, "mem_util": 2})
+        clock = [0.0]
+        reader, nvml = make_reader({"gpus": [card], "clock_steps": [[at, step]]}, clock)
+        reader.host_offsets = nvml._nvml.nvmlLib.model.host_offsets
+        for i in range(1, POLLS + 1):
+            clock[0] = float(i)
+            device = reader.read(float(i))[0].devices[0]
+            if i > 1:
+                figures = {p.pid: p.gpu_busy for p in device.processes}
+                assert (device.gpu_busy, figures) == (40, {300: 20, 301: 10}), (at, i, device)

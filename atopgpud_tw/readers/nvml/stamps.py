@@ -32,8 +32,8 @@ Which segment a stamp belongs to:
   the same stamp twice in one answer, after a step back of a whole number of
   sample periods, is the old sample and a new one, in that order;
 - a new stamp belongs to the newest segment in which it would have been taken
-  while that segment held (between the call before its step and the call
-  after its end, within `SLACK_US`): a sample taken before a step and first
+  while that segment held (between the call before its step, less `SLACK_US`,
+  and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
   seen after it is neither dropped nor moved, unless the step was shorter than
   the time between the two calls, where which side it fell on cannot be told
   (at most one poll's worth of samples).
@@ -54,8 +54,11 @@ from typing import Callable, Sequence
 
 #: a change of the followed clock's offset from the monotonic clock beyond this is a step
 STEP_US = 100_000
-#: how far a stamp may be from where its segment's clock was, and still be of it
+#: how long before its segment began a stamp may be, and still be of it (a sample written late)
 SLACK_US = 250_000
+#: how far after its segment ended (or after now) a stamp may be: a sample is stamped when
+#: it is taken, so only the clocks' reading apart
+AHEAD_US = 20_000
 #: the driver's newest stamp this close to a host clock's now: its stamps follow that clock
 FOLLOW_US = 10_000_000
 #: stamps remembered per kind of sample while a step is recent (a driver's buffer holds some 100 to 1000)
@@ -205,7 +208,7 @@ class StampMap:
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
             began = segment.began_us
             ended = now_us if segment.ended_us is None else segment.ended_us
-            if (began is None or taken >= began - SLACK_US) and taken <= ended + SLACK_US:
+            if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
                 return self.dropped + position
         return self.current
 
