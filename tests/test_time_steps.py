@@ -149,3 +149,14 @@ def test_a_rough_driver_with_two_processes_reads_the_same_across_a_step(driver, 
             if i > 1:
                 figures = {p.pid: p.gpu_busy for p in device.processes}
                 assert (device.gpu_busy, figures) == (40, {300: 20, 301: 10}), (at, i, device)
+
+
+def test_a_boot_clock_that_cannot_be_read_is_no_step():
+    """A host clock reading that fails (None) neither decides what the driver follows nor is a step."""
+    offsets = [1_000_000_000, None]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    assert stamps.steady("s", [1_005_000_000], 5_000_000) == [1_005_000_000]
+    assert stamps.follows == 0
+    offsets[0] = None
+    assert stamps.steady("s", [1_006_000_000], 6_000_000) == [1_006_000_000]
+    assert len(stamps.segments) == 1

@@ -69,15 +69,19 @@ HISTORY = 256
 FORGET_US = 900_000_000
 #: the host clocks a driver's stamps may follow
 REALTIME, BOOTTIME = 0, 1
-HostOffsets = Callable[[], Sequence[int]]
+HostOffsets = Callable[[], Sequence["int | None"]]
 
 
-def host_offsets() -> tuple[int, int]:
-    """(CLOCK_REALTIME - CLOCK_MONOTONIC, CLOCK_BOOTTIME - CLOCK_MONOTONIC), µs."""
+def host_offsets() -> tuple[int, int | None]:
+    """(CLOCK_REALTIME - CLOCK_MONOTONIC, CLOCK_BOOTTIME - CLOCK_MONOTONIC), µs; None for a
+    clock that cannot be read (some LD_PRELOAD time shifters fail CLOCK_BOOTTIME)."""
     mono = time.monotonic_ns()
     real = time.time_ns()
-    boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    return (real - mono) // 1000, (boot - mono) // 1000
+    try:
+        boot: int | None = (time.clock_gettime_ns(time.CLOCK_BOOTTIME) - mono) // 1000
+    except OSError:
+        boot = None
+    return (real - mono) // 1000, boot
 
 
 @dataclass
@@ -227,18 +231,18 @@ class StampMap:
             if not raws:
                 return
             newest = max(raws)
-            self.follows = next(
-                (which for which, offset in enumerate(offsets) if abs(newest - (offset + now_us)) < FOLLOW_US), -1
-            )
+            self.follows = next((which for which, offset in enumerate(offsets)
+                                 if offset is not None and abs(newest - (offset + now_us)) < FOLLOW_US), -1)
             if self.follows >= 0:
-                self.segments[0].host = offsets[self.follows]
+                self.segments[0].host = offsets[self.follows] or 0
             self.seen_at = now_us
             return
         current = self.segments[-1]
-        moved = offsets[self.follows] - current.host
+        reading = offsets[self.follows]
+        moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
         if abs(moved) > STEP_US:
             current.ended_us = now_us
-            self.segments.append(Segment(current.offset + moved, offsets[self.follows], self.seen_at))
+            self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
             self.steps.append((now_us, moved))
         self.seen_at = now_us
         while len(self.segments) > 1 and now_us - (self.segments[1].began_us or now_us) > FORGET_US:
