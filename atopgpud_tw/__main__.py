@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from twisted.python import usage
@@ -14,10 +15,26 @@ def _only_atopgpud(interface: object, package: object = None) -> list[object]:
     return [atopgpud]
 
 
+def command_name() -> str:
+    """The command as it was invoked: ``atopgpud``, or ``python3 -m atopgpud_tw``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "atopgpud"
+    if name in ("__main__.py", "-m", "-c", ""):
+        return f"{os.path.basename(sys.executable) or 'python3'} -m atopgpud_tw"
+    return name
+
+
+class CommandOptions(twistd.ServerOptions):  # type: ignore[misc]
+    """twistd's options, for a command that runs the atopgpud plugin alone: its
+    ``--help`` names the command (`command`) instead of ``twistd [options] atopgpud``."""
+
+    command = "atopgpud"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options like twistd does, but report a bad one in one line."""
     args = sys.argv[1:] if argv is None else argv
-    config = twistd.ServerOptions()
+    config = CommandOptions()
+    config.command = command_name()
     config._getPlugins = _only_atopgpud  # type: ignore[assignment]  # no plugin scan, no dropin.cache to write
     try:
         config.parseOptions(["--nodaemon", "--pidfile=", "atopgpud", *args])

@@ -1,17 +1,28 @@
 """What is logged once, not at every poll or every event: the one home of that rule.
 
 A trouble once when it starts and once when it ends (`ProblemLog`, over each
-poll's `Problems`); a condition when it changes (`Latch`); a burst of events by
-its first and, when it is over, a count of the rest (`BurstLog`).
+poll's `Problems`), and a trouble that keeps coming back by a count at growing
+intervals (`DAMPING`); a condition when it changes (`Latch`); a burst of events by
+its first and, when it is over, a count of the rest (`BurstLog`).  What they log
+of the text they were given is shown as data (`printable`, the client's rule too).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 from twisted.internet.interfaces import IReactorTime
 
+from atopgpud_tw.codec.text import printable
 from atopgpud_tw.lognames import ClassLogger
+
+#: the starts of a cause that are logged one by one, each with its recovery
+SAID_STARTS = 2
+#: then the seconds a cause goes without a line, one window after another (the last repeats)
+DAMPING = (60.0, 600.0, 3600.0)
+#: a cause that starts again this long after its last change is a new trouble, not a flap
+FLAP_MEMORY = 3600.0
 
 
 class Latch:
@@ -29,32 +40,140 @@ class Latch:
         return True
 
 
+def _span(seconds: float) -> str:
+    """A length of time in words: ``45 s``, ``10 min``, ``1 h``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60, 1):g} min"
+    return f"{round(seconds / 3600, 1):g} h"
+
+
+class _Flaps:
+    """One cause's recent history: how often it started, and what is held back."""
+
+    __slots__ = ("text", "first", "changed", "starts", "until", "step", "held_starts", "held_ends")
+
+    def __init__(self, text: str, now: float) -> None:
+        #: the words it was first logged with
+        self.text = text
+        self.first = now
+        #: its last start or recovery
+        self.changed = now
+        self.starts = 0
+        #: while damped: the end of the window in which nothing of it is logged
+        self.until: float | None = None
+        self.step = 0
+        self.held_starts = 0
+        self.held_ends = 0
+
+
 class ProblemLog:
     """Tracks the set of current problems, each keyed by its cause.
 
     A reader or the poller reports, after every poll, the problems it has now
     (``{cause: description}``); a new cause is logged once as a warning, a cause
     that is no longer reported is logged once as recovered.
+
+    A cause that fails and recovers again and again is damped: its first
+    `SAID_STARTS` starts and their recoveries are logged one by one; the next
+    start is logged with word that it is flapping, and from then on nothing of
+    that cause is logged until the end of a window (`DAMPING`: 1 min, then
+    10 min, then each hour), when one line counts the failures and recoveries
+    held back and says whether it is failing now; a window with nothing held
+    back ends without a line.  A cause that has not changed for `FLAP_MEMORY`
+    seconds is not damped any more (its next start is logged again, as the
+    first of a new count), and a start that long after its last change is not
+    a flap.  Windows are ended by `report`, on `clock` (the reactor's seconds),
+    so a reader that reports every poll ends them within a poll.
+    docs/reliability.md, "A fault that keeps coming back".
     """
 
     log = ClassLogger("atopgpud_tw.problems.ProblemLog")
 
-    def __init__(self, subject: str) -> None:
+    def __init__(self, subject: str, clock: Callable[[], float] | None = None) -> None:
         self.subject = subject
         self.active: dict[str, str] = {}
+        #: the seconds the windows are measured in; a monotonic clock where none is given
+        self.clock = time.monotonic if clock is None else clock
+        self._flaps: dict[str, _Flaps] = {}
 
     def report(self, problems: Mapping[str, str]) -> None:
-        """Log what started and what ended since the previous report."""
+        """Log what started and what ended since the previous report, and the counts of windows now over."""
+        now = self.clock()
         for cause, text in problems.items():
             if cause not in self.active:
-                self.log.warn("{subject}: {problem}", subject=self.subject, problem=text)
+                self._started(cause, text, now)
         for cause, text in self.active.items():
             if cause not in problems:
-                self.log.info(
-                    "{subject}: recovered ({problem})", subject=self.subject, problem=text
-                )
+                self._ended(cause, text, now)
         # a cause keeps the words it was first logged with, so its recovery names it
         self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
+        self._windows_over(now)
+
+    def _started(self, cause: str, text: str, now: float) -> None:
+        flaps = self._flaps.get(cause)
+        if flaps is None or (flaps.until is None and now - flaps.changed >= FLAP_MEMORY):
+            flaps = self._flaps[cause] = _Flaps(text, now)
+        flaps.changed = now
+        if flaps.until is not None:
+            flaps.held_starts += 1
+            return
+        if not flaps.starts:
+            flaps.text, flaps.first = text, now
+        flaps.starts += 1
+        subject, problem = printable(self.subject), printable(text)
+        if flaps.starts <= SAID_STARTS:
+            self.log.warn("{subject}: {problem}", subject=subject, problem=problem)
+            return
+        flaps.step, flaps.until = 0, now + DAMPING[0]
+        self.log.warn(
+            "{subject}: {problem} (again: {count} times in {span}; from now on counted, "
+            "and said at most once every {every})",
+            subject=subject, problem=problem, count=flaps.starts, span=_span(now - flaps.first),
+            every=_span(DAMPING[0]),
+        )
+
+    def _ended(self, cause: str, text: str, now: float) -> None:
+        flaps = self._flaps.get(cause)
+        if flaps is not None:
+            flaps.changed = now
+            if flaps.until is not None:
+                flaps.held_ends += 1
+                return
+        self.log.info(
+            "{subject}: recovered ({problem})", subject=printable(self.subject), problem=printable(text)
+        )
+
+    def _windows_over(self, now: float) -> None:
+        """Each damped cause whose window is over: its count, and the next window; or, if it was quiet, no damping."""
+        for cause, flaps in list(self._flaps.items()):
+            if flaps.until is None:
+                if cause not in self.active and now - flaps.changed >= FLAP_MEMORY:
+                    del self._flaps[cause]  # long recovered: forgotten
+                continue
+            if now < flaps.until:
+                continue
+            began = flaps.until - DAMPING[flaps.step]
+            if not flaps.held_starts and not flaps.held_ends:
+                # quiet for a whole window: the last line said is still true; an hour of it ends the damping
+                if now - flaps.changed >= FLAP_MEMORY:
+                    flaps.until, flaps.starts = None, 0
+                else:
+                    flaps.until = now + DAMPING[flaps.step]
+                continue
+            failing = cause in self.active
+            emit = self.log.warn if failing else self.log.info
+            flaps.step = min(flaps.step + 1, len(DAMPING) - 1)
+            emit(
+                "{subject}: {problem}: {failed} more failures and {recovered} recoveries in the last {span}, "
+                "not logged one by one; {state} now; counted again for {every}",
+                subject=printable(self.subject), problem=printable(flaps.text), failed=flaps.held_starts,
+                recovered=flaps.held_ends, span=_span(now - began), state="failing" if failing else "recovered",
+                every=_span(DAMPING[flaps.step]), held=flaps.held_starts + flaps.held_ends,
+            )
+            flaps.until = now + DAMPING[flaps.step]
+            flaps.held_starts = flaps.held_ends = 0
 
 
 class Problems(Mapping[str, str]):

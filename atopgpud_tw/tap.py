@@ -5,6 +5,8 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import sys
+from importlib import metadata
 from typing import Any, Callable
 
 from twisted.application.service import IService, MultiService
@@ -51,6 +53,8 @@ MAX_ID = 2**32 - 2
 #: the shortest --interval: a GPU's own sample period is some 17 ms to 1 s, and
 #: every poll costs the whole process list
 MIN_INTERVAL = 0.05
+#: the longest --interval, --smi-timeout, --hang-warning and --idle-timeout (11.6 days)
+MAX_SECONDS = 1e6  # the messages below say 1e6
 
 
 def _account_id(option: str, name: str, what: str, lookup: Callable[[str], int], missing: str) -> int:
@@ -84,8 +88,10 @@ def _names(option: str, value: str) -> list[str]:
 
 def _seconds(option: str, minimum: float = 0.0) -> Any:
     if minimum:
-        return _coerce(option, float, lambda v: minimum <= v < 1e6, f"a number of seconds from {minimum:g} to 1e6")
-    return _coerce(option, float, lambda v: 0 < v < 1e6, "a positive number of seconds")
+        return _coerce(option, float, lambda v: minimum <= v <= MAX_SECONDS,
+                       f"a number of seconds from {minimum:g} to 1e6")
+    return _coerce(option, float, lambda v: 0 < v <= MAX_SECONDS,
+                   "a number of seconds above 0, up to 1e6")
 
 
 def _count(option: str) -> Any:
@@ -94,6 +100,22 @@ def _count(option: str) -> Any:
 
 def _choice(option: str, *allowed: str) -> Any:
     return _coerce(option, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions() -> list[str]:
+    """What ``--version`` prints: the daemon's version, the NVML binding's, Twisted's."""
+    return [
+        f"atopgpud (atopgpud_tw) {_distribution_version('atopgpud_tw')}",
+        f"nvidia-ml-py {_distribution_version('nvidia-ml-py')}",
+        f"Twisted {_distribution_version('twisted')}",
+    ]
 
 
 class Options(usage.Options):
@@ -163,6 +185,19 @@ class Options(usage.Options):
     def opt_allow_gid(self, groups: str) -> None:
         """Only members of these groups (names or gids, comma-separated, repeatable) may use UNIX sockets."""
         self["allow-gid"] |= {_group_id(g) for g in _names("allow-gid", groups)}
+
+    def getSynopsis(self) -> str:
+        """``Usage: atopgpud [options]`` when run as the ``atopgpud`` command (its
+        parent names the command), twistd's ``twistd [options] atopgpud [options]`` otherwise."""
+        command = getattr(self.parent, "command", None)
+        if command:
+            return f"Usage: {command} {self.synopsis}"
+        return super().getSynopsis()
+
+    def opt_version(self) -> None:
+        """Display the daemon's version, the NVML binding's and Twisted's, and exit."""
+        print("\n".join(versions()))
+        sys.exit(0)
 
     def postOptions(self) -> None:
         if not self["listen"]:

@@ -18,6 +18,12 @@ the same case in the same round, never at the same time as ours, the order
 alternating from round to round; the report gives medians over the rounds and
 the ratios, checked against the targets of docs/PERFORMANCE.md.
 
+``--reference PATH`` is atop's own ``atopgpud``: the Python script of that name
+at the top of atop's source tree (https://github.com/Atoptool/atop, atop 2.13 or
+later: the version that listens on the abstract socket ``@atopgpud_nvidia``;
+atop's ``make install`` copies it to /usr/sbin/atopgpud).  Debian 12's atop
+package (2.8.1) does not ship it (``dpkg -L atop | grep -i gpu`` lists nothing).
+
 ``--memory-run SECONDS`` instead runs our daemon for that long on a host where
 100 processes start and 100 end every second, with 32 clients (one of which
 never sends ``S``), and samples its RSS every second.
@@ -307,7 +313,11 @@ def _slope(points: list[tuple[float, float]]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", metavar="PATH", help="atop's Python atopgpud (lines before '#!' are dropped)")
+    parser.add_argument("--reference", metavar="PATH",
+                        help="atop's own Python atopgpud to compare with: the file atopgpud at the top of atop's "
+                        "source tree (github.com/Atoptool/atop, 2.13 or later; its make install copies it to "
+                        "/usr/sbin/atopgpud; Debian 12's atop package does not ship it); lines before '#!' "
+                        "are dropped")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="repeatable (default: all)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each daemon per case (default 3)")
     parser.add_argument("--seconds", type=float, default=10.0, help="load per run (default 10)")

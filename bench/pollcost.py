@@ -195,7 +195,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("threads", "bare", "inprocess"))
     parser.add_argument("--case", default="large-32", choices=sorted(HOSTS))
-    parser.add_argument("--reference", metavar="PATH", help="threads: measure the reference daemon instead")
+    parser.add_argument("--reference", metavar="PATH",
+                        help="threads: measure the reference daemon instead (atop's own atopgpud: "
+                        "see bench/perf.py --help)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--polls", type=int, default=300)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N")

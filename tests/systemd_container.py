@@ -526,11 +526,13 @@ def _unmount(path: Path) -> None:
 
 @contextlib.contextmanager
 def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
-           stop_timeout: float = 20.0) -> Iterator[Container]:
+           stop_timeout: float = 20.0, network: bool = False) -> Iterator[Container]:
     """A booted Debian 12 container on an overlay in `tmp`, with /opt/atopgpud installed.
 
-    `install=False` skips the venv.  Skips (CI: fails) when `missing` says so or
-    the tree or the wheels cannot be had.
+    `install=False` skips the venv.  `network=True` boots it in the host's
+    network namespace instead of a private one (it reaches what the host
+    reaches, and its sockets, abstract ones too, are the host's).  Skips (CI:
+    fails) when `missing` says so or the tree or the wheels cannot be had.
     """
     require()
     began = time.monotonic()
@@ -556,8 +558,8 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     try:
         with open(console, "wb") as out:
             nspawn = subprocess.Popen(
-                ["systemd-nspawn", "--register=no", "--keep-unit", "--private-network", "--console=read-only",
-                 "--setenv=SYSTEMD_COLORS=0",
+                ["systemd-nspawn", "--register=no", "--keep-unit", *([] if network else ["--private-network"]),
+                 "--console=read-only", "--setenv=SYSTEMD_COLORS=0",
                  f"--machine={machine}", "-q", "-b", "-D", str(merged), "systemd.show_status=1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )

@@ -226,7 +226,7 @@ def test_bad_watch_and_count_say_what_they_want(capsys, args, words):
         cli.main(args)
     assert raised.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"atopgpu: error: {words}"
+    assert err == f"atopgpu: {words} (try atopgpu --help)\n"
     assert "_positive" not in err and "Traceback" not in err
 
 
@@ -377,3 +377,88 @@ def test_good_fake_reply_is_shown(fake, capsys):
         100.0,
         30.0,
     )
+
+
+#: what a hostile name sends a terminal: clear the screen, set the window title
+HOSTILE = "\x1b[2J\x1b]0;PWN\x07"
+#: the same name as atopgpu shows it
+SHOWN = "\\x1b[2J\\x1b]0;PWN\\x07"
+
+
+def controls(text: str) -> list[str]:
+    """The characters of `text` a terminal would act on (a newline ends a line: allowed)."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
+
+
+@pytest.fixture
+def renamed() -> Iterator[int]:
+    """A process that named itself HOSTILE with prctl(PR_SET_NAME), as any local user can."""
+    code = (
+        "import ctypes, sys, time\n"
+        f"ctypes.CDLL(None).prctl(15, {HOSTILE.encode()!r})\n"
+        "print('named', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "named\n"
+        assert Path(f"/proc/{child.pid}/comm").read_text() == HOSTILE + "\n"
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+def hostile_replies(pid: int) -> tuple[bytes, bytes]:
+    """A daemon's T naming its GPU and bus id with escapes, and an S listing `pid`."""
+    types = codec.frame(2, f"1@{HOSTILE}:17:00.0 NVIDIA_{HOSTILE} 3".encode())
+    return types, codec.frame(2, GOOD_S.replace(b"#A 7 C", f"#A {pid} C".encode()))
+
+
+@pytest.mark.e2e
+def test_names_from_outside_are_shown_as_data_in_the_table(fake, capsys, renamed):
+    """A process's comm, a daemon's T name and bus id: escapes shown as \\x1b, never sent to the terminal."""
+    server = fake(*hostile_replies(renamed))
+    status, out, err = run(capsys, "--connect", f"unix:@{server.name}")
+    assert (status, err) == (0, "")
+    assert controls(out) == []
+    gpu = next(line for line in out.splitlines() if line.startswith("  0"))
+    assert gpu.split()[1:3] == [f"{SHOWN}:17:00.0", f"NVIDIA_{SHOWN}"]
+    proc = next(line for line in out.splitlines() if line.split()[0] == str(renamed))
+    assert proc.split()[3] == SHOWN
+
+
+@pytest.mark.e2e
+def test_json_keeps_the_names_exact_and_escaped(fake, capsys, renamed):
+    """--json: the names as they are once parsed, escaped by JSON in the text (no raw control character)."""
+    server = fake(*hostile_replies(renamed))
+    status, out, err = run(capsys, "--connect", f"unix:@{server.name}", "--json")
+    assert (status, err) == (0, "")
+    assert controls(out) == []
+    gpu = json.loads(out)["gpus"][0]
+    assert (gpu["busid"], gpu["type"], gpu["processes"][0]["command"]) == (
+        f"{HOSTILE}:17:00.0", f"NVIDIA_{HOSTILE}", HOSTILE,
+    )
+
+
+def test_an_error_quoting_outside_text_is_one_line_of_data(capsys, monkeypatch):
+    """An error message is written as data too: its escapes and newlines cannot reach the terminal."""
+
+    def failing(args: object) -> None:
+        raise client.BadReply(f"{HOSTILE}\nsecond line\x9b31m")
+
+    monkeypatch.setattr(cli, "run", failing)
+    status, out, err = run(capsys, "--connect", "unix:@x")
+    assert_one_line_error(status, out, err, 3, f"{SHOWN}\\x0asecond line\\x9b31m")
+    assert controls(err) == []
+
+
+def test_printable_escapes_what_a_terminal_acts_on():
+    """C0, DEL, C1 and the invisible format characters become visible escapes; the rest is left as it is."""
+    assert codec.printable("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
+    assert codec.printable("café™ ü") == "café™ ü"
+    assert codec.printable(HOSTILE) == SHOWN
+    assert codec.printable("a\tb\nc\rd\x00\x7f\x85\x9b") == "a\\x09b\\x0ac\\x0dd\\x00\\x7f\\x85\\x9b"
+    assert codec.printable("abc\u202etxt.exe\u2028") == "abc\\u202etxt.exe\\u2028"
+    assert codec.printable("\U000e0041") == "\\U000e0041"
+    assert codec.printable("") == ""

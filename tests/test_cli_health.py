@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import threading
 import time
+from typing import Iterator
 
 import pytest
 from daemon import free_port, run_daemon
@@ -91,3 +95,72 @@ def test_health_json_from_a_daemon_on_the_simulator(tmp_path, capsys):
         assert gpu["xid_errors"] == {"48": 1}
         assert cli.main(["--health", "--metrics-url", url]) == 0
         assert "48x1" in capsys.readouterr().out
+
+
+#: what a hostile label sends a terminal: clear the screen, set the window title
+HOSTILE = "\x1b[2J\x1b]0;PWN\x07"
+SHOWN = "\\x1b[2J\\x1b]0;PWN\\x07"
+HOSTILE_PAGE = f"""# TYPE atopgpud_build_info gauge
+atopgpud_build_info{{version="0.1.0"}} 1
+atopgpud_gpu_present{{index="0",busid="{HOSTILE}:17:00.0",type="H100{HOSTILE}"}} 1
+atopgpud_gpu_temperature_celsius{{busid="{HOSTILE}:17:00.0",type="H100{HOSTILE}"}} 67
+atopgpud_gpu_clocks_event_active{{busid="{HOSTILE}:17:00.0",reason="sw{HOSTILE}",type="H100{HOSTILE}"}} 1
+atopgpud_gpu_xid_errors_total{{busid="{HOSTILE}:17:00.0",type="H100{HOSTILE}",xid="7\\n9{HOSTILE}"}} 1
+"""
+
+
+def controls(text: str) -> list[str]:
+    """The characters of `text` a terminal would act on (a newline ends a line: allowed)."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
+
+
+@contextlib.contextmanager
+def page_server(body: str, status: int = 200, reason: str = "OK") -> Iterator[str]:
+    """A metrics page on a local port, answered with `status` and `reason`; yields its URL."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            data = body.encode()
+            self.send_response(status, reason)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_labels_of_a_page_are_shown_as_data(capsys):
+    """Bus id, type, reason and XID labels with escapes (and an escaped newline): visible, never sent raw."""
+    with page_server(HOSTILE_PAGE) as url:
+        assert cli.main(["--health", "--metrics-url", url]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and controls(out) == []
+        row = out.splitlines()[2].split()
+        assert row[:2] == [f"{SHOWN}:17:00.0", f"H100{SHOWN}"]
+        assert row[-2:] == [f"7\\x0a9{SHOWN}x1", f"sw{SHOWN}"]
+        assert cli.main(["--health", "--json", "--metrics-url", url]) == 0
+        out = capsys.readouterr().out
+    assert controls(out) == []
+    gpu = json.loads(out)["gpus"][0]
+    assert (gpu["busid"], gpu["xid_errors"]) == (f"{HOSTILE}:17:00.0", {f"7\n9{HOSTILE}": 1})
+
+
+def test_an_error_from_a_page_is_one_line_of_data(capsys):
+    """A page's HTTP reason phrase is quoted in the error: escaped, status 3, one line."""
+    with page_server("", status=500, reason=f"Broken{HOSTILE}") as url:
+        assert cli.main(["--health", "--metrics-url", url]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and controls(err) == []
+    assert err == f"atopgpu: {url}: HTTP 500 Broken{SHOWN}\n"

@@ -204,7 +204,7 @@ def test_the_daemon_on_a_fifo_scenario_exits_with_one_line(tmp_path: Path) -> No
         (["--interval", "0.000001"], "--interval '0.000001': a number of seconds from 0.05 to 1e6"),
         (["--interval", "nan"], "--interval 'nan': a number of seconds from 0.05 to 1e6"),
         (["--interval", "inf"], "--interval 'inf'"),
-        (["--smi-timeout", "-1"], "--smi-timeout '-1': a positive number of seconds"),
+        (["--smi-timeout", "-1"], "--smi-timeout '-1': a number of seconds above 0, up to 1e6"),
         (["--max-clients", "-4"], "--max-clients '-4': a positive integer"),
         (["--socket-group", "99999999999"], "--socket-group: '99999999999' is beyond the largest group id"),
         (["--allow-gid", "4294967295"], "--allow-gid: '4294967295' is beyond the largest group id"),

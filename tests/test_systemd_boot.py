@@ -104,6 +104,7 @@ def test_stop_takes_under_a_second(box: Container, started: str) -> None:
     began = time.monotonic()
     box.systemctl("stop", SERVICE)
     took = time.monotonic() - began
+    print(f"systemctl stop took {took:.3f} s")  # shown with -rA
     assert took < 1.0, f"systemctl stop took {took:.2f} s"
     shown = box.systemctl("show", "-p", "ActiveState,Result", SERVICE).stdout
     state = dict(line.split("=", 1) for line in shown.split())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from daemon import env_without_gpu, twistd
@@ -112,3 +113,43 @@ def test_console_script_reports_bad_option_in_one_line():
     )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "--interval" in result.stderr
+
+
+def test_version_names_the_daemon_the_binding_and_twisted(capsys):
+    """--version: the daemon's version (pyproject's), the NVML binding's and Twisted's; exit 0."""
+    import re
+    from importlib import metadata
+
+    from atopgpud_tw import __main__ as console
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"$', pyproject, re.M).group(1)
+    with pytest.raises(SystemExit) as stopped:
+        console.main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"atopgpud (atopgpud_tw) {version}",
+        f"nvidia-ml-py {metadata.version('nvidia-ml-py')}",
+        f"Twisted {metadata.version('twisted')}",
+    ]
+
+
+@pytest.mark.parametrize(("argv0", "usage_line"), [
+    ("/opt/atopgpud/bin/atopgpud", "Usage: atopgpud [options]"),
+    ("/x/atopgpud_tw/__main__.py", f"Usage: {Path(sys.executable).name} -m atopgpud_tw [options]"),
+])
+def test_usage_names_the_command_run(capsys, monkeypatch, argv0, usage_line):
+    """The atopgpud command's --help names it, not twistd; twistd's own says twistd."""
+    from atopgpud_tw import __main__ as console
+
+    monkeypatch.setattr(sys, "argv", [argv0, "--help"])
+    with pytest.raises(SystemExit):
+        console.main()
+    assert capsys.readouterr().out.splitlines()[0] == usage_line
+    from twisted.scripts import twistd as twistd_script
+
+    parent = twistd_script.ServerOptions()
+    parent.subCommand = "atopgpud"
+    options = tap.Options()
+    options.parent = parent
+    assert options.getSynopsis() == "Usage: twistd [options] atopgpud [options]"

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from atopgpud_tw import codec
 from atopgpud_tw.atopgpu.connection import (
@@ -146,10 +146,15 @@ def _size(kib: float | None) -> str:
 
 
 def _columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
-    """Header and rows as aligned lines: columns in `left` to the left, the rest right."""
-    widths = [max(len(row[i]) for row in [list(header), *rows]) for i in range(len(header))]
+    """Header and rows as aligned lines: columns in `left` to the left, the rest right.
+
+    Every cell is shown as data (`codec.printable`): names, bus ids and labels
+    come from a daemon, a metrics page or another user's process.
+    """
+    table = [list(header), *([codec.printable(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []
-    for row in [list(header), *rows]:
+    for row in table:
         cells = [cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in
                  enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
@@ -166,7 +171,7 @@ def render_table(doc: dict[str, Any]) -> str:
         span = "averages since the daemon started"
     else:
         span = f"averages over the last {doc['seconds']:.1f} s"
-    lines = [f"atopgpud at {doc['endpoint']} (API {doc['version']}), {span}"]
+    lines = [f"atopgpud at {codec.printable(doc['endpoint'])} (API {doc['version']}), {span}"]
     gpu_rows, proc_rows = [], []
     for gpu in doc["gpus"]:
         gpu_rows.append([
@@ -207,7 +212,7 @@ def _positive(value: str) -> float:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not MIN_WATCH <= number < 1e6:
+    if not MIN_WATCH <= number <= 1e6:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from {MIN_WATCH:g} to 1e6")
     return number
 
@@ -218,9 +223,16 @@ def _count(value: str) -> int:
     return int(value)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (no usage lines before it), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (try {self.prog} --help)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The command line of ``atopgpu``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="atopgpu",
         description="Show the GPU and per-process figures a running atopgpud serves to atop.",
     )
@@ -299,11 +311,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parse_endpoint(args.connect)
     except ValueError as error:
-        parser.error(f"--connect {args.connect}: {error}")
+        parser.error(codec.printable(f"--connect {args.connect}: {error}"))
     try:
         run(args)
     except ClientError as error:
-        sys.stderr.write(f"atopgpu: {error}\n")
+        # the message may quote what a daemon or a page sent: shown as data too
+        sys.stderr.write(f"atopgpu: {codec.printable(str(error))}\n")
         return error.exit_status
     except KeyboardInterrupt:
         return 0 if args.watch is not None else 130

@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from atopgpud_tw.atopgpu.connection import BadReply, ClientError
+from atopgpud_tw.codec import printable
 
 DEFAULT_URL = "http://127.0.0.1:9445/metrics"
 #: seconds to wait for the page (the daemon waits at most 2 s for a stuck NVML call)
@@ -157,7 +158,7 @@ def render_health(doc: dict[str, Any]) -> str:
             _cell(gpu["fan_percent"], "%"),
             _cell(ecc["corrected"]["volatile"]), _cell(ecc["uncorrected"]["volatile"]), xids, throttle,
         ])
-    lines = [f"atopgpud health at {doc['endpoint']}"]
+    lines = [f"atopgpud health at {printable(doc['endpoint'])}"]
     lines.extend(_columns(_HEADER, rows, {0, 1, 13, 14}))
     if not doc["gpus"]:
         lines.append("(no health figures: no GPU, or a reader without them)")

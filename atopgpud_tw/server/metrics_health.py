@@ -136,7 +136,7 @@ class HealthCache:
         self._failing.discard(key)
         self.readings[key] = reading
         self.read_at[key] = self.clock.seconds()
-        self._problems.setdefault(key, ProblemLog("health")).report(reading.problems)
+        self._problems.setdefault(key, ProblemLog("health", self.clock.seconds)).report(reading.problems)
 
     def _counted(self, outcome: tuple[dict[tuple[str, int], int], set[str]]) -> None:
         self.pending.pop("xid", None)

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 from twisted.logger import Logger
 
 from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
-from atopgpud_tw.problems import Problems
+from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.samples import (
     PER_CALL,
     PER_PERIOD,
@@ -416,7 +416,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
                 log.info(
                     "nvml: GPU {busid}: nvmlDeviceGetSamples has no samples while the rates call reports load; "
                     "using the rates call until it has",
-                    busid=device.busid,
+                    busid=printable(device.busid),
                 )
         figures.append(value)
     poll.busy = figures[0] if isinstance(figures[0], int) and figures[0] >= 0 else None
@@ -622,7 +622,7 @@ def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list
     if stream.mode != before:
         log.info(
             "nvml: GPU {busid}: the driver reports process utilization {how}",
-            busid=device.busid,
+            busid=printable(device.busid),
             how="per busy sample period" if stream.mode == PER_PERIOD else "once per process and call",
         )
 

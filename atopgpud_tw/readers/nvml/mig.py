@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from atopgpud_tw.problems import Problems
+from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml.device import (
     INVALID_ARGUMENT,
@@ -97,7 +97,7 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
         shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
         log.info(
             "nvml: GPU {busid} is {state}",
-            busid=card.busid,
+            busid=printable(card.busid),
             state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
         )
     return enabled
@@ -187,16 +187,20 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
         if key not in known:
             log.info(
                 "nvml: GPU {card}: MIG instance {busid} ({profile}) is there",
-                card=card.busid,
-                busid=instance.busid,
-                profile=instance.name,
+                card=printable(card.busid),
+                busid=printable(instance.busid),
+                profile=printable(instance.name),
             )
     if not complete:
         known.update(found)
         return
     for key, instance in known.items():
         if key not in found:
-            log.info("nvml: GPU {card}: MIG instance {busid} is gone", card=card.busid, busid=instance.busid)
+            log.info(
+                "nvml: GPU {card}: MIG instance {busid} is gone",
+                card=printable(card.busid),
+                busid=printable(instance.busid),
+            )
     card.mig_state.instances = dict(found)
 
 

@@ -18,12 +18,14 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw.nvml_codes import LIFECYCLE
-from atopgpud_tw.problems import ProblemLog, Problems
+from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.device import (
@@ -85,7 +87,7 @@ class NvmlReader:
         #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
         self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
         self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
-        self._problems = ProblemLog("nvml")
+        self._problems = ProblemLog("nvml", time.monotonic if reactor is None else reactor.seconds)
         self._devices: list[NvmlDevice] = []
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
@@ -180,8 +182,8 @@ class NvmlReader:
                 self._announced.add(device.key)
                 log.info(
                     "nvml: GPU {busid} {name} (processes: {support})",
-                    busid=device.busid,
-                    name=device.name,
+                    busid=printable(device.busid),
+                    name=printable(device.name),
                     support=_support_text(device.task_support),
                 )
         return devices
@@ -361,8 +363,21 @@ class NvmlReader:
         done = self._worker.submit(self._close_nvml)
         self._worker.stop()
         done.addTimeout(CLOSE_TIMEOUT, self._reactor)
-        done.addErrback(lambda failure: log.warn("nvml: not shut down ({error})", error=failure.getErrorMessage()))
+        done.addErrback(self._not_shut_down)
         return done
+
+    def _not_shut_down(self, failure: Failure) -> None:
+        call = self.calls.current
+        if failure.check(defer.TimeoutError) and call is not None:  # addTimeout's: the worker is stuck in a call
+            log.warn(
+                "nvml: not shut down: {call} has not returned, and stopping waits no more than {timeout:g} s",
+                call=call.describe(),
+                timeout=CLOSE_TIMEOUT,
+            )
+        elif failure.check(defer.TimeoutError):
+            log.warn("nvml: not shut down within {timeout:g} s; stopping without it", timeout=CLOSE_TIMEOUT)
+        else:
+            log.warn("nvml: not shut down: {error}", error=printable(failure.getErrorMessage()))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
         """Read the health figures of each card `wanted` (by key) in the worker thread,

@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 
 from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import printable
 
 #: seconds an NVML call may run before it is logged as hung (--hang-warning)
 HANG_AFTER = 10.0
@@ -38,7 +39,7 @@ class Call(NamedTuple):
     started: float
 
     def describe(self) -> str:
-        return f"NVML call {self.function}" + (f" on {self.where}" if self.where else "")
+        return f"NVML call {self.function}" + (f" on {printable(self.where)}" if self.where else "")
 
 
 class CallWatch:

@@ -27,6 +27,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from atopgpud_tw.problems import printable
 from atopgpud_tw.readers.base import PollError
 
 log = Logger(namespace="atopgpud_tw.readers.smi_child")
@@ -239,8 +240,8 @@ def exit_text(code: int | None, signum: int | None) -> str:
 
 
 def first_line(data: bytes) -> str:
-    """The first non-blank line of a child's output, at most 200 characters."""
+    """The first non-blank line of a child's output, at most 200 characters, shown as data (it is logged)."""
     for line in data.decode("utf-8", errors="replace").splitlines():
         if line.strip():
-            return line.strip()[:200]
+            return printable(line.strip()[:200])
     return ""

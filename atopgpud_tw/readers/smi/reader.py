@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from atopgpud_tw.problems import ProblemLog, Problems
+from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
@@ -55,7 +55,7 @@ class SmiReader:
         self._setsid: str | None = None
         self._timeout = timeout
         self._mig = mig
-        self._problems = ProblemLog("nvidia-smi")
+        self._problems = ProblemLog("nvidia-smi", reactor.seconds)
         self._child: Run | None = None
         #: devices ever reported, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
@@ -103,8 +103,8 @@ class SmiReader:
             instances = sum(1 for slot in slots if slot.card_key == card.key)
             log.info(
                 "nvidia-smi: GPU {busid} {name}{mig}",
-                busid=card.busid,
-                name=card.name,
+                busid=printable(card.busid),
+                name=printable(card.name),
                 mig=f" (MIG mode, {instances} instances)" if instances else "",
             )
         if not cards:
