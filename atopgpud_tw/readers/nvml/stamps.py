@@ -48,6 +48,7 @@ but the one handed in.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -107,7 +108,7 @@ class StampMap:
     #: the host clock the driver's stamps follow (None: not known yet; -1: neither)
     follows: int | None = None
     segments: list[Segment] = field(default_factory=lambda: [Segment(0, 0)])
-    #: the reader's time of the latest call that brought stamps
+    #: the reader's time of the latest look at the host clocks
     seen_at: int | None = None
     #: per kind, while a step is recent: raw stamp -> (steady stamp, its segment's index)
     seen: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
@@ -116,10 +117,12 @@ class StampMap:
     history: dict[str, deque[tuple[Sequence[int], int, int]]] = field(default_factory=dict)
     #: per kind: steady stamp -> raw stamp
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: per kind, while a step is recent: the raw stamps of `seen`, in order
+    ordered: dict[str, list[int]] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
-    #: steps found: (reader's time, µs the driver's clock moved)
-    steps: list[tuple[int, int]] = field(default_factory=list)
+    #: the latest steps found: (reader's time, µs the driver's clock moved)
+    steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int] | None = field(default=None, repr=False)
 
@@ -161,15 +164,25 @@ class StampMap:
                 answers.append((raws, offset, self.current))
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
-        placed = self._placed(seen, raws, now_us, asked, keys)
+        ordered = self.ordered[kind]
+        placed = self._placed(kind, raws, now_us, asked, keys)
         for raw, place in zip(raws, placed):
-            if seen.get(raw) != place:  # new, or a new sample with an old one's stamp (the later)
+            known = seen.get(raw)
+            if known != place:  # new, or a new sample with an old one's stamp (the later)
+                if known is None:
+                    insort(ordered, raw)
                 seen[raw] = place
                 back[place[0]] = raw
         while len(seen) > SEEN:
-            steady_old, _ = seen.pop(next(iter(seen)))
-            back.pop(steady_old, None)
+            oldest = next(iter(seen))
+            self._forget(kind, oldest)
         return [steady for steady, _ in placed]
+
+    def _forget(self, kind: str, raw: int) -> None:
+        steady, _ = self.seen[kind].pop(raw)
+        self.raw[kind].pop(steady, None)
+        ordered = self.ordered[kind]
+        del ordered[bisect_left(ordered, raw)]
 
     def _memory(self, kind: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         """`seen` and `raw` of `kind`, made from its answers of before the step the first time."""
@@ -182,15 +195,22 @@ class StampMap:
                     if raw not in seen:
                         seen[raw] = (raw - offset, index)
                         back[raw - offset] = raw
+            while len(seen) > SEEN:
+                steady, _ = seen.pop(next(iter(seen)))
+                back.pop(steady, None)
+            self.ordered[kind] = sorted(seen)
         return seen, self.raw[kind]
 
-    def _placed(self, seen: dict[int, tuple[int, int]], raws: Sequence[int], now_us: int, asked: int,
+    def _placed(self, kind: str, raws: Sequence[int], now_us: int, asked: int,
                 keys: Sequence[object] | None) -> list[tuple[int, int]]:
         """(steady stamp, segment index) while a step is recent: seen stamps keep their
         place, new ones go to the newest segment they can have been taken in."""
+        seen, ordered = self.seen[kind], self.ordered[kind]
         answer = set(raws)
-        for raw in [raw for raw in seen if raw > asked and raw not in answer]:
-            del seen[raw]  # gone from the buffer: a stamp like it from now on is a new sample
+        # the driver answers with every sample stamped after `asked` that it still holds:
+        # one seen there and not in the answer is gone, and a stamp like it from now on is new
+        for raw in [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]:
+            self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
         out = []
         for position, raw in enumerate(raws):
@@ -249,4 +269,4 @@ class StampMap:
             self.segments.pop(0)
             self.dropped += 1
             if len(self.segments) == 1:  # no step recent: back to remembering answers
-                self.seen, self.raw = {}, {}
+                self.seen, self.raw, self.ordered = {}, {}, {}
