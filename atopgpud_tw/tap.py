@@ -13,6 +13,7 @@ from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
 
+from atopgpud_tw.clock import use_monotonic_clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
 from atopgpud_tw.server.access import AllowList, Gate, GatedFactory
@@ -225,6 +226,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     """The daemon: a poller and one listener per --listen, around one Board."""
     if reactor is None:
         from twisted.internet import reactor
+    use_monotonic_clock(reactor)  # before anything reads the time or schedules (atopgpud_tw/clock.py)
     _check_pidfile(getattr(options, "parent", None))
     try:
         reader, layout = make_reader(reader_settings(options), reactor)

@@ -130,6 +130,9 @@ def inprocess(args: argparse.Namespace) -> None:
 
     reader = NvmlReader(sim if args.cprofile else Timed(), Clock())
     reader.open()
+    if args.host_clocks:
+        # watch the simulated host's clocks, as the daemon watches the real one's (readers/nvml/stamps.py)
+        reader.host_offsets = sim.nvmlLib.model.host_offsets
     board = Board()
 
     def polls() -> None:
@@ -198,6 +201,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--polls", type=int, default=300)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N")
+    parser.add_argument("--host-clocks", action="store_true",
+                        help="inprocess: the reader watches the host clocks for steps, as in the daemon")
     parser.add_argument("--bare-calls", action="store_true",
                         help="inprocess: then time the binding alone making the reference's calls, and ours")
     args = parser.parse_args()

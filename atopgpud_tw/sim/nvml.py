@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from atopgpud_tw.sim import replay
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
+from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.scenario import (
     DRIVERS,
     NVML_ERRORS,
@@ -163,6 +164,10 @@ class SimulatedNvml(HealthDriver):
         self._clock = clock or (lambda: time.monotonic() - origin)
         #: microseconds of the Unix epoch at simulated time 0, like the driver's stamps
         self._epoch_us = int(time.time() * 1_000_000)
+        #: CLOCK_BOOTTIME at simulated time 0, µs (what `host_offsets` says of it)
+        self._boot_us = int(time.clock_gettime(time.CLOCK_BOOTTIME) * 1_000_000)
+        #: how the wall and boot clocks move against simulated time (steps, suspends)
+        self.clocks = HostClocks(scenario.clock_steps, scenario.suspends, live=clock is None)
         self._initialised = 0
         self._lock = threading.Lock()
         self._samples: dict[tuple[Any, ...], int] = {}
@@ -185,7 +190,16 @@ class SimulatedNvml(HealthDriver):
         return now
 
     def _stamp_us(self) -> int:
-        return self._epoch_us + int(self._clock() * 1_000_000)
+        now = self._clock()
+        self.clocks.observe(now)
+        return self._epoch_us + int(now * 1_000_000) + self.clocks.shift_us(now, WALL)
+
+    def host_offsets(self) -> tuple[int, int]:
+        """The host's (wall, boot) clocks less simulated time, µs: what a reader whose clock
+        is simulated time sees of them (`NvmlReader.host_offsets`, in tests)."""
+        now = self._clock()
+        self.clocks.observe(now)
+        return self.clocks.offsets_us(now, self._epoch_us, self._boot_us)
 
     def _enter(self, call: str, handle: Handle | None = None) -> float:
         """What every call does first: delay, initialisation check, faults."""
@@ -418,11 +432,13 @@ class SimulatedNvml(HealthDriver):
         """
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
+        which = WALL if base_us is None or gpu.sample_clock is None else BOOT
         now = self._clock()
+        self.clocks.observe(now)
         last = math.floor((now - phase) / period + 1e-9)
         # the buffer has a past: the host ran before the simulation started
         first = last - SAMPLE_BUFFER + 1
-        if since > base:
+        if since > base and self.clocks.steady:
             first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
         shifts = None if not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples) else self._shifts(gpu)
         out = []
@@ -432,7 +448,8 @@ class SimulatedNvml(HealthDriver):
             shift = 0.0 if shifts is None else shifts(k)
             if shift is None or end + shift > now + 1e-9:
                 continue
-            stamp = base + int(round((end + shift) * 1_000_000))
+            # stamped when it was taken, on the clock as it read then
+            stamp = base + int(round((end + shift) * 1_000_000)) + self.clocks.shift_us(end, which)
             if stamp > since:
                 out.append((stamp, end - period, end))
                 if newest_only:

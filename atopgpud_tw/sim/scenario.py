@@ -240,6 +240,12 @@ class Scenario:
     driver: str = "current"
     #: C symbols the simulated library lacks, besides those its driver branch lacks
     missing_symbols: tuple[str, ...] = ()
+    #: (when, seconds): the host's wall clock is set that far (back when negative) at
+    #: simulated time `when`; samples stamped on it step with it (sim/hostclocks.py)
+    clock_steps: tuple[tuple[float, float], ...] = ()
+    #: (when, seconds): the host sleeps that long at `when`: simulated time (the
+    #: monotonic clock) stands still, the wall clock and CLOCK_BOOTTIME go on
+    suspends: tuple[tuple[float, float], ...] = ()
 
     @property
     def absent_symbols(self) -> frozenset[str]:
@@ -291,7 +297,20 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
         repeat=None if repeat is None else _number(repeat, "repeat", minimum=0.001),
         driver=driver,
         missing_symbols=tuple(missing),
+        clock_steps=_moments(top, "clock_steps", None),
+        suspends=_moments(top, "suspends", 0),
     )
+
+
+def _moments(top: dict[str, Any], name: str, least: float | None) -> tuple[tuple[float, float], ...]:
+    """A list of [when, seconds], in the order of `when`."""
+    out = []
+    for i, entry in enumerate(_list(top.get(name, []), name)):
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise ScenarioError(f"{name}[{i}] must be [when, seconds]")
+        out.append((_number(entry[0], f"{name}[{i}] when", minimum=0), _number(entry[1], f"{name}[{i}] seconds",
+                                                                               minimum=least)))
+    return tuple(sorted(out))
 
 
 def _keys(spec: type, **json_names: str) -> set[str]:

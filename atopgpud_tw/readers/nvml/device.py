@@ -30,6 +30,7 @@ from atopgpud_tw.readers.nvml.samples import (
     samples_per_pid,
     windowed_process_figures,
 )
+from atopgpud_tw.readers.nvml.stamps import HostOffsets, StampMap
 from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import (
     TASK_COMPUTE,
@@ -159,6 +160,8 @@ class NvmlDevice:
     streams: dict[int, SampleStream] = field(default_factory=dict)
     #: the driver's per-process utilization samples
     process_stream: ProcessStream = field(default_factory=ProcessStream)
+    #: the driver's sample clock, its steps taken out (stamps.py)
+    stamps: StampMap = field(default_factory=StampMap)
     #: the NVML calls whose answers were found wanting, told once
     noticed: set[int] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
@@ -348,6 +351,8 @@ class DevicePoll:
     periods: int | None = None
     #: this poll's GPU busy figure (None: not known), which process figures may carry on from
     busy: int | None = None
+    #: the host clocks against the reader's, to find steps of the driver's clock (None: not looked for)
+    host: HostOffsets | None = field(default=None, repr=False)
 
     def call_time_us(self) -> int:
         """The time of the call being made (the poll's, without a clock)."""
@@ -423,14 +428,16 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     stream = device.streams.get(kind)
     if stream is None:
         stream = device.streams[kind] = SampleStream()
+    stamps = _stamp_map(device, poll)
+    # the driver's clock is learnt from when the call was made, not when the poll began
+    now_us = poll.call_time_us()
+    asked = stamps.ask(f"samples {kind}", stream.since, now_us)
     try:
-        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
+        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, asked)
     except NotFound:
         samples = []
-    # the driver's clock is learnt from when the call was made, not when the poll began
-    value, periods = stream.fold(
-        [(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples], poll.call_time_us()
-    )
+    steady = stamps.steady(f"samples {kind}", [int(_field(s, "timeStamp")) for s in samples], now_us, asked)
+    value, periods = stream.fold([(stamp, _sample_value(s)) for stamp, s in zip(steady, samples)], now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
@@ -527,7 +534,7 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
         since = max(since, gpu.before)
     elapsed = None if stream.polled_us is None else poll.now_us - stream.polled_us
     stream.polled_us = poll.now_us
-    samples = _process_samples(device, since)
+    samples = _process_samples(device, since, poll)
     if samples:
         _learn_process_mode(device, stream, samples)
     if stream.mode == PER_CALL:
@@ -620,19 +627,34 @@ def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list
         )
 
 
-def _process_samples(device: NvmlDevice, since: int) -> list[Any]:
-    """The process samples newer than `since`, each read once (they are looked at several times)."""
+def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = None) -> list[Any]:
+    """The process samples newer than `since` (on the steady clock, stamps.py), each read
+    once (they are looked at several times)."""
+    stamps = device.stamps if poll is None else _stamp_map(device, poll)
+    now_us = poll.call_time_us() if poll is not None else (stamps.seen_at or 0)
+    asked = stamps.ask("processes", since, now_us)
     try:
-        return [
-            UtilSample(_field(s, "pid"), _field(s, "timeStamp"), _field(s, "smUtil"), _field(s, "memUtil"))
-            for s in call_sized(device, "nvmlDeviceGetProcessUtilization", since)
-        ]
+        found = call_sized(device, "nvmlDeviceGetProcessUtilization", asked)
     except NotFound:
         return []  # nothing ran since then
     except Failed as failure:
         if failure.value == 0:
             return []  # SUCCESS on the size query: the wrapper's way of saying "none"
         raise
+    pids = [_field(s, "pid") for s in found]
+    steady = stamps.steady("processes", [int(_field(s, "timeStamp")) for s in found], now_us, asked, pids)
+    return [
+        UtilSample(pid, stamp, _field(s, "smUtil"), _field(s, "memUtil"))
+        for pid, stamp, s in zip(pids, steady, found)
+    ]
+
+
+def _stamp_map(device: NvmlDevice, poll: DevicePoll) -> StampMap:
+    """The device's `StampMap`, watching the host clocks this poll names."""
+    stamps = device.stamps
+    if stamps.host is None and poll.host is not None:
+        stamps.host = poll.host
+    return stamps
 
 
 def placeholder(device: NvmlDevice) -> DeviceSample:

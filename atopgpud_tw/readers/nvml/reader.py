@@ -44,6 +44,7 @@ from atopgpud_tw.readers.nvml.device import (
 )
 from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
 from atopgpud_tw.readers.nvml.mig import layout_card, read_card
+from atopgpud_tw.readers.nvml.stamps import host_offsets
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
@@ -79,6 +80,9 @@ class NvmlReader:
         #: the time of an NVML call, read when it is made: a poll's calls may wait
         #: in the worker long after the poll began (synchronous reads: none)
         self._call_clock = None if reactor is None else reactor.seconds
+        #: the host clocks against the reader's, for the steps of the driver's sample clock
+        #: (stamps.py): only where the reader's clock is CLOCK_MONOTONIC, as the daemon's is
+        self.host_offsets = host_offsets if self._call_clock is time.monotonic else None
         self._worker = SerialWorker(reactor)
         #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
         self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
@@ -270,7 +274,7 @@ class NvmlReader:
         samples = []
         lost = False
         for card in self._devices:
-            poll = DevicePoll(int(now * 1_000_000), self._call_clock)
+            poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets)
             try:
                 found = read_card(card, self.mig_mode, problems, poll)
             except Reinitialise as failure:

@@ -1,0 +1,272 @@
+"""NVML's sample timestamps on a timeline that does not step.
+
+The driver stamps its samples on a clock of its own: the host's wall clock
+(CLOCK_REALTIME, in microseconds of the Unix epoch) on most drivers,
+CLOCK_BOOTTIME on some.  Both step against the reader's monotonic clock: the
+wall clock when it is set (chrony or ntpd at boot, ``date -s``, a virtual
+machine restored), both of them across a suspend (CLOCK_MONOTONIC stops while
+the host sleeps).  Samples already in the buffer keep the stamps they were
+given, the new ones are stamped on the stepped clock, and the driver hands out
+only samples stamped after the one it is asked with: after a step back, asking
+with the newest stamp seen would hide every new sample until the clock caught
+up again.
+
+`StampMap`, one per device (its sample buffers and process samples share the
+clock), puts every stamp the driver returns on a steady timeline, the driver's
+clock with its steps taken out, and says what raw stamp to ask the driver with
+for a steady one.  The sample streams (`samples.py`) see steady stamps only.
+
+How a step is known: the reader watches the host's CLOCK_REALTIME and
+CLOCK_BOOTTIME against CLOCK_MONOTONIC at every call that brings stamps, and
+learns from the first samples which of them the driver's stamps follow (its
+newest stamp within `FOLLOW_US` of that clock's now).  A change of that
+clock's offset by more than `STEP_US` between two calls is a step; it ends one
+segment of the driver's clock and begins the next.  A driver on a clock of
+neither kind has no steps taken out (its stamps are used as they are).
+
+Which segment a stamp belongs to:
+
+- a stamp the driver returned before keeps the place it was given (`seen`,
+  per kind of sample, pruned of the samples the buffer no longer holds), so a
+  sample stamped before a step back and handed out again is not counted twice;
+  the same stamp twice in one answer, after a step back of a whole number of
+  sample periods, is the old sample and a new one, in that order;
+- a new stamp belongs to the newest segment in which it would have been taken
+  while that segment held (between the call before its step, less `SLACK_US`,
+  and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
+  seen after it is neither dropped nor moved, unless the step was shorter than
+  the time between the two calls, where which side it fell on cannot be told
+  (at most one poll's worth of samples).
+
+What to ask with: the raw stamp of a steady one from the current segment; for
+a stamp from before the latest step, 0 (the whole buffer, whose samples the
+map then places), so the driver is never asked for samples newer than a
+stamp from before a step for more than one poll.  No NVML here, and no clock
+but the one handed in.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+#: a change of the followed clock's offset from the monotonic clock beyond this is a step
+STEP_US = 100_000
+#: how long before its segment began a stamp may be, and still be of it (a sample written late)
+SLACK_US = 250_000
+#: how far after its segment ended (or after now) a stamp may be: a sample is stamped when
+#: it is taken, so only the clocks' reading apart
+AHEAD_US = 20_000
+#: the driver's newest stamp this close to a host clock's now: its stamps follow that clock
+FOLLOW_US = 10_000_000
+#: stamps remembered per kind of sample while a step is recent (a driver's buffer holds some 100 to 1000)
+SEEN = 4096
+#: answers remembered per kind of sample while no step is: the stamps seen before the next one
+HISTORY = 256
+#: a step this long ago (reader's time) no longer matters: every buffer has moved on
+FORGET_US = 900_000_000
+#: the host clocks a driver's stamps may follow
+REALTIME, BOOTTIME = 0, 1
+HostOffsets = Callable[[], Sequence["int | None"]]
+
+
+def host_offsets() -> tuple[int, int | None]:
+    """(CLOCK_REALTIME - CLOCK_MONOTONIC, CLOCK_BOOTTIME - CLOCK_MONOTONIC), µs; None for a
+    clock that cannot be read (some LD_PRELOAD time shifters fail CLOCK_BOOTTIME)."""
+    mono = time.monotonic_ns()
+    real = time.time_ns()
+    try:
+        boot: int | None = (time.clock_gettime_ns(time.CLOCK_BOOTTIME) - mono) // 1000
+    except OSError:
+        boot = None
+    return (real - mono) // 1000, boot
+
+
+@dataclass
+class Segment:
+    """A stretch of the driver's clock between two steps."""
+
+    #: raw stamp - steady stamp, for the samples taken in it
+    offset: int
+    #: the followed host clock's offset from the reader's clock then, µs
+    host: int
+    #: the reader's time of the last call before it began (None: the first segment)
+    began_us: int | None = None
+    #: the reader's time of the first call after it ended (None: the current one)
+    ended_us: int | None = None
+
+
+@dataclass(eq=False)
+class StampMap:
+    """One device's driver clock: raw stamps to steady ones and back."""
+
+    #: the host clocks' offsets from the reader's clock (None: steps are not looked for)
+    host: HostOffsets | None = None
+    #: the host clock the driver's stamps follow (None: not known yet; -1: neither)
+    follows: int | None = None
+    segments: list[Segment] = field(default_factory=lambda: [Segment(0, 0)])
+    #: the reader's time of the latest look at the host clocks
+    seen_at: int | None = None
+    #: per kind, while a step is recent: raw stamp -> (steady stamp, its segment's index)
+    seen: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    #: per kind, while none is: the latest answers' raw stamps, with their offset and segment
+    #: (made into `seen` when a step comes: one append per call until then)
+    history: dict[str, deque[tuple[Sequence[int], int, int]]] = field(default_factory=dict)
+    #: per kind: steady stamp -> raw stamp
+    raw: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: per kind, while a step is recent: the raw stamps of `seen`, in order
+    ordered: dict[str, list[int]] = field(default_factory=dict)
+    #: how many segments there have been (the index of the first of `segments`)
+    dropped: int = 0
+    #: the latest steps found: (reader's time, µs the driver's clock moved)
+    steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))
+    #: the host clocks' offsets as last read (at `seen_at`)
+    _offsets: Sequence[int] | None = field(default=None, repr=False)
+
+    @property
+    def current(self) -> int:
+        """The index of the current segment."""
+        return self.dropped + len(self.segments) - 1
+
+    def ask(self, kind: str, steady: int, now_us: int | None = None) -> int:
+        """The raw stamp to ask the driver with for samples after `steady` (0: all), for
+        a call made at the reader's time `now_us` (its steps are looked for first)."""
+        if now_us is not None:
+            self._observe(now_us, ())
+        if steady == 0:
+            return 0
+        raw = self.raw.get(kind, {}).get(steady)
+        if raw is not None:
+            place = self.seen.get(kind, {}).get(raw)
+            if place is not None and place[1] == self.current:
+                return raw
+            return 0  # from before a step: the whole buffer, which the map places
+        if len(self.segments) > 1:
+            return 0
+        return steady + self.segments[-1].offset
+
+    def steady(self, kind: str, raws: Sequence[int], now_us: int, asked: int = 0,
+               keys: Sequence[object] | None = None) -> list[int]:
+        """The steady stamps of `raws` (in the driver's order), returned by a call
+        made at the reader's time `now_us` and asked with raw stamp `asked`."""
+        self._observe(now_us, raws)
+        if self.follows is None or self.follows < 0:
+            return list(raws)
+        if len(self.segments) == 1:
+            offset = self.segments[0].offset
+            if raws:
+                answers = self.history.get(kind)
+                if answers is None:
+                    answers = self.history[kind] = deque(maxlen=HISTORY)
+                answers.append((raws, offset, self.current))
+            return [raw - offset for raw in raws] if offset else list(raws)
+        seen, back = self._memory(kind)
+        ordered = self.ordered[kind]
+        placed = self._placed(kind, raws, now_us, asked, keys)
+        for raw, place in zip(raws, placed):
+            known = seen.get(raw)
+            if known != place:  # new, or a new sample with an old one's stamp (the later)
+                if known is None:
+                    insort(ordered, raw)
+                seen[raw] = place
+                back[place[0]] = raw
+        while len(seen) > SEEN:
+            oldest = next(iter(seen))
+            self._forget(kind, oldest)
+        return [steady for steady, _ in placed]
+
+    def _forget(self, kind: str, raw: int) -> None:
+        steady, _ = self.seen[kind].pop(raw)
+        self.raw[kind].pop(steady, None)
+        ordered = self.ordered[kind]
+        del ordered[bisect_left(ordered, raw)]
+
+    def _memory(self, kind: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+        """`seen` and `raw` of `kind`, made from its answers of before the step the first time."""
+        seen = self.seen.get(kind)
+        if seen is None:
+            seen = self.seen[kind] = {}
+            back = self.raw[kind] = {}
+            for raws, offset, index in self.history.pop(kind, ()):
+                for raw in raws:
+                    if raw not in seen:
+                        seen[raw] = (raw - offset, index)
+                        back[raw - offset] = raw
+            while len(seen) > SEEN:
+                steady, _ = seen.pop(next(iter(seen)))
+                back.pop(steady, None)
+            self.ordered[kind] = sorted(seen)
+        return seen, self.raw[kind]
+
+    def _placed(self, kind: str, raws: Sequence[int], now_us: int, asked: int,
+                keys: Sequence[object] | None) -> list[tuple[int, int]]:
+        """(steady stamp, segment index) while a step is recent: seen stamps keep their
+        place, new ones go to the newest segment they can have been taken in."""
+        seen, ordered = self.seen[kind], self.ordered[kind]
+        answer = set(raws)
+        # the driver answers with every sample stamped after `asked` that it still holds:
+        # one seen there and not in the answer is gone, and a stamp like it from now on is new
+        for raw in [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]:
+            self._forget(kind, raw)
+        counts: dict[tuple[object, int], int] = {}
+        out = []
+        for position, raw in enumerate(raws):
+            key = (None if keys is None else keys[position], raw)
+            repeat = counts.get(key, 0)
+            counts[key] = repeat + 1
+            known = seen.get(raw)
+            if known is not None and repeat == 0:
+                out.append(known)
+                continue
+            index = self._newest_plausible(raw, now_us)
+            out.append((raw - self.segments[index - self.dropped].offset, index))
+        return out
+
+    def _newest_plausible(self, raw: int, now_us: int) -> int:
+        """The index of the newest segment `raw` can have been taken in (the current one if none)."""
+        for position in range(len(self.segments) - 1, -1, -1):
+            segment = self.segments[position]
+            taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
+            began = segment.began_us
+            ended = now_us if segment.ended_us is None else segment.ended_us
+            if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
+                return self.dropped + position
+        return self.current
+
+    def _observe(self, now_us: int, raws: Sequence[int]) -> None:
+        """Look at the host clocks: learn which one the driver follows, and find its steps."""
+        if self.host is None:
+            if self.follows is None:
+                self.follows = -1
+            return
+        if self.follows is not None and self.follows < 0:
+            return  # a clock of the driver's own: nothing to look at
+        if now_us != self.seen_at or self._offsets is None:
+            self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
+        offsets = self._offsets
+        if self.follows is None:
+            if not raws:
+                return
+            newest = max(raws)
+            self.follows = next((which for which, offset in enumerate(offsets)
+                                 if offset is not None and abs(newest - (offset + now_us)) < FOLLOW_US), -1)
+            if self.follows >= 0:
+                self.segments[0].host = offsets[self.follows] or 0
+            self.seen_at = now_us
+            return
+        current = self.segments[-1]
+        reading = offsets[self.follows]
+        moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
+        if abs(moved) > STEP_US:
+            current.ended_us = now_us
+            self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
+            self.steps.append((now_us, moved))
+        self.seen_at = now_us
+        while len(self.segments) > 1 and now_us - (self.segments[1].began_us or now_us) > FORGET_US:
+            self.segments.pop(0)
+            self.dropped += 1
+            if len(self.segments) == 1:  # no step recent: back to remembering answers
+                self.seen, self.raw, self.ordered = {}, {}, {}

@@ -1,0 +1,162 @@
+"""The NVML reader across steps of the driver's sample clock (readers/nvml/stamps.py), on the simulator.
+
+The simulated host's wall clock is set back or forward (``clock_steps``) or the
+host sleeps (``suspends``), at moments inside and at the edge of a poll; the
+reader's own clock (simulated time, the monotonic clock) runs on.  A constant
+load must read the same in every poll, per GPU and per process, and the driver
+must be asked with a stamp from before a step for one poll at most.
+"""
+
+from __future__ import annotations
+
+import pytest
+from scenarios import a10_card
+from sim_readers import make_reader
+
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml.stamps import StampMap
+
+POLLS = 24
+
+
+def _run(scenario: dict, polls: int = POLLS, watch: bool = True):
+    clock = [0.0]
+    reader, nvml = make_reader(scenario, clock)
+    model = nvml._nvml.nvmlLib.model
+    if watch:
+        reader.host_offsets = model.host_offsets  # the simulated host's clocks, as the daemon reads its own
+    counters = Counters()
+    busy, sm, asked, cums = [], [], [], []
+    for i in range(1, polls + 1):
+        clock[0] = float(i)
+        start = len(nvml.args)
+        snapshot, _ = reader.read(float(i))
+        counters.fold(snapshot, float(i), float(i - 1))
+        device = snapshot.devices[0]
+        busy.append(device.gpu_busy)
+        sm.append(device.processes[0].gpu_busy if device.processes else None)
+        asked.append([args[2] for name, args in nvml.args[start:] if name == "nvmlDeviceGetSamples"])
+        totals = counters.devices[0]
+        process = next(iter(totals.processes.values()), None) if hasattr(totals, "processes") else None
+        cums.append((totals.gpu_busy_cum, totals.mem_busy_cum, totals.samples,
+                     None if process is None else process.gpu_busy_cum))
+    return busy, sm, asked, cums, model
+
+
+STEPS = [-1, -5.5, -60, -3600, -86400, 1, 7.25, 3600, 86400]
+MOMENTS = [7.3, 8.0, 8.02]
+
+
+@pytest.mark.parametrize("mode", ["per-period", "per-call"])
+@pytest.mark.parametrize("period", [1 / 6, 1.0])
+@pytest.mark.parametrize("step", STEPS)
+def test_a_constant_load_reads_the_same_across_a_wall_clock_step(mode, period, step):
+    """40 % / 20 % read in every poll, whichever way and however far the wall clock is set,
+    wherever in a poll; at most one poll's worth of one process's figure off (a step shorter
+    than a poll, where a sample's side of it cannot be told)."""
+    for at in MOMENTS:
+        card = a10_card(process_utilization=mode, sample_period=period)
+        busy, sm, _, cums, _ = _run({"gpus": [card], "clock_steps": [[at, step]]})
+        assert busy[1:] == [40] * (POLLS - 1), (at, busy)
+        assert abs(sum(sm[1:]) - 20 * (POLLS - 1)) <= 20, (at, sm)
+        assert all(s is not None and 0 <= s <= 40 for s in sm[1:]), (at, sm)
+        for before, after in zip(cums, cums[1:]):
+            assert all(b is None or a >= b for a, b in zip(after, before)), (at, cums)
+
+
+@pytest.mark.parametrize("clock", ["epoch", "boottime"])
+@pytest.mark.parametrize("asleep", [1, 45.5, 3600, 86400])
+def test_time_asleep_is_neither_busy_nor_idle(clock, asleep):
+    """Across a suspend (the wall and boot clocks go on, the monotonic one stands still)
+    every poll reads the load: the time asleep is no dry spell."""
+    for at in MOMENTS:
+        card = a10_card(sample_clock=clock)
+        busy, sm, _, _, _ = _run({"gpus": [card], "suspends": [[at, asleep]]})
+        assert busy[1:] == [40] * (POLLS - 1), (at, busy)
+        if clock == "epoch":
+            assert sm[1:] == [20] * (POLLS - 1), (at, sm)
+        else:  # process samples stay on the epoch (docs/simulator.md): placed by the boot clock's steps
+            assert abs(sum(sm[1:]) - 20 * (POLLS - 1)) <= 20, (at, sm)
+
+
+@pytest.mark.parametrize("step", [-0.73, -61.37, 3599.11])
+def test_the_driver_is_asked_with_a_stamp_from_before_a_step_for_one_poll_at_most(step):
+    """From the poll after the step on, every samples call asks with 0 or with a stamp taken after it."""
+    at = 7.3
+    busy, _, asked, _, model = _run({"gpus": [a10_card()], "clock_steps": [[at, step]]})
+    after = model._epoch_us + int(at * 1e6) + int(step * 1e6)  # the first stamp the stepped clock gives
+    for poll, stamps in enumerate(asked[8:], start=9):
+        assert all(stamp == 0 or after <= stamp for stamp in stamps), (poll, stamps, after)
+
+
+def test_without_watching_the_host_clocks_a_step_loses_figures():
+    """The same steps with no steps looked for: the figures the map keeps are lost (so the tests above
+    measure the map, not the simulator)."""
+    for step in (-60, 3600):
+        busy, _, _, _, _ = _run({"gpus": [a10_card()], "clock_steps": [[7.3, step]]}, watch=False)
+        assert sum(busy[1:]) < 40 * (POLLS - 1) - 40, (step, busy)
+
+
+def test_a_stamp_seen_before_a_step_back_keeps_its_place():
+    """A sample handed out again after the clock was set back is the same sample; the same
+    stamp twice in one answer is the old sample and a new one; the old ones gone from the
+    buffer free their stamps."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    first = stamps.steady("s", [8_000_000, 9_000_000, 10_000_000], 10_000_000)
+    assert first == [8_000_000, 9_000_000, 10_000_000]
+    offsets[0] = -2_000_000  # set back 2 s
+    assert stamps.ask("s", 10_000_000, 11_000_000) == 0  # from before the step: the whole buffer
+    again = stamps.steady("s", [8_000_000, 9_000_000, 10_000_000, 9_000_000], 11_000_000, 0)
+    assert again == [8_000_000, 9_000_000, 10_000_000, 11_000_000]
+    assert stamps.ask("s", 11_000_000, 12_000_000) == 9_000_000
+    later = stamps.steady("s", [10_000_000], 12_000_000, 9_000_000)
+    assert later == [10_000_000]  # the old sample of 10 s, still in the buffer
+    gone = stamps.steady("s", [10_000_000], 12_100_000, 9_000_000)
+    assert gone == [10_000_000]
+    # the old 10 s sample no longer listed: a stamp of 10 s now is a new sample's
+    stamps.steady("s", [], 12_500_000, 9_500_000)
+    assert stamps.steady("s", [10_000_000], 12_600_000, 9_500_000) == [12_000_000]
+
+
+def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
+    """Stamps near neither host clock: nothing is looked for, stamps pass unchanged."""
+    stamps = StampMap(host=lambda: (5_000_000_000_000, 0))
+    assert stamps.steady("s", [123_000_000_000], 1_000_000) == [123_000_000_000]
+    assert stamps.follows == -1
+    assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
+
+
+@pytest.mark.parametrize("driver", [
+    {"sample_jitter_ms": 20},
+    {"sample_jitter_ms": 30, "process_utilization": "per-call"},
+    {"duplicate_process_samples": True},
+    {"idle_samples": False},
+], ids=["jitter", "jitter-per-call", "duplicates", "no-idle-samples"])
+@pytest.mark.parametrize("step", [-1, -60, 3600])
+def test_a_rough_driver_with_two_processes_reads_the_same_across_a_step(driver, step):
+    """Jittered stamps, duplicated process samples, a buffer without idle samples: each
+    process's figures, and the GPU's, read the load in every poll across the step."""
+    for at in (7.3, 8.0):
+        card = a10_card(**driver)
+        card["processes"].append({"pid": 301, "memory_mib": 50, "sm_util": 10, "mem_util": 2})
+        clock = [0.0]
+        reader, nvml = make_reader({"gpus": [card], "clock_steps": [[at, step]]}, clock)
+        reader.host_offsets = nvml._nvml.nvmlLib.model.host_offsets
+        for i in range(1, POLLS + 1):
+            clock[0] = float(i)
+            device = reader.read(float(i))[0].devices[0]
+            if i > 1:
+                figures = {p.pid: p.gpu_busy for p in device.processes}
+                assert (device.gpu_busy, figures) == (40, {300: 20, 301: 10}), (at, i, device)
+
+
+def test_a_boot_clock_that_cannot_be_read_is_no_step():
+    """A host clock reading that fails (None) neither decides what the driver follows nor is a step."""
+    offsets = [1_000_000_000, None]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    assert stamps.steady("s", [1_005_000_000], 5_000_000) == [1_005_000_000]
+    assert stamps.follows == 0
+    offsets[0] = None
+    assert stamps.steady("s", [1_006_000_000], 6_000_000) == [1_006_000_000]
+    assert len(stamps.segments) == 1
