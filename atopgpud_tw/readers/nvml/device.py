@@ -348,6 +348,8 @@ class DevicePoll:
     periods: int | None = None
     #: this poll's GPU busy figure (None: not known), which process figures may carry on from
     busy: int | None = None
+    #: where the processes' start times are read (`readers.starts`; None: not read)
+    starts: Callable[[int], int | None] | None = field(default=None, repr=False)
 
     def call_time_us(self) -> int:
         """The time of the call being made (the poll's, without a clock)."""
@@ -501,13 +503,27 @@ def _read_processes(
             else:  # one allocation listed under both kinds (or twice): merge_processes's "max" rule
                 found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
     if not found:
+        if device.process_stream.figures and not device.is_mig_instance:
+            # the last processes left: their samples are taken off the buffer now, so that
+            # none is counted for a later process (a pid reused after a poll that listed nobody)
+            attempt(lambda: _process_busy(device, poll))
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
+    starts = poll.starts or _no_start
     if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
-        return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
+        return tuple(
+            ProcessSample(pid, kind, memory, busy, busy, starts(pid)) for pid, (kind, memory) in found.items()
+        )
     idle = (0, 0)
-    return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
+    return tuple(
+        ProcessSample(pid, kind, memory, *busy.get(pid, idle), starts(pid)) for pid, (kind, memory) in found.items()
+    )
+
+
+def _no_start(pid: int) -> None:
+    """No start time is read (synchronous reads without a host to ask)."""
+    return None
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]]:

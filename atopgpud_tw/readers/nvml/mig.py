@@ -53,7 +53,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         )
         total, used = read_memory(card, attempter(card, problems))
         return [_card_sample(card, total, used, ())]
-    samples = [_read_instance(instance, problems) for instance in instances]
+    samples = [_read_instance(instance, problems, poll) for instance in instances]
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
@@ -200,9 +200,9 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
     card.mig_state.instances = dict(found)
 
 
-def _read_instance(instance: NvmlDevice, problems: Problems) -> DeviceSample:
+def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -> DeviceSample:
     try:
-        return read_device(instance, problems)
+        return read_device(instance, problems, DevicePoll(starts=poll.starts))
     except DeviceLost as failure:
         problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {failure.cause}")
         return placeholder(instance).absent()

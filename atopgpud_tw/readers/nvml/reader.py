@@ -44,6 +44,7 @@ from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
 from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
+from atopgpud_tw.readers.starts import start_times
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
@@ -105,6 +106,8 @@ class NvmlReader:
         self._said: set[str] = set()
         #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents()
+        #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
+        self._starts = start_times(nvml)
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -268,7 +271,7 @@ class NvmlReader:
         samples = []
         lost = False
         for card in self._devices:
-            poll = DevicePoll(int(now * 1_000_000), self._call_clock)
+            poll = DevicePoll(int(now * 1_000_000), self._call_clock, starts=self._starts)
             try:
                 found = read_card(card, self.mig_mode, problems, poll)
             except Reinitialise as failure:
