@@ -103,8 +103,68 @@ class Backoff:
         self.failures = 0
 
 
+#: NOT_SUPPORTED from a call that has answered is believed once it has held this
+#: long and for this many polls, whichever is longer; until then it is a failed reading
+HOLD_SECONDS = 30.0
+HOLD_POLLS = 20
+#: seconds between asking again a call taken as not supported
+RETRY_UNSUPPORTED = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+@dataclass(eq=False)
+class PollTime:
+    """The reader's time of the poll in progress, shared by its devices (what
+    `Support` holds its spells and backoffs to)."""
+
+    now: float = 0.0
+
+
+@dataclass(eq=False)
+class Support:
+    """One call's spell of NOT_SUPPORTED on one device, and whether it is believed.
+
+    From a call that has answered on this device, NOT_SUPPORTED is a failed
+    reading until it has held for `HOLD_SECONDS` and `HOLD_POLLS` polls (a driver
+    answers so for a moment during a GPU reset, a MIG change or a driver
+    reload); then it is believed.  From a call that never answered, it is
+    believed at once: that is what the device is.  A call believed unsupported
+    is asked again at every poll until the spell has held as long, then at
+    `RETRY_UNSUPPORTED`; when it answers it is served again.
+    """
+
+    #: whether the call answered on this device before the spell began
+    answered: bool
+    since: float
+    polls: int = 0
+    last: float | None = None
+    #: whether the spell is believed (the figure is served as not supported)
+    believed: bool = False
+    #: whether the giving up was said (then its return is)
+    said: bool = False
+    retry: Backoff = field(default_factory=lambda: Backoff(RETRY_UNSUPPORTED))
+
+    def held(self) -> bool:
+        return self.polls >= HOLD_POLLS and (self.last or 0.0) - self.since >= HOLD_SECONDS
+
+    def refused(self, now: float) -> bool:
+        """Count one refusal; whether it is believed now."""
+        if now != self.last:
+            self.polls += 1
+            self.last = now
+        if self.held():
+            self.retry.failed(now)  # asked again at the next delay
+            self.believed = True
+        elif not self.answered:
+            self.believed = True
+        return self.believed
+
+    def may_ask(self, now: float) -> bool:
+        """Whether the call is made in this poll: at every poll until the spell has held, then at the backoff."""
+        return not self.held() or self.retry.due(now)
+
+
 class Unsupported(Exception):
-    """The device cannot do this; the call is not made again."""
+    """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
 
 
 class Missing(Unsupported):
@@ -154,7 +214,13 @@ class NvmlDevice:
     busid: str
     name: str
     task_support: int = 0
+    #: what the health figures' field values cannot report (an entry's own return code)
     unsupported: set[str] = field(default_factory=set)
+    #: calls that answered on this device, and those in a spell of NOT_SUPPORTED (`Support`)
+    answered: set[str] = field(default_factory=set)
+    support: dict[str, Support] = field(default_factory=dict)
+    #: the poll's time, shared by the reader's devices
+    times: PollTime = field(default_factory=PollTime, repr=False)
     #: the driver's utilization sample buffers, per sample type
     streams: dict[int, SampleStream] = field(default_factory=dict)
     #: the driver's per-process utilization samples
@@ -190,7 +256,8 @@ class NvmlDevice:
         key = variant or function
         if key in self.missing:
             raise Missing(key)
-        if key in self.unsupported:
+        support = self.support.get(key)
+        if support is not None and support.believed and not support.may_ask(self.times.now):
             raise Unsupported(key)
         bound = self._bound.get(function)
         if bound is None:
@@ -203,15 +270,16 @@ class NvmlDevice:
         if watch is not None:
             watch.begin(function, self.where)
         try:
-            return bound(self.handle, *args)
+            result = bound(self.handle, *args)
         except self.nvml.NVMLError as error:
             value = getattr(error, "value", None)
             if value == FUNCTION_NOT_FOUND:
                 self.missing.add(key)
                 raise Missing(key) from None
             if value == NOT_SUPPORTED:
-                self.unsupported.add(key)
-                raise Unsupported(key) from None
+                if self._refused(key, function):
+                    raise Unsupported(key) from None
+                raise Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", value) from None
             if value == NOT_FOUND:
                 raise NotFound(function) from None
             cause = f"{function}: {error_name(error)}"
@@ -231,6 +299,52 @@ class NvmlDevice:
         finally:
             if watch is not None:
                 watch.end()
+        if support is not None:
+            self._answers_again(key, support)
+        else:
+            self.answered.add(key)
+        return result
+
+    def _refused(self, key: str, function: str) -> bool:
+        """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""
+        now = self.times.now
+        support = self.support.get(key)
+        if support is None:
+            support = self.support[key] = Support(key in self.answered, now)
+        was = support.believed
+        believed = support.refused(now)
+        if believed and not was and support.answered:
+            support.said = True
+            log.warn(
+                "nvml: GPU {busid}: {call} has answered NVML_ERROR_NOT_SUPPORTED for {seconds:.0f} s: "
+                "taken as not supported (its figures -1 or left out), and asked again from time to time",
+                busid=self.busid,
+                call=key,
+                seconds=now - support.since,
+            )
+        return believed
+
+    def _answers_again(self, key: str, support: Support) -> None:
+        """`key` answered after a spell of NOT_SUPPORTED: served again."""
+        del self.support[key]
+        self.answered.add(key)
+        if support.believed and (support.said or support.held()):
+            log.info(
+                "nvml: GPU {busid}: {call} answers again: its figures are served again",
+                busid=self.busid,
+                call=key,
+            )
+
+    def forget_support(self) -> None:
+        """What the device can do is to be found again (its MIG mode changed)."""
+        self.unsupported.clear()
+        self.answered.clear()
+        self.support.clear()
+
+    def refuses(self, key: str) -> bool:
+        """Whether `key` is taken as not supported (or missing) now."""
+        support = self.support.get(key)
+        return key in self.missing or (support is not None and support.believed)
 
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
@@ -308,6 +422,20 @@ def probe_support(device: NvmlDevice) -> int:
     return support
 
 
+def served_support(device: NvmlDevice) -> int:
+    """The task-support bits of the process lists served now: a list taken as not
+    supported (or missing) is not; one failing for a moment still is."""
+    support = 0
+    for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
+        for function in PROCESS_LISTS[kind]:
+            if function in device.missing:
+                continue
+            if not device.refuses(function):
+                support |= bit
+            break
+    return support
+
+
 def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
     """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
 
@@ -363,6 +491,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     total, used = read_memory(device, attempt)
     processes = attempt(lambda: _read_processes(device, attempt, poll), unsupported=())
+    device.task_support = served_support(device)
     return DeviceSample(
         key=device.key,
         busid=device.busid,

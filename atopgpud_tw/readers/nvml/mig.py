@@ -93,7 +93,8 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     if enabled != card.mig_state.enabled:
         card.mig_state = MigState(enabled=enabled)
         # what a card supports depends on its mode
-        card.unsupported.clear()
+        card.forget_support()
+        card.answered.add("nvmlDeviceGetMigMode")
         shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
         log.info(
             "nvml: GPU {busid} is {state}",
@@ -164,7 +165,8 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     and the profile are read again at every poll.
     """
     probe = NvmlDevice(
-        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch
+        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch,
+        times=card.times,
     )
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
@@ -174,7 +176,8 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
         instance = NvmlDevice(
-            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch
+            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch,
+            times=card.times,
         )
         instance.task_support = probe_support(instance)
     instance.handle = handle

@@ -34,6 +34,7 @@ from atopgpud_tw.readers.nvml.device import (
     DeviceLost,
     DevicePoll,
     NvmlDevice,
+    PollTime,
     Reinitialise,
     as_text,
     error_name,
@@ -108,6 +109,8 @@ class NvmlReader:
         self._xid = XidEvents()
         #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
         self._starts = start_times(nvml)
+        #: the time of the poll in progress, which the devices' `Support` spells are held to
+        self._times = PollTime()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -169,7 +172,9 @@ class NvmlReader:
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
         for (handle, _, busid, name), key in zip(found, keys):
-            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said, watch=self.calls)
+            device = NvmlDevice(
+                self.nvml, handle, key, busid, name, said=self._said, watch=self.calls, times=self._times
+            )
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
@@ -253,6 +258,7 @@ class NvmlReader:
 
     def _read(self, now: float) -> tuple[Snapshot, Problems]:
         problems = Problems()
+        self._times.now = now
         if not self._initialised or not (self._devices or self._unusable):
             if not self._retry.due(now):
                 problems.add("init", "NVML is being set up again")
