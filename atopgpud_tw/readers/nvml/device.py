@@ -476,6 +476,8 @@ class DevicePoll:
     periods: int | None = None
     #: this poll's GPU busy figure (None: not known), which process figures may carry on from
     busy: int | None = None
+    #: whether the device's own GPU samples call failed in this poll (no window of its own)
+    samples_failed: bool = False
     #: where the processes' start times are read (`readers.starts`; None: not read)
     starts: Callable[[int], int | None] | None = field(default=None, repr=False)
 
@@ -530,6 +532,8 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
     figures = []
     for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
         value = attempt(lambda kind=kind: _sampled(device, kind, poll), unsupported=_NO_SAMPLES)
+        if value is None and kind == GPU_UTILIZATION_SAMPLES:
+            poll.samples_failed = True
         if value is _NO_SAMPLES:
             figures = [rate(0), rate(1)]
             break
@@ -655,7 +659,7 @@ def _no_start(pid: int) -> None:
     return None
 
 
-def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]]:
+def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:
     """Per-pid busy percentages since the device's last-seen timestamp (`samples`).
 
     A poll that brings no new process sample while the device's own buffer had
@@ -680,6 +684,12 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     elif since and gpu is not None and _on_device_stamps(stream, gpu, samples, since):
         # stamped as the device's samples: shown over the device's own windows
         newest = max([since, *stream.pending])
+        if poll.samples_failed:
+            # no window of the device's this poll: the processes' samples wait for the
+            # next one, which covers this poll's time, and they count no sample now (as
+            # the device does not), rather than a figure over no window
+            stream.previous_since, stream.since = since, newest
+            return None
         if gpu.shown:
             stream.figures = windowed_process_figures(stream.pending, gpu.shown, {
                 pid for stamp in stream.pending for pid in stream.pending[stamp]
@@ -693,6 +703,10 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
         learnt = stream.learn_period(samples, since)
         period = (gpu.period_us if gpu else None) or learnt
         periods = poll.periods
+        if gpu is not None and gpu.before == 0 and since:
+            # the device's first samples (after its calls failed): their periods are of the
+            # buffer's past, not of this poll's process samples, which are counted by time
+            periods = None
         if periods is not None and since:
             # a skipped sample is a period nobody knows of: not an idle one
             periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
@@ -721,8 +735,8 @@ def _on_device_stamps(stream: ProcessStream, gpu: SampleStream, samples: list[An
     """Whether the driver stamps its process samples as its device samples
     (decided on the first few, then kept); the samples are kept by stamp
     until the device's windows have shown them."""
-    if stream.same_stamps is False:
-        return False
+    if stream.same_stamps is False or not gpu.recent:
+        return False  # (a device whose own samples never came, so far: nothing to tell by)
     for (pid, stamp), figures in fresh_process_samples(samples, since).items():
         stream.pending.setdefault(stamp, {})[pid] = figures
         if stream.same_stamps is None:
