@@ -19,6 +19,7 @@ from twisted.logger import Logger
 from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml.samples import (
+    DRY_GAP_KNOWN,
     PER_CALL,
     PER_PERIOD,
     ProcessStream,
@@ -233,6 +234,8 @@ class NvmlDevice:
     mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
     missing: set[str] = field(default_factory=set)
+    #: sample types whose last `nvmlDeviceGetSamples` call failed
+    samples_failed: set[int] = field(default_factory=set)
     #: how each process list is read, once found: kind ("C", "G") -> binding function
     list_functions: dict[str, str] = field(default_factory=dict)
     #: what was said once per reader (shared by its devices)
@@ -562,15 +565,35 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
         _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, stream.since)
     except NotFound:
         samples = []
+    except Failed:
+        device.samples_failed.add(kind)
+        raise
+    pairs = [(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples]
+    if kind in device.samples_failed and pairs:
+        device.samples_failed.discard(kind)
+        _unknown_since_failure(stream, pairs)
     # the driver's clock is learnt from when the call was made, not when the poll began
-    value, periods = stream.fold(
-        [(int(_field(s, "timeStamp")), _sample_value(s)) for s in samples], poll.call_time_us()
-    )
+    value, periods = stream.fold(pairs, poll.call_time_us())
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
         return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
     return value
+
+
+def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]]) -> None:
+    """The first samples after calls that failed: where a gap of more than a skipped
+    sample lies before the oldest (the buffer no longer holds all that came since the
+    last read, after a spell longer than it keeps), that time is not known, and is
+    not taken for idle: the next window starts there."""
+    fresh = [stamp for stamp, _ in pairs if stamp > stream.since]
+    period = stream.period_us
+    if not fresh or not period or stream.window_end is None:
+        return
+    oldest = min(fresh) - period
+    if oldest - stream.covered_to > DRY_GAP_KNOWN * period:
+        stream.covered_to = stream.window_end = oldest
+        stream.cover = [part for part in stream.cover if part[1] > oldest]
 
 
 def _sample_value(sample: Any) -> float:
@@ -625,7 +648,12 @@ def _read_processes(
     for kind in ("C", "G"):
         listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
         if listed is None:
-            return None  # a partial list would make processes seem to end
+            # a partial list would make processes seem to end: they count no sample now.
+            # Their busy samples of this poll are taken off the buffer all the same, so
+            # that the next poll's figures are over that poll alone (as a driver's buffer
+            # may not hold a long spell's)
+            _skip_process_busy(device, attempt, poll)
+            return None
         for proc in listed:
             pid = int(proc.pid)
             memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM, some vGPU guests)
@@ -636,10 +664,9 @@ def _read_processes(
             else:  # one allocation listed under both kinds (or twice): merge_processes's "max" rule
                 found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
     if not found:
-        if device.process_stream.figures and not device.is_mig_instance:
-            # the last processes left: their samples are taken off the buffer now, so that
-            # none is counted for a later process (a pid reused after a poll that listed nobody)
-            attempt(lambda: _process_busy(device, poll))
+        # the last processes left: their samples are taken off the buffer now, so that
+        # none is counted for a later process (a pid reused after a poll that listed nobody)
+        _skip_process_busy(device, attempt, poll)
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
@@ -652,6 +679,12 @@ def _read_processes(
     return tuple(
         ProcessSample(pid, kind, memory, *busy.get(pid, idle), starts(pid)) for pid, (kind, memory) in found.items()
     )
+
+
+def _skip_process_busy(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll) -> None:
+    """Read the per-process samples of this poll and let them go, where processes were listed before."""
+    if device.process_stream.figures and not device.is_mig_instance:
+        attempt(lambda: _process_busy(device, poll))
 
 
 def _no_start(pid: int) -> None:
@@ -667,6 +700,12 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     next sample is not due yet, which is not idleness.
     """
     stream = device.process_stream
+    if poll.samples_failed and stream.mode != PER_CALL and stream.same_stamps is not False:
+        # the device's own samples failed: no window of the device's in this poll, which
+        # process samples on its stamps are shown over.  Not asked now, the processes count
+        # no sample in this poll, as the device does not; the next poll's window and
+        # process samples cover this poll's time too.
+        return None
     since = stream.since
     gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
     if stream.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
@@ -684,12 +723,6 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     elif since and gpu is not None and _on_device_stamps(stream, gpu, samples, since):
         # stamped as the device's samples: shown over the device's own windows
         newest = max([since, *stream.pending])
-        if poll.samples_failed:
-            # no window of the device's this poll: the processes' samples wait for the
-            # next one, which covers this poll's time, and they count no sample now (as
-            # the device does not), rather than a figure over no window
-            stream.previous_since, stream.since = since, newest
-            return None
         if gpu.shown:
             stream.figures = windowed_process_figures(stream.pending, gpu.shown, {
                 pid for stamp in stream.pending for pid in stream.pending[stamp]

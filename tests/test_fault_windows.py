@@ -1,0 +1,267 @@
+"""A fault leaves nothing behind once it passes: every NVML call a poll makes, each error, one poll and ten.
+
+The NVML reader over the real pynvml on the simulated library, polled once a
+simulated second into a Board, on constant loads.  After the fault ends every
+figure is exact again within two polls: each poll's figures, and atop's
+arithmetic over the ten polls after those (differences of the cumulative
+counters over differences of the sample counts), per GPU and per process.  No
+process ends, except with the GPU lost (GPU_IS_LOST ends its processes; read
+again, they are new ones).  A hypothesis property test plays random fault windows.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from atopgpud_tw import codec
+from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.sim import parse_scenario, simulated_binding
+
+#: GPU busy, memory busy, and by pid: (kind, SM busy, memory busy, memory MiB)
+LOADS = {
+    0: (40, 10, {100: ("C", 30, 5, 512), 101: ("G", 20, 3, 256)}),
+    1: (70, 20, {200: ("C", 65, 12, 1024)}),
+}
+#: every NVML call a poll of a whole card makes (GPU 1 has no sample buffer: its rates call is read)
+POLL_CALLS = (
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetSamples",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetProcessUtilization",
+)
+ERRORS = ("NOT_SUPPORTED", "UNKNOWN", "TIMEOUT", "GPU_IS_LOST", "NOT_FOUND")
+#: the fault's first poll
+AT = 20
+#: polls after the fault ends until every figure must be exact again, and the polls then checked
+SETTLE = 2
+CHECKED = 10
+
+
+def scenario(faults: list[dict], **behaviour: Any) -> dict:
+    gpus = []
+    for index, (gpu_busy, mem_busy, processes) in LOADS.items():
+        gpus.append({
+            "busid": f"00000000:{0x17 + index:02X}:00.0",
+            "gpu_util": gpu_busy,
+            "mem_util": mem_busy,
+            "memory_used_mib": 4096,
+            "mig_capable": True,  # MIG mode off: its call answers at every poll
+            "samples_supported": index == 0,
+            "processes": [
+                {"pid": pid, "type": kind, "memory_mib": mib, "sm_util": sm, "mem_util": mem}
+                for pid, (kind, sm, mem, mib) in processes.items()
+            ],
+            "faults": copy.deepcopy(faults),
+            **behaviour,
+        })
+    return {"gpus": gpus}
+
+
+class Run:
+    """Polls once a simulated second; a client asks for S at every poll (it hears of every exit)."""
+
+    def __init__(self, data: dict, every: float = 1.0) -> None:
+        self.now = 10.0
+        self.every = every
+        self.reader = NvmlReader(simulated_binding(parse_scenario(data), clock=lambda: self.now), reactor=None)
+        self.board = Board(layout=self.reader.open())
+        self.queue = self.board.attach()
+        self.board.reply(codec.Request(codec.COMMAND_STATS, 2), self.queue)
+        self.polls: list[dict] = []
+        #: (device index, pid, the life's id) of every process that ended
+        self.exits: list[tuple[int, int, int]] = []
+
+    def poll(self) -> None:
+        self.now += self.every
+        snapshot, _ = self.reader.read(self.now)
+        self.board.fold(snapshot)
+        self.board.reply(codec.Request(codec.COMMAND_STATS, 2), self.queue)
+        counters = self.board.counters
+        self.polls.append({
+            "time": self.now,
+            "now": [
+                (d.gpu_busy, d.mem_busy, d.task_support,
+                 {p.pid: (p.gpu_busy, p.mem_busy, p.memory_kib) for p in d.processes or ()} if d.processes is not None
+                 else None)
+                for d in snapshot.devices
+            ],
+            "cum": [
+                (d.samples, d.gpu_busy_cum, d.mem_busy_cum, d.memory_used_cum_kib,
+                 {pid: (p.life, p.samples, p.gpu_busy_cum, p.mem_busy_cum, p.memory_cum_kib)
+                  for pid, p in d.processes.items()})
+                for d in counters.devices
+            ],
+        })
+
+
+def play(faults: list[dict], until: float, every: float = 1.0, **behaviour: Any) -> Run:
+    run = Run(scenario(faults, **behaviour), every)
+    exited = []
+    original = run.board.fold
+
+    def fold(snapshot, taken=None, since=0.0):
+        ended = original(snapshot, taken, since)
+        exited.extend((e.device_index, e.totals.pid, e.totals.life) for e in ended)
+        return ended
+
+    run.board.fold = fold  # type: ignore[method-assign]
+    while run.now < until:
+        run.poll()
+    run.exits = exited
+    return run
+
+
+def check_exact(run: Run, end: float, where: str) -> None:
+    """Every figure exact from the second poll after `end` on, and over the ten after that."""
+    first = next(i for i, p in enumerate(run.polls) if p["time"] >= end) + SETTLE - 1
+    for poll in run.polls[first:]:
+        for index, (gpu, mem, support, processes) in enumerate(poll["now"]):
+            want_gpu, want_mem, want_processes = LOADS[index]
+            at = f"{where}: poll at {poll['time']}, GPU {index}"
+            assert (gpu, mem, support) == (want_gpu, want_mem, 3), at
+            assert processes == {
+                pid: (sm, busy, mib * 1024) for pid, (_, sm, busy, mib) in want_processes.items()
+            }, at
+    before, after = run.polls[first - 1]["cum"], run.polls[first - 1 + CHECKED]["cum"]
+    for index, (old, new) in enumerate(zip(before, after)):
+        want_gpu, want_mem, want_processes = LOADS[index]
+        at = f"{where}: GPU {index}, the {CHECKED} polls from {run.polls[first]['time']}"
+        samples = new[0] - old[0]
+        assert samples == CHECKED, at
+        assert ((new[1] - old[1]) / samples, (new[2] - old[2]) / samples) == (want_gpu, want_mem), at
+        assert (new[3] - old[3]) / samples == 4096 * 1024, at
+        for pid, (_, sm, busy, mib) in want_processes.items():
+            life, n1, g1, m1, k1 = new[4][pid]
+            assert old[4][pid][0] == life, f"{at}: pid {pid} ended"
+            _, n0, g0, m0, k0 = old[4][pid]
+            count = n1 - n0
+            assert count == CHECKED, f"{at}: pid {pid}"
+            assert ((g1 - g0) / count, (m1 - m0) / count, (k1 - k0) / count) == (sm, busy, mib * 1024), at
+
+
+def check_nothing_lost(run: Run, start: float, where: str, processes: bool = True) -> None:
+    """atop's arithmetic from before the fault to the end of the run: the loads, exactly
+    (a failed reading counts no sample, and the next one covers its time)."""
+    first = next(i for i, p in enumerate(run.polls) if p["time"] >= start) - 1
+    before, after = run.polls[first]["cum"], run.polls[-1]["cum"]
+    for index, (old, new) in enumerate(zip(before, after)):
+        want_gpu, want_mem, want_processes = LOADS[index]
+        at = f"{where}: GPU {index}, from {run.polls[first]['time']} to the end"
+        samples = new[0] - old[0]
+        assert ((new[1] - old[1]) / samples, (new[2] - old[2]) / samples) == (want_gpu, want_mem), at
+        for pid, (_, sm, busy, mib) in want_processes.items() if processes else ():
+            _, n1, g1, m1, k1 = new[4][pid]
+            _, n0, g0, m0, k0 = old[4][pid]
+            count = n1 - n0
+            assert ((g1 - g0) / count, (m1 - m0) / count, (k1 - k0) / count) == (sm, busy, mib * 1024), (
+                f"{at}: pid {pid}"
+            )
+
+
+def lossless(call: str, error: str) -> bool:
+    """Whether a fault is one whose polls count nothing wrong: not the GPU lost (its processes
+    end), not NOT_FOUND from a samples call (the driver's word for idle)."""
+    return error != "GPU_IS_LOST" and not (
+        error == "NOT_FOUND" and call in ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization")
+    )
+
+
+def check_monotonic(run: Run) -> None:
+    for before, after in zip(run.polls, run.polls[1:]):
+        for old, new in zip(before["cum"], after["cum"]):
+            assert all(b >= a for a, b in zip(old[:4], new[:4])), (before["time"], old[:4], new[:4])
+            for pid, (life, *sums) in new[4].items():
+                if pid in old[4] and old[4][pid][0] == life:
+                    assert all(b >= a for a, b in zip(old[4][pid][1:], sums)), (pid, old[4][pid], sums)
+
+
+def check_exits(run: Run, error: str, where: str) -> None:
+    if error == "GPU_IS_LOST":
+        # a lost GPU's processes end with it, each life once
+        assert len(run.exits) == len(set(run.exits)), where
+        assert {pid for _, pid, _ in run.exits} <= {100, 101, 200}, where
+    else:
+        assert run.exits == [], f"{where}: false exits {run.exits}"
+
+
+@pytest.mark.parametrize("polls", [1, 10])
+@pytest.mark.parametrize("error", ERRORS)
+@pytest.mark.parametrize("call", POLL_CALLS)
+def test_fault_window_leaves_nothing_behind(call: str, error: str, polls: int) -> None:
+    end = AT + polls
+    fault = {"call": call, "error": f"NVML_ERROR_{error}", "from": AT - 0.5, "until": end - 0.5}
+    run = play([fault], end + SETTLE + CHECKED + 1)
+    where = f"{call} {error} for {polls} poll(s)"
+    check_exits(run, error, where)
+    check_monotonic(run)
+    check_exact(run, end - 0.5, where)
+    if lossless(call, error):
+        check_nothing_lost(run, AT - 2, where)
+    elif error == "GPU_IS_LOST":
+        check_nothing_lost(run, AT - 2, where, processes=False)
+
+
+@pytest.mark.parametrize("error", ERRORS)
+@pytest.mark.parametrize("call", ["nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization"])
+@pytest.mark.parametrize(
+    "every,behaviour",
+    [(0.5, {}), (0.25, {}), (1.0, {"process_utilization": "per-call"}), (1.0, {"sample_period": 0.5})],
+    ids=["0.5 s polls", "0.25 s polls", "per-call", "period 0.5 s"],
+)
+def test_fault_window_on_other_drivers(call: str, error: str, every: float, behaviour: dict) -> None:
+    """The calls of the sample buffers, failing for a second: with shorter polls, on drivers
+    that list processes once per call, or sample every 0.5 s."""
+    start, end = AT - every / 2, AT + 1 - every / 2
+    fault = {"call": call, "error": f"NVML_ERROR_{error}", "from": start, "until": end}
+    run = play([fault], end + (SETTLE + CHECKED + 1) * every, every, **behaviour)
+    where = f"{call} {error} with {behaviour}, polls every {every} s"
+    check_exits(run, error, where)
+    check_exact(run, end, where)
+    if lossless(call, error):
+        check_nothing_lost(run, start - every, where)
+
+
+@pytest.mark.parametrize("error", ["NOT_SUPPORTED", "UNKNOWN", "TIMEOUT"])
+def test_fault_from_start_up(error: str) -> None:
+    """Every poll call failing from before the reader opens (a GPU reset at boot): exact within two polls of its end."""
+    faults = [
+        {"call": call, "error": f"NVML_ERROR_{error}", "from": 0, "until": 15.5}
+        for call in POLL_CALLS if call != "nvmlDeviceGetMigMode"
+    ]
+    run = play(faults, 15.5 + SETTLE + CHECKED + 1)
+    check_exits(run, error, error)
+    check_exact(run, 15.5, f"{error} from start-up")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(POLL_CALLS), st.sampled_from(ERRORS), st.integers(12, 40), st.integers(1, 12)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_random_fault_windows(windows: list[tuple[str, str, int, int]]) -> None:
+    """Random fault windows on random calls: counters monotonic, no false exit, and exact
+    within two polls of the last window's end."""
+    faults = [
+        {"call": call, "error": f"NVML_ERROR_{error}", "from": start - 0.5, "until": start + length - 0.5}
+        for call, error, start, length in windows
+    ]
+    end = max(start + length for _, _, start, length in windows) - 0.5
+    run = play(faults, end + SETTLE + CHECKED + 1)
+    lost = any(error == "GPU_IS_LOST" for _, error, _, _ in windows)
+    check_exits(run, "GPU_IS_LOST" if lost else "", str(windows))
+    check_monotonic(run)
+    check_exact(run, end, str(windows))
+    if all(lossless(call, error) for call, error, _, _ in windows):
+        check_nothing_lost(run, 12, str(windows))
