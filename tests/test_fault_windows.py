@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from twisted.logger import formatEvent, globalLogPublisher
 
 from atopgpud_tw import codec
+from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server.board import Board
 from atopgpud_tw.sim import parse_scenario, simulated_binding
@@ -265,3 +267,65 @@ def test_random_fault_windows(windows: list[tuple[str, str, int, int]]) -> None:
     check_exact(run, end, str(windows))
     if all(lossless(call, error) for call, error, _, _ in windows):
         check_nothing_lost(run, 12, str(windows))
+
+
+@pytest.fixture
+def log_lines():
+    """The text of every log event while the test runs."""
+    lines: list[str] = []
+
+    def observe(event: dict) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield lines
+    globalLogPublisher.removeObserver(observe)
+
+
+def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(log_lines: list[str]) -> None:
+    """The graphics list NOT_SUPPORTED from 20 s to 120 s: a failed reading (no exit) until it has held
+    for HOLD_SECONDS and HOLD_POLLS polls; then given up, said once, the task-support digit 1 and its
+    process ended; asked again at the long backoff, and back when it answers, said once, digit 3."""
+    fault = {"call": "nvmlDeviceGetGraphicsRunningProcesses", "error": "NVML_ERROR_NOT_SUPPORTED",
+             "from": 19.5, "until": 119.5}
+    run = play([fault], 19.0)
+    graphics = run.reader._devices[0].nvml.nvmlLib.calls
+    digits, asked = [], []
+    while run.now < 300:
+        run.poll()
+        digits.append((run.now, run.board.counters.devices[0].task_support))
+        asked.append(graphics["nvmlDeviceGetGraphicsRunningProcesses_v3"])
+    given_up = [now for now, digit in digits if digit == 1]
+    assert given_up[0] == 20 + max(HOLD_SECONDS, HOLD_POLLS - 1), given_up[:3]
+    # back at the first retry after the fault ended (1, then 2 minutes after giving up)
+    assert given_up[-1] == given_up[0] + RETRY_UNSUPPORTED[0] + RETRY_UNSUPPORTED[1] - 1
+    assert digits[-1][1] == 3 and run.board.types_body(2).count(b" 3") == 2
+    # no exit before it was given up, the graphics process once when it was
+    assert [(index, pid) for index, pid, _ in run.exits] == [(0, 101)]
+    # once each way for each GPU (the fault is on both)
+    warned = [line for line in log_lines if "taken as not supported" in line]
+    back = [line for line in log_lines if "answers again" in line]
+    assert len(warned) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in warned), warned
+    assert len(back) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in back), back
+    # while given up, the list was asked only at the backoff's times: twice per GPU, two C calls each
+    # (the size query and the fill)
+    times = [now for now, _ in digits]
+    assert asked[times.index(given_up[-1])] - asked[times.index(given_up[0])] <= 2 * 2 * 2
+    check_exact(run, given_up[-1] + 1, "graphics list back")
+
+
+def test_utilization_given_up_then_back_counts_again() -> None:
+    """The rates call of a GPU without a sample buffer NOT_SUPPORTED for 100 s: failed readings
+    first (no sample counted, the average exact), then given up, then served again."""
+    fault = {"call": "nvmlDeviceGetUtilizationRates", "error": "NVML_ERROR_NOT_SUPPORTED", "from": 19.5, "until": 119.5}
+    run = play([fault], 300)
+    gpu1 = [poll["now"][1][0] for poll in run.polls]
+    # 70, then failed readings (None), then given up (-1), then 70 again
+    spells = [value for n, value in enumerate(gpu1) if n == 0 or gpu1[n - 1] != value]
+    assert spells == [70, None, -1, 70], spells
+    assert run.polls[gpu1.index(None)]["time"] == 20
+    assert run.polls[gpu1.index(-1)]["time"] == 20 + max(HOLD_SECONDS, HOLD_POLLS - 1)
+    check_monotonic(run)
+    before, after = run.polls[0]["cum"][1], run.polls[-1]["cum"][1]
+    assert (after[1] - before[1]) / (after[0] - before[0]) == 70
+    check_exact(run, 240, "rates back")
