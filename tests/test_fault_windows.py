@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from twisted.logger import formatEvent, globalLogPublisher
 
 from atopgpud_tw import codec
+from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server.board import Board
@@ -77,6 +78,8 @@ class Run:
         self.reader = NvmlReader(simulated_binding(parse_scenario(data), clock=lambda: self.now), reactor=None)
         self.board = Board(layout=self.reader.open())
         self.queue = self.board.attach()
+        #: logs the reader's problems as the daemon does
+        self.problems = ProblemLog("nvml")
         self.board.reply(codec.Request(codec.COMMAND_STATS, 2), self.queue)
         self.polls: list[dict] = []
         #: (device index, pid, the life's id) of every process that ended
@@ -84,7 +87,8 @@ class Run:
 
     def poll(self) -> None:
         self.now += self.every
-        snapshot, _ = self.reader.read(self.now)
+        snapshot, problems = self.reader.read(self.now)
+        self.problems.report(problems)
         self.board.fold(snapshot)
         self.board.reply(codec.Request(codec.COMMAND_STATS, 2), self.queue)
         counters = self.board.counters
@@ -304,7 +308,7 @@ def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(log_lines:
     assert [(index, pid) for index, pid, _ in run.exits] == [(0, 101)]
     # once each way for each GPU (the fault is on both)
     warned = [line for line in log_lines if "taken as not supported" in line]
-    back = [line for line in log_lines if "answers again" in line]
+    back = [line for line in log_lines if "recovered" in line]
     assert len(warned) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in warned), warned
     assert len(back) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in back), back
     # while given up, the list was asked only at the backoff's times: twice per GPU, two C calls each

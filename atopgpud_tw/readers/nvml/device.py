@@ -140,7 +140,9 @@ class Support:
     last: float | None = None
     #: whether the spell is believed (the figure is served as not supported)
     believed: bool = False
-    #: whether the giving up was said (then its return is)
+    #: what a failed reading of it is logged as, and whether the giving up was said (then that
+    #: problem stands while it is given up, and its recovery is the line that says it is back)
+    cause: str = ""
     said: bool = False
     retry: Backoff = field(default_factory=lambda: Backoff(RETRY_UNSUPPORTED))
 
@@ -313,7 +315,8 @@ class NvmlDevice:
         now = self.times.now
         support = self.support.get(key)
         if support is None:
-            support = self.support[key] = Support(key in self.answered, now)
+            cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
+            support = self.support[key] = Support(key in self.answered, now, cause=cause)
         was = support.believed
         believed = support.refused(now)
         if believed and not was and support.answered:
@@ -328,15 +331,15 @@ class NvmlDevice:
         return believed
 
     def _answers_again(self, key: str, support: Support) -> None:
-        """`key` answered after a spell of NOT_SUPPORTED: served again."""
+        """`key` answered after a spell of NOT_SUPPORTED: served again (a problem that stood
+        while it was given up ends, and its recovery is logged)."""
         del self.support[key]
         self.answered.add(key)
-        if support.believed and (support.said or support.held()):
-            log.info(
-                "nvml: GPU {busid}: {call} answers again: its figures are served again",
-                busid=self.busid,
-                call=key,
-            )
+
+    def given_up(self, key: str) -> str | None:
+        """The cause of `key` given up after it had answered: a problem while it is."""
+        support = self.support.get(key)
+        return support.cause if support is not None and support.said else None
 
     def forget_support(self) -> None:
         """What the device can do is to be found again (its MIG mode changed)."""
@@ -450,7 +453,10 @@ def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
     def attempt(function: Callable[[], Any], unsupported: Any = UNSUPPORTED) -> Any:
         try:
             return function()
-        except Unsupported:
+        except Unsupported as refused:
+            cause = device.given_up(str(refused))
+            if cause:
+                problems.add(f"{device.key} {cause}", f"{subject}: {cause}")
             return unsupported
         except (DeviceLost, Reinitialise):
             raise
