@@ -333,3 +333,68 @@ def test_utilization_given_up_then_back_counts_again() -> None:
     before, after = run.polls[0]["cum"][1], run.polls[-1]["cum"][1]
     assert (after[1] - before[1]) / (after[0] - before[0]) == 70
     check_exact(run, 240, "rates back")
+
+
+#: the calls a poll of a card in MIG mode makes besides the whole card's
+MIG_CALLS = (
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+#: by MIG instance: its memory used, and its processes' (pid, memory) in MiB
+INSTANCES = {"3g.40gb": (1000, [(101, 500), (104, 100)]), "2g.20gb": (300, [(102, 200)])}
+
+
+def mig_host(faults: list[dict]) -> dict:
+    return {"gpus": [{
+        "busid": "00000000:17:00.0",
+        "memory_total_mib": 81920,
+        "faults": faults,
+        "mig": [
+            {"profile": profile, "gpu_instance": 1 + 4 * n, "memory_total_mib": 20000, "memory_used_mib": used,
+             "processes": [{"pid": pid, "memory_mib": mib} for pid, mib in processes]}
+            for n, (profile, (used, processes)) in enumerate(INSTANCES.items())
+        ],
+    }]}
+
+
+@pytest.mark.parametrize("mig", ["instances", "card"])
+@pytest.mark.parametrize("polls", [1, 10])
+@pytest.mark.parametrize("error", ERRORS)
+@pytest.mark.parametrize("call", MIG_CALLS)
+def test_fault_window_on_a_mig_card(call: str, error: str, polls: int, mig: str) -> None:
+    """A card in MIG mode: the same instances (and T) again within two polls of the fault's end,
+    their memory and processes exact, and no process ended but with the card lost."""
+    fault = {"call": call, "error": f"NVML_ERROR_{error}", "from": AT - 0.5, "until": AT + polls - 0.5}
+    now = [10.0]
+    reader = NvmlReader(simulated_binding(parse_scenario(mig_host([fault])), clock=lambda: now[0]), reactor=None,
+                        mig=mig)
+    board = Board(layout=reader.open())
+    exits = []
+    cums = []
+    while now[0] < AT + polls + SETTLE + CHECKED:
+        now[0] += 1.0
+        exits += board.fold(reader.read(now[0])[0])
+        cums.append([(d.key, d.samples, d.memory_used_cum_kib,
+                      {pid: (p.life, p.samples, p.memory_cum_kib) for pid, p in d.processes.items()})
+                     for d in board.counters.devices])
+    where = f"{call} {error} for {polls} poll(s), --mig {mig}"
+    if error != "GPU_IS_LOST":
+        assert exits == [], f"{where}: false exits {[(e.device_index, e.totals.pid) for e in exits]}"
+    expected = {profile: (used, dict(processes)) for profile, (used, processes) in INSTANCES.items()}
+    if mig == "card":
+        expected = {"card": (sum(u for u, _ in expected.values()), {p: m for _, ps in expected.values()
+                                                                   for p, m in ps.items()})}
+    before, after = cums[-1 - CHECKED], cums[-1]
+    assert len(after) == len(expected), where
+    for (key, n0, used0, procs0), (_, n1, used1, procs1), (used, processes) in zip(before, after, expected.values()):
+        assert n1 - n0 == CHECKED and (used1 - used0) / CHECKED == used * 1024, f"{where}: {key}"
+        assert set(procs1) == set(processes), f"{where}: {key}"
+        for pid, mib in processes.items():
+            assert procs0[pid][0] == procs1[pid][0], f"{where}: {key} pid {pid} ended"
+            assert (procs1[pid][1] - procs0[pid][1], procs1[pid][2] - procs0[pid][2]) == (CHECKED, CHECKED * mib * 1024)

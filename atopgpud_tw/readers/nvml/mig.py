@@ -132,13 +132,16 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         try:
             instance = _identify(card, handle)
         except NotFound:
+            complete = False  # destroyed while looked at, or a passing fault: the next poll tells
             continue
         except Unsupported as unsupported:
-            # a driver that cannot say which instance this is: said once, not guessed
+            # a driver that cannot say which instance this is: said once, not guessed; the
+            # instances known are not taken for gone on it
             problems.add(
                 f"{card.key} mig identity",
                 f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported",
             )
+            complete = False
             continue
         except Reinitialise:
             raise
@@ -146,8 +149,26 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             complete &= _empty_slot(card, slot, failure, problems)
             continue
         found.setdefault(instance.key, instance)
+    if complete and any(key not in found and _still_there(i) for key, i in state.instances.items()):
+        complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
+
+
+def _still_there(instance: NvmlDevice) -> bool:
+    """Whether a known instance that no slot showed still answers on its own handle (a
+    destroyed instance's handle answers INVALID_ARGUMENT, or NOT_FOUND)."""
+    try:
+        instance.call("nvmlDeviceGetGpuInstanceId")
+    except NotFound:
+        return False
+    except (DeviceLost, Reinitialise):
+        raise
+    except Failed as failure:
+        return failure.value != INVALID_ARGUMENT
+    except Unsupported:
+        return False
+    return True
 
 
 def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: Problems) -> bool:
