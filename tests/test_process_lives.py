@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 
+import pytest
+from daemon import run_daemon
 from snapshots import dev, snap
 
 from atopgpud_tw import codec
@@ -153,3 +156,32 @@ def test_simulated_host_gives_its_own_start_times() -> None:
     import pynvml
 
     assert start_times(pynvml) is proc_start_time
+
+
+@pytest.mark.e2e
+def test_daemon_tells_a_reused_pid_apart(tmp_path) -> None:
+    """Through the installed daemon on the simulator: pid 5 ends at 2 s and a new pid 5 starts
+    then, between two polls; version 1 and version 2 clients are told of the old one's exit
+    once, and the new one's figures are its own."""
+    scenario = {"gpus": [gpu([
+        {"pid": 5, "memory_mib": 8, "sm_util": 20, "mem_util": 60, "stop": 2.0},
+        {"pid": 5, "memory_mib": 8, "sm_util": 50, "mem_util": 90, "start": 2.0},
+    ], samples_supported=False)]}
+    with run_daemon(tmp_path, ["--interval", "0.25"], scenario=scenario) as daemon:
+        v1, v2 = daemon.client(), daemon.client()
+        daemon.wait_samples(2)
+        first = v1.stats(1)[0].processes
+        v2.stats(2)
+        assert [(p.state, p.pid, p.gpu_busy, p.mem_busy) for p in first] == [("A", 5, 20, 60)]
+        time.sleep(3.5)
+        one = {p.state: p for p in v1.stats(1)[0].processes}
+        two = {p.state: p for p in v2.stats(2)[0].processes}
+        again = [p.state for p in v2.stats(2)[0].processes]
+        v1.close()
+        v2.close()
+    assert set(one) == set(two) == {"A", "E"}
+    assert (one["E"].pid, one["E"].gpu_busy, one["E"].mem_busy) == (5, 20, 60)
+    # the new process's own figures: its first poll may hold the old one's last samples
+    assert abs(one["A"].gpu_busy - 50) <= 4 and abs(one["A"].mem_busy - 90) <= 4, one["A"]
+    assert two["E"].gpu_busy == 20 * two["E"].samples
+    assert abs(two["A"].gpu_busy / two["A"].samples - 50) <= 4 and again == ["A"]
