@@ -15,6 +15,9 @@ import copy
 from typing import Any
 
 import pytest
+from driver_behaviours import BEHAVIOURS
+from driver_behaviours import expected as behaviour_loads
+from driver_behaviours import host as behaviour_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.logger import formatEvent, globalLogPublisher
@@ -398,3 +401,45 @@ def test_fault_window_on_a_mig_card(call: str, error: str, polls: int, mig: str)
         for pid, mib in processes.items():
             assert procs0[pid][0] == procs1[pid][0], f"{where}: {key} pid {pid} ended"
             assert (procs1[pid][1] - procs0[pid][1], procs1[pid][2] - procs0[pid][2]) == (CHECKED, CHECKED * mib * 1024)
+
+
+@pytest.mark.parametrize("error", ["UNKNOWN", "NOT_SUPPORTED"])
+@pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
+def test_samples_fault_with_every_driver_behaviour(behaviour: str, error: str) -> None:
+    """The device's samples call failing for three polls, on a driver that does each of the
+    behaviours of tests/driver_behaviours.py: no exit, and within two polls every figure
+    within 2 points of the load and atop's arithmetic over ten polls within 1."""
+    data = behaviour_host(behaviour, at=AT + 10)
+    for card in data["gpus"]:
+        card["faults"] = [{"call": "nvmlDeviceGetSamples", "error": f"NVML_ERROR_{error}",
+                           "from": AT - 0.5, "until": AT + 2.5}]
+    run = Run(data)
+    ended = []
+    while run.now < AT + 3 + SETTLE + CHECKED:
+        run.now += 1.0
+        snapshot, _ = run.reader.read(run.now)
+        ended += run.board.fold(snapshot)
+        run.polls.append({"time": run.now, "now": snapshot, "cum": [
+            (d.samples, d.gpu_busy_cum, d.mem_busy_cum,
+             {pid: (p.samples, p.gpu_busy_cum) for pid, p in d.processes.items()})
+            for d in run.board.counters.devices
+        ]})
+    assert ended == [], behaviour
+    truth = behaviour_loads()
+    first = next(i for i, p in enumerate(run.polls) if p["time"] >= AT + 2.5) + SETTLE - 1
+    for poll in run.polls[first:]:
+        for index, device in enumerate(poll["now"].devices):
+            gpu_busy, mem_busy, procs = truth[index]
+            where = f"{behaviour}: poll at {poll['time']}, GPU {index}"
+            assert abs(device.gpu_busy - gpu_busy) <= 2 and abs(device.mem_busy - mem_busy) <= 2, where
+            for proc in device.processes:
+                assert abs(proc.gpu_busy - procs[proc.pid]) <= 2, f"{where}: pid {proc.pid} {proc.gpu_busy}"
+    before, after = run.polls[first - 1]["cum"], run.polls[-1]["cum"]
+    for index, (old, new) in enumerate(zip(before, after)):
+        gpu_busy, mem_busy, procs = truth[index]
+        samples = new[0] - old[0]
+        where = f"{behaviour}: GPU {index}"
+        assert abs((new[1] - old[1]) / samples - gpu_busy) <= 1 and abs((new[2] - old[2]) / samples - mem_busy) <= 1
+        for pid, busy in procs.items():
+            count = new[3][pid][0] - old[3][pid][0]
+            assert abs((new[3][pid][1] - old[3][pid][1]) / count - busy) <= 1, f"{where}: pid {pid}"
