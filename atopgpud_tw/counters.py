@@ -5,14 +5,18 @@ what atop's arithmetic depends on (docs/design.md, "Counter semantics"):
 
 - one sample per device per poll, counted only when every supported value of the
   device was read in that poll, so that ``cum / samples`` is an exact average;
-- a percentage the device cannot report is -1 in ``now`` and in ``cum`` for ever;
-  one that fails in a poll is skipped for that poll and does not poison the sum;
+- a percentage the device cannot report is -1 in ``now`` and in ``cum``; one that
+  fails in a poll is skipped for that poll and does not poison the sum; -1 after
+  real figures is such a failure, and real figures after -1 (a figure the reader
+  had given up on answers again) start the sum again from 0;
 - a process counts once per poll per device whatever lists named it; its busy sums
   start at 0 and are -1 only when the device cannot report per-process busy figures;
   its memory (now and summed) is -1 when the driver cannot tell it from its first
   sample on, and it is still counted: nothing else is summed from it;
 - a process that leaves a device, or whose device is gone, is handed back once as
-  an `ExitedProcess` under the device it ran on;
+  an `ExitedProcess` under the device it ran on; so is one whose pid is listed
+  with another start time than before (a reused pid), and the new one starts
+  from zero;
 - every counter is monotonic while the daemon runs: devices are never forgotten,
   only shown as absent, so a device that comes back (same key) carries on counting.
 """
@@ -20,13 +24,24 @@ what atop's arithmetic depends on (docs/design.md, "Counter semantics"):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import count
 
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot, merge_by_pid
+
+#: numbers every process's life on a device, across all counters: never reused
+_lives = count(1)
 
 
 @dataclass(slots=True)
 class ProcessTotals:
-    """The running sums of one process on one device."""
+    """The running sums of one process on one device.
+
+    `life` tells this process apart from any other that had, or will have, the
+    same pid on the same device (a reused pid, a GPU lost and read again):
+    what is kept per process elsewhere (version 1's per-client sums) is keyed
+    by it.  `started` is the process's start time as the reader gave it (None:
+    not known).
+    """
 
     pid: int
     kind: str = "C"
@@ -40,6 +55,8 @@ class ProcessTotals:
     counted_at: float | None = None
     gpu_busy_seconds: float = 0.0
     mem_busy_seconds: float = 0.0
+    started: int | None = None
+    life: int = field(default_factory=_lives.__next__)
 
     def add(self, sample: ProcessSample, taken: float | None = None, since: float = 0.0) -> None:
         """Count one poll of this process, unless one of its readings failed."""
@@ -57,10 +74,9 @@ class ProcessTotals:
                 self.counted_at = taken
                 self.gpu_busy_seconds += gpu * span
                 self.mem_busy_seconds += mem * span
-            if self.gpu_busy_cum != UNSUPPORTED:
-                self.gpu_busy_cum += gpu
-            if self.mem_busy_cum != UNSUPPORTED:
-                self.mem_busy_cum += mem
+            # a busy sum that was -1 (not reported) starts again from 0 when it is
+            self.gpu_busy_cum = gpu if self.gpu_busy_cum == UNSUPPORTED else self.gpu_busy_cum + gpu
+            self.mem_busy_cum = mem if self.mem_busy_cum == UNSUPPORTED else self.mem_busy_cum + mem
             return
         gpu = _reading(self.gpu_busy_cum if self.samples else None, sample.gpu_busy)
         mem = _reading(self.mem_busy_cum if self.samples else None, sample.mem_busy)
@@ -72,7 +88,9 @@ class ProcessTotals:
             return
         self.samples += 1
         self.memory_now_kib = memory
-        self.memory_cum_kib = _accumulate(self.memory_cum_kib, memory)
+        if self.memory_cum_kib != UNSUPPORTED:
+            # unknown memory is decided by the first sample (WDDM, some vGPU guests: for good)
+            self.memory_cum_kib = UNSUPPORTED if memory == UNSUPPORTED else self.memory_cum_kib + memory
         self.gpu_busy_cum = _accumulate(self.gpu_busy_cum, gpu)
         self.mem_busy_cum = _accumulate(self.mem_busy_cum, mem)
         if taken is not None:
@@ -139,9 +157,16 @@ def _reading(cum: int | None, value: int | None) -> int | None:
 
 
 def _accumulate(cum: int | None, value: int | None) -> int:
-    """Add one reading (already passed through `_reading`) to a sum; -1 is sticky."""
-    if cum == UNSUPPORTED or value == UNSUPPORTED:
+    """Add one reading (already passed through `_reading`) to a sum.
+
+    -1 stays -1 while the readings are -1; a sum that was -1 (the figure was
+    not reported: NOT_SUPPORTED from the start, N/A) starts again from 0 when
+    a figure comes: never summed from -1.
+    """
+    if value == UNSUPPORTED:
         return UNSUPPORTED
+    if cum == UNSUPPORTED:
+        return value or 0
     return (cum or 0) + (value or 0)
 
 
@@ -266,12 +291,20 @@ class Counters:
         if len(merged) != len(processes):
             merged = merge_by_pid(processes)  # one sample per pid, its kinds merged (C+G)
         active = device.processes
+        reused: list[ExitedProcess] = []
         for pid, proc in merged.items():
             totals = active.get(pid)
             if totals is None:
-                totals = active[pid] = ProcessTotals(pid, proc.kind)
+                totals = active[pid] = ProcessTotals(pid, proc.kind, started=proc.started)
+            elif proc.started != totals.started and proc.started is not None:
+                if totals.started is not None:
+                    # another process with the same pid: the one before it ended
+                    reused.append(ExitedProcess(index, totals))
+                    totals = active[pid] = ProcessTotals(pid, proc.kind, started=proc.started)
+                else:
+                    totals.started = proc.started  # first seen now: the same process
             totals.add(proc, taken, since)
         if len(active) == len(merged):
-            return []  # every active process was seen in this poll
+            return reused  # every active process was seen in this poll
         ended = [pid for pid in active if pid not in merged]
-        return [ExitedProcess(index, active.pop(pid)) for pid in ended]
+        return reused + [ExitedProcess(index, active.pop(pid)) for pid in ended]

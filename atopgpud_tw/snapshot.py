@@ -32,6 +32,10 @@ class ProcessSample(NamedTuple):
     memory_kib: int | None = 0
     gpu_busy: int | None = 0
     mem_busy: int | None = 0
+    #: the process's start time (Linux: ``/proc/PID/stat`` field 22, clock ticks
+    #: since boot), which tells a reused pid from the process that had it; None
+    #: where it cannot be seen (docs/fidelity.md, "A pid reused")
+    started: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

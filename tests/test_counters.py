@@ -23,11 +23,13 @@ def fold_all(*snapshots):
         ([(UNSUPPORTED, UNSUPPORTED)] * 3, 3, -1, -1),  # unsupported: -1 for ever
         ([(UNSUPPORTED, 10), (UNSUPPORTED, 20)], 2, -1, 30),
         ([(40, 10), (UNSUPPORTED, 10), (50, 10)], 2, 90, 20),  # "unsupported" later is a failure
-        ([(UNSUPPORTED, 5), (40, 5)], 2, -1, 10),  # support decided by the first reading
+        ([(UNSUPPORTED, 5), (40, 5)], 2, 40, 10),  # reported after -1: the sum starts again from 0
+        ([(UNSUPPORTED, 5), (40, 5), (UNSUPPORTED, 5), (30, 5)], 3, 70, 15),  # and -1 after that is a failure
     ],
 )
 def test_device_sums(readings, samples, gpu_cum, mem_cum):
-    """gpusamples counts fully read polls; sums skip failed reads; -1 is sticky."""
+    """gpusamples counts fully read polls; sums skip failed reads; -1 stays while readings are -1,
+    and is never summed from."""
     counters, _ = fold_all(*(snap(dev(gpu=g, mem=m)) for g, m in readings))
     device = counters.devices[0]
     assert (device.samples, device.gpu_busy_total, device.mem_busy_total) == (samples, gpu_cum, mem_cum)

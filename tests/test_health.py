@@ -14,6 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from atopgpud_tw.health import CardHealth
+from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
@@ -81,14 +82,22 @@ def test_figures_are_read_as_the_scenario_plays_them():
 
 
 def test_unsupported_figures_have_no_series_and_are_not_asked_again():
-    """NOT_SUPPORTED from the library leaves the series out, and the call is not made again."""
+    """NOT_SUPPORTED from the library leaves the series out, and once that has held for
+    HOLD_SECONDS and HOLD_POLLS polls the call is not made again (but at its long backoff)."""
     t = [1.0]
     reader = reader_at(t)
     rtx = reader._devices[1]
     first = read_card_health(rtx)
     calls = reader.nvml.nvmlLib.calls
+    for second in range(2, 3 + max(HOLD_POLLS, int(HOLD_SECONDS))):
+        t[0] = float(second)
+        reader.read(t[0])
+        read_card_health(rtx)
     before = calls["nvmlDeviceGetTotalEccErrors"], calls["nvmlDeviceGetTemperature"]
-    second = read_card_health(rtx)
+    for second in range(40, 50):
+        t[0] = float(second)
+        reader.read(t[0])
+        second = read_card_health(rtx)
     assert (calls["nvmlDeviceGetTotalEccErrors"], calls["nvmlDeviceGetTemperature"]) == before
     for reading in (first, second):
         names = {metric for metric, _ in reading.values}

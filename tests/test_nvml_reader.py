@@ -14,6 +14,7 @@ from sim_readers import CountingNvml, SkewedNvml, make_reader, poll
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server import render
 from atopgpud_tw.sim import binding_over, parse_scenario
@@ -57,17 +58,23 @@ def test_compute_and_graphics_lists_merge_by_pid():
 
 
 def test_not_supported_is_remembered_and_not_asked_again():
-    """NOT_SUPPORTED utilization is -1 for ever, and the call is made once, not every poll."""
+    """NOT_SUPPORTED utilization from the first call is -1 at once, with nothing logged; the
+    call is made again at each poll until that has held for HOLD_SECONDS and HOLD_POLLS polls,
+    and then only at its long backoff."""
     clock = [0.0]
     reader, nvml = make_reader({"gpus": [gpu(gpu_util=None)]}, clock)
-    for second in range(4):
+    held = 1 + max(HOLD_POLLS, int(HOLD_SECONDS))
+    for second in range(held + 1):
         snapshot, problems = poll(reader, clock, float(second))
-    (device,) = snapshot.devices
-    assert (device.gpu_busy, device.mem_busy) == (UNSUPPORTED, UNSUPPORTED)
-    assert problems == {}
-    assert nvml.calls["nvmlDeviceGetUtilizationRates"] == 1
-    # not MIG capable: asked once as well
-    assert nvml.calls["nvmlDeviceGetMigMode"] == 1
+        (device,) = snapshot.devices
+        assert (device.gpu_busy, device.mem_busy) == (UNSUPPORTED, UNSUPPORTED)
+        assert problems == {}
+    before = nvml.calls["nvmlDeviceGetUtilizationRates"], nvml.calls["nvmlDeviceGetMigMode"]
+    assert before[0] <= held + 1
+    for second in range(held + 1, held + 1 + int(RETRY_UNSUPPORTED[0]) - 5):
+        poll(reader, clock, float(second))
+    # not MIG capable: held as well
+    assert (nvml.calls["nvmlDeviceGetUtilizationRates"], nvml.calls["nvmlDeviceGetMigMode"]) == before
 
 
 def test_process_busy_uses_a_last_seen_timestamp_per_gpu():

@@ -7,7 +7,9 @@ proportion to the processes once per poll per version 1 client: until the next
 poll its figures stand, and so do its records.  Clients whose previous ``S``
 came in the same poll, with no exit still to be told, remembered the same sums:
 their records are rendered once, for the first of them.  Each client's sums
-are its `board.ClientQueue`'s (``records_v1``, ``remember_v1``).
+are its `board.ClientQueue`'s (``records_v1``, ``remember_v1``), kept per
+process life (`counters.ProcessTotals.life`), never per pid: a pid reused, or
+a GPU lost and read again, is a new process whose figures are its own.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from atopgpud_tw.server.render import EXITED_SCAN, PreparedStats, RenderedDevice
 if TYPE_CHECKING:
     from atopgpud_tw.server.board import ClientQueue
 
-#: per (device index, pid): busy sums and samples at a client's ``S``, and the figures sent
-Seen = dict[tuple[int, int], tuple[int, int, int, int, int]]
+#: per process life (`ProcessTotals.life`): busy sums and samples at a client's ``S``, and the figures sent
+Seen = dict[int, tuple[int, int, int, int, int]]
 
 
 class V1Intervals:
@@ -47,7 +49,7 @@ class V1Intervals:
         entries = list(islice(queue.entries, EXITED_SCAN))
         records = []
         for entry in entries:
-            busy, _ = interval_busy(entry.totals, seen.get((entry.device_index, entry.totals.pid)))
+            busy, _ = interval_busy(entry.totals, seen.get(entry.totals.life))
             records.append((entry.device_index, render_process(entry.totals, 1, b"E", busy)))
         result = prepared.body(records) if records else prepared.full
         sent = len(result.exited_sent)
@@ -56,22 +58,17 @@ class V1Intervals:
         if not same_poll:
             kept = {}
             for entry in islice(queue.entries, sent, None):
-                key = (entry.device_index, entry.totals.pid)
-                if key in seen and key not in now_seen:
-                    kept[key] = seen[key]  # still to be told: keep its starting point
+                life = entry.totals.life
+                if life in seen:
+                    kept[life] = seen[life]  # still to be told: keep its starting point
             if kept:
                 now_seen = {**now_seen, **kept}
             clean = not kept
         elif sent:
-            processes = [d.processes for d in counters.devices]
-            gone = [
-                (e.device_index, e.totals.pid)
-                for e in entries[:sent]
-                if e.totals.pid not in processes[e.device_index]
-                and (e.device_index, e.totals.pid) in now_seen
-            ]
+            # an ended life is never active again: once told, its starting point goes
+            gone = {e.totals.life for e in entries[:sent]} & now_seen.keys()
             if gone:
-                now_seen = {k: v for k, v in now_seen.items() if k not in set(gone)}
+                now_seen = {k: v for k, v in now_seen.items() if k not in gone}
         queue.remember_v1(now_seen, generation, prepared, clean)
         return result
 
@@ -96,12 +93,11 @@ class V1Intervals:
         shared_ok = True
         seen, now_seen = queue.seen_v1, {}
         devices = []
-        for index, (device, header) in enumerate(zip(counters.devices, rendered().devices)):
+        for device, header in zip(counters.devices, rendered().devices):
             active = []
             for totals in device.processes.values():
-                key = (index, totals.pid)
-                before = seen.get(key)
-                busy, now_seen[key] = interval_busy(totals, before)
+                before = seen.get(totals.life)
+                busy, now_seen[totals.life] = interval_busy(totals, before)
                 if before is not None and before[2] == totals.samples and before[2]:
                     shared_ok = False  # the figures sent last stand: this client's own
                 active.append((totals.memory_now_kib, totals.pid, render_process(totals, 1, b"A", busy)))
@@ -118,19 +114,25 @@ def interval_busy(
 ) -> tuple[tuple[int, int], tuple[int, int, int, int, int]]:
     """A process's busy figures since a client's previous request, and what to remember.
 
-    Without an earlier request (or when the pid is another process now, its
-    samples fewer than before) the interval is the process's whole life.  With no
-    new sample since, the figures sent last time stand.
+    Without an earlier request for this process's life (`before` is None) the
+    interval is its whole life.  With no new sample since, the figures sent
+    last time stand.  A busy sum that was -1 then (not reported) and is a sum
+    now started again from 0: the interval is that sum's.
     """
     gpu_cum, mem_cum, samples = totals.gpu_busy_cum, totals.mem_busy_cum, totals.samples
-    if before is None or before[2] > samples or before[0] > gpu_cum or before[1] > mem_cum:
+    if before is None or before[2] > samples:
         before = (0, 0, 0, 0, 0)
     count = samples - before[2]
     if count:
-        gpu = -1 if gpu_cum < 0 else (gpu_cum - before[0]) // count
-        mem = -1 if mem_cum < 0 else (mem_cum - before[1]) // count
+        gpu = -1 if gpu_cum < 0 else (gpu_cum - _start(before[0], gpu_cum)) // count
+        mem = -1 if mem_cum < 0 else (mem_cum - _start(before[1], mem_cum)) // count
     elif before[2]:
         gpu, mem = before[3], before[4]
     else:
         gpu, mem = (-1 if gpu_cum < 0 else 0), (-1 if mem_cum < 0 else 0)
     return (gpu, mem), (gpu_cum, mem_cum, samples, gpu, mem)
+
+
+def _start(before: int, cum: int) -> int:
+    """Where a busy sum stood at the previous request: 0 if it was -1 then (it started again)."""
+    return before if 0 <= before <= cum else 0

@@ -143,6 +143,9 @@ def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> Modu
 
     module = module or fresh_pynvml()
     module.nvmlLib = SimulatedLibrary(model, module)  # type: ignore[attr-defined]  # pynvml's global
+    # the simulated host's processes are none of this machine's: their start times (what
+    # /proc/PID/stat says on a real host) are the model's, which readers take from here
+    module.process_start_time = model.process_start_time  # type: ignore[attr-defined]
     return module
 
 

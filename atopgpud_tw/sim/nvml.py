@@ -176,6 +176,8 @@ class SimulatedNvml(HealthDriver):
         #: by id() of a GpuSpec of the scenario (which keeps them)
         self._shift_tables: dict[int, _StampShifts] = {}
         self._event_lock = threading.Lock()
+        #: by pid, when its processes ran (`process_start_time`), made when first asked
+        self._runs: dict[int, list[tuple[float, float | None]]] | None = None
         for name, cls in ERROR_CLASSES.items():
             setattr(self, cls.__name__, cls)
             setattr(self, name, NVML_ERRORS[name])
@@ -262,6 +264,45 @@ class SimulatedNvml(HealthDriver):
     def _check_instance(self, handle: Handle, now: float) -> None:
         if handle.instance is not None and not handle.instance.alive(now):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+
+    def process_start_time(self, pid: int) -> int | None:
+        """The host's start time of the process with this pid now, as ``/proc/PID/stat``
+        gives it (clock ticks: hundredths of a simulated second; None: no such process).
+
+        Scenario processes of one pid whose runs overlap are one process (a
+        process on two GPUs), started when the first of them did; one that
+        starts when or after the others have stopped is another process (a
+        reused pid).  With `repeat`, each round's processes are new ones.
+        """
+        clock = self._clock()
+        now = self.now()
+        runs = self._pid_runs().get(pid, ())
+        for start, stop in runs:
+            if start <= now and (stop is None or now < stop):
+                rounds = int(clock // self.scenario.repeat) if self.scenario.repeat else 0
+                return round((start + rounds * (self.scenario.repeat or 0)) * 100)
+        return None
+
+    def _pid_runs(self) -> dict[int, list[tuple[float, float | None]]]:
+        """By pid: when the processes of that pid ran, overlapping runs joined (made once)."""
+        if self._runs is not None:
+            return self._runs
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for gpu in self.scenario.gpus:
+            for proc in gpu.processes + tuple(p for m in gpu.mig or () for p in m.processes):
+                stop = math.inf if proc.stop is None else proc.stop
+                spans.setdefault(proc.pid, []).append((proc.start or -math.inf, stop))
+        runs: dict[int, list[tuple[float, float | None]]] = {}
+        for pid, found in spans.items():
+            joined: list[list[float]] = []
+            for start, stop in sorted(found):
+                if joined and start < joined[-1][1]:
+                    joined[-1][1] = max(joined[-1][1], stop)
+                else:
+                    joined.append([start, stop])
+            runs[pid] = [(max(start, 0.0), None if stop == math.inf else stop) for start, stop in joined]
+        self._runs = runs
+        return runs
 
     # -- library --
 

@@ -19,6 +19,7 @@ from twisted.logger import Logger
 from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.samples import (
+    DRY_GAP_KNOWN,
     PER_CALL,
     PER_PERIOD,
     ProcessStream,
@@ -104,8 +105,70 @@ class Backoff:
         self.failures = 0
 
 
+#: NOT_SUPPORTED from a call that has answered is believed once it has held this
+#: long and for this many polls, whichever is longer; until then it is a failed reading
+HOLD_SECONDS = 30.0
+HOLD_POLLS = 20
+#: seconds between asking again a call taken as not supported
+RETRY_UNSUPPORTED = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+@dataclass(eq=False)
+class PollTime:
+    """The reader's time of the poll in progress, shared by its devices (what
+    `Support` holds its spells and backoffs to)."""
+
+    now: float = 0.0
+
+
+@dataclass(eq=False)
+class Support:
+    """One call's spell of NOT_SUPPORTED on one device, and whether it is believed.
+
+    From a call that has answered on this device, NOT_SUPPORTED is a failed
+    reading until it has held for `HOLD_SECONDS` and `HOLD_POLLS` polls (a driver
+    answers so for a moment during a GPU reset, a MIG change or a driver
+    reload); then it is believed.  From a call that never answered, it is
+    believed at once: that is what the device is.  A call believed unsupported
+    is asked again at every poll until the spell has held as long, then at
+    `RETRY_UNSUPPORTED`; when it answers it is served again.
+    """
+
+    #: whether the call answered on this device before the spell began
+    answered: bool
+    since: float
+    polls: int = 0
+    last: float | None = None
+    #: whether the spell is believed (the figure is served as not supported)
+    believed: bool = False
+    #: what a failed reading of it is logged as, and whether the giving up was said (then that
+    #: problem stands while it is given up, and its recovery is the line that says it is back)
+    cause: str = ""
+    said: bool = False
+    retry: Backoff = field(default_factory=lambda: Backoff(RETRY_UNSUPPORTED))
+
+    def held(self) -> bool:
+        return self.polls >= HOLD_POLLS and (self.last or 0.0) - self.since >= HOLD_SECONDS
+
+    def refused(self, now: float) -> bool:
+        """Count one refusal; whether it is believed now."""
+        if now != self.last:
+            self.polls += 1
+            self.last = now
+        if self.held():
+            self.retry.failed(now)  # asked again at the next delay
+            self.believed = True
+        elif not self.answered:
+            self.believed = True
+        return self.believed
+
+    def may_ask(self, now: float) -> bool:
+        """Whether the call is made in this poll: at every poll until the spell has held, then at the backoff."""
+        return not self.held() or self.retry.due(now)
+
+
 class Unsupported(Exception):
-    """The device cannot do this; the call is not made again."""
+    """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
 
 
 class Missing(Unsupported):
@@ -155,7 +218,13 @@ class NvmlDevice:
     busid: str
     name: str
     task_support: int = 0
+    #: what the health figures' field values cannot report (an entry's own return code)
     unsupported: set[str] = field(default_factory=set)
+    #: calls that answered on this device, and those in a spell of NOT_SUPPORTED (`Support`)
+    answered: set[str] = field(default_factory=set)
+    support: dict[str, Support] = field(default_factory=dict)
+    #: the poll's time, shared by the reader's devices
+    times: PollTime = field(default_factory=PollTime, repr=False)
     #: the driver's utilization sample buffers, per sample type
     streams: dict[int, SampleStream] = field(default_factory=dict)
     #: the driver's per-process utilization samples
@@ -170,6 +239,8 @@ class NvmlDevice:
     mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
     missing: set[str] = field(default_factory=set)
+    #: sample types whose last `nvmlDeviceGetSamples` call failed
+    samples_failed: set[int] = field(default_factory=set)
     #: how each process list is read, once found: kind ("C", "G") -> binding function
     list_functions: dict[str, str] = field(default_factory=dict)
     #: what was said once per reader (shared by its devices)
@@ -193,7 +264,8 @@ class NvmlDevice:
         key = variant or function
         if key in self.missing:
             raise Missing(key)
-        if key in self.unsupported:
+        support = self.support.get(key)
+        if support is not None and support.believed and not support.may_ask(self.times.now):
             raise Unsupported(key)
         bound = self._bound.get(function)
         if bound is None:
@@ -206,15 +278,16 @@ class NvmlDevice:
         if watch is not None:
             watch.begin(function, self.where)
         try:
-            return bound(self.handle, *args)
+            result = bound(self.handle, *args)
         except self.nvml.NVMLError as error:
             value = getattr(error, "value", None)
             if value == FUNCTION_NOT_FOUND:
                 self.missing.add(key)
                 raise Missing(key) from None
             if value == NOT_SUPPORTED:
-                self.unsupported.add(key)
-                raise Unsupported(key) from None
+                if self._refused(key, function):
+                    raise Unsupported(key) from None
+                raise Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", value) from None
             if value == NOT_FOUND:
                 raise NotFound(function) from None
             cause = f"{function}: {error_name(error)}"
@@ -234,6 +307,53 @@ class NvmlDevice:
         finally:
             if watch is not None:
                 watch.end()
+        if support is not None:
+            self._answers_again(key, support)
+        else:
+            self.answered.add(key)
+        return result
+
+    def _refused(self, key: str, function: str) -> bool:
+        """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""
+        now = self.times.now
+        support = self.support.get(key)
+        if support is None:
+            cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
+            support = self.support[key] = Support(key in self.answered, now, cause=cause)
+        was = support.believed
+        believed = support.refused(now)
+        if believed and not was and support.answered:
+            support.said = True
+            log.warn(
+                "nvml: GPU {busid}: {call} has answered NVML_ERROR_NOT_SUPPORTED for {seconds:.0f} s: "
+                "taken as not supported (its figures -1 or left out), and asked again from time to time",
+                busid=self.busid,
+                call=key,
+                seconds=now - support.since,
+            )
+        return believed
+
+    def _answers_again(self, key: str, support: Support) -> None:
+        """`key` answered after a spell of NOT_SUPPORTED: served again (a problem that stood
+        while it was given up ends, and its recovery is logged)."""
+        del self.support[key]
+        self.answered.add(key)
+
+    def given_up(self, key: str) -> str | None:
+        """The cause of `key` given up after it had answered: a problem while it is."""
+        support = self.support.get(key)
+        return support.cause if support is not None and support.said else None
+
+    def forget_support(self) -> None:
+        """What the device can do is to be found again (its MIG mode changed)."""
+        self.unsupported.clear()
+        self.answered.clear()
+        self.support.clear()
+
+    def refuses(self, key: str) -> bool:
+        """Whether `key` is taken as not supported (or missing) now."""
+        support = self.support.get(key)
+        return key in self.missing or (support is not None and support.believed)
 
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
@@ -311,6 +431,20 @@ def probe_support(device: NvmlDevice) -> int:
     return support
 
 
+def served_support(device: NvmlDevice) -> int:
+    """The task-support bits of the process lists served now: a list taken as not
+    supported (or missing) is not; one failing for a moment still is."""
+    support = 0
+    for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
+        for function in PROCESS_LISTS[kind]:
+            if function in device.missing:
+                continue
+            if not device.refuses(function):
+                support |= bit
+            break
+    return support
+
+
 def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
     """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
 
@@ -322,7 +456,10 @@ def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
     def attempt(function: Callable[[], Any], unsupported: Any = UNSUPPORTED) -> Any:
         try:
             return function()
-        except Unsupported:
+        except Unsupported as refused:
+            cause = device.given_up(str(refused))
+            if cause:
+                problems.add(f"{device.key} {cause}", f"{subject}: {cause}")
             return unsupported
         except (DeviceLost, Reinitialise):
             raise
@@ -353,6 +490,10 @@ class DevicePoll:
     busy: int | None = None
     #: the host clocks against the reader's, to find steps of the driver's clock (None: not looked for)
     host: HostOffsets | None = field(default=None, repr=False)
+    #: whether the device's own GPU samples call failed in this poll (no window of its own)
+    samples_failed: bool = False
+    #: where the processes' start times are read (`readers.starts`; None: not read)
+    starts: Callable[[int], int | None] | None = field(default=None, repr=False)
 
     def call_time_us(self) -> int:
         """The time of the call being made (the poll's, without a clock)."""
@@ -366,6 +507,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     total, used = read_memory(device, attempt)
     processes = attempt(lambda: _read_processes(device, attempt, poll), unsupported=())
+    device.task_support = served_support(device)
     return DeviceSample(
         key=device.key,
         busid=device.busid,
@@ -404,6 +546,8 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
     figures = []
     for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
         value = attempt(lambda kind=kind: _sampled(device, kind, poll), unsupported=_NO_SAMPLES)
+        if value is None and kind == GPU_UTILIZATION_SAMPLES:
+            poll.samples_failed = True
         if value is _NO_SAMPLES:
             figures = [rate(0), rate(1)]
             break
@@ -436,13 +580,35 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
         _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, asked)
     except NotFound:
         samples = []
+    except Failed:
+        device.samples_failed.add(kind)
+        raise
     steady = stamps.steady(f"samples {kind}", [int(_field(s, "timeStamp")) for s in samples], now_us, asked)
-    value, periods = stream.fold([(stamp, _sample_value(s)) for stamp, s in zip(steady, samples)], now_us)
+    pairs = [(stamp, _sample_value(s)) for stamp, s in zip(steady, samples)]
+    if kind in device.samples_failed and pairs:
+        device.samples_failed.discard(kind)
+        _unknown_since_failure(stream, pairs)
+    value, periods = stream.fold(pairs, now_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
         return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
     return value
+
+
+def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]]) -> None:
+    """The first samples after calls that failed: where a gap of more than a skipped
+    sample lies before the oldest (the buffer no longer holds all that came since the
+    last read, after a spell longer than it keeps), that time is not known, and is
+    not taken for idle: the next window starts there."""
+    fresh = [stamp for stamp, _ in pairs if stamp > stream.since]
+    period = stream.period_us
+    if not fresh or not period or stream.window_end is None:
+        return
+    oldest = min(fresh) - period
+    if oldest - stream.covered_to > DRY_GAP_KNOWN * period:
+        stream.covered_to = stream.window_end = oldest
+        stream.cover = [part for part in stream.cover if part[1] > oldest]
 
 
 def _sample_value(sample: Any) -> float:
@@ -497,7 +663,12 @@ def _read_processes(
     for kind in ("C", "G"):
         listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
         if listed is None:
-            return None  # a partial list would make processes seem to end
+            # a partial list would make processes seem to end: they count no sample now.
+            # Their busy samples of this poll are taken off the buffer all the same, so
+            # that the next poll's figures are over that poll alone (as a driver's buffer
+            # may not hold a long spell's)
+            _skip_process_busy(device, attempt, poll)
+            return None
         for proc in listed:
             pid = int(proc.pid)
             memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM, some vGPU guests)
@@ -508,16 +679,35 @@ def _read_processes(
             else:  # one allocation listed under both kinds (or twice): merge_processes's "max" rule
                 found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
     if not found:
+        # the last processes left: their samples are taken off the buffer now, so that
+        # none is counted for a later process (a pid reused after a poll that listed nobody)
+        _skip_process_busy(device, attempt, poll)
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
+    starts = poll.starts or _no_start
     if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
-        return tuple(ProcessSample(pid, kind, memory, busy, busy) for pid, (kind, memory) in found.items())
+        return tuple(
+            ProcessSample(pid, kind, memory, busy, busy, starts(pid)) for pid, (kind, memory) in found.items()
+        )
     idle = (0, 0)
-    return tuple(ProcessSample(pid, kind, memory, *busy.get(pid, idle)) for pid, (kind, memory) in found.items())
+    return tuple(
+        ProcessSample(pid, kind, memory, *busy.get(pid, idle), starts(pid)) for pid, (kind, memory) in found.items()
+    )
 
 
-def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]]:
+def _skip_process_busy(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll) -> None:
+    """Read the per-process samples of this poll and let them go, where processes were listed before."""
+    if device.process_stream.figures and not device.is_mig_instance:
+        attempt(lambda: _process_busy(device, poll))
+
+
+def _no_start(pid: int) -> None:
+    """No start time is read (synchronous reads without a host to ask)."""
+    return None
+
+
+def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:
     """Per-pid busy percentages since the device's last-seen timestamp (`samples`).
 
     A poll that brings no new process sample while the device's own buffer had
@@ -525,6 +715,12 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     next sample is not due yet, which is not idleness.
     """
     stream = device.process_stream
+    if poll.samples_failed and stream.mode != PER_CALL and stream.same_stamps is not False:
+        # the device's own samples failed: no window of the device's in this poll, which
+        # process samples on its stamps are shown over.  Not asked now, the processes count
+        # no sample in this poll, as the device does not; the next poll's window and
+        # process samples cover this poll's time too.
+        return None
     since = stream.since
     gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
     if stream.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
@@ -555,6 +751,10 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
         learnt = stream.learn_period(samples, since)
         period = (gpu.period_us if gpu else None) or learnt
         periods = poll.periods
+        if gpu is not None and gpu.before == 0 and since:
+            # the device's first samples (after its calls failed): their periods are of the
+            # buffer's past, not of this poll's process samples, which are counted by time
+            periods = None
         if periods is not None and since:
             # a skipped sample is a period nobody knows of: not an idle one
             periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
@@ -583,8 +783,8 @@ def _on_device_stamps(stream: ProcessStream, gpu: SampleStream, samples: list[An
     """Whether the driver stamps its process samples as its device samples
     (decided on the first few, then kept); the samples are kept by stamp
     until the device's windows have shown them."""
-    if stream.same_stamps is False:
-        return False
+    if stream.same_stamps is False or not gpu.recent:
+        return False  # (a device whose own samples never came, so far: nothing to tell by)
     for (pid, stamp), figures in fresh_process_samples(samples, since).items():
         stream.pending.setdefault(stamp, {})[pid] = figures
         if stream.same_stamps is None:

@@ -58,7 +58,10 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     def ask(series: Series, scale: float, function: str, *args: Any, variant: str | None = None) -> Any:
         try:
             value = device.call(function, *args, variant=variant)
-        except Unsupported:
+        except Unsupported as refused:
+            cause = device.given_up(str(refused))
+            if cause:  # given up after it had answered: a problem until it answers again
+                reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
             return None
         except (DeviceLost, Reinitialise):
             raise

@@ -53,7 +53,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         )
         total, used = read_memory(card, attempter(card, problems))
         return [_card_sample(card, total, used, ())]
-    samples = [_read_instance(instance, problems) for instance in instances]
+    samples = [_read_instance(instance, problems, poll) for instance in instances]
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
@@ -93,7 +93,8 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     if enabled != card.mig_state.enabled:
         card.mig_state = MigState(enabled=enabled)
         # what a card supports depends on its mode
-        card.unsupported.clear()
+        card.forget_support()
+        card.answered.add("nvmlDeviceGetMigMode")
         shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
         log.info(
             "nvml: GPU {busid} is {state}",
@@ -131,13 +132,16 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         try:
             instance = _identify(card, handle)
         except NotFound:
+            complete = False  # destroyed while looked at, or a passing fault: the next poll tells
             continue
         except Unsupported as unsupported:
-            # a driver that cannot say which instance this is: said once, not guessed
+            # a driver that cannot say which instance this is: said once, not guessed; the
+            # instances known are not taken for gone on it
             problems.add(
                 f"{card.key} mig identity",
                 f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported",
             )
+            complete = False
             continue
         except Reinitialise:
             raise
@@ -145,8 +149,26 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             complete &= _empty_slot(card, slot, failure, problems)
             continue
         found.setdefault(instance.key, instance)
+    if complete and any(key not in found and _still_there(i) for key, i in state.instances.items()):
+        complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
+
+
+def _still_there(instance: NvmlDevice) -> bool:
+    """Whether a known instance that no slot showed still answers on its own handle (a
+    destroyed instance's handle answers INVALID_ARGUMENT, or NOT_FOUND)."""
+    try:
+        instance.call("nvmlDeviceGetGpuInstanceId")
+    except NotFound:
+        return False
+    except (DeviceLost, Reinitialise):
+        raise
+    except Failed as failure:
+        return failure.value != INVALID_ARGUMENT
+    except Unsupported:
+        return False
+    return True
 
 
 def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: Problems) -> bool:
@@ -164,7 +186,8 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     and the profile are read again at every poll.
     """
     probe = NvmlDevice(
-        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch
+        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch,
+        times=card.times,
     )
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
@@ -174,7 +197,8 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
         instance = NvmlDevice(
-            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch
+            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch,
+            times=card.times,
         )
         instance.task_support = probe_support(instance)
     instance.handle = handle
@@ -204,9 +228,9 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
     card.mig_state.instances = dict(found)
 
 
-def _read_instance(instance: NvmlDevice, problems: Problems) -> DeviceSample:
+def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -> DeviceSample:
     try:
-        return read_device(instance, problems)
+        return read_device(instance, problems, DevicePoll(starts=poll.starts))
     except DeviceLost as failure:
         problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {failure.cause}")
         return placeholder(instance).absent()

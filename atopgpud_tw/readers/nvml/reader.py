@@ -36,6 +36,7 @@ from atopgpud_tw.readers.nvml.device import (
     DeviceLost,
     DevicePoll,
     NvmlDevice,
+    PollTime,
     Reinitialise,
     as_text,
     error_name,
@@ -47,6 +48,7 @@ from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.stamps import host_offsets
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
+from atopgpud_tw.readers.starts import start_times
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
@@ -111,6 +113,10 @@ class NvmlReader:
         self._said: set[str] = set()
         #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents()
+        #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
+        self._starts = start_times(nvml)
+        #: the time of the poll in progress, which the devices' `Support` spells are held to
+        self._times = PollTime()
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -172,7 +178,9 @@ class NvmlReader:
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
         for (handle, _, busid, name), key in zip(found, keys):
-            device = NvmlDevice(self.nvml, handle, key, busid, name, said=self._said, watch=self.calls)
+            device = NvmlDevice(
+                self.nvml, handle, key, busid, name, said=self._said, watch=self.calls, times=self._times
+            )
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
@@ -256,6 +264,7 @@ class NvmlReader:
 
     def _read(self, now: float) -> tuple[Snapshot, Problems]:
         problems = Problems()
+        self._times.now = now
         if not self._initialised or not (self._devices or self._unusable):
             if not self._retry.due(now):
                 problems.add("init", "NVML is being set up again")
@@ -274,7 +283,7 @@ class NvmlReader:
         samples = []
         lost = False
         for card in self._devices:
-            poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets)
+            poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets, starts=self._starts)
             try:
                 found = read_card(card, self.mig_mode, problems, poll)
             except Reinitialise as failure:
