@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import pytest
-from test_faults import Run as FaultRun
-from test_faults import gpu
+from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
 from atopgpud_tw.readers.nvml.reader import NvmlReader
@@ -30,22 +29,59 @@ def lines() -> Iterator[list[tuple[str, str]]]:
     globalLogPublisher.removeObserver(observe)
 
 
-class Run(FaultRun):
-    """test_faults' run, with each poll's problems logged as the reactor's poll logs them."""
+def gpu(index: int, faults: Any = (), **extra: Any) -> dict[str, Any]:
+    return {
+        "busid": f"00000000:{0x17 + index:02X}:00.0",
+        "gpu_util": 40,
+        "mem_util": 10,
+        "processes": [{"pid": 100 + index, "memory_mib": 8, "sm_util": 20, "mem_util": 2}],
+        "faults": list(faults),
+        "samples_supported": False,
+        **extra,
+    }
+
+
+class Run:
+    """The NVML reader over a scenario, polled once a simulated second into a Board, each
+    poll's problems logged as the reactor's poll logs them."""
+
+    def __init__(self, scenario: dict[str, Any]) -> None:
+        from atopgpud_tw.server.board import Board
+
+        self.clock = Clock()
+        self.nvml = simulated_binding(parse_scenario(scenario), clock=self.clock.seconds)
+        self.calls: dict[str, int] = {}
+        model = self.nvml.nvmlLib.model
+        real_init = model.nvmlInit
+
+        def counted() -> None:
+            self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
+            real_init()
+
+        model.nvmlInit = counted
+        self.reader = NvmlReader(self.nvml, reactor=None)
+        self.reader.open()
+        self.board = Board()
+        self.history: list[list[tuple[int, ...]]] = []
 
     def poll(self) -> None:
-        read = self.reader.read
+        snapshot, problems = self.reader.read(self.clock.seconds())
+        self.reader._problems.report(problems)
+        self.board.fold(snapshot)
+        self.history.append([(d.samples, d.gpu_busy_total, d.mem_busy_total) for d in self.board.counters.devices])
 
-        def reported(now: float) -> Any:
-            snapshot, problems = read(now)
-            self.reader._problems.report(problems)
-            return snapshot, problems
+    def until(self, seconds: float) -> None:
+        while self.clock.seconds() < seconds:
+            self.poll()
+            self.clock.advance(1.0)
 
-        self.reader.read = reported  # type: ignore[method-assign]
-        try:
-            super().poll()
-        finally:
-            del self.reader.read
+    def device(self, index: int) -> Any:
+        return self.board.counters.devices[index]
+
+    def assert_monotonic(self) -> None:
+        for before, after in zip(self.history, self.history[1:]):
+            for old, new in zip(before, after):
+                assert all(b >= a for a, b in zip(old, new)), (old, new)
 
 
 def nvml_lines(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
