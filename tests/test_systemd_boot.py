@@ -283,11 +283,11 @@ DRIVER_LOAD_AFTER = 10
 
 
 def test_atop_started_at_boot_shows_the_gpus_of_a_driver_loaded_10_s_later(boot_box: Container) -> None:
-    """The shipped units enabled, Debian's atop.service enabled (logging every 2 s, with -k as docs/atop.md says), the daemon on
-    --reader auto over the real nvidia-ml-py on the simulated library, whose driver is loaded by
-    a timer 10 s after boot.  After a reboot: the daemon waited for the driver (one line each
-    way), atop started only once the driver was loaded, and every sample atop logged has both
-    GPUs."""
+    """The shipped units enabled, Debian's atop.service enabled (logging every 2 s, with -k as
+    docs/atop.md says), the daemon on --reader auto over the real nvidia-ml-py on the simulated
+    library, whose driver is loaded by a timer 10 s after boot.  After a reboot: the daemon
+    waited for the driver (one line each way), atop started only once the driver was loaded,
+    and every sample atop logged has both GPUs."""
     box = boot_box
     shim = box.run([f"{VENV}/bin/python", "-c", "import atopgpud_tw.sim as s, os; "
                     "print(os.path.join(os.path.dirname(s.__file__), 'shim'))"], check=True).stdout.strip()

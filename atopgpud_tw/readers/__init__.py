@@ -90,7 +90,11 @@ def _open(reader: IReader, settings: ReaderSettings, say: Callable[[str], None])
             lambda text: say(f"{reader.name}: {text}"),
         )
     except StartupHang as error:
-        raise ReaderUnavailable(str(error)) from None
+        raise _Hung(str(error)) from None
+
+
+class _Hung(ReaderUnavailable):
+    """A reader whose opening hung in a call (said at once, as its fall-back is)."""
 
 
 def make_reader(
@@ -99,9 +103,9 @@ def make_reader(
     """The reader `settings` ask for, opened, and the devices it found.
 
     `auto` tries nvml, then nvidia-smi.  `say` is told, in one line each, what
-    start-up waits for while a reader opens (an NVML call that hangs) and why
-    `auto` moves on to nvidia-smi: before the reactor runs the log is not yet
-    written anywhere, so the caller prints it (and tells systemd).
+    start-up waits for while a reader opens (an NVML call that hangs), and that
+    `auto` moves on to nvidia-smi after such a hang: before the reactor runs the
+    log is not yet written anywhere, so the caller prints it (and tells systemd).
     """
     order = ("nvml", "nvidia-smi") if settings.kind == "auto" else (settings.kind,)
     say = say or (lambda text: None)
@@ -113,7 +117,11 @@ def make_reader(
         except ReaderUnavailable as error:
             reasons.append(f"{name}: {error}")
             if position + 1 < len(order):
-                say(f"{name}: {error}; trying {order[position + 1]}")
+                fallback = f"{name}: {error}; trying {order[position + 1]}"
+                if isinstance(error, _Hung):
+                    say(fallback)
+                else:
+                    log.info("{fallback}", fallback=fallback)
             continue
         log.info("reading GPUs through {reader}", reader=reader.name)
         return reader, layout
