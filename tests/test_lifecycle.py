@@ -186,3 +186,57 @@ def test_a_gpu_lost_for_good_is_said_once(lines):
     # the GPU's own line at discovery, then its loss once
     assert len(mentioned) == 2, mentioned
     assert "NVML_ERROR_GPU_IS_LOST" in mentioned[1]
+
+
+class Sent:
+    """A notifier that keeps what it would send."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, str]] = []
+
+    def send(self, **fields: str) -> None:
+        self.messages.append(fields)
+
+
+class RunningClock(Clock):
+    def callWhenRunning(self, f: Any, *args: Any) -> None:  # noqa: N802 - Twisted's name
+        f(*args)
+
+
+def test_ready_is_held_while_the_driver_is_waited_for(lines):
+    """READY=1 waits for the reader's driver, with a status line saying so; it is sent once the
+    GPUs are known, within half a second."""
+    from atopgpud_tw.server.notify import NotifyService
+
+    sent, clock = Sent(), RunningClock()
+    waiting: list[str | None] = ["waiting for the NVIDIA driver (DRIVER_NOT_LOADED)"]
+    service = NotifyService(sent, lambda: f"sim: 0 GPUs; {waiting[0]}" if waiting[0] else "sim: 2 GPUs",
+                            clock, lambda: waiting[0], 60.0)  # type: ignore[arg-type]
+    service.startService()
+    clock.advance(10)
+    assert sent.messages == [{"STATUS": "sim: 0 GPUs; waiting for the NVIDIA driver (DRIVER_NOT_LOADED)"}]
+    waiting[0] = None
+    clock.advance(0.5)
+    assert sent.messages[-1] == {"READY": "1", "STATUS": "sim: 2 GPUs"} and service.ready
+    service.stopService()
+    assert not clock.getDelayedCalls()
+
+
+def test_ready_is_sent_after_the_bound_without_the_driver_with_a_warning(lines):
+    """A driver that does not come: READY=1 after --driver-wait all the same, with one warning
+    saying what an atop started now will miss."""
+    from atopgpud_tw.server.notify import NotifyService
+
+    sent, clock = Sent(), RunningClock()
+    service = NotifyService(sent, lambda: "sim: 0 GPUs; waiting", clock, lambda: "waiting for it", 5.0)  # type: ignore[arg-type]
+    service.startService()
+    clock.advance(4.5)
+    assert all("READY" not in m for m in sent.messages)
+    clock.advance(0.5)
+    assert sent.messages[-1] == {"READY": "1", "STATUS": "sim: 0 GPUs; waiting"}
+    warned = [text for level, text in lines if level == "warn"]
+    assert warned == ["ready without GPUs: still waiting for it after 5 s (--driver-wait); an atop that starts "
+                      "before the driver is loaded shows no GPU until it is restarted"]
+    service.stopService()
