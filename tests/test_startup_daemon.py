@@ -162,3 +162,26 @@ def test_a_driver_loaded_after_start_up_is_waited_for_before_ready(tmp_path: Pat
     assert log.count("the NVIDIA driver is not loaded (at boot") == 1, log
     assert log.count("nvml: the NVIDIA driver answers after ") == 1, log
     assert err.read_text() == ""
+
+
+def test_a_driver_upgraded_beneath_the_daemon_is_said_once_each_way(tmp_path: Path) -> None:
+    """LIB_RM_VERSION_MISMATCH from every call for 2 s while serving: one warning with the cause
+    and what to do, the status line says what it waits for, one line when NVML works again."""
+    scenario = {"gpus": [{"busid": "00000000:17:00.0"}, {"busid": "00000000:65:00.0"}],
+                "faults": [{"call": "*", "error": "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "from": 1, "until": 3}]}
+    listener = Listener()
+    proc, out, err, _ = start(tmp_path, listener, ["--reader", "sim", "--interval", "0.5"], scenario=scenario)
+    try:
+        deadline = time.monotonic() + 20
+        while "NVML works again" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)
+    finally:
+        stop_process(proc)
+        listener.close()
+    log = out.read_text()
+    assert log.count("NVML_ERROR_LIB_RM_VERSION_MISMATCH") == 2, log  # the warning, and the recovery naming it
+    assert log.count("usually because the driver was upgraded and its module not yet reloaded (reboot, or unload "
+                     "and load the nvidia modules)") == 1, log
+    assert log.count("nvml: NVML works again after ") == 1, log
+    assert "recovered" not in log and "#error" not in log, log
