@@ -145,6 +145,12 @@ class Options(usage.Options):
          "killed and that poll is skipped.", _seconds("smi-timeout")],
         ["hang-warning", None, 10.0, "Seconds an NVML call may run before it is logged as hung "
          "(once, and once more when it returns).", _seconds("hang-warning")],
+        ["start-timeout", None, 30.0, "Seconds an NVML call may run while the reader is opened at "
+         "start-up: beyond it --reader auto falls back to nvidia-smi, and other readers end start-up "
+         "with exit status 1.", _seconds("start-timeout")],
+        ["driver-wait", None, 60.0, "Seconds to hold back telling systemd the daemon is ready while "
+         "the NVIDIA driver is not loaded yet (at boot); it looks for the driver all the same.",
+         _seconds("driver-wait")],
         ["mig", None, "instances", "How a card in MIG mode is shown: instances (each "
          "MIG instance a device) or card (one device).", _choice("mig", *MIG_MODES)],
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
@@ -219,6 +225,7 @@ def reader_settings(options: Options) -> ReaderSettings:
         smi_path=options["nvidia-smi"],
         smi_timeout=options["smi-timeout"],
         hang_warning=options.get("hang-warning"),
+        start_timeout=options.get("start-timeout"),
     )
 
 
@@ -228,8 +235,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from twisted.internet import reactor
     use_monotonic_clock(reactor)  # before anything reads the time or schedules (atopgpud_tw/clock.py)
     _check_pidfile(getattr(options, "parent", None))
+    notifier = Notifier()
     try:
-        reader, layout = make_reader(reader_settings(options), reactor)
+        reader, layout = make_reader(reader_settings(options), reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
     counters = Counters(weigh_processes=options["metrics-processes"])
@@ -275,9 +283,21 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         checked.append((description, CheckedEndpoint(endpoint, group, exposed), served))
     for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
         ListeningService(port).setServiceParent(top)
-    notifier = Notifier()
-    NotifyService(notifier, poller.status, reactor).setServiceParent(top)
+    NotifyService(notifier, poller.status, reactor, lambda: poller.waiting,
+                  options["driver-wait"]).setServiceParent(top)
     return top
+
+
+def _start_up_line(notifier: Notifier) -> Callable[[str], None]:
+    """What start-up waits for, said at once: on standard error (the log is written
+    nowhere until the service is built) and as systemd's status line."""
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"atopgpud: {text}\n")
+        sys.stderr.flush()
+        notifier.send(STATUS=f"starting: {text}")
+
+    return say
 
 
 def _check_pidfile(server: Any) -> None:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 E2E_MODULES = {
     "test_activation", "test_atop", "test_daemon", "test_descriptors", "test_driver_behaviours_daemon",
     "test_listen_failures", "test_notify", "test_prometheus", "test_rules", "test_signals", "test_smi_daemon",
-    "test_smi_reader", "test_systemd_boot", "test_style",
+    "test_smi_reader", "test_startup_daemon", "test_systemd_boot", "test_style",
     "test_atop_limits",
 }
 

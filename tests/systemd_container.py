@@ -301,6 +301,8 @@ class Container:
         self.root = root
         #: what the container printed on its console
         self.console = console
+        #: boots the tree again (`reboot`): sets `nspawn`; given by `booted`
+        self._boot: Callable[[], None] | None = None
         #: seconds `booted` took: to get the tree, to be ready (all in), and within that, to install:
         #: the dependencies' wheels copied in, the project's, the dependencies installed, all installed
         self.timings: dict[str, float] = {}
@@ -412,6 +414,20 @@ class Container:
     def is_active(self, unit: str) -> bool:
         """Whether ``systemctl is-active UNIT`` says active."""
         return self.systemctl("is-active", "--quiet", unit, check=False).returncode == 0
+
+    def reboot(self, timeout: float = 90.0) -> None:
+        """Power the container off cleanly and boot the same tree again (what was written to it
+        stays, /run starts empty); `nspawn` and `leader` become the new boot's.
+
+        Not ``systemctl reboot``: nspawn's own reboot fails where the host's /run is no
+        tmpfs (it will not remove its propagation directory there)."""
+        if self._boot is None:
+            raise RuntimeError("this container cannot be booted again")
+        _stop(self.nspawn, self.leader, 20.0)
+        self._boot()
+        deadline = time.monotonic() + timeout
+        self.leader = _container_leader(self.nspawn, self.console, timeout)
+        _wait_running(self, max(1.0, deadline - time.monotonic()))
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
         """Poll `predicate` every 50 ms until true; AssertionError after `timeout`."""
@@ -555,16 +571,29 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     console = tmp / "console.log"
     nspawn: subprocess.Popen[bytes] | None = None
     leader: int | None = None
-    try:
-        with open(console, "wb") as out:
-            nspawn = subprocess.Popen(
+    box: Container | None = None
+
+    def start() -> subprocess.Popen[bytes]:
+        # nspawn leaves its propagation directory behind when the host's /run is no tmpfs
+        with contextlib.suppress(OSError):
+            shutil.rmtree(f"/run/systemd/nspawn/propagate/{machine}")
+        with open(console, "ab") as out:
+            return subprocess.Popen(
                 ["systemd-nspawn", "--register=no", "--keep-unit", *([] if network else ["--private-network"]),
                  "--console=read-only", "--setenv=SYSTEMD_COLORS=0",
                  f"--machine={machine}", "-q", "-b", "-D", str(merged), "systemd.show_status=1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
+
+    def boot_again() -> None:
+        assert box is not None
+        box.nspawn = start()
+
+    try:
+        nspawn = start()
         leader = _container_leader(nspawn, console, boot_timeout)
         box = Container(nspawn, leader, merged, console)
+        box._boot = boot_again
         box.timings["tree"] = tree_seconds
         if wheels is not None:
             # the wheels are made, and installed, while the container boots
@@ -578,6 +607,8 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     finally:
         if wheels is not None:
             wheels.close()
+        if box is not None:
+            nspawn, leader = box.nspawn, box.leader
         if nspawn is not None:
             _stop(nspawn, leader, stop_timeout)
         _unmount(merged)

@@ -85,6 +85,9 @@ class Run:
     status: int
     names: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
+    #: the lines the command prints on stderr, and which of them the quote is
+    lines: int = 1
+    line: int = 0
 
 
 def held_abstract(name: str) -> socket.socket:
@@ -187,6 +190,17 @@ def taken_metrics(tmp: Path, held: list) -> Run:
                         f"tcp:{port}:interface=127.0.0.1"), 1, {"9445": port})
 
 
+def hung_at_start_up(line: int) -> Callable[[Path, list], Run]:
+    def start(tmp: Path, held: list) -> Run:
+        hang = {"call": "nvmlDeviceGetUUID", "error": "hang", "until": 3600}
+        gpus = [{"busid": "00000000:17:00.0", "faults": [hang]}]
+        (tmp / "hung.json").write_text(json.dumps({"gpus": gpus}))
+        return Run(atopgpud("--reader", "sim", "--scenario", "hung.json", "--hang-warning", "1", "--start-timeout", "3",
+                            "--listen", f"unix:@{unique()}"), 1, cwd=tmp, lines=2, line=line)
+
+    return start
+
+
 def no_nvml(tmp: Path, held: list) -> Run:
     return Run(atopgpud("--reader", "nvml", "--listen", f"unix:@{unique()}"), 1)
 
@@ -221,6 +235,10 @@ CASES: dict[tuple[str, str], Callable[[Path, list], Run]] = {
     ("docs/reliability.md", "... another process holds /run/atopgpud/atopgpud.sock.lock"): lock_held,
     ("docs/reliability.md", "... on tcp:9445:interface=127.0.0.1 (--metrics): ..."): taken_metrics,
     ("docs/reliability.md", "atopgpud: nvml: the NVML library (libnvidia-ml.so.1) is not installed"): no_nvml,
+    ("docs/reliability.md", "atopgpud: sim: NVML call nvmlDeviceGetUUID on GPU 00000000:17:00.0 has not returned "
+                            "for 1 s; start-up waits for it up to 3 s (--start-timeout)"): hung_at_start_up(0),
+    ("docs/reliability.md", "atopgpud: sim: NVML call nvmlDeviceGetUUID on GPU 00000000:17:00.0 has not returned "
+                            "after 3 s (--start-timeout)"): hung_at_start_up(1),
     ("docs/simulator.md", "atopgpud: sim: scenario mig.json: gpus[0].mig[1].profile must be a name such as 3g.40gb"):
         mig_scenario,
     ("docs/simulator.md", "atopgpud: sim: scenario /dev/zero: not a regular file"):
@@ -275,7 +293,7 @@ def held() -> Iterator[list]:
 @pytest.mark.e2e
 @pytest.mark.parametrize(("document", "quote"), sorted(CASES), ids=[f"{d}:{q[:40]}" for d, q in sorted(CASES)])
 def test_quoted_error_is_what_the_command_prints(tmp_path: Path, held: list, document: str, quote: str) -> None:
-    """The command prints the quoted message, alone on one line of stderr, and exits with its status."""
+    """The command prints the quoted message on its line of stderr (alone, for most), and exits with its status."""
     if quote.startswith("atopgpud: nvml:") and Path("/dev/nvidiactl").exists():
         pytest.skip("NVML is installed here")
     run = CASES[(document, quote)](tmp_path, held)
@@ -283,7 +301,7 @@ def test_quoted_error_is_what_the_command_prints(tmp_path: Path, held: list, doc
     done = subprocess.run(run.command, capture_output=True, text=True, timeout=60, cwd=run.cwd,
                           stdin=subprocess.DEVNULL, env=env)
     assert done.returncode == run.status, done
-    assert done.stderr.endswith("\n") and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.endswith("\n") and done.stderr.count("\n") == run.lines, done.stderr
     assert done.stdout == "" or "Traceback" not in done.stdout
-    line = done.stderr[:-1]
+    line = done.stderr.splitlines()[run.line]
     assert expected_line(document, quote, run).fullmatch(line), f"the docs say {quote!r}; printed {line!r}"

@@ -46,6 +46,7 @@ NAMESPACES = {
     "atopgpud_tw.listening",
     "atopgpud_tw.listening.AcceptLog",
     "atopgpud_tw.notify.Notifier",
+    "atopgpud_tw.notify.NotifyService",
     "atopgpud_tw.signals.SignalService",
     "atopgpud_tw.metrics.MetricsResource",
     "atopgpud_tw.metrics_health",

@@ -272,3 +272,58 @@ def test_a_listener_conflict_fails_the_unit(box: Container, stopped: str) -> Non
         holder.communicate(timeout=30)
         box.systemctl("stop", SERVICE, check=False)
         box.systemctl("reset-failed", SERVICE, check=False)
+
+
+#: a second container, for the test that reboots it (the module's box is left as it is)
+boot_box = container_fixture()
+
+#: the simulated driver's kernel module is "loaded" when this file exists (the scenario's
+#: driver_loaded_file); /run starts empty at every boot
+DRIVER_FILE = "/run/sim-nvidia/loaded"
+DRIVER_LOAD_AFTER = 10
+
+
+def test_atop_started_at_boot_shows_the_gpus_of_a_driver_loaded_10_s_later(boot_box: Container) -> None:
+    """The shipped units enabled, Debian's atop.service enabled (logging every 2 s, with -k as
+    docs/atop.md says), the daemon on --reader auto over the real nvidia-ml-py on the simulated
+    library, whose driver is loaded by a timer 10 s after boot.  After a reboot: the daemon
+    waited for the driver (one line each way), atop started only once the driver was loaded,
+    and every sample atop logged has both GPUs."""
+    box = boot_box
+    shim = box.run([f"{VENV}/bin/python", "-c", "import atopgpud_tw.sim as s, os; "
+                    "print(os.path.join(os.path.dirname(s.__file__), 'shim'))"], check=True).stdout.strip()
+    gpus = demo_gpus()
+    box.write_file("/etc/atopgpud-boot.json", json.dumps({"gpus": gpus, "driver_loaded_file": DRIVER_FILE}))
+    box.write_file("/etc/systemd/system/sim-nvidia-driver.service",
+                   "[Unit]\nDescription=the simulated NVIDIA driver's kernel module, loaded\n"
+                   f"[Service]\nType=oneshot\nExecStart=/bin/sh -c 'mkdir -p /run/sim-nvidia && touch {DRIVER_FILE}'\n")
+    box.write_file("/etc/systemd/system/sim-nvidia-driver.timer",
+                   f"[Timer]\nOnBootSec={DRIVER_LOAD_AFTER}s\nAccuracySec=100ms\n[Install]\nWantedBy=timers.target\n")
+    box.write_file("/etc/default/atop", "LOGOPTS=\"-k\"\nLOGINTERVAL=2\nLOGGENERATIONS=28\nLOGPATH=/var/log/atop\n")
+    # the shipped ExecStart= (--reader auto), with the simulated library beneath the real binding
+    dropin = exec_start_dropin((), more=f"Environment=PYTHONPATH={shim} ATOPGPUD_SCENARIO=/etc/atopgpud-boot.json\n")
+    box.install_units([SERVICE, *SOCKETS], overrides={SERVICE: dropin})
+    box.systemctl("unmask", "atop.service")  # the harness masks it in the tree
+    box.systemctl("enable", SERVICE, *SOCKETS, "sim-nvidia-driver.timer", "atop.service")
+    box.reboot()
+
+    def monotonic(unit: str, prop: str) -> int:
+        return int(show(box, unit, prop)[prop])
+
+    loaded_at = monotonic("sim-nvidia-driver.service", "ExecMainStartTimestampMonotonic")
+    assert loaded_at > 0, "the driver timer did not run"
+    assert box.is_active(SERVICE) and box.is_active("atop.service")
+    assert monotonic(SERVICE, "ExecMainStartTimestampMonotonic") < loaded_at, "the daemon started after the driver"
+    assert monotonic(SERVICE, "ActiveEnterTimestampMonotonic") >= loaded_at, "ready before the driver"
+    assert monotonic("atop.service", "ExecMainStartTimestampMonotonic") >= loaded_at, "atop started before the driver"
+    assert show(box, SERVICE, "StatusText") == {"StatusText": "nvml: 2 GPUs"}
+    log = box.journal(SERVICE)
+    assert log.count("nvmlInit answered NVML_ERROR_DRIVER_NOT_LOADED: the NVIDIA driver is not loaded") == 1, log
+    assert log.count("nvml: the NVIDIA driver answers after ") == 1, log
+    assert "Traceback" not in log, log
+    raw = "/var/log/atop/atop_$(date +%Y%m%d)"
+    box.wait_for(lambda: len(parse_output(box.run(["sh", "-c", f"atop -r {raw} -P GPU"]).stdout)) >= 3,
+                 timeout=30, what="3 samples in atop's log")
+    out = box.run(["sh", "-c", f"atop -r {raw} -P GPU"], check=True).stdout
+    counts = gpu_samples(out)
+    assert len(counts) >= 3 and counts == [len(gpus)] * len(counts), f"GPU lines per sample: {counts}\n{out}"

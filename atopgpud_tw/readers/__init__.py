@@ -7,7 +7,7 @@ with a one-line reason when none can work here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from twisted.logger import Logger
 
@@ -35,6 +35,8 @@ class ReaderSettings:
     smi_timeout: float = 5.0
     #: seconds an NVML call may run before it is logged as hung (None: the watchdog's default)
     hang_warning: float | None = None
+    #: seconds an NVML call may run while the reader is opened at start-up (None: the default)
+    start_timeout: float | None = None
 
 
 def _nvml(settings: ReaderSettings, reactor: Any) -> IReader:
@@ -75,19 +77,51 @@ def _hang_after(settings: ReaderSettings) -> float:
 _MAKERS = {"nvml": _nvml, "nvidia-smi": _smi, "sim": _sim}
 
 
-def make_reader(settings: ReaderSettings, reactor: Any) -> tuple[IReader, Snapshot]:
+def _open(reader: IReader, settings: ReaderSettings, say: Callable[[str], None]) -> Snapshot:
+    """The reader opened; an NVML reader's calls watched while it opens (`open_watched`)."""
+    calls = getattr(reader, "calls", None)
+    if calls is None:
+        return reader.open()
+    from atopgpud_tw.readers.nvml.watchdog import START_TIMEOUT, StartupHang, open_watched
+
+    try:
+        return open_watched(
+            reader.open, calls, calls.clock, _hang_after(settings), settings.start_timeout or START_TIMEOUT,
+            lambda text: say(f"{reader.name}: {text}"),
+        )
+    except StartupHang as error:
+        raise _Hung(str(error)) from None
+
+
+class _Hung(ReaderUnavailable):
+    """A reader whose opening hung in a call (said at once, as its fall-back is)."""
+
+
+def make_reader(
+    settings: ReaderSettings, reactor: Any, say: Callable[[str], None] | None = None
+) -> tuple[IReader, Snapshot]:
     """The reader `settings` ask for, opened, and the devices it found.
 
-    `auto` tries nvml, then nvidia-smi.
+    `auto` tries nvml, then nvidia-smi.  `say` is told, in one line each, what
+    start-up waits for while a reader opens (an NVML call that hangs), and that
+    `auto` moves on to nvidia-smi after such a hang: before the reactor runs the
+    log is not yet written anywhere, so the caller prints it (and tells systemd).
     """
     order = ("nvml", "nvidia-smi") if settings.kind == "auto" else (settings.kind,)
+    say = say or (lambda text: None)
     reasons = []
-    for name in order:
+    for position, name in enumerate(order):
         try:
             reader = _MAKERS[name](settings, reactor)
-            layout = reader.open()
+            layout = _open(reader, settings, say)
         except ReaderUnavailable as error:
             reasons.append(f"{name}: {error}")
+            if position + 1 < len(order):
+                fallback = f"{name}: {error}; trying {order[position + 1]}"
+                if isinstance(error, _Hung):
+                    say(fallback)
+                else:
+                    log.info("{fallback}", fallback=fallback)
             continue
         log.info("reading GPUs through {reader}", reader=reader.name)
         return reader, layout

@@ -6,6 +6,11 @@ listens: both happen before, or start-up fails with exit status 1), a ``STATUS=`
 line that ``systemctl status`` shows (the reader, the GPUs, failing polls) whenever
 it changes, and ``STOPPING=1`` when it shuts down.  Without ``NOTIFY_SOCKET``
 nothing is sent and nothing is scheduled.
+
+A reader that waits for its driver (not loaded yet at boot) holds ``READY=1``
+back, with a status line that says what it waits for, until it has its GPUs or
+`ready_within` seconds have passed: units ordered after this one (atop, which
+asks for the GPUs once, when it starts) start once the GPUs are known.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from atopgpud_tw.lognames import ClassLogger
 
 #: how often the status line is looked at (it is sent only when it changed)
 STATUS_EVERY = 5.0
+#: how often, while READY=1 is held for the reader (a driver not loaded yet), it is looked at
+READY_CHECK = 0.5
+#: seconds READY=1 is held at most for a reader that waits for its driver (--driver-wait)
+DRIVER_WAIT = 60.0
 
 
 class Notifier:
@@ -53,14 +62,29 @@ class Notifier:
 
 
 class NotifyService(Service):
-    """READY=1 and the first status when the reactor runs; STOPPING=1 at stop."""
+    """READY=1 and the first status when the reactor runs (or once the reader stops
+    waiting for its driver); STOPPING=1 at stop."""
 
-    def __init__(self, notifier: Notifier, status: Callable[[], str], clock: Any) -> None:
+    log = ClassLogger("atopgpud_tw.notify.NotifyService")
+
+    def __init__(
+        self,
+        notifier: Notifier,
+        status: Callable[[], str],
+        clock: Any,
+        waiting: Callable[[], str | None] = lambda: None,
+        ready_within: float = DRIVER_WAIT,
+    ) -> None:
         self.notifier = notifier
         self.status = status
         self.clock = clock
+        #: what the daemon waits for before it is ready (None: nothing)
+        self.waiting = waiting
+        self.ready_within = ready_within
+        self.ready = False
         self._sent: str | None = None
         self._loop: LoopingCall | None = None
+        self._began = 0.0
 
     def startService(self) -> None:
         super().startService()
@@ -70,11 +94,39 @@ class NotifyService(Service):
     def _ready(self) -> None:
         if not self.running:
             return
+        if self.waiting() is None:
+            self._say_ready()
+            return
+        self._began = self.clock.seconds()
+        self.refresh()
+        self._repeat(self._until_ready, READY_CHECK)
+
+    def _until_ready(self) -> None:
+        waiting = self.waiting()
+        if waiting is None:
+            self._say_ready()
+        elif self.clock.seconds() - self._began >= self.ready_within:
+            self.log.warn(
+                "ready without GPUs: still {waiting} after {within:g} s (--driver-wait); an atop that "
+                "starts before the driver is loaded shows no GPU until it is restarted",
+                waiting=waiting, within=self.ready_within,
+            )
+            self._say_ready()
+        else:
+            self.refresh()
+
+    def _say_ready(self) -> None:
+        self.ready = True
         self._sent = self.status()
         self.notifier.send(READY="1", STATUS=self._sent)
-        self._loop = LoopingCall(self.refresh)
+        self._repeat(self.refresh, STATUS_EVERY)
+
+    def _repeat(self, function: Callable[[], None], every: float) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = LoopingCall(function)
         self._loop.clock = self.clock
-        self._loop.start(STATUS_EVERY, now=False)
+        self._loop.start(every, now=False)
 
     def refresh(self) -> None:
         """Send the status line if it changed since the last one sent."""

@@ -41,6 +41,9 @@ class PollerService(Service):
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
         self._ticks = 0
+        #: what the reader waited for when its latest poll was folded in (the driver, at
+        #: boot), or at start-up before any poll; None: nothing
+        self.waiting: str | None = self._reader_waits()
 
     @property
     def failing(self) -> str | None:
@@ -54,9 +57,15 @@ class PollerService(Service):
         text = f"{self.reader.name}: {len(devices) - lost} GPU{'' if len(devices) - lost == 1 else 's'}"
         if lost:
             text += f", {lost} lost"
+        if self.waiting is not None:
+            text += f"; {self.waiting}"
         if self.failing is not None:
             text += f"; polls failing: {self.failing}"
         return text
+
+    def _reader_waits(self) -> str | None:
+        waiting_for = getattr(self.reader, "waiting_for", None)
+        return None if waiting_for is None else waiting_for()
 
     def startService(self) -> None:
         super().startService()
@@ -88,6 +97,7 @@ class PollerService(Service):
     def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
         self.board.fold(snapshot, taken, since)
         self.polls += 1
+        self.waiting = self._reader_waits()
         failed_with = self._failing.value
         if self._failing.change(None):
             self.log.info("polls work again (they failed with {cause})", cause=failed_with)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -308,6 +309,9 @@ class SimulatedNvml(HealthDriver):
 
     def nvmlInit(self) -> None:
         self._enter("nvmlInit")
+        loaded = self.scenario.driver_loaded_file
+        if loaded is not None and not os.path.exists(loaded):
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_DRIVER_NOT_LOADED"])
         self._initialised += 1
 
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -326,7 +330,8 @@ class SimulatedNvml(HealthDriver):
         return len(self.scenario.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
-        handle = Handle(index)
+        order = self.scenario.order(self.now()) if self.scenario.reorder else None
+        handle = Handle(order[index] if order is not None and 0 <= index < len(order) else index)
         self._enter("nvmlDeviceGetHandleByIndex", handle)
         if not 0 <= index < len(self.scenario.gpus):
             raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])

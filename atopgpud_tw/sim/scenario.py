@@ -246,6 +246,20 @@ class Scenario:
     #: (when, seconds): the host sleeps that long at `when`: simulated time (the
     #: monotonic clock) stands still, the wall clock and CLOCK_BOOTTIME go on
     suspends: tuple[tuple[float, float], ...] = ()
+    #: nvmlInit answers DRIVER_NOT_LOADED while this file does not exist (a kernel
+    #: module loaded later, at boot); None: the driver is loaded
+    driver_loaded_file: str | None = None
+    #: (from, order): from that simulated time on, NVML index i is the scenario's GPU
+    #: order[i] (GPUs enumerated in another order, as after a reset or a reboot)
+    reorder: tuple[tuple[float, tuple[int, ...]], ...] = ()
+
+    def order(self, now: float) -> tuple[int, ...] | None:
+        """The scenario's GPU at each NVML index now; None: in the scenario's order."""
+        found = None
+        for since, order in self.reorder:
+            if now >= since:
+                found = order
+        return found
 
     @property
     def absent_symbols(self) -> frozenset[str]:
@@ -299,6 +313,8 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
         missing_symbols=tuple(missing),
         clock_steps=_moments(top, "clock_steps", None),
         suspends=_moments(top, "suspends", 0),
+        driver_loaded_file=_loaded_file(top.get("driver_loaded_file")),
+        reorder=_reorder(top.get("reorder", []), len(gpus)),
     )
 
 
@@ -311,6 +327,28 @@ def _moments(top: dict[str, Any], name: str, least: float | None) -> tuple[tuple
         out.append((_number(entry[0], f"{name}[{i}] when", minimum=0), _number(entry[1], f"{name}[{i}] seconds",
                                                                                minimum=least)))
     return tuple(sorted(out))
+
+
+
+def _loaded_file(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
+        raise ScenarioError("driver_loaded_file must be an absolute path")
+    return value
+
+
+def _reorder(value: Any, count: int) -> tuple[tuple[float, tuple[int, ...]], ...]:
+    found = []
+    for i, entry in enumerate(_list(value, "reorder")):
+        where = f"reorder[{i}]"
+        entry = _object(entry, where, {"from", "order"})
+        since = _number(entry.get("from", 0), f"{where}.from", minimum=0)
+        order = tuple(_integer(n, f"{where}.order") for n in _list(entry.get("order"), f"{where}.order"))
+        if sorted(order) != list(range(count)):
+            raise ScenarioError(f"{where}.order must list each GPU's position in gpus once")
+        if found and since < found[-1][0]:
+            raise ScenarioError(f"{where}.from must not be before the previous entry's")
+        found.append((since, order))
+    return tuple(found)
 
 
 def _keys(spec: type, **json_names: str) -> set[str]:

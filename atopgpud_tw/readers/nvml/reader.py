@@ -24,11 +24,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from atopgpud_tw.nvml_codes import LIFECYCLE
+from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.device import (
+    BACKOFF,
     FUNCTION_NOT_FOUND,
     NO_PERMISSION,
     NOT_SUPPORTED,
@@ -55,6 +56,13 @@ log = Logger(namespace="atopgpud_tw.readers.nvml")
 
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5
+#: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
+#: (a boot where the daemon starts before the kernel module; a driver upgraded, its
+#: module not yet reloaded)
+WAIT_FOR_DRIVER = (CODES["DRIVER_NOT_LOADED"], CODES["LIB_RM_VERSION_MISMATCH"])
+#: how often a driver not loaded at start-up is looked for: every second for the
+#: first minute (a boot), then backing off as any re-initialisation does
+STARTUP_RETRY = (1.0,) * 60 + BACKOFF
 
 
 @implementer(IReader)
@@ -117,6 +125,9 @@ class NvmlReader:
         self._starts = start_times(nvml)
         #: the time of the poll in progress, which the devices' `Support` spells are held to
         self._times = PollTime()
+        #: while NVML cannot be used because of the driver's lifecycle: (its NVML code,
+        #: since when, whether since start-up); None while it can
+        self._down: tuple[int, float | None, bool] | None = None
 
     # -- start-up (blocking, before the reactor runs) --
 
@@ -130,7 +141,14 @@ class NvmlReader:
             self._initialise()
             layout = [sample for card in self._devices for sample in layout_card(card, self.mig_mode)]
         except Exception as error:
-            raise ReaderUnavailable(_describe_init_failure(error)) from None
+            if getattr(error, "value", None) not in WAIT_FOR_DRIVER:
+                raise ReaderUnavailable(_describe_init_failure(error)) from None
+            # the driver is not there yet (a boot) or not yet reloaded: wait for it
+            where = "discovery" if self._initialised else "nvmlInit"
+            self._shutdown()
+            self._retry = Backoff(STARTUP_RETRY)
+            self._went_down(error.value, where, None, at_start=True)
+            return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before
         self._xid.drain(self.nvml, self._devices)
@@ -267,7 +285,8 @@ class NvmlReader:
         self._times.now = now
         if not self._initialised or not (self._devices or self._unusable):
             if not self._retry.due(now):
-                problems.add("init", "NVML is being set up again")
+                if self._down is None:
+                    problems.add("init", "NVML is being set up again")
                 return self._absent(), problems
             try:
                 if self._initialised:
@@ -276,8 +295,15 @@ class NvmlReader:
                     self._initialise()
             except Exception as error:
                 self._schedule_retry(now)
-                problems.add("init", f"cannot set up NVML ({_describe_init_failure(error)})")
+                value = getattr(error, "value", None)
+                if value in LIFECYCLE:
+                    where = "discovery" if self._initialised else "nvmlInit"
+                    self._shutdown()
+                    self._went_down(value, where, now)
+                else:
+                    problems.add("init", f"cannot set up NVML ({_describe_init_failure(error)})")
                 return self._absent(), problems
+            self._came_back(now)
         elif self._missing() and self._rediscovery.due(now):
             self._rediscover()
         samples = []
@@ -287,7 +313,7 @@ class NvmlReader:
             try:
                 found = read_card(card, self.mig_mode, problems, poll)
             except Reinitialise as failure:
-                problems.add("init", f"{failure.cause}; setting NVML up again")
+                self._went_down(failure.value, failure.cause.split(":")[0], now)
                 self._shutdown()
                 self._schedule_retry(now)
                 return self._absent(), problems
@@ -313,6 +339,42 @@ class NvmlReader:
         else:
             self._rediscovery.succeeded()
         return self._with_vanished(samples), problems
+
+    def waiting_for(self) -> str | None:
+        """What the reader waits for while NVML cannot be used (the status line says it); None otherwise."""
+        if self._down is None:
+            return None
+        return f"waiting for the NVIDIA driver ({NAMES.get(self._down[0], self._down[0])})"
+
+    def _went_down(self, value: int | None, where: str, now: float | None, at_start: bool = False) -> None:
+        """NVML cannot be used because of the driver's lifecycle: said once, in words an
+        operator acts on, and again only if the cause changes."""
+        down = self._down
+        if down is not None and down[0] == value:
+            return
+        if down is not None:
+            since, at_start = down[1], down[2]
+        else:
+            since = now if now is not None else (None if self._call_clock is None else self._call_clock())
+        self._down = (value if value is not None else 0, since, at_start)
+        log.warn("nvml: {words}", words=_lifecycle_words(value, where, at_start and down is None))
+
+    def _came_back(self, now: float) -> None:
+        """NVML is set up again after a lifecycle cause: one line, and the usual backoff again."""
+        down = self._down
+        if down is None:
+            return
+        self._down = None
+        self._retry = Backoff()
+        value, since, at_start = down
+        took = "" if since is None else f" after {max(0.0, now - since):.0f} s"
+        count = len(self._devices)
+        gpus = f"{count} GPU{'' if count == 1 else 's'}"
+        if at_start:
+            log.info("nvml: the NVIDIA driver answers{took}: reading {gpus}", took=took, gpus=gpus)
+        else:
+            log.info("nvml: NVML works again{took} (it answered {code}): reading {gpus}",
+                     took=took, code=_code_name(value), gpus=gpus)
 
     def _missing(self) -> bool:
         """Whether a card seen before is not among the devices read now, or one could not be used."""
@@ -416,6 +478,29 @@ class NvmlReader:
 def _support_text(support: int) -> str:
     kinds = [name for bit, name in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics")) if support & bit]
     return " and ".join(kinds) or "none"
+
+
+def _code_name(value: int | None) -> str:
+    return f"NVML_ERROR_{NAMES[value]}" if value in NAMES else f"NVML error {value}"
+
+
+def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
+    """What a lifecycle answer means and what the operator can do, in one line."""
+    answered = f"{where} answered {_code_name(value)}"
+    looking = "every GPU shows as absent meanwhile, and the daemon keeps looking (backing off to once a minute)"
+    if value == CODES["LIB_RM_VERSION_MISMATCH"]:
+        return (f"{answered}: the NVML library does not match the NVIDIA kernel module that is loaded, "
+                "usually because the driver was upgraded and its module not yet reloaded (reboot, or "
+                f"unload and load the nvidia modules); {looking}")
+    if value == CODES["DRIVER_NOT_LOADED"] and at_start:
+        return (f"{answered}: the NVIDIA driver is not loaded (at boot the daemon may start before it; "
+                "otherwise load it: modprobe nvidia, and see dmesg); no GPU is served until it is, "
+                "and the daemon keeps looking for it (every second for a minute, then backing off to "
+                "once a minute)")
+    if value == CODES["DRIVER_NOT_LOADED"]:
+        return (f"{answered}: the NVIDIA kernel module is not loaded any more (a driver being reloaded "
+                f"or upgraded; load it: modprobe nvidia); {looking}")
+    return f"{answered}: NVML was shut down beneath the daemon and is set up again; {looking}"
 
 
 def _describe_init_failure(error: BaseException) -> str:

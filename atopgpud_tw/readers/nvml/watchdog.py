@@ -14,14 +14,17 @@ reactor, and it runs on any `IReactorTime` (a `task.Clock` in tests).
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import printable
+
+T = TypeVar("T")
 
 #: seconds an NVML call may run before it is logged as hung (--hang-warning)
 HANG_AFTER = 10.0
@@ -51,6 +54,8 @@ class CallWatch:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
+        #: what `Call.started` is read from
+        self.clock = clock
         self._serial = 0
         #: the call in progress, or None between calls
         self.current: Call | None = None
@@ -155,3 +160,63 @@ class HangWatchdog:
                 call=call.describe(),
                 after=self.after,
             )
+
+
+#: seconds an NVML call may run while the reader is opened at start-up (--start-timeout)
+START_TIMEOUT = 30.0
+
+
+def open_watched(
+    open_reader: Callable[[], T],
+    watch: CallWatch,
+    clock: Callable[[], float],
+    after: float = HANG_AFTER,
+    bound: float = START_TIMEOUT,
+    say: Callable[[str], None] = lambda text: None,
+) -> T:
+    """`open_reader()` run in a daemon thread while this one watches its calls.
+
+    Opening runs before the reactor (a reader that cannot work ends start-up
+    before twistd daemonizes), so the reactor's watchdog cannot see it.  This
+    one can: a call that has run `after` seconds is said once through `say`
+    (naming the call and the GPU), and one that runs `bound` seconds ends the
+    wait with `StartupHang`, whose message names it too.  The thread is left
+    stuck in the driver; it is a daemon thread, so the process can still exit.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, open_reader()))
+        except BaseException as error:
+            outcome.append((False, error))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="atopgpud-open", daemon=True).start()
+    step = min(TICK, after / 10, bound / 10)
+    warned: Call | None = None
+    while not done.wait(step):
+        call = watch.current
+        if call is None:
+            continue
+        running = clock() - call.started
+        if running >= bound:
+            raise StartupHang(f"{call.describe()} has not returned after {bound:g} s (--start-timeout)")
+        if running >= after and (warned is None or warned.serial != call.serial):
+            warned = call
+            say(f"{call.describe()} has not returned for {after:g} s; start-up waits for it "
+                f"up to {bound:g} s (--start-timeout)")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    if warned is not None:
+        long = watch.long
+        took = f" after {long[1]:.1f} s" if long is not None and long[0] == warned.serial else ""
+        say(f"{warned.describe()} returned{took}; start-up goes on")
+    return value
+
+
+class StartupHang(Exception):
+    """An NVML call did not return while the reader was opened at start-up; the message names it."""
