@@ -57,7 +57,7 @@ def kill_group(pid: int) -> bool:
 
 
 class Run(ProcessProtocol):
-    """One child: collects its stdout; `result` fires with it or fails."""
+    """One child: collects its stdout; `result` fires with it (the chunks as read) or fails."""
 
     #: the child's process transport, from spawnProcess on
     transport: Any
@@ -134,10 +134,11 @@ class Run(ProcessProtocol):
         if isinstance(reason.value, ProcessDone):
             if self._timer.active():
                 self._timer.cancel()
+            out, self._out = self._out, []
             if not self.result.called:
-                self.result.callback(b"".join(self._out))
+                self.result.callback(out)  # not joined: a copy of up to MAX_OUTPUT bytes
             return
-        said = first_line(self._err) or first_line(b"".join(self._out))
+        said = first_line(self._err) or first_line(_head(self._out))
         self.fail(exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
 
 
@@ -229,6 +230,16 @@ class Started:
             child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass  # stuck in the kernel: it cannot be waited for
+
+
+def _head(chunks: list[bytes]) -> bytes:
+    """The first `_ERR_KEPT` bytes of an output read in chunks (not the whole joined)."""
+    head = b""
+    for chunk in chunks:
+        head += chunk[: _ERR_KEPT - len(head)]
+        if len(head) >= _ERR_KEPT:
+            break
+    return head
 
 
 def exit_text(code: int | None, signum: int | None) -> str:

@@ -23,10 +23,12 @@ from zope.interface import implementer
 from atopgpud_tw.problems import ProblemLog, Problems
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
+from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
+from atopgpud_tw.readers.smi.stream import parse_output
 from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
@@ -68,6 +70,8 @@ class SmiReader:
         self._names_retry_at = 0.0
         #: the latest report, whose health figures /metrics reads (readers/smi/health.py)
         self._report: Any = None
+        #: where reports are parsed and read, off the reactor (stream.py)
+        self._worker = SerialWorker(reactor, name="atopgpud-smi-report")
 
     @property
     def running(self) -> bool:
@@ -139,16 +143,18 @@ class SmiReader:
         return ensureDeferred(self._poll())
 
     async def _poll(self) -> Snapshot:
-        data = await self._run("-q", "-x")
+        # the report is parsed and its devices read in a thread: a big report
+        # (32 MiB may come) holds no reply up
+        chunks = await self._run("-q", "-x")
         try:
-            root, preamble = read_report(data)
+            root, preamble, slots = await self._worker.submit(_parse, chunks, self._mig == "instances")
         except SmiReportError as error:
             raise SmiRunError(f"{self._binary} -q -x: {error}") from None
         problems = Problems()
         note_preamble(preamble, problems)
         if self._mig == "instances":
-            await self._learn_names(mig_slots(root), problems)
-        devices, found = read_devices(root, self._mig, self._profiles, self._keys)
+            await self._learn_names(slots, problems)
+        devices, found = await self._worker.submit(read_devices, root, self._mig, self._profiles, self._keys)
         self._report = root
         problems.update(found)
         self._problems.report(problems)
@@ -184,7 +190,7 @@ class SmiReader:
         if not slots:
             return
         try:
-            listing = await self._run("-L")
+            listing = b"".join(await self._run("-L"))
             self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
@@ -192,7 +198,7 @@ class SmiReader:
             problems.add("mig-names", self._names_problem)
 
     def _run(self, *arguments: str) -> Deferred:
-        """Run nvidia-smi with `arguments` as a child; fires with its stdout."""
+        """Run nvidia-smi with `arguments` as a child; fires with its stdout, in the chunks read."""
         if self._binary is None:
             return fail(SmiRunError("nvidia-smi: the reader was not opened"))
         if self._child is not None:
@@ -223,5 +229,12 @@ class SmiReader:
         if self._child is not None:
             self._child.kill()
             self._child.fail("was stopped: the reader is closing")
+        self._worker.stop()
+
+
+def _parse(chunks: list[bytes], instances: bool) -> tuple[Any, str, tuple[MigSlot, ...]]:
+    """In the worker: a report's kept elements, what was printed before it, and its MIG instances."""
+    root, preamble = parse_output(chunks)
+    return root, preamble, mig_slots(root) if instances else ()
 
 

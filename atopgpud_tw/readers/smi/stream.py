@@ -1,0 +1,208 @@
+"""Parsing a ``-q -x`` report a slice at a time, keeping only what the reader reads.
+
+A report may be large (32 MiB is let through, `child.MAX_OUTPUT`), and a whole
+ElementTree of one costs about six times its size.  `ReportParser` is fed the
+output in slices of `SLICE` bytes (the reader does it in a thread of its own)
+and never builds an element the reader has no use for: at the top only
+``<gpu>``, in a ``<gpu>`` only the subtrees in `KEPT` (identity, memory,
+utilization, MIG instances, processes, the health figures), in a
+``<process_info>`` only `PROCESS_FIELDS`; the rest is read past by expat and
+dropped.  What it may cost is capped:
+
+- at most `MAX_ELEMENTS` elements kept outside the process lists, and nesting
+  no deeper than `MAX_DEPTH`; more fails the report (`SmiReportError`);
+- at most `MAX_GPU_PROCESSES` processes per GPU and `MAX_PROCESSES` in all: a
+  GPU listing more has its list marked (`OVER`) and emptied, and the reader
+  counts none of its processes in that poll, rather than a part of them (a
+  partial list would make the rest seem to end);
+- no entity declarations (nvidia-smi never writes one), so that no text is
+  expanded beyond what was printed.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from atopgpud_tw.readers.smi.values import SmiReportError, first_line
+
+#: bytes handed to expat at once
+SLICE = 64 * 1024
+#: the children of a ``<gpu>`` the reader reads (report.py, mig.py, health.py)
+KEPT = frozenset(
+    {
+        "uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage",
+        "processes", "mig_devices", "temperature", "gpu_power_readings", "power_readings",
+        "clocks", "fan_speed", "remapped_rows", "performance_state", "clocks_event_reasons",
+        "clocks_throttle_reasons", "ecc_errors",
+    }
+)  # fmt: skip
+#: the children of a ``<process_info>`` the reader reads
+PROCESS_FIELDS = frozenset({"pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id"})
+#: elements kept outside the process lists (a real GPU needs about 150)
+MAX_ELEMENTS = 65536
+#: processes kept per GPU, and in the whole report
+MAX_GPU_PROCESSES = 4096
+MAX_PROCESSES = 16384
+#: how deep elements may nest (a report nests 6 deep)
+MAX_DEPTH = 64
+#: text before the document looked through for its start (warnings nvidia-smi prints)
+MAX_PREAMBLE = 64 * 1024
+#: the attribute marking a ``<processes>`` whose GPU listed more than the caps allow, saying how
+OVER = "atopgpud-over"
+
+_REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
+_ENTITY = b"<!ENTITY"
+
+
+class ReportParser:
+    """One report's output, fed as it comes (`feed`), its kept elements at `close`."""
+
+    def __init__(self) -> None:
+        self._head = b""
+        self._blank = True
+        #: what was printed before the document, once its start was found
+        self._preamble: bytes | None = None
+        self._target = _Keeper()
+        self._parser = ET.XMLParser(target=self._target)
+        #: the end of the previous slice, to find a declaration split between two
+        self._tail = b""
+
+    def feed(self, data: bytes) -> None:
+        """Parse `data`, the next part of the output; SmiReportError if it is no report."""
+        if self._blank and data.strip():
+            self._blank = False
+        if self._preamble is None:
+            self._head += data
+            start = _REPORT_START.search(self._head)
+            if start is None and len(self._head) < MAX_PREAMBLE:
+                return
+            data = self._begin(start.start() if start is not None else 0)
+        view = memoryview(data)
+        for offset in range(0, len(data), SLICE):
+            self._parse(bytes(view[offset : offset + SLICE]))
+
+    def close(self) -> tuple[ET.Element, str]:
+        """The ``<nvidia_smi_log>`` element, and the first line of what was printed before it."""
+        if self._blank:
+            raise SmiReportError("the output is empty")
+        if self._preamble is None:
+            self._parse(self._begin(0))  # no start found: parsed as it is, and refused
+        try:
+            root = self._parser.close()
+        except ET.ParseError as error:
+            raise SmiReportError(f"the output is not XML ({error})") from None
+        assert self._preamble is not None
+        return root, first_line(self._preamble.decode("utf-8", errors="replace"))
+
+    def _begin(self, at: int) -> bytes:
+        """The document's start is at `at` in what was held back: the rest is parsed."""
+        self._preamble, data, self._head = self._head[:at], self._head[at:], b""
+        return data
+
+    def _parse(self, piece: bytes) -> None:
+        if _ENTITY in self._tail + piece[: len(_ENTITY)] or _ENTITY in piece:
+            raise SmiReportError("the output declares XML entities, which no nvidia-smi report does")
+        self._tail = piece[1 - len(_ENTITY) :]
+        try:
+            self._parser.feed(piece)
+        except ET.ParseError as error:
+            raise SmiReportError(f"the output is not XML ({error})") from None
+
+
+class _Keeper:
+    """The parser's target: hands the elements kept to a TreeBuilder, and ignores the rest."""
+
+    def __init__(self) -> None:
+        self._builder = ET.TreeBuilder()
+        #: the tags of the open elements, the root first, and whether each is kept
+        self._tags: list[str] = []
+        self._kept: list[bool] = []
+        self._elements = 0
+        self._processes = 0
+        self._gpu_processes = 0
+        #: the ``<processes>`` of the GPU being read
+        self._list: ET.Element | None = None
+
+    def start(self, tag: str, attributes: dict[str, str]) -> None:
+        depth = len(self._tags)
+        if depth >= MAX_DEPTH:
+            raise SmiReportError(f"the report nests elements deeper than {MAX_DEPTH}")
+        keep = (not self._kept or self._kept[-1]) and self._keeps(tag, depth)
+        self._tags.append(tag)
+        self._kept.append(keep)
+        if keep:
+            element = self._builder.start(tag, attributes)
+            if depth == 2 and tag == "processes":
+                self._list = element
+
+    def end(self, tag: str) -> None:
+        self._tags.pop()
+        if self._kept.pop():
+            self._builder.end(tag)
+
+    def data(self, text: str) -> None:
+        if self._kept and self._kept[-1]:
+            self._builder.data(text)
+
+    def close(self) -> ET.Element:
+        return self._builder.close()
+
+    def _keeps(self, tag: str, depth: int) -> bool:
+        """Whether an element `tag`, starting under the open (kept) ones, is kept."""
+        if depth == 0:
+            if tag != "nvidia_smi_log":
+                raise SmiReportError(f"the document is <{tag}>, not <nvidia_smi_log>")
+        elif depth == 1:
+            if tag != "gpu":
+                return False
+            self._gpu_processes, self._list = 0, None
+        elif depth == 2:
+            if tag not in KEPT:
+                return False
+        elif depth == 3 and self._tags[2] == "processes":
+            return tag == "process_info" and self._take_process()
+        elif depth == 4 and self._tags[2] == "processes":
+            return tag in PROCESS_FIELDS
+        self._elements += 1
+        if self._elements > MAX_ELEMENTS:
+            raise SmiReportError(f"the report has more than {MAX_ELEMENTS} elements to read")
+        return True
+
+    def _take_process(self) -> bool:
+        """Whether one more ``<process_info>`` of this GPU is kept; past a cap, none is."""
+        listing = self._list
+        if listing is None or listing.get(OVER) is not None:
+            return False
+        self._gpu_processes += 1
+        self._processes += 1
+        if self._gpu_processes <= MAX_GPU_PROCESSES and self._processes <= MAX_PROCESSES:
+            return True
+        self._processes -= self._gpu_processes
+        if self._gpu_processes > MAX_GPU_PROCESSES:
+            why = f"more than {MAX_GPU_PROCESSES} processes"
+        else:
+            why = f"processes beyond the {MAX_PROCESSES} a report may have"
+        listing.clear()  # the ones kept so far go too
+        listing.set(OVER, why)
+        return False
+
+
+def read_report(data: bytes) -> tuple[ET.Element, str]:
+    """A whole output at once: the ``<nvidia_smi_log>`` element, and any text printed before it.
+
+    nvidia-smi writes some warnings ("WARNING: infoROM is corrupted at gpu ...")
+    to stdout ahead of the XML; they are returned rather than failing every poll.
+    """
+    parser = ReportParser()
+    parser.feed(data)
+    return parser.close()
+
+
+def parse_output(chunks: list[bytes]) -> tuple[ET.Element, str]:
+    """`read_report` over an output as read, in chunks, each let go of once parsed."""
+    parser = ReportParser()
+    for index in range(len(chunks)):
+        chunk, chunks[index] = chunks[index], b""
+        parser.feed(chunk)
+    return parser.close()
