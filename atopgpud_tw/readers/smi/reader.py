@@ -27,6 +27,7 @@ from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
 from atopgpud_tw.readers.smi.values import SmiReportError
@@ -47,8 +48,16 @@ class SmiReader:
     watchdog = None
 
     def __init__(
-        self, reactor: Any, binary: str | None, timeout: float = 5.0, mig: str = "instances"
+        self,
+        reactor: Any,
+        binary: str | None,
+        timeout: float = 5.0,
+        mig: str = "instances",
+        adopt_orphans: bool = False,
     ) -> None:
+        """`adopt_orphans`: the process is the daemon, which starts no other
+        processes: it becomes a subreaper and kills every child it did not
+        spawn (orphans.py).  Never in a process that starts others."""
         mig_mode(mig)
         self._reactor = reactor
         self._configured = binary
@@ -70,6 +79,10 @@ class SmiReader:
         self._names_retry_at = 0.0
         #: the latest report, whose health figures /metrics reads (readers/smi/health.py)
         self._report: Any = None
+        #: what runs leave outside their group, when this process is the daemon
+        self._orphans = Orphans(reactor) if adopt_orphans else None
+        #: the process that was made a subreaper (not inherited by a fork: twistd daemonizes)
+        self._subreaper: int | None = None
         #: where reports are parsed and read, off the reactor (stream.py)
         self._worker = SerialWorker(reactor, name="atopgpud-smi-report")
 
@@ -88,6 +101,15 @@ class SmiReader:
         instances.
         """
         self._binary = self._locate()
+        self._adopt()
+        try:
+            return self._open()
+        finally:
+            if self._orphans is not None:
+                self._orphans.sweep_now()  # before twistd forks: what the trial runs left
+
+    def _open(self) -> Snapshot:
+        assert self._binary is not None
         self._setsid = shutil.which("setsid")
         if self._setsid is None:
             log.warn("nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed")
@@ -207,8 +229,9 @@ class SmiReader:
                 return fail(SmiRunError(self._child.killed))
             # no pid in the message: a cause is logged (and counted in the metrics) by its words
             return fail(SmiRunError(f"{self._child.command}: the previous run has not ended yet"))
+        self._adopt()
         command = " ".join([self._binary, *arguments])
-        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run))
+        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run), self._sweep)
         self._child = run
         try:
             argv = [self._binary, *arguments]
@@ -220,15 +243,30 @@ class SmiReader:
             run.fail(f"cannot be started: {error}")
         return run.result
 
+    def _adopt(self) -> None:
+        """Be the subreaper of what runs start, in this process (again after a fork)."""
+        if self._orphans is not None and self._subreaper != os.getpid():
+            self._subreaper = os.getpid()
+            become_subreaper()
+
+    def _sweep(self) -> None:
+        if self._orphans is not None:
+            self._orphans.sweep()
+
     def _ended(self, run: Run) -> None:
         if self._child is run:
             self._child = None
 
     def close(self) -> None:
-        """Kill a running child; its poll fails."""
+        """Kill a running child (and what runs left); its poll fails."""
+        ending = []
         if self._child is not None:
+            if self._child.transport.pid is not None:
+                ending.append(self._child.transport.pid)
             self._child.kill()
             self._child.fail("was stopped: the reader is closing")
+        if self._orphans is not None:
+            self._orphans.sweep_now(ending=ending)
         self._worker.stop()
 
 
