@@ -77,7 +77,8 @@ class ReportParser:
             self._blank = False
         if self._preamble is None:
             self._head += data
-            start = _REPORT_START.search(self._head)
+            # looked for in the first MAX_PREAMBLE bytes, however the output was cut
+            start = _REPORT_START.search(self._head, 0, MAX_PREAMBLE + 16)
             if start is None and len(self._head) < MAX_PREAMBLE:
                 return
             data = self._begin(start.start() if start is not None else 0)
