@@ -50,8 +50,10 @@ def test_elements_not_read_are_not_kept() -> None:
     assert {child.tag for child in root} == {"gpu"}
     for gpu in root:
         assert {child.tag for child in gpu} <= stream.KEPT
-        for info in gpu.iter("process_info"):
-            assert {child.tag for child in info} <= stream.PROCESS_FIELDS
+        listing = gpu.find("processes")
+        if listing is not None:
+            assert isinstance(listing, stream.ProcessList) and len(listing) == 0
+            assert all(len(entry) == len(stream.PROCESS_FIELDS) for entry in listing.entries)
 
 
 @pytest.mark.parametrize("size", [1, 7, 100, 8192])
@@ -110,7 +112,7 @@ def test_a_gpu_past_the_process_cap_has_no_list(monkeypatch) -> None:
     assert device.processes is not None and len(device.processes) == 5
     root, _ = read_report(_report(1, 6))
     assert root.find("gpu/processes").get(OVER) == "more than 5 processes"
-    assert len(root.findall("gpu/processes/process_info")) == 0
+    assert root.find("gpu/processes").entries == []
     (device,), problems = parse_report(_report(1, 6))
     assert device.processes is None
     assert "GPU 00000000:01:00.0 lists more than 5 processes: none of them is counted" in problems.values()
@@ -163,3 +165,22 @@ def test_a_preamble_longer_than_looked_through_fails_as_not_xml() -> None:
     data = b"w" * (stream.MAX_PREAMBLE + 100) + (FIXTURES / "plain-v11.xml").read_bytes()
     with pytest.raises(SmiReportError, match="the output is not XML"):
         ReportParser().feed(data)
+
+
+def test_process_fields_read_as_from_the_whole_tree() -> None:
+    """A field missing, repeated, with markup or space inside: read as the whole tree's elements read."""
+    data = (
+        b"<nvidia_smi_log><gpu><uuid>GPU-1</uuid><processes>"
+        b"<process_info><pid> 10 </pid><pid>11</pid><used_memory>5 <b>MiB</b></used_memory></process_info>"
+        b"<process_info><pid>12</pid><type>G</type><used_memory>N/A</used_memory>"
+        b"<gpu_instance_id>1</gpu_instance_id><compute_instance_id>0</compute_instance_id></process_info>"
+        b"<process_info><pid>13</pid><type>C+G</type><extra><pid>99</pid></extra></process_info>"
+        b"</processes></gpu></nvidia_smi_log>"
+    )
+    kept, _ = read_report(data)
+    assert kept.find("gpu/processes").entries == [
+        ("10", None, "5 MiB", None, None),
+        ("12", "G", "N/A", "1", "0"),
+        ("13", "C+G", None, None, None),
+    ]
+    assert _everything(kept) == _everything(ET.fromstring(data))

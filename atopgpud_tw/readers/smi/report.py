@@ -11,11 +11,12 @@ names from ``nvidia-smi -L`` are mig.py.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from typing import Iterable
 
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi.mig import Profiles, instances_of, slots_of
-from atopgpud_tw.readers.smi.stream import OVER, read_report
+from atopgpud_tw.readers.smi.stream import OVER, PROCESS_FIELDS, ProcessList, read_report
 from atopgpud_tw.readers.smi.values import (
     MEMORY,
     Card,
@@ -25,6 +26,7 @@ from atopgpud_tw.readers.smi.values import (
     percent,
     reading,
     text_at,
+    value_of,
     within,
 )
 from atopgpud_tw.snapshot import (
@@ -133,16 +135,23 @@ def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | 
         problems.add(f"{card.key} processes", f"GPU {card.busid} lists {over}: none of them is counted")
         return None
     entries = []
-    for info in gpu.findall("processes/process_info"):
-        pid = integer(text_at(info, "pid"))
+    owner = (card.key, card.busid)
+    for pid_text, kind, memory_text, gi_text, ci_text in _process_fields(listing):
+        pid = integer(pid_text)
         if pid is None:
-            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {text_at(info, 'pid')!r}")
+            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {pid_text!r}")
             return None
-        kind = text_at(info, "type")
         # N/A, as for every process under WDDM, is not known: -1, not a failure
-        memory = reading(info, "used_memory", kib, UNSUPPORTED, (card.key, card.busid), problems)
+        memory = value_of(memory_text, "used_memory", kib, UNSUPPORTED, owner, problems)
         sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
-        gi = integer(text_at(info, "gpu_instance_id"))
-        ci = integer(text_at(info, "compute_instance_id"))
-        entries.append((gi, ci, sample))
+        entries.append((integer(gi_text), integer(ci_text), sample))
     return entries
+
+
+def _process_fields(listing: ET.Element | None) -> Iterable[tuple[str | None, ...]]:
+    """Each process's `PROCESS_FIELDS` texts: as the parser kept them, or from a whole tree's elements."""
+    if listing is None:
+        return ()
+    if isinstance(listing, ProcessList):
+        return listing.entries
+    return [tuple(text_at(info, name) for name in PROCESS_FIELDS) for info in listing.findall("process_info")]

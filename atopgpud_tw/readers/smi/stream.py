@@ -15,6 +15,11 @@ dropped.  What it may cost is capped:
   GPU listing more has its list marked (`OVER`) and emptied, and the reader
   counts none of its processes in that poll, rather than a part of them (a
   partial list would make the rest seem to end);
+- a ``<processes>`` is kept as a `ProcessList`, its processes as tuples of
+  their `PROCESS_FIELDS`' texts, not as elements: elements are objects the
+  garbage collector walks at every full collection (and a collection in the
+  parsing thread holds up the reactor too), tuples of strings it soon leaves
+  alone;
 - no entity declarations (nvidia-smi never writes one), so that no text is
   expanded beyond what was printed.
 """
@@ -40,13 +45,14 @@ KEPT = frozenset(
         "clocks_throttle_reasons", "ecc_errors",
     }
 )  # fmt: skip
-#: the children of a ``<process_info>`` the reader reads
-PROCESS_FIELDS = frozenset({"pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id"})
+#: the children of a ``<process_info>`` the reader reads, in the order of a `ProcessList` entry
+PROCESS_FIELDS = ("pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id")
+_FIELD = {name: index for index, name in enumerate(PROCESS_FIELDS)}
 #: elements kept outside the process lists (a real GPU needs about 150)
 MAX_ELEMENTS = 65536
 #: processes kept per GPU, and in the whole report
 MAX_GPU_PROCESSES = 4096
-MAX_PROCESSES = 16384
+MAX_PROCESSES = 8192
 #: how deep elements may nest (a report nests 6 deep)
 MAX_DEPTH = 64
 #: text before the document looked through for its start (warnings nvidia-smi prints)
@@ -56,6 +62,24 @@ OVER = "atopgpud-over"
 
 _REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
 _ENTITY = b"<!ENTITY"
+
+
+class ProcessList(ET.Element):
+    """A kept ``<processes>``: each ``<process_info>`` as the texts of its `PROCESS_FIELDS`.
+
+    A text is that of the first such child, all its character data stripped
+    (as `values.text_at` reads it); None where the child is missing.
+    """
+
+    entries: list[tuple[str | None, ...]]
+
+
+def _element(tag: str, attributes: dict[str, str]) -> ET.Element:
+    if tag == "processes":
+        listing = ProcessList(tag, attributes)
+        listing.entries = []
+        return listing
+    return ET.Element(tag, attributes)
 
 
 class ReportParser:
@@ -118,35 +142,49 @@ class _Keeper:
     """The parser's target: hands the elements kept to a TreeBuilder, and ignores the rest."""
 
     def __init__(self) -> None:
-        self._builder = ET.TreeBuilder()
+        self._builder = ET.TreeBuilder(element_factory=_element)
         #: the tags of the open elements, the root first, and whether each is kept
         self._tags: list[str] = []
         self._kept: list[bool] = []
         self._elements = 0
         self._processes = 0
         self._gpu_processes = 0
-        #: the ``<processes>`` of the GPU being read
-        self._list: ET.Element | None = None
+        #: the ``<processes>`` of the GPU being read, the fields of its process being read,
+        #: and the index of the field whose text is being gathered
+        self._list: ProcessList | None = None
+        self._fields: list[str | None] | None = None
+        self._field: int | None = None
+        self._text: list[str] = []
 
     def start(self, tag: str, attributes: dict[str, str]) -> None:
         depth = len(self._tags)
         if depth >= MAX_DEPTH:
             raise SmiReportError(f"the report nests elements deeper than {MAX_DEPTH}")
+        if depth == 4 and self._fields is not None:
+            index = _FIELD.get(tag)
+            if index is not None and self._fields[index] is None:
+                self._field, self._text = index, []
         keep = (not self._kept or self._kept[-1]) and self._keeps(tag, depth)
         self._tags.append(tag)
         self._kept.append(keep)
         if keep:
             element = self._builder.start(tag, attributes)
-            if depth == 2 and tag == "processes":
+            if depth == 2 and isinstance(element, ProcessList):
                 self._list = element
 
     def end(self, tag: str) -> None:
+        depth = len(self._tags) - 1
         self._tags.pop()
-        if self._kept.pop():
+        kept = self._kept.pop()
+        if self._fields is not None and depth <= 4:
+            self._end_field(depth)
+        elif kept:
             self._builder.end(tag)
 
     def data(self, text: str) -> None:
-        if self._kept and self._kept[-1]:
+        if self._field is not None:
+            self._text.append(text)
+        elif self._kept and self._kept[-1] and self._fields is None:
             self._builder.data(text)
 
     def close(self) -> ET.Element:
@@ -165,13 +203,24 @@ class _Keeper:
             if tag not in KEPT:
                 return False
         elif depth == 3 and self._tags[2] == "processes":
-            return tag == "process_info" and self._take_process()
-        elif depth == 4 and self._tags[2] == "processes":
-            return tag in PROCESS_FIELDS
+            if tag == "process_info" and self._take_process():
+                self._fields = [None] * len(PROCESS_FIELDS)
+            return False  # gathered into the ProcessList, not built
         self._elements += 1
         if self._elements > MAX_ELEMENTS:
             raise SmiReportError(f"the report has more than {MAX_ELEMENTS} elements to read")
         return True
+
+    def _end_field(self, depth: int) -> None:
+        """A field (depth 4) or a ``<process_info>`` (depth 3) of a process being gathered ends."""
+        assert self._fields is not None
+        if depth == 4 and self._field is not None:
+            self._fields[self._field] = "".join(self._text).strip()
+            self._field, self._text = None, []
+        elif depth == 3:
+            if self._list is not None and self._list.get(OVER) is None:
+                self._list.entries.append(tuple(self._fields))
+            self._fields = None
 
     def _take_process(self) -> bool:
         """Whether one more ``<process_info>`` of this GPU is kept; past a cap, none is."""
@@ -187,7 +236,7 @@ class _Keeper:
             why = f"more than {MAX_GPU_PROCESSES} processes"
         else:
             why = f"processes beyond the {MAX_PROCESSES} a report may have"
-        listing.clear()  # the ones kept so far go too
+        listing.entries = []  # the ones kept so far go too
         listing.set(OVER, why)
         return False
 
