@@ -8,6 +8,9 @@ a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
 killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
 of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
 for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
+A report is parsed, and its devices read, in a thread of the reader's own
+(stream.py), so that a big one holds no reply up; what a run leaves behind dies
+with it (child.py, orphans.py).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class SmiReader:
     """Reads every GPU by running nvidia-smi."""
 
     name = "nvidia-smi"
-    #: no thread of its own: a hung nvidia-smi is a poll that times out
+    #: nothing to watch: a hung nvidia-smi is a poll that times out, and the
+    #: thread that parses reports works on bounded input (stream.py)
     watchdog = None
 
     def __init__(
