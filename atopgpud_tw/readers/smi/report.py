@@ -139,7 +139,7 @@ def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | 
     for pid_text, kind, memory_text, gi_text, ci_text in _process_fields(listing):
         pid = integer(pid_text)
         if pid is None:
-            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {pid_text!r}")
+            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {pid_text and pid_text[:40]!r}")
             return None
         # N/A, as for every process under WDDM, is not known: -1, not a failure
         memory = value_of(memory_text, "used_memory", kib, UNSUPPORTED, owner, problems)
