@@ -287,7 +287,11 @@ def test_what_a_hung_run_started_in_a_session_of_its_own_dies_at_shutdown(tmp_pa
         daemon.start()
         daemon.wait_samples(1)
         fake.mode("escape-hang")
-        wait_until(lambda: len(fake.leftovers()) >= 2, "a hung run with an escaped grandchild", daemon)
+        wait_until(
+            lambda: len(fake.leftovers()) >= 2 and fake.hung_pid() is not None,
+            "a hung run with an escaped grandchild",
+            daemon,
+        )
     finally:
         daemon.stop()
         try:
