@@ -54,6 +54,20 @@ class FakeSmi:
         path = self.state / "calls"
         return path.read_text().splitlines() if path.exists() else []
 
+    def leftovers(self) -> list[int]:
+        """The pids the leave and escape modes' children noted, oldest first."""
+        path = self.state / "leftovers"
+        return [int(word) for word in path.read_text().split()] if path.exists() else []
+
+    def reap_leftovers(self) -> None:
+        """SIGKILL what the leave and escape modes left, where a test failed to see it die (only ours)."""
+        for pid in self.leftovers():
+            try:
+                if str(self.state).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
     def hung_pid(self) -> int | None:
         return self._pid("pid")
 

@@ -232,3 +232,70 @@ def test_a_ten_kilobyte_product_name_keeps_t_within_atops_limit(tmp_path: Path, 
     assert 4 + len(body) <= codec.ATOP_REPLY_LIMIT
     assert codec.parse_types(body)[0].name == codec.wire_token(huge).decode()
     assert codec.wire_token(huge).endswith(b"XXX_Board_A") and len(codec.wire_token(huge)) == 64
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.update(int(word) for word in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("mode", ["leave", "escape"])
+def test_what_a_run_leaves_behind_dies_with_it(tmp_path: Path, fake: FakeSmi, mode: str) -> None:
+    """A child of nvidia-smi that ignores SIGTERM and lets go of the pipes, in the run's group
+    or in a session of its own (with a child of its own there), is killed and reaped when the
+    run ends, at start-up too, and none outlives the daemon."""
+    fake.mode(mode)
+    daemon = Daemon(tmp_path, smi_args(fake))
+    try:
+        daemon.start()
+        assert daemon.proc is not None
+        daemon.wait_samples(4)
+        left = fake.leftovers()
+        # open's trial run and at least three polls, each leaving one (two when escaping)
+        assert len(left) >= (2 if mode == "escape" else 1) * 4
+        wait_until(lambda: not any(map(_running, left)), "every leftover killed", daemon, timeout=5)
+        # and reaped: no zombie of the daemon's own piles up
+        wait_until(lambda: not (_children(daemon.proc.pid) & set(left)), "leftovers reaped", daemon, timeout=5)
+        assert "Traceback" not in daemon.log()
+    finally:
+        daemon.stop()
+        try:
+            wait_until(
+                lambda: not any(map(_running, fake.leftovers())), "no leftover outlives the daemon", daemon, timeout=5
+            )
+        finally:
+            fake.reap_leftovers()
+
+
+def test_what_a_hung_run_started_in_a_session_of_its_own_dies_at_shutdown(tmp_path: Path, fake: FakeSmi) -> None:
+    """A run cut short by the daemon's stop takes its setsid'd grandchildren with it."""
+    daemon = Daemon(tmp_path, [*smi_args(fake)[:-2], "--smi-timeout", "30"])
+    try:
+        daemon.start()
+        daemon.wait_samples(1)
+        fake.mode("escape-hang")
+        wait_until(
+            lambda: len(fake.leftovers()) >= 2 and fake.hung_pid() is not None,
+            "a hung run with an escaped grandchild",
+            daemon,
+        )
+    finally:
+        daemon.stop()
+        try:
+            wait_until(lambda: not any(map(_running, fake.leftovers())), "no leftover outlives it", daemon, timeout=5)
+            assert fake.hung_pid() is not None and not _running(fake.hung_pid())
+        finally:
+            fake.reap_leftovers()

@@ -444,3 +444,79 @@ async def test_without_setsid_it_says_so_once_and_still_reads(
     assert [line for line in logged if "setsid" in line] == [
         "nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed"
     ]
+
+
+def _running(pid: int) -> bool:
+    return not dead(pid)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_grandchild_that_let_go_of_the_pipes_dies_with_the_run(fake: FakeSmi, make_reader) -> None:
+    """What nvidia-smi left in its group, ignoring SIGTERM and holding no pipe, is killed when the run ends."""
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    fake.mode("leave")
+    try:
+        assert len((await reader.poll()).devices) == 2
+        (left,) = fake.leftovers()
+        wait_dead(left)
+    finally:
+        fake.reap_leftovers()
+
+
+def test_open_kills_a_grandchild_that_let_go_of_the_pipes(fake: FakeSmi) -> None:
+    """The start-up run's leftovers in its group die with it too."""
+    fake.report("plain-v11.xml")
+    fake.mode("leave")
+    try:
+        SmiReader(reactor, str(fake.binary), timeout=5.0, mig="card").open()
+        (left,) = fake.leftovers()
+        wait_dead(left)
+    finally:
+        fake.reap_leftovers()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_report_is_parsed_and_read_off_the_reactor(fake: FakeSmi, make_reader, monkeypatch) -> None:
+    """Parsing a report and reading its devices run in the reader's thread, not the reactor's."""
+    import threading
+
+    threads = []
+    real_parse, real_read = smi._parse, smi.read_devices
+
+    def parse(*args):
+        threads.append(threading.current_thread().name)
+        return real_parse(*args)
+
+    def read(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(smi, "_parse", parse)
+    monkeypatch.setattr(smi, "read_devices", read)
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    threads.clear()
+    assert len((await reader.poll()).devices) == 2
+    assert threads == ["atopgpud-smi-report"] * 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gpu_listing_more_processes_than_read_counts_none_and_says_so(
+    fake: FakeSmi, make_reader, logged: list[str], monkeypatch
+) -> None:
+    """Past the cap a GPU's processes are not counted in that poll (no partial list), logged once."""
+    from atopgpud_tw.readers.smi import stream
+
+    monkeypatch.setattr(stream, "MAX_GPU_PROCESSES", 2)
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    snapshot = await reader.poll()
+    assert snapshot.devices[0].processes is None  # four listed
+    assert snapshot.devices[1].processes is not None
+    await reader.poll()
+    said = [line for line in logged if "lists more than 2 processes" in line]
+    assert said == ["nvidia-smi: GPU 00000000:17:00.0 lists more than 2 processes: none of them is counted"]

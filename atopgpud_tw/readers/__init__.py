@@ -52,7 +52,10 @@ def _nvml(settings: ReaderSettings, reactor: Any) -> IReader:
 def _smi(settings: ReaderSettings, reactor: Any) -> IReader:
     from atopgpud_tw.readers.smi.reader import SmiReader
 
-    return SmiReader(reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig)
+    # the daemon starts no other processes: it may take what runs leave behind as its own
+    return SmiReader(
+        reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig, adopt_orphans=True
+    )
 
 
 def _sim(settings: ReaderSettings, reactor: Any) -> IReader:

@@ -2,7 +2,9 @@
 
 Every child is the leader of a session of its own, so that a timeout kills
 what it started too: a wrapper script's nvidia-smi, or anything else left
-holding its pipes (`kill_group`).  Through the reactor it is started by
+holding its pipes (`kill_group`); when a run ends for any reason what is
+left of its group is killed, and what left the group is found below the
+daemon (orphans.py).  Through the reactor it is started by
 ``setsid`` (util-linux), which execs it without forking, so its pid is the
 process group's id; before the reactor runs, `subprocess.Popen` starts the
 session itself.  A child that has exited is finished even when something it
@@ -58,12 +60,19 @@ def kill_group(pid: int) -> bool:
 
 
 class Run(ProcessProtocol):
-    """One child: collects its stdout; `result` fires with it or fails."""
+    """One child: collects its stdout; `result` fires with it (the chunks as read) or fails."""
 
     #: the child's process transport, from spawnProcess on
     transport: Any
 
-    def __init__(self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        command: str,
+        timeout: float,
+        on_exit: Callable[[], None],
+        sweep: Callable[[], None] = lambda: None,
+    ) -> None:
         # cancelling the poll kills the child rather than leaving it to the timeout
         self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
         self.command = command
@@ -72,6 +81,8 @@ class Run(ProcessProtocol):
         self._size = 0
         self._err = b""
         self._on_exit = on_exit
+        #: kills what the run left outside its group (orphans.py), once the child is reaped
+        self._sweep = sweep
         #: why it was killed, while it has not been reaped yet
         self.killed: str | None = None
         self._timer = reactor.callLater(timeout, self._abort, f"did not finish within {timeout:g} s")
@@ -126,19 +137,27 @@ class Run(ProcessProtocol):
         # killed, and what the child wrote is read for a moment, not waited on
         if self._group is not None:
             kill_group(self._group)
+        self._sweep()
         self._grace = self._reactor.callLater(EXIT_GRACE, self.transport.loseConnection)
 
     def processEnded(self, reason: Failure) -> None:
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
+        # what is left of the group dies with the run, however it ended (the
+        # group's id stays taken while any of it lives, and pids are handed
+        # out in turn: it names no other group)
+        if self._group is not None:
+            kill_group(self._group)
+        self._sweep()
         self._on_exit()
         if isinstance(reason.value, ProcessDone):
             if self._timer.active():
                 self._timer.cancel()
+            out, self._out = self._out, []
             if not self.result.called:
-                self.result.callback(b"".join(self._out))
+                self.result.callback(out)  # not joined: a copy of up to MAX_OUTPUT bytes
             return
-        said = first_line(self._err) or first_line(b"".join(self._out))
+        said = first_line(self._err) or first_line(_head(self._out))
         self.fail(exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
 
 
@@ -172,6 +191,7 @@ class Started:
         except subprocess.TimeoutExpired:  # closed its output, then hung
             self.discard()
             raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+        kill_group(child.pid)  # what is left of its group, pipes let go of or not
         if child.returncode != 0:
             code, signum = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
             said = first_line(err) or first_line(out)
@@ -230,6 +250,16 @@ class Started:
             child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass  # stuck in the kernel: it cannot be waited for
+
+
+def _head(chunks: list[bytes]) -> bytes:
+    """The first `_ERR_KEPT` bytes of an output read in chunks (not the whole joined)."""
+    head = b""
+    for chunk in chunks:
+        head += chunk[: _ERR_KEPT - len(head)]
+        if len(head) >= _ERR_KEPT:
+            break
+    return head
 
 
 def exit_text(code: int | None, signum: int | None) -> str:

@@ -8,6 +8,9 @@ a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
 killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
 of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
 for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
+A report is parsed, and its devices read, in a thread of the reader's own
+(stream.py), so that a big one holds no reply up; what a run leaves behind dies
+with it (child.py, orphans.py).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from zope.interface import implementer
 from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
+from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
+from atopgpud_tw.readers.smi.stream import parse_output
 from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
@@ -41,12 +47,21 @@ class SmiReader:
     """Reads every GPU by running nvidia-smi."""
 
     name = "nvidia-smi"
-    #: no thread of its own: a hung nvidia-smi is a poll that times out
+    #: nothing to watch: a hung nvidia-smi is a poll that times out, and the
+    #: thread that parses reports works on bounded input (stream.py)
     watchdog = None
 
     def __init__(
-        self, reactor: Any, binary: str | None, timeout: float = 5.0, mig: str = "instances"
+        self,
+        reactor: Any,
+        binary: str | None,
+        timeout: float = 5.0,
+        mig: str = "instances",
+        adopt_orphans: bool = False,
     ) -> None:
+        """`adopt_orphans`: the process is the daemon, which starts no other
+        processes: it becomes a subreaper and kills every child it did not
+        spawn (orphans.py).  Never in a process that starts others."""
         mig_mode(mig)
         self._reactor = reactor
         self._configured = binary
@@ -68,6 +83,12 @@ class SmiReader:
         self._names_retry_at = 0.0
         #: the latest report, whose health figures /metrics reads (readers/smi/health.py)
         self._report: Any = None
+        #: what runs leave outside their group, when this process is the daemon
+        self._orphans = Orphans(reactor) if adopt_orphans else None
+        #: the process that was made a subreaper (not inherited by a fork: twistd daemonizes)
+        self._subreaper: int | None = None
+        #: where reports are parsed and read, off the reactor (stream.py)
+        self._worker = SerialWorker(reactor, name="atopgpud-smi-report")
 
     @property
     def running(self) -> bool:
@@ -84,6 +105,15 @@ class SmiReader:
         instances.
         """
         self._binary = self._locate()
+        self._adopt()
+        try:
+            return self._open()
+        finally:
+            if self._orphans is not None:
+                self._orphans.sweep_now()  # before twistd forks: what the trial runs left
+
+    def _open(self) -> Snapshot:
+        assert self._binary is not None
         self._setsid = shutil.which("setsid")
         if self._setsid is None:
             log.warn("nvidia-smi: setsid is not installed; a timed-out run's own children will not be killed")
@@ -139,16 +169,18 @@ class SmiReader:
         return ensureDeferred(self._poll())
 
     async def _poll(self) -> Snapshot:
-        data = await self._run("-q", "-x")
+        # the report is parsed and its devices read in a thread: a big report
+        # (32 MiB may come) holds no reply up
+        chunks = await self._run("-q", "-x")
         try:
-            root, preamble = read_report(data)
+            root, preamble, slots = await self._worker.submit(_parse, chunks, self._mig == "instances")
         except SmiReportError as error:
             raise SmiRunError(f"{self._binary} -q -x: {error}") from None
         problems = Problems()
         note_preamble(preamble, problems)
         if self._mig == "instances":
-            await self._learn_names(mig_slots(root), problems)
-        devices, found = read_devices(root, self._mig, self._profiles, self._keys)
+            await self._learn_names(slots, problems)
+        devices, found = await self._worker.submit(read_devices, root, self._mig, self._profiles, self._keys)
         self._report = root
         problems.update(found)
         self._problems.report(problems)
@@ -184,7 +216,7 @@ class SmiReader:
         if not slots:
             return
         try:
-            listing = await self._run("-L")
+            listing = b"".join(await self._run("-L"))
             self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
@@ -192,7 +224,7 @@ class SmiReader:
             problems.add("mig-names", self._names_problem)
 
     def _run(self, *arguments: str) -> Deferred:
-        """Run nvidia-smi with `arguments` as a child; fires with its stdout."""
+        """Run nvidia-smi with `arguments` as a child; fires with its stdout, in the chunks read."""
         if self._binary is None:
             return fail(SmiRunError("nvidia-smi: the reader was not opened"))
         if self._child is not None:
@@ -201,8 +233,9 @@ class SmiReader:
                 return fail(SmiRunError(self._child.killed))
             # no pid in the message: a cause is logged (and counted in the metrics) by its words
             return fail(SmiRunError(f"{self._child.command}: the previous run has not ended yet"))
+        self._adopt()
         command = " ".join([self._binary, *arguments])
-        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run))
+        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run), self._sweep)
         self._child = run
         try:
             argv = [self._binary, *arguments]
@@ -214,14 +247,36 @@ class SmiReader:
             run.fail(f"cannot be started: {error}")
         return run.result
 
+    def _adopt(self) -> None:
+        """Be the subreaper of what runs start, in this process (again after a fork)."""
+        if self._orphans is not None and self._subreaper != os.getpid():
+            self._subreaper = os.getpid()
+            become_subreaper()
+
+    def _sweep(self) -> None:
+        if self._orphans is not None:
+            self._orphans.sweep()
+
     def _ended(self, run: Run) -> None:
         if self._child is run:
             self._child = None
 
     def close(self) -> None:
-        """Kill a running child; its poll fails."""
+        """Kill a running child (and what runs left); its poll fails."""
+        ending = []
         if self._child is not None:
+            if self._child.transport.pid is not None:
+                ending.append(self._child.transport.pid)
             self._child.kill()
             self._child.fail("was stopped: the reader is closing")
+        if self._orphans is not None:
+            self._orphans.sweep_now(ending=ending)
+        self._worker.stop()
+
+
+def _parse(chunks: list[bytes], instances: bool) -> tuple[Any, str, tuple[MigSlot, ...]]:
+    """In the worker: a report's kept elements, what was printed before it, and its MIG instances."""
+    root, preamble = parse_output(chunks)
+    return root, preamble, mig_slots(root) if instances else ()
 
 

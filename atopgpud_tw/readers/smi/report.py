@@ -10,23 +10,23 @@ names from ``nvidia-smi -L`` are mig.py.
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
+from typing import Iterable
 
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi.mig import Profiles, instances_of, slots_of
+from atopgpud_tw.readers.smi.stream import OVER, PROCESS_FIELDS, ProcessList, read_report
 from atopgpud_tw.readers.smi.values import (
     MEMORY,
     Card,
-    SmiReportError,
     card_of,
-    first_line,
     integer,
     kib,
     percent,
     reading,
     text_at,
+    value_of,
     within,
 )
 from atopgpud_tw.snapshot import (
@@ -40,26 +40,6 @@ from atopgpud_tw.snapshot import (
 )
 
 _BUSY = ("utilization/gpu_util", "utilization/memory_util")
-_REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
-
-
-def read_report(data: bytes) -> tuple[ET.Element, str]:
-    """The ``<nvidia_smi_log>`` element, and any text printed before the document.
-
-    nvidia-smi writes some warnings ("WARNING: infoROM is corrupted at gpu ...")
-    to stdout ahead of the XML; they are returned rather than failing every poll.
-    """
-    if not data.strip():
-        raise SmiReportError("the output is empty")
-    start = _REPORT_START.search(data)
-    preamble = data[: start.start()] if start else b""
-    try:
-        root = ET.fromstring(data[len(preamble) :])
-    except ET.ParseError as error:
-        raise SmiReportError(f"the output is not XML ({error})") from None
-    if root.tag != "nvidia_smi_log":
-        raise SmiReportError(f"the document is <{root.tag}>, not <nvidia_smi_log>")
-    return root, first_line(preamble.decode("utf-8", errors="replace"))
 
 
 def parse_report(
@@ -146,19 +126,32 @@ def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | 
     """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable.
 
     A list with one unreadable pid is dropped whole for this poll: a partial
-    list would make the missing processes seem to end.
+    list would make the missing processes seem to end.  So is a list longer
+    than the parser keeps (stream.py).
     """
+    listing = gpu.find("processes")
+    over = None if listing is None else listing.get(OVER)
+    if over is not None:
+        problems.add(f"{card.key} processes", f"GPU {card.busid} lists {over}: none of them is counted")
+        return None
     entries = []
-    for info in gpu.findall("processes/process_info"):
-        pid = integer(text_at(info, "pid"))
+    owner = (card.key, card.busid)
+    for pid_text, kind, memory_text, gi_text, ci_text in _process_fields(listing):
+        pid = integer(pid_text)
         if pid is None:
-            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {text_at(info, 'pid')!r}")
+            problems.add(f"{card.key} pid", f"GPU {card.busid}: unreadable pid {pid_text and pid_text[:40]!r}")
             return None
-        kind = text_at(info, "type")
         # N/A, as for every process under WDDM, is not known: -1, not a failure
-        memory = reading(info, "used_memory", kib, UNSUPPORTED, (card.key, card.busid), problems)
+        memory = value_of(memory_text, "used_memory", kib, UNSUPPORTED, owner, problems)
         sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
-        gi = integer(text_at(info, "gpu_instance_id"))
-        ci = integer(text_at(info, "compute_instance_id"))
-        entries.append((gi, ci, sample))
+        entries.append((integer(gi_text), integer(ci_text), sample))
     return entries
+
+
+def _process_fields(listing: ET.Element | None) -> Iterable[tuple[str | None, ...]]:
+    """Each process's `PROCESS_FIELDS` texts: as the parser kept them, or from a whole tree's elements."""
+    if listing is None:
+        return ()
+    if isinstance(listing, ProcessList):
+        return listing.entries
+    return [tuple(text_at(info, name) for name in PROCESS_FIELDS) for info in listing.findall("process_info")]

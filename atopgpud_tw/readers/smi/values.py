@@ -75,7 +75,18 @@ def reading(
 
     `owner` is the (key, bus id) of the device the problem is logged under.
     """
-    text = text_at(element, path)
+    return value_of(text_at(element, path), path, parse, unavailable, owner, problems)
+
+
+def value_of(
+    text: str | None,
+    path: str,
+    parse: Callable[[str], int | None],
+    unavailable: int,
+    owner: tuple[str, str],
+    problems: Problems,
+) -> int | None:
+    """`reading` of the text found at `path` (None: there is no such element)."""
     if text is None or not_available(text):
         return unavailable
     try:

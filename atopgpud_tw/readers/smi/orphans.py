@@ -1,0 +1,158 @@
+"""What nvidia-smi runs leave behind, found and killed when each run ends.
+
+Each run leads a session and process group of its own (child.py), and the
+group is killed whenever a run ends.  A process that calls ``setsid`` or
+``setpgid`` itself leaves the group, though, and once its parent is gone it
+would belong to init.  So the daemon makes itself a child subreaper
+(``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4): a process whose parent ends
+is handed to the nearest subreaper above it, so every process a run started
+stays below the daemon, in whatever session or group.
+
+The daemon starts no processes but its nvidia-smi runs, one at a time, so a
+child of the daemon that Twisted did not spawn (it is in no reap handler) is
+left over from a run: `Orphans.sweep` SIGKILLs each such child, and reaps it.
+Only the daemon's own children are ever signalled: a child's pid cannot be
+taken by another process before its parent reaps it, so no unrelated process
+is hit by a pid used again.  A killed child's own children are then handed to
+the daemon in turn and killed at the next sweep, `ROUND` seconds later, until
+none is left.
+
+What this does not catch: a process that is not below the daemon (one that
+reached a process outside through a socket or a D-Bus activation), and
+anything when the daemon itself is killed with SIGKILL (its orphans go to the
+next subreaper up, systemd, which kills the unit's control group).  Where the
+prctl fails (not Linux) only the process group is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Collection
+
+from twisted.logger import Logger
+
+log = Logger(namespace="atopgpud_tw.readers.smi_orphans")
+
+PR_SET_CHILD_SUBREAPER = 36
+#: seconds between sweeps while killed processes' own children are still coming
+ROUND = 0.05
+#: sweeps in a row, at most, after one run (about a second); then at the next run's end
+ROUNDS = 20
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper; False (and why, logged) if the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+            return True
+        reason = os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as error:
+        reason = str(error)
+    log.warn(
+        "nvidia-smi: cannot become a child subreaper ({reason}): what a run starts in a session "
+        "of its own outlives the run",
+        reason=reason,
+    )
+    return False
+
+
+def children(pid: int) -> set[int]:
+    """The children of `pid` (zombies included), from /proc."""
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+        except OSError:
+            if tid == str(pid) and not Path(f"/proc/{pid}/task/{tid}/children").exists():
+                return _children_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
+            continue
+        found.update(int(word) for word in text.split())
+    return found
+
+
+def _children_by_scan(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[1] == str(pid):
+                found.add(int(entry))
+    return found
+
+
+def dead(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie, or reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def spawned() -> Collection[int]:
+    """The children Twisted spawned and has not reaped yet: never touched here."""
+    from twisted.internet import process
+
+    return set(process.reapProcessHandlers)
+
+
+class Orphans:
+    """Kills and reaps the daemon's children that are left over from runs."""
+
+    def __init__(self, reactor: Any, known: Callable[[], Collection[int]] = spawned) -> None:
+        self._reactor = reactor
+        self._known = known
+        self._pending: Any = None
+
+    def leftovers(self) -> set[int]:
+        """The daemon's children no reap handler waits for."""
+        return children(os.getpid()) - set(self._known())
+
+    def sweep(self, rounds: int = ROUNDS) -> None:
+        """Reap the dead leftovers and kill the living; again in `ROUND` seconds while any is left."""
+        if self._pending is not None and self._pending.active():
+            self._pending.cancel()
+        self._pending = None
+        if self._once() and rounds > 1:
+            self._pending = self._reactor.callLater(ROUND, self.sweep, rounds - 1)
+
+    def sweep_now(self, limit: float = 1.0, ending: Collection[int] = ()) -> None:
+        """Sweep, blocking, until none is left or `limit` seconds have passed (start-up, shutdown).
+
+        `ending` are runs just killed, which Twisted reaps: until each has died
+        (its children are handed over as it does) there may be more to come.
+        """
+        if self._pending is not None and self._pending.active():
+            self._pending.cancel()
+        self._pending = None
+        deadline = time.monotonic() + limit
+        while (self._once() or not all(map(dead, ending))) and time.monotonic() < deadline:
+            time.sleep(ROUND / 5)
+
+    def _once(self) -> bool:
+        """One sweep; whether any leftover remains (not yet reaped)."""
+        remaining = False
+        for pid in self.leftovers():
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue  # reaped meanwhile
+            if done:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            remaining = True
+        return remaining
