@@ -156,6 +156,9 @@ class Options(usage.Options):
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
          "until it asks again; the oldest are dropped beyond this.", _count("max-exited")],
         ["max-clients", None, 256, "Clients connected at once; more are closed at once.", _count("max-clients")],
+        ["max-clients-per-uid", None, None, "Clients of one user (the uid of a UNIX client, or of a TCP "
+         "client on this host) connected at once; more are closed at once "
+         "(default: three quarters of --max-clients).", _count("max-clients-per-uid")],
         ["max-unsent", None, 1048576, "Reply bytes a client may leave unread before it is "
          "disconnected.", _count("max-unsent")],
         ["idle-timeout", None, 10800.0, "Seconds a client may stay silent between requests "
@@ -248,6 +251,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     poller.setServiceParent(top)
     limits = Limits(
         max_clients=options["max-clients"],
+        max_clients_per_uid=options["max-clients-per-uid"],
         max_unsent=options["max-unsent"],
         idle_timeout=options["idle-timeout"],
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),

@@ -43,6 +43,7 @@ NAMESPACES = {
     "atopgpud_tw.protocol.AtopGpuFactory",
     "atopgpud_tw.access.BurstLog",
     "atopgpud_tw.access.Gate",
+    "atopgpud_tw.accepting.FairPort",
     "atopgpud_tw.endpoints.CheckedEndpoint",
     "atopgpud_tw.listening",
     "atopgpud_tw.listening.AcceptLog",

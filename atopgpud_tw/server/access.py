@@ -8,7 +8,10 @@ only if SO_PEERCRED says its uid is listed, or its primary or a supplementary gr
 is.  The supplementary groups come from SO_PEERGROUPS, the groups the client had
 when it connected, so nothing is read from /proc (which ``ProtectProc=invisible``
 hides); /proc is the fallback on kernels older than 4.13.  TCP clients carry no
-credentials: keep TCP on loopback, or off, where this matters.
+credentials: keep TCP on loopback, or off, where this matters.  (A TCP client on
+this host still has a uid, its socket's owner, which `peer_uid` finds through
+`sockdiag` to give each user a share of ``--max-clients``; the allow-list does
+not rely on it.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.sockdiag import is_local
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
@@ -54,6 +58,21 @@ def peer_of(transport: Any) -> Peer | None:
     if groups is None:
         groups = _proc_groups(pid)
     return Peer(pid, uid, frozenset({gid}) | groups)
+
+
+def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
+    """The uid of a connected socket's peer: SO_PEERCRED's on a UNIX socket; on
+    TCP, with a `sockdiag.SockDiag`, the owner of a client's socket on this host;
+    else None."""
+    try:
+        if sock.family == socket.AF_UNIX:
+            return int(_UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1])
+        if diag is None:
+            return None
+        local, remote = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return None
+    return diag.owner(local, remote) if is_local(local, remote) else None
 
 
 def peer_name(transport: Any) -> str:
@@ -130,6 +149,19 @@ class Gate:
             "clients refused (--allow-uid/--allow-gid)",
         )
         return False
+
+    def refuses_uid(self, uid: int) -> bool:
+        """Whether a UNIX client of `uid` is refused whatever its groups (logged as
+        `admits` logs it); False where its groups could still admit it."""
+        if not self.allow.restricts or self.allow.gids or uid == 0 or uid in self.allow.uids:
+            return False
+        self._refused.event(
+            lambda: self.log.warn(
+                "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid", uid=uid, where=self.where
+            ),
+            "clients refused (--allow-uid/--allow-gid)",
+        )
+        return True
 
     def stop(self) -> None:
         self._refused.stop()

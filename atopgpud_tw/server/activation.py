@@ -27,6 +27,8 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.python.systemd import ListenFDs
 from zope.interface import implementer
 
+from atopgpud_tw.server.accepting import FairPort, FairTCPPort
+
 #: ("unix", name as bytes) or ("tcp", ip address, port)
 Address = tuple[Any, ...]
 
@@ -162,7 +164,7 @@ class InheritedEndpoint:
             if family == socket.AF_UNIX:
                 port: Any = _InheritedUNIXPort._fromListeningDescriptor(self.reactor, fd, factory)
             else:
-                port = tcp.Port._fromListeningDescriptor(self.reactor, fd, family, factory)
+                port = FairTCPPort._fromListeningDescriptor(self.reactor, fd, family, factory)
             port.startListening()  # listen() is not called again: systemd's Backlog= stays
             os.close(fd)
         except BaseException:
@@ -170,8 +172,8 @@ class InheritedEndpoint:
         return defer.succeed(port)
 
 
-class _InheritedUNIXPort(unix.Port):
-    """A UNIX port on a socket systemd owns.  Twisted's own adopted UNIX port would
+class _InheritedUNIXPort(FairPort, unix.Port):
+    """A UNIX port on a socket systemd owns, accepting fairly.  Twisted's own adopted UNIX port would
     chmod a filesystem socket to 0666 when it starts, and when it stops call
     shutdown() on the socket (which systemd, still holding it, sees as a hang-up:
     the socket unit fails) and remove its file."""
@@ -190,4 +192,5 @@ class _InheritedUNIXPort(unix.Port):
         self.startReading()
 
     def connectionLost(self, reason: Any) -> None:
+        self.stop_admitting()
         tcp.Port.connectionLost(self, reason)

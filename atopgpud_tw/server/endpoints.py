@@ -17,6 +17,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.server.accepting import fair_reactor
 
 ABSTRACT_PREFIX = "unix:@"
 #: the kernel's own limit (net.core.somaxconn caps it): a burst of connections waits
@@ -27,7 +28,10 @@ PROCESS_LISTS = "every GPU process list"
 
 
 def listen_endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
-    """An endpoint for one --listen value; ValueError for one that makes no sense."""
+    """An endpoint for one --listen value; ValueError for one that makes no sense.
+
+    ``tcp:``, ``unix:`` and abstract sockets listen on fair ports (`accepting`)."""
+    reactor = fair_reactor(reactor)
     if description.startswith(ABSTRACT_PREFIX):
         name, _, rest = description[len(ABSTRACT_PREFIX):].partition(":")
         if not name:

@@ -7,13 +7,18 @@ command closes that connection only (after the replies already written), with
 one log line.  The protocol never calls a reader: it serves what the `Board`
 holds.
 
-Every connection is bounded (`Limits`): the number of clients, the reply bytes a
-client may leave unread, how long it may stay silent, and, on UNIX sockets, who
-may connect at all (`access.AllowList`).
+Every connection is bounded (`Limits`): the number of clients, and of one user's
+clients (the uid of a UNIX client, or of a TCP client on this host; TCP clients
+whose uid cannot be told share one count), the reply bytes a client may leave
+unread, how long it may stay silent, and, on UNIX sockets, who may connect at
+all (`access.AllowList`).  The factory provides `accepting.IAdmission`, so a
+fair port refuses a user whose share is taken before it builds a connection.
 """
 
 from __future__ import annotations
 
+import socket
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
@@ -25,8 +30,10 @@ from zope.interface import implementer
 from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.access import AllowList, Gate, peer_name
+from atopgpud_tw.server.accepting import IAdmission
+from atopgpud_tw.server.access import AllowList, Gate, peer_name, peer_uid
 from atopgpud_tw.server.board import Board, ClientQueue
+from atopgpud_tw.server.sockdiag import SockDiag
 from atopgpud_tw.server.turns import Turns
 
 
@@ -35,6 +42,9 @@ class Limits:
     """What one client, and all of them, may take."""
 
     max_clients: int = 256
+    #: clients of one uid at once; None: three quarters of `max_clients`, so that
+    #: a quarter is always left to other users
+    max_clients_per_uid: int | None = None
     #: reply bytes a client may leave unread beyond the transport's own buffer
     max_unsent: int = 1024 * 1024
     #: seconds a new connection may take to send its first request
@@ -43,6 +53,13 @@ class Limits:
     #: interval; its logging mode asks every 10 minutes)
     idle_timeout: float = 3 * 3600.0
     allow: AllowList = field(default_factory=AllowList)
+
+    @property
+    def uid_share(self) -> int:
+        """The clients one uid may have connected at once."""
+        if self.max_clients_per_uid is not None:
+            return min(self.max_clients_per_uid, self.max_clients)
+        return max(1, self.max_clients - self.max_clients // 4)
 
 
 #: request bytes a client may send ahead of its turns before it is no longer read
@@ -179,6 +196,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         return peer_name(self.transport)
 
 
+@implementer(IAdmission)
 class AtopGpuFactory(Factory):
     """Makes a protocol per connection, all serving one Board, within `Limits`."""
 
@@ -194,13 +212,18 @@ class AtopGpuFactory(Factory):
         self.board = board
         self.limits = limits or Limits()
         self.clock = clock
-        self.connections: set[AtopGpuProtocol] = set()
+        self.connections: dict[AtopGpuProtocol, int | None] = {}
+        #: connections per uid (None: TCP clients whose uid cannot be told)
+        self.per_uid: Counter[int | None] = Counter()
         self.turns = Turns(clock)
         self._refused_full = BurstLog(clock)
+        self._refused_share = BurstLog(clock)
         self.gate = Gate(self.limits.allow, clock)
+        self._diag = SockDiag()
 
-    def admit(self, protocol: AtopGpuProtocol) -> bool:
-        """Whether a new connection may stay; refusals are logged once per burst."""
+    def room_for(self, uid: int | None, family: int) -> bool:
+        """Whether a connection of `uid` may be admitted now (`IAdmission`); refusals
+        are logged once per burst."""
         if len(self.connections) >= self.limits.max_clients:
             self._refused_full.event(
                 lambda: self.log.warn(
@@ -210,17 +233,55 @@ class AtopGpuFactory(Factory):
                 "connections refused (--max-clients)",
             )
             return False
+        if self.per_uid[uid] >= self.limits.uid_share:
+            self._refused_share.event(
+                lambda: self.log.warn(
+                    "refusing connections of {who}: {count} connected, its share of --max-clients "
+                    "(--max-clients-per-uid)",
+                    who=f"uid {uid}" if uid is not None else "TCP clients of unknown uid",
+                    count=self.per_uid[uid],
+                ),
+                "connections refused (--max-clients-per-uid)",
+            )
+            return False
+        if family == socket.AF_UNIX and uid is not None and self.gate.refuses_uid(uid):
+            return False
+        return True
+
+    def admit(self, protocol: AtopGpuProtocol) -> bool:
+        """Whether a new connection may stay; refusals are logged once per burst."""
+        handle = _handle(protocol.transport)
+        uid = peer_uid(handle, self._diag) if handle is not None else None
+        family = handle.family if handle is not None else socket.AF_INET
+        if not self.room_for(uid, family):
+            return False
         if not self.gate.admits(protocol.transport):
             return False
-        self.connections.add(protocol)
+        self.connections[protocol] = uid
+        self.per_uid[uid] += 1
         return True
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
-        self.connections.discard(protocol)
+        if protocol in self.connections:
+            uid = self.connections.pop(protocol)
+            self.per_uid[uid] -= 1
+            if not self.per_uid[uid]:
+                del self.per_uid[uid]
         self.turns.forget(protocol)
 
     def stopFactory(self) -> None:
         self.turns.stop()
         self._refused_full.stop()
+        self._refused_share.stop()
         self.gate.stop()
+        self._diag.close()
+
+
+def _handle(transport: Any) -> socket.socket | None:
+    """A transport's socket; None for one without (a test's StringTransport)."""
+    try:
+        handle = transport.getHandle()
+    except (AttributeError, NotImplementedError):
+        return None
+    return handle if isinstance(handle, socket.socket) else None
 

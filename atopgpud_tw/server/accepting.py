@@ -1,0 +1,259 @@
+"""Accepting fairly: no local user's flood of connections holds up atop or locks it out.
+
+Twisted's listening port accepts in a loop that grows by 20 each time it drains
+the whole backlog, and builds a transport and a protocol for every connection
+it takes; a process that connects, sends a request and resets, in a loop, made
+that loop thousands long, every reactor turn, and filled ``--max-clients`` with
+connections already dead.  A `FairPort` takes each turn in three steps:
+
+1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
+   bare socket (an accept, its peer's uid, no transport), so that the backlog
+   does not fill and a new client's connect is not refused (EAGAIN).
+2. **Reap**: one ``poll`` over what was drained; a connection whose client has
+   already closed or reset it is closed at once, unread.
+3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
+   protocols, taken from the users waiting in turn (round robin by uid), so
+   one user's hundred waiting connections do not come before another's one.
+   The factory, if it provides `IAdmission`, may refuse a uid at once (its
+   share of ``--max-clients`` is taken, or it is not allowed): that connection is
+   closed before anything is built.  A user's connections beyond
+   `PENDING_PER_UID` waiting are closed at once.  Those left wait for the next
+   turn (a ``callLater(0)``), checked again for a hang-up before they are admitted.
+
+The uid of a UNIX client is SO_PEERCRED's; of a TCP client on this host, its
+socket's owner (`sockdiag`); of any other TCP client, unknown (None), one
+bucket for them all.
+
+`fair_reactor` wraps a reactor so that the endpoints built on it (``tcp:``,
+``unix:``, abstract sockets) listen on fair ports; a reactor that is not
+Twisted's POSIX one (a test's MemoryReactor) is left as it is.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+from collections import deque
+from typing import Any, Iterable
+
+from twisted.internet import tcp, unix
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.posixbase import PosixReactorBase
+from twisted.python.failure import Failure
+from zope.interface import Interface
+
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.server.access import peer_uid
+from atopgpud_tw.server.sockdiag import SockDiag
+
+#: connections a port hands to its factory per reactor turn
+ACCEPT_BUDGET = 16
+#: connections a port takes off the kernel's backlog per reactor turn
+DRAIN_LIMIT = 1024
+#: connections of one user accepted but not yet admitted; more are closed at once
+PENDING_PER_UID = 64
+
+#: closed or reset by the peer; not POLLRDHUP: a client that has only shut down
+#: its sending side (``socat``, ``nc -N``) still waits for its reply
+_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+class IAdmission(Interface):
+    """A factory that may refuse a connection by its user before it is built."""
+
+    def room_for(uid: int | None, family: int) -> bool:  # type: ignore[misc]  # zope's methods take no self
+        """Whether a new connection from `uid` (None: unknown) on a socket of
+        `family` (AF_UNIX: the uid is SO_PEERCRED's) may be admitted; a refusal
+        is the factory's to log."""
+
+
+def hung_up(sockets: Iterable[socket.socket]) -> set[socket.socket]:
+    """Those of `sockets` whose peer has closed or reset the connection (one poll)."""
+    poller = select.poll()
+    by_fd = {}
+    for sock in sockets:
+        by_fd[sock.fileno()] = sock
+        poller.register(sock, select.POLLIN | _DEAD)
+    return {by_fd[fd] for fd, events in poller.poll(0) if events & _DEAD}
+
+
+def close_now(sock: socket.socket) -> None:
+    """Close an accepted socket without a TCP TIME_WAIT on our side."""
+    if sock.family != socket.AF_UNIX:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
+    sock.close()
+
+
+class FairPort:
+    """Mixed into Twisted's TCP and UNIX ports: their accept loop, drained, reaped
+    and admitted fairly (see the module's docstring)."""
+
+    log = ClassLogger("atopgpud_tw.accepting.FairPort")
+    budget = ACCEPT_BUDGET
+    drain_limit = DRAIN_LIMIT
+    pending_per_uid = PENDING_PER_UID
+
+    # what Twisted's ports have (tcp.Port)
+    socket: socket.socket
+    factory: Any
+    reactor: Any
+    sessionno: int
+    _logger: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: accepted connections waiting for a turn, by uid; dict order is the round
+        self._pending: dict[int | None, deque[tuple[socket.socket, Any]]] = {}
+        self._next_turn: IDelayedCall | None = None
+        self._diag = SockDiag()
+        #: counts since listening: reaped (dead when drained or admitted),
+        #: refused (the factory said no), excess (beyond `pending_per_uid`), admitted
+        self.counts = {"reaped": 0, "refused": 0, "excess": 0, "admitted": 0}
+
+    def doRead(self) -> None:  # noqa: N802  # Twisted's name
+        """The listening socket is readable: drain, reap, and admit this turn's share."""
+        try:
+            arrived = self._drain()
+            if arrived:
+                dead = hung_up(sock for sock, _ in arrived)
+                for sock, address in arrived:
+                    if sock in dead:
+                        self.counts["reaped"] += 1
+                        close_now(sock)
+                    else:
+                        self._wait(sock, address)
+            if self._next_turn is None:
+                self._admit()
+        except BaseException:  # as Twisted's own accept loop: log it and go on listening
+            self.log.failure("accepting connections")
+
+    def _drain(self) -> list[tuple[socket.socket, Any]]:
+        with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
+            return list(tcp._accept(logger, range(self.drain_limit), self.socket, tcp._reservedFD))
+
+    def _uid(self, sock: socket.socket, address: Any) -> int | None:
+        if sock.family == socket.AF_UNIX:
+            return peer_uid(sock)
+        return peer_uid(sock, self._diag)
+
+    def _wait(self, sock: socket.socket, address: Any) -> None:
+        uid = self._uid(sock, address)
+        queue = self._pending.get(uid)
+        if queue is None:
+            queue = self._pending[uid] = deque()
+        if len(queue) >= self.pending_per_uid:
+            self.counts["excess"] += 1
+            close_now(sock)
+            return
+        queue.append((sock, address))
+
+    def _turn(self, limit: int) -> list[tuple[int | None, socket.socket, Any]]:
+        """Up to `limit` waiting connections, one per uid in turn."""
+        chosen: list[tuple[int | None, socket.socket, Any]] = []
+        while self._pending and len(chosen) < limit:
+            for uid in list(self._pending):
+                queue = self._pending.pop(uid)
+                chosen.append((uid, *queue.popleft()))
+                if queue:
+                    self._pending[uid] = queue  # to the end of the round
+                if len(chosen) == limit:
+                    break
+        return chosen
+
+    def _admit(self) -> None:
+        self._next_turn = None
+        admission = self.factory if IAdmission.providedBy(self.factory) else None
+        admitted = 0
+        while admitted < self.budget and self._pending:
+            chosen = self._turn(self.budget - admitted)
+            dead = hung_up(sock for _, sock, _ in chosen)
+            for uid, sock, address in chosen:
+                if sock in dead:
+                    self.counts["reaped"] += 1
+                    close_now(sock)
+                elif admission is not None and not admission.room_for(uid, sock.family):
+                    self.counts["refused"] += 1
+                    close_now(sock)
+                else:
+                    admitted += 1
+                    self._connect(sock, address)
+        if self._pending and self.connected:
+            self._next_turn = self.reactor.callLater(0, self._turn_again)
+
+    def _turn_again(self) -> None:
+        try:
+            self._admit()
+        except BaseException:
+            self.log.failure("accepting connections")
+
+    def _connect(self, sock: socket.socket, address: Any) -> None:
+        """What Twisted's accept loop does with each connection it accepts."""
+        self.counts["admitted"] += 1
+        if isinstance(address, tuple) and len(address) == 4:  # IPv6: keep the scope id
+            host = socket.getnameinfo(address, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+            address = (host[0], *address[1:])
+        protocol = self.factory.buildProtocol(self._buildAddr(address))
+        if protocol is None:
+            sock.close()
+            return
+        session = self.sessionno
+        self.sessionno = session + 1
+        transport = self.transport(sock, protocol, address, self, session, self.reactor)
+        protocol.makeConnection(transport)
+
+    def connectionLost(self, reason: Failure) -> None:  # noqa: N802  # Twisted's name
+        self.stop_admitting()
+        super().connectionLost(reason)  # type: ignore[misc]  # the port's own
+
+    def stop_admitting(self) -> None:
+        """Close the connections still waiting for a turn (the port closes)."""
+        if self._next_turn is not None and self._next_turn.active():
+            self._next_turn.cancel()
+        self._next_turn = None
+        for queue in self._pending.values():
+            for sock, _ in queue:
+                sock.close()
+        self._pending.clear()
+        self._diag.close()
+
+
+class FairTCPPort(FairPort, tcp.Port):
+    """A TCP port that accepts fairly."""
+
+
+class FairUNIXPort(FairPort, unix.Port):
+    """A UNIX port (filesystem or abstract) that accepts fairly."""
+
+
+class _FairReactor:
+    """A reactor whose listenTCP and listenUNIX make fair ports; the rest is the reactor's."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reactor, name)
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Any:  # noqa: N802
+        listening = FairTCPPort(port, factory, backlog, interface, self._reactor)
+        listening.startListening()
+        return listening
+
+    def listenUNIX(  # noqa: N802  # Twisted's name
+        self, address: Any, factory: Any, backlog: int = 50, mode: int = 0o666, wantPID: int = 0  # noqa: N803
+    ) -> Any:
+        listening = FairUNIXPort(address, factory, backlog, mode, self._reactor, wantPID)
+        listening.startListening()
+        return listening
+
+
+def fair_reactor(reactor: Any) -> Any:
+    """`reactor` for endpoints to listen with, on fair ports where it is Twisted's POSIX reactor."""
+    if isinstance(reactor, PosixReactorBase):
+        return _FairReactor(reactor)
+    return reactor

@@ -1,0 +1,188 @@
+"""Accepting fairly, on real sockets and a MemoryReactorClock: reaping, the budget, the rounds by uid, the shares."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+from snapshots import dev, snap
+from twisted.internet.testing import MemoryReactorClock
+
+from atopgpud_tw.server.accepting import ACCEPT_BUDGET, FairUNIXPort, fair_reactor
+from atopgpud_tw.server.access import peer_uid
+from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.sockdiag import SockDiag
+
+NOBODY = 65534
+
+
+def listening(**limits):
+    board = Board()
+    board.fold(snap(dev()))
+    reactor = MemoryReactorClock()
+    factory = AtopGpuFactory(board, Limits(**limits), reactor)
+    address = "\0atopgpud-test-" + uuid.uuid4().hex[:12]
+    port = FairUNIXPort(address, factory, 4096, reactor=reactor)
+    port.startListening()
+    return port, factory, reactor, address
+
+
+def client(address: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    sock.send(b"S\x02")
+    return sock
+
+
+def as_nobody(address: str, count: int) -> tuple[int, int]:
+    """A child that connects `count` times as nobody and keeps them open until told; (pid, pipe to tell it)."""
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            kept = [client(address) for _ in range(count)]
+            os.write(ready_w, b"x")
+            os.read(done_r, 1)
+            del kept
+        finally:
+            os._exit(0)
+    os.read(ready_r, 1)
+    return pid, done_w
+
+
+def hung_up_on(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(16, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:  # closed with its request unread
+        return True
+
+
+def test_dead_connections_are_closed_before_anything_is_built():
+    """Clients that connected, asked and hung up are reaped at once: no protocol, no slot."""
+    port, factory, _, address = listening()
+    for _ in range(200):
+        client(address).close()
+    port.doRead()
+    assert port.counts["reaped"] == 200 and port.counts["admitted"] == 0
+    assert not factory.connections
+    port.stopListening()
+
+
+def test_at_most_the_budget_is_admitted_per_turn():
+    """A burst of live connections becomes protocols a budget at a time, the rest on later turns."""
+    port, factory, reactor, address = listening()
+    kept = [client(address) for _ in range(3 * ACCEPT_BUDGET + 5)]
+    port.doRead()
+    assert len(factory.connections) == ACCEPT_BUDGET
+    assert len(reactor.getDelayedCalls()) >= 1  # the rest wait for the next turns
+    reactor.advance(0)  # a Clock runs each next turn's call as it is scheduled
+    assert len(factory.connections) == len(kept)
+    port.stopListening()
+
+
+def test_one_users_excess_waiting_connections_are_closed_at_once():
+    """Beyond what one user may have waiting, its new connections are closed as they are drained."""
+    port, factory, _, address = listening()
+    port.pending_per_uid = 10
+    port.budget = 4
+    kept = [client(address) for _ in range(30)]
+    port.doRead()
+    assert port.counts["excess"] == 20
+    assert len(factory.connections) == 4
+    assert sum(map(hung_up_on, kept)) == 20
+    port.stopListening()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_the_turns_go_round_the_users():
+    """Another user's one connection is admitted in the first turn, ahead of a flood waiting before it."""
+    port, factory, _, address = listening()
+    pid, done = as_nobody(address, 3 * ACCEPT_BUDGET)
+    try:
+        mine = client(address)
+        port.doRead()
+        assert len(factory.connections) == ACCEPT_BUDGET
+        assert factory.per_uid[0] == 1 and factory.per_uid[NOBODY] == ACCEPT_BUDGET - 1
+        del mine
+    finally:
+        os.write(done, b"x")
+        os.waitpid(pid, 0)
+        port.stopListening()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_one_user_cannot_take_every_slot():
+    """A user at its share of --max-clients is refused at accept; another user still connects."""
+    port, factory, reactor, address = listening(max_clients=8)
+    assert factory.limits.uid_share == 6
+    pid, done = as_nobody(address, 20)
+    try:
+        for _ in range(3):
+            port.doRead()
+            reactor.advance(0)
+        assert factory.per_uid[NOBODY] == 6
+        assert port.counts["refused"] == 14
+        mine = client(address)
+        port.doRead()
+        assert factory.per_uid[0] == 1
+        del mine
+    finally:
+        os.write(done, b"x")
+        os.waitpid(pid, 0)
+        port.stopListening()
+
+
+def test_the_share_per_uid_is_an_option_and_defaults_to_three_quarters():
+    """--max-clients-per-uid caps one uid; by default a quarter of --max-clients is left to others."""
+    assert Limits().uid_share == 192
+    assert Limits(max_clients=2).uid_share == 2
+    assert Limits(max_clients=100, max_clients_per_uid=5).uid_share == 5
+    assert Limits(max_clients=3, max_clients_per_uid=5).uid_share == 3
+    board = Board()
+    factory = AtopGpuFactory(board, Limits(max_clients=10, max_clients_per_uid=2), MemoryReactorClock())
+    factory.per_uid[1000] = 2
+    assert not factory.room_for(1000, socket.AF_UNIX)
+    assert factory.room_for(1001, socket.AF_UNIX)
+    assert factory.room_for(None, socket.AF_INET)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_a_local_tcp_clients_uid_is_its_sockets_owner():
+    """On TCP loopback, the uid is that of the process that made the client's socket."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(NOBODY)
+            sock = socket.socket()
+            sock.connect(listener.getsockname())
+            sock.recv(1)
+        finally:
+            os._exit(0)
+    accepted, _ = listener.accept()
+    diag = SockDiag()
+    try:
+        assert peer_uid(accepted, diag) == NOBODY
+        assert peer_uid(accepted) is None  # without the lookup: unknown
+    finally:
+        accepted.close()
+        os.waitpid(pid, 0)
+        listener.close()
+        diag.close()
+
+
+def test_only_twisteds_posix_reactor_gets_fair_ports():
+    """A MemoryReactor is left as it is, so wiring tests see what they listen on."""
+    reactor = MemoryReactorClock()
+    assert fair_reactor(reactor) is reactor
