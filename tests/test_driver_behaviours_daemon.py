@@ -14,6 +14,8 @@ import time
 from daemon import run_daemon
 from driver_behaviours import LOADS, behaviours, gpus
 
+from atopgpud_tw import codec
+
 #: the one-off behaviours (a late or a missing sample) happen this far into the run
 ONE_OFF_AT = 4.0
 
@@ -27,13 +29,15 @@ def test_every_behaviour_through_the_installed_daemon(tmp_path):
     with run_daemon(tmp_path, ["--interval", "1"], scenario={"gpus": cards}) as daemon:
         client = daemon.client()
         daemon.wait_samples(2)
-        first = client.stats()
+        # atopgpu's request: all 40 GPUs, where atop is sent the first 32
+        wide = codec.WIDE_REQUEST
+        first = client.stats(wide)
         nows = []
         deadline = time.monotonic() + 7.5
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            nows.append(client.stats())
-        last = client.stats()
+            nows.append(client.stats(wide))
+        last = client.stats(wide)
         client.close()
         assert len(first) == len(last) == 2 * len(names)
         for index, (before, after) in enumerate(zip(first, last)):

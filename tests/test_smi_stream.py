@@ -163,8 +163,11 @@ def test_an_unknown_entity_is_not_xml() -> None:
 def test_a_preamble_longer_than_looked_through_fails_as_not_xml() -> None:
     """The start of the document is looked for in the first MAX_PREAMBLE bytes only."""
     data = b"w" * (stream.MAX_PREAMBLE + 100) + (FIXTURES / "plain-v11.xml").read_bytes()
+    parser = ReportParser()
     with pytest.raises(SmiReportError, match="the output is not XML"):
-        ReportParser().feed(data)
+        # an expat that defers reparsing a long token (Debian 12's libexpat1) says so at the close
+        parser.feed(data)
+        parser.close()
 
 
 def test_process_fields_read_as_from_the_whole_tree() -> None:

@@ -58,6 +58,8 @@ PENDING_PER_UID = 64
 #: its sending side (``socat``, ``nc -N``) still waits for its reply
 _DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL
 _LINGER_RESET = struct.pack("ii", 1, 0)
+#: the socket type, by a name the ports' own `socket` attribute does not hide
+Socket = socket.socket
 
 
 class IAdmission(Interface):
@@ -99,16 +101,18 @@ class FairPort:
     pending_per_uid = PENDING_PER_UID
 
     # what Twisted's ports have (tcp.Port)
-    socket: socket.socket
+    socket: Socket
     factory: Any
     reactor: Any
     sessionno: int
+    transport: Any
+    _buildAddr: Any  # noqa: N815  # Twisted's name
     _logger: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: accepted connections waiting for a turn, by uid; dict order is the round
-        self._pending: dict[int | None, deque[tuple[socket.socket, Any]]] = {}
+        self._pending: dict[int | None, deque[tuple[Socket, Any]]] = {}
         self._next_turn: IDelayedCall | None = None
         self._diag = SockDiag()
         #: counts since listening: reaped (dead when drained or admitted),
@@ -132,16 +136,16 @@ class FairPort:
         except BaseException:  # as Twisted's own accept loop: log it and go on listening
             self.log.failure("accepting connections")
 
-    def _drain(self) -> list[tuple[socket.socket, Any]]:
+    def _drain(self) -> list[tuple[Socket, Any]]:
         with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
             return list(tcp._accept(logger, range(self.drain_limit), self.socket, tcp._reservedFD))
 
-    def _uid(self, sock: socket.socket, address: Any) -> int | None:
+    def _uid(self, sock: Socket, address: Any) -> int | None:
         if sock.family == socket.AF_UNIX:
             return peer_uid(sock)
         return peer_uid(sock, self._diag)
 
-    def _wait(self, sock: socket.socket, address: Any) -> None:
+    def _wait(self, sock: Socket, address: Any) -> None:
         uid = self._uid(sock, address)
         queue = self._pending.get(uid)
         if queue is None:
@@ -152,9 +156,9 @@ class FairPort:
             return
         queue.append((sock, address))
 
-    def _turn(self, limit: int) -> list[tuple[int | None, socket.socket, Any]]:
+    def _turn(self, limit: int) -> list[tuple[int | None, Socket, Any]]:
         """Up to `limit` waiting connections, one per uid in turn."""
-        chosen: list[tuple[int | None, socket.socket, Any]] = []
+        chosen: list[tuple[int | None, Socket, Any]] = []
         while self._pending and len(chosen) < limit:
             for uid in list(self._pending):
                 queue = self._pending.pop(uid)
@@ -182,7 +186,7 @@ class FairPort:
                 else:
                     admitted += 1
                     self._connect(sock, address)
-        if self._pending and self.connected:
+        if self._pending and self.connected:  # type: ignore[attr-defined]  # the port's
             self._next_turn = self.reactor.callLater(0, self._turn_again)
 
     def _turn_again(self) -> None:
@@ -191,7 +195,7 @@ class FairPort:
         except BaseException:
             self.log.failure("accepting connections")
 
-    def _connect(self, sock: socket.socket, address: Any) -> None:
+    def _connect(self, sock: Socket, address: Any) -> None:
         """What Twisted's accept loop does with each connection it accepts."""
         self.counts["admitted"] += 1
         if isinstance(address, tuple) and len(address) == 4:  # IPv6: keep the scope id

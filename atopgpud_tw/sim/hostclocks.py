@@ -65,7 +65,7 @@ class HostClocks:
     def shift_us(self, when: float, which: int) -> int:
         """How far clock `which` (WALL, BOOT) is ahead of simulated time at `when`, µs."""
         change = self._changes[bisect_right(self._times, when) - 1]
-        return change[1 + which]
+        return int(change[1 + which])
 
     def observe(self, now: float) -> None:
         """On the real clock: note a step of the host's clocks as of simulated time `now`."""

@@ -337,7 +337,7 @@ def _loaded_file(value: Any) -> str | None:
 
 
 def _reorder(value: Any, count: int) -> tuple[tuple[float, tuple[int, ...]], ...]:
-    found = []
+    found: list[tuple[float, tuple[int, ...]]] = []
     for i, entry in enumerate(_list(value, "reorder")):
         where = f"reorder[{i}]"
         entry = _object(entry, where, {"from", "order"})

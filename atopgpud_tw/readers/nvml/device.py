@@ -692,7 +692,9 @@ def _read_processes(
         )
     idle = (0, 0)
     return tuple(
-        ProcessSample(pid, kind, memory, *busy.get(pid, idle), starts(pid)) for pid, (kind, memory) in found.items()
+        ProcessSample(pid, kind, memory, gpu, mem, starts(pid))
+        for pid, (kind, memory) in found.items()
+        for gpu, mem in (busy.get(pid, idle),)
     )
 
 

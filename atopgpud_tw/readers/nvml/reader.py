@@ -147,7 +147,7 @@ class NvmlReader:
             where = "discovery" if self._initialised else "nvmlInit"
             self._shutdown()
             self._retry = Backoff(STARTUP_RETRY)
-            self._went_down(error.value, where, None, at_start=True)
+            self._went_down(getattr(error, "value"), where, None, at_start=True)  # noqa: B009  # an NVMLError's
             return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before

@@ -124,7 +124,7 @@ class StampMap:
     #: the latest steps found: (reader's time, µs the driver's clock moved)
     steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))
     #: the host clocks' offsets as last read (at `seen_at`)
-    _offsets: Sequence[int] | None = field(default=None, repr=False)
+    _offsets: Sequence[int | None] | None = field(default=None, repr=False)
 
     @property
     def current(self) -> int:
