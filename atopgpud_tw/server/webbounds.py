@@ -125,7 +125,7 @@ class _MethodsChecked:
         try:
             return self.inner.render(request)
         except UnsupportedMethod as error:
-            allowed = list(error.allowedMethods)
+            allowed: list[bytes] = list(error.allowedMethods)
             if request.method == b"HEAD" and b"GET" in allowed:
                 raise
             method = request.method.decode("latin-1")
