@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -285,3 +286,40 @@ def test_the_access_gate_applies_to_the_health_endpoints(tmp_path):
             assert result.returncode == expected, result.stderr
         finally:
             daemon.stop()
+
+
+def _ready(port: int) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.mark.e2e
+def test_daemon_readiness_follows_its_polls(tmp_path):
+    """Through nvidia-smi: ready while reports parse, 503 with the cause while they do not, ready again."""
+    from smi_doubles import FakeSmi
+
+    smi = FakeSmi(tmp_path)
+    smi.report("plain-v11.xml")
+    port = free_port()
+    args = ["--reader", "nvidia-smi", "--nvidia-smi", str(smi.binary), "--interval", "0.2", "--smi-timeout", "2",
+            "--metrics", f"tcp:{port}:interface=127.0.0.1"]
+
+    def wait_for(code: int, text: bytes) -> None:
+        deadline = time.monotonic() + 15
+        while (answer := _ready(port)) != (code, text) and not (code == 503 and answer[0] == 503 and text in answer[1]):
+            assert time.monotonic() < deadline, f"{answer} while waiting for {code} {text!r}:\n{daemon.log()}"
+            time.sleep(0.05)
+
+    with run_daemon(tmp_path, args) as daemon:
+        wait_for(200, b"atopgpud is ready\n")
+        smi.mode("garbage")
+        wait_for(503, b"atopgpud is not ready: the reader is failing: ")
+        status, body = _ready(port)
+        assert body.count(b"\n") == 1 and b"not XML" in body, body
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/healthy", timeout=10) as response:
+            assert response.status == 200  # alive while its polls fail
+        smi.mode("report")
+        wait_for(200, b"atopgpud is ready\n")
