@@ -39,6 +39,7 @@ from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.board import Board
 from atopgpud_tw.server.metrics_atop import AtopSumsCollector
 from atopgpud_tw.server.metrics_health import HealthCache, HealthCollector, HealthWaiting
+from atopgpud_tw.server.metrics_web import make_root
 from atopgpud_tw.server.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.server.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
@@ -255,14 +256,6 @@ class MetricsResource(Resource):
         return b""
 
 
-class _Index(Resource):
-    isLeaf = True
-
-    def render_GET(self, request: Request) -> bytes:
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        return b"atopgpud: Prometheus metrics are at /metrics\n"
-
-
 class MetricsSite(Site):
     """The metrics web site within `WebLimits`, without an access-log line per scrape."""
 
@@ -330,7 +323,8 @@ def make_site(
     in_thread: InThread | None = None,
     health: HealthCache | None = None,
 ) -> Site:
-    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for.
+    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for, and
+    the health endpoints (`metrics_web`).
 
     `in_thread` runs the encoding of the polled part (default: in the reactor's
     thread pool)."""
@@ -352,12 +346,9 @@ def make_site(
     page = MetricsPage(
         live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
     )
-    root = Resource()
-    root.putChild(b"", _Index())
     metrics: Resource = MetricsResource(page)
     if health is not None:
         metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
-    root.putChild(b"metrics", metrics)
-    site = MetricsSite(root, limits, clock)
+    site = MetricsSite(make_root(metrics, poller), limits, clock)  # with /, /-/healthy, /-/ready
     site.displayTracebacks = False
     return site

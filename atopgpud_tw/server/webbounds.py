@@ -28,8 +28,11 @@ from typing import Any
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel
-from twisted.web.server import Request
+from twisted.web.error import UnsupportedMethod
+from twisted.web.http import NOT_ALLOWED, NOT_IMPLEMENTED, HTTPChannel
+from twisted.web.pages import errorPage
+from twisted.web.resource import IResource
+from twisted.web.server import Request, supportedMethods
 from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
@@ -96,10 +99,51 @@ class WebGuard:
 
 
 class BoundedRequest(Request):
-    """A request whose body (at most `WebLimits.max_body` bytes) is kept in memory."""
+    """A request whose body (at most `WebLimits.max_body` bytes) is kept in memory,
+    and whose method, if the resource lacks it, gets an HTML-escaped error page."""
 
     def gotLength(self, length: int | None) -> None:
         self.content = BytesIO()  # type: ignore[assignment]  # Twisted declares it None until a body comes
+
+    def render(self, resrc: IResource) -> None:
+        super().render(_MethodsChecked(resrc))
+
+
+@implementer(IResource)
+class _MethodsChecked:
+    """A resource as it is, except that a method it lacks is answered with
+    `twisted.web.pages.errorPage` (405 with ``Allow``, or 501 for a method HTTP
+    does not define), where Request.render would use a deprecated page that does
+    not escape HTML.  A HEAD on a resource with only GET is still Twisted's to fake."""
+
+    isLeaf = True
+
+    def __init__(self, inner: IResource) -> None:
+        self.inner = inner
+
+    def render(self, request: Request) -> Any:
+        try:
+            return self.inner.render(request)
+        except UnsupportedMethod as error:
+            allowed: list[bytes] = list(error.allowedMethods)
+            if request.method == b"HEAD" and b"GET" in allowed:
+                raise
+            method = request.method.decode("latin-1")
+            if request.method not in supportedMethods:
+                return errorPage(NOT_IMPLEMENTED, "Not Implemented", f"No {method} request is served here.").render(
+                    request
+                )
+            request.setHeader(b"allow", b", ".join(allowed))
+            names = ", ".join(name.decode("latin-1") for name in allowed)
+            return errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.").render(
+                request
+            )
+
+    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
+        return self.inner.getChildWithDefault(name, request)
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        self.inner.putChild(path, child)
 
 
 class BoundedChannel(HTTPChannel):
