@@ -18,7 +18,7 @@ import pytest
 from driver_behaviours import BEHAVIOURS
 from driver_behaviours import expected as behaviour_loads
 from driver_behaviours import host as behaviour_host
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from twisted.logger import formatEvent, globalLogPublisher
 
@@ -259,6 +259,9 @@ def test_fault_from_start_up(error: str) -> None:
         max_size=4,
     )
 )
+# the device's samples call failing for 16 polls on a GPU without a sample buffer: its processes,
+# counted by time, are still read in those polls (the driver's buffer of their samples holds less)
+@example(windows=[("nvmlDeviceGetSamples", "UNKNOWN", 12, 4), ("nvmlDeviceGetSamples", "UNKNOWN", 16, 12)])
 def test_random_fault_windows(windows: list[tuple[str, str, int, int]]) -> None:
     """Random fault windows on random calls: counters monotonic, no false exit, and exact
     within two polls of the last window's end."""

@@ -717,14 +717,20 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     next sample is not due yet, which is not idleness.
     """
     stream = device.process_stream
-    if poll.samples_failed and stream.mode != PER_CALL and stream.same_stamps is not False:
+    gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
+    if (
+        poll.samples_failed and stream.mode != PER_CALL and stream.same_stamps is not False
+        and gpu is not None and gpu.recent
+    ):
         # the device's own samples failed: no window of the device's in this poll, which
         # process samples on its stamps are shown over.  Not asked now, the processes count
         # no sample in this poll, as the device does not; the next poll's window and
-        # process samples cover this poll's time too.
+        # process samples cover this poll's time too.  (Where the device has never had a
+        # sample, no buffer or none yet, its processes are counted by time, on no window of
+        # the device's: read as in any poll, lest a long spell outlast the driver's buffer
+        # of process samples and its lost time be counted as idle.)
         return None
     since = stream.since
-    gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
     if stream.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
         # a driver that averages over the window asked for: ask for this poll's,
         # from the device's newest sample of the previous poll, on the same clock
