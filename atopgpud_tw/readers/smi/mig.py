@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Iterable, Mapping, NamedTuple
 
 from atopgpud_tw.problems import Problems
@@ -151,6 +152,8 @@ def instances_of(
                 memory_total_kib=slot.memory_total_kib,
                 memory_used_kib=used,
                 processes=processes,
+                # -q -x has no MIG device UUID (nvidia-smi -L has): the card's versions, the profile
+                info=replace(card.info, uuid="", mig_profile=name),
             )
         )
     ids = {(slot.gpu_instance, slot.compute_instance) for slot, _ in slots}

@@ -20,6 +20,7 @@ from atopgpud_tw.readers.smi.stream import OVER, PROCESS_FIELDS, ProcessList, re
 from atopgpud_tw.readers.smi.values import (
     MEMORY,
     Card,
+    card_info,
     card_of,
     integer,
     kib,
@@ -76,7 +77,7 @@ def read_devices(
     # two cards with one UUID (anonymised, cloned VMs) are both kept: keys unique per report
     unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
     for (gpu, card), key in zip(cards, unique):
-        card = card._replace(key=key)
+        card = card._replace(key=key, info=card_info(root, gpu))
         entries = _process_entries(gpu, card, problems)
         if text_at(gpu, "mig_mode/current_mig") != "Enabled":
             devices.append(_whole_card(gpu, card, entries, problems))
@@ -90,7 +91,7 @@ def read_devices(
             continue
         instances = instances_of(card, slots, entries, profiles or {}, problems)
         if mig == "card":
-            instances = [fold_instances(card.key, card.busid, card.name, instances)]
+            instances = [fold_instances(card.key, card.busid, card.name, instances, info=card.info)]
         devices.extend(instances)
     return tuple(devices), problems
 
@@ -116,6 +117,7 @@ def _whole_card(
         memory_total_kib=total,
         memory_used_kib=used,
         processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
+        info=card.info,
     )
 
 
