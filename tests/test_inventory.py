@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon import free_port, run_daemon
+from daemon import free_port, run_daemon, smi_stand_in
 from metrics_text import samples_of, series
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +20,7 @@ from test_metrics import Poller
 
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.smi.health import read_cards_health
+from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
 from atopgpud_tw.server.board import Board
@@ -141,6 +142,41 @@ def test_smi_reads_the_inventory_from_the_report():
                                          driver_version="525.60.13", cuda_version="12.0")
     health = read_cards_health(root)
     assert [reading.uuid for reading in health] == [device.info.uuid for device in devices]
+
+
+def test_smi_mig_instances_carry_the_uuids_nvidia_smi_l_lists():
+    """``nvidia-smi -L`` names each MIG device's UUID; matched by card UUID and device index, as the profiles."""
+    root, _ = read_report((FIXTURES / "mig.xml").read_bytes())
+    listing = (FIXTURES / "mig-list.txt").read_text()
+    slots = mig_slots(root)
+    devices, _ = read_devices(root, "instances", name_slots(slots, parse_mig_names(listing)), None,
+                              uuid_slots(slots, parse_mig_uuids(listing)))
+    instances = [device for device in devices if "/" in device.busid]
+    assert [device.info.uuid for device in instances] == [
+        "MIG-0e3e4b6d-1c0a-5d2e-9f3c-111111111111", "MIG-0e3e4b6d-1c0a-5d2e-9f3c-222222222222",
+        "MIG-0e3e4b6d-1c0a-5d2e-9f3c-333333333333",
+    ]
+    assert [device.info.mig_profile for device in instances] == ["3g.40gb", "2g.20gb", "1g.10gb"]
+
+
+@pytest.mark.e2e
+def test_the_nvidia_smi_daemons_page_carries_mig_uuids(tmp_path):
+    """--reader nvidia-smi on a MIG report: gpu_info and the instances' series carry the MIG- UUIDs of -L."""
+    port = free_port()
+    binary = smi_stand_in(tmp_path, FIXTURES / "mig.xml", FIXTURES / "mig-list.txt")
+    args = ["--reader", "nvidia-smi", "--nvidia-smi", str(binary), "--interval", "0.5",
+            "--metrics", f"tcp:{port}:interface=127.0.0.1"]
+    with run_daemon(tmp_path, args) as daemon:
+        daemon.wait_samples(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            page = samples_of(response.read().decode())
+    assert series(page, "atopgpud_gpu_present", uuid="MIG-0e3e4b6d-1c0a-5d2e-9f3c-222222222222") == [1]
+    (info,) = [dict(labels) for (name, labels), _ in page.items()
+               if name == "atopgpud_gpu_info" and dict(labels)["uuid"].endswith("111111111111")]
+    assert info["mig_profile"] == "3g.40gb" and info["busid"].startswith("00000000:")
+    health_uuids = {dict(labels)["uuid"] for (name, labels), _ in page.items()
+                    if name == "atopgpud_gpu_health_stale"}
+    assert "GPU-11111111-2222-3333-4444-555555555555" in health_uuids
 
 
 def test_smi_na_is_an_empty_label():

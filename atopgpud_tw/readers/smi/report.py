@@ -60,14 +60,19 @@ def note_preamble(preamble: str, problems: Problems) -> None:
 
 
 def read_devices(
-    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
+    root: ET.Element,
+    mig: str = "instances",
+    profiles: Profiles | None = None,
+    keys: CardKeys | None = None,
+    uuids: Profiles | None = None,
 ) -> tuple[tuple[DeviceSample, ...], Problems]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
     ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
     reports a MIG card as one device holding all its instances' memory and processes.
     `keys` keeps cards' keys across reports (a reader's own); without it they are
-    unique within this report only.
+    unique within this report only.  `uuids` are the MIG instances' UUIDs from
+    ``nvidia-smi -L`` (`mig.uuid_slots`), as `profiles` are their names.
     """
     mig_mode(mig)
     problems = Problems()
@@ -89,7 +94,7 @@ def read_devices(
             )
             devices.append(_whole_card(gpu, card, entries, problems, mig=True))
             continue
-        instances = instances_of(card, slots, entries, profiles or {}, problems)
+        instances = instances_of(card, slots, entries, profiles or {}, problems, uuids)
         if mig == "card":
             instances = [fold_instances(card.key, card.busid, card.name, instances, info=card.info)]
         devices.extend(instances)
