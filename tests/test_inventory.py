@@ -220,3 +220,17 @@ def test_a_real_capture_gives_the_inventory():
     assert {device.info.vbios for device in devices} == {"92.00.45.00.03"}
     assert {device.info.cuda_version for device in devices} == {"11.6"}
     assert {reading.uuid for reading in read_cards_health(root)} == {"GPU-27b94a00-ed54-5c24-b1fd-1054085de32a"}
+
+
+def test_a_reinitialised_driver_is_asked_again_what_the_cards_are():
+    """Read once per discovery, not per poll; a driver set up again (perhaps a new version) is asked again."""
+    from test_lifecycle import Run, gpu
+
+    fault = {"call": "*", "error": "NVML_ERROR_UNINITIALIZED", "from": 5, "until": 7}
+    run = Run({"gpus": [gpu(0), gpu(1)], "faults": [fault]})
+    run.until(4)
+    assert run.nvml.nvmlLib.calls["nvmlDeviceGetSerial"] == 2
+    run.until(30)
+    assert run.nvml.nvmlLib.calls["nvmlDeviceGetSerial"] == 4
+    assert all(device.info.driver_version == "999.99.99-sim" and device.info.uuid.startswith("GPU-")
+               for device in run.board.counters.devices)

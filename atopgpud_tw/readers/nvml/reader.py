@@ -458,6 +458,7 @@ class NvmlReader:
         if self._initialised:
             self._initialised = False
             self._devices = []
+            self._info.clear()  # a driver loaded again may be another version: read at the next discovery
             try:
                 self._call("nvmlShutdown", None)
             except Exception:
