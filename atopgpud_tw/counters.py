@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot, merge_by_pid
+from atopgpud_tw.snapshot import NO_INFO, UNSUPPORTED, DeviceInfo, DeviceSample, ProcessSample, Snapshot, merge_by_pid
 
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
@@ -133,6 +133,8 @@ class DeviceTotals:
     gpu_busy_seconds: float = 0.0
     mem_busy_seconds: float = 0.0
     memory_used_kib_seconds: float = 0.0
+    #: what the device is (UUID, serial, versions), as its reader last told it
+    info: DeviceInfo = NO_INFO
 
     @property
     def gpu_busy_total(self) -> int:
@@ -227,11 +229,13 @@ class Counters:
             index = len(self.devices)
             self._by_key[sample.key] = index
             self.devices.append(
-                DeviceTotals(sample.key, sample.busid, sample.name, sample.task_support)
+                DeviceTotals(sample.key, sample.busid, sample.name, sample.task_support, info=sample.info)
             )
             self.layout_generation += 1
             return index
         device = self.devices[index]
+        if sample.info is not NO_INFO and sample.info != device.info:
+            device.info = sample.info  # a reader that could not tell it (NO_INFO) leaves it as it was
         identity = (sample.busid, sample.name, sample.task_support)
         if identity != (device.busid, device.name, device.task_support):
             device.busid, device.name, device.task_support = identity

@@ -40,3 +40,5 @@ class CardHealth:
     lost: bool = False
     #: why figures failed in this reading (cause -> text), for the log
     problems: Problems = field(default_factory=Problems)
+    #: the card's UUID ("" where it has none), a label of its series for joins
+    uuid: str = ""

@@ -39,6 +39,27 @@ class ProcessSample(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What a device is, read once when it is discovered (it does not change while it is there).
+
+    Every field is text, empty where it cannot be read: the inventory series
+    (``atopgpud_gpu_info``) carries them as labels, and an empty label is a
+    series still there.  `uuid` is the card's ``GPU-...`` UUID, or a MIG
+    instance's own ``MIG-...`` UUID; `mig_profile` is empty for a whole card.
+    """
+
+    uuid: str = ""
+    serial: str = ""
+    vbios: str = ""
+    driver_version: str = ""
+    cuda_version: str = ""
+    mig_profile: str = ""
+
+
+NO_INFO = DeviceInfo()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """One device (a whole card or a MIG instance) in one poll.
 
@@ -61,11 +82,14 @@ class DeviceSample:
     memory_used_kib: int | None = 0
     processes: tuple[ProcessSample, ...] | None = ()
     present: bool = True
+    #: what the device is (its UUID, serial, versions): read once, carried by every sample
+    info: DeviceInfo = NO_INFO
 
     def absent(self) -> DeviceSample:
         """This device as one that cannot be read now: its identity, no readings."""
         return DeviceSample(
-            key=self.key, busid=self.busid, name=self.name, task_support=self.task_support, present=False
+            key=self.key, busid=self.busid, name=self.name, task_support=self.task_support, present=False,
+            info=self.info,
         )
 
 
@@ -133,7 +157,12 @@ def merge_memory(held: int | None, more: int | None, memory: str) -> int | None:
 
 
 def fold_instances(
-    key: str, busid: str, name: str, instances: Iterable[DeviceSample], task_support: int = TASK_COMPUTE | TASK_GRAPHICS
+    key: str,
+    busid: str,
+    name: str,
+    instances: Iterable[DeviceSample],
+    task_support: int = TASK_COMPUTE | TASK_GRAPHICS,
+    info: DeviceInfo = NO_INFO,
 ) -> DeviceSample:
     """A card in MIG mode shown as one device (``--mig card``): its instances' memory
     summed, their processes merged (a pid on two instances holds memory on both),
@@ -153,6 +182,7 @@ def fold_instances(
         memory_total_kib=total_of([part.memory_total_kib for part in parts]),
         memory_used_kib=total_of([part.memory_used_kib for part in parts]),
         processes=processes,
+        info=info,
     )
 
 

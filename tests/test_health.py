@@ -195,10 +195,10 @@ def test_a_scrape_waits_a_bounded_time_and_then_says_stale():
     clock, source = Clock(), FakeSource()
     cache = HealthCache(source, clock)
     first = cache.refresh()
-    reading = CardHealth("GPU-a", "00000000:17:00.0", "GPU", {("atopgpud_gpu_power_watts", ()): 100.0})
+    reading = CardHealth("GPU-a", "00000000:17:00.0", "GPU", {("atopgpud_gpu_power_watts", ()): 100.0}, uuid="GPU-a")
     source.jobs[0][1].callback(reading)
     assert first.called
-    labels = frozenset({("busid", "00000000:17:00.0"), ("type", "GPU")})
+    labels = frozenset({("busid", "00000000:17:00.0"), ("type", "GPU"), ("uuid", "GPU-a")})
     assert page_of(cache)[("atopgpud_gpu_health_stale", labels)] == 0
     clock.advance(1)
     second = cache.refresh()  # this one hangs

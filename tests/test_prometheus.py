@@ -187,3 +187,26 @@ def test_a_gpu_lost_and_back_keeps_its_counters_monotonic(prometheus):
         assert all(b[1] >= a[1] for a, b in zip(points, points[1:])), metric
     resets = prometheus.query(f"resets(atopgpud_gpu_samples_total{selector}[1h])", time=str(at))
     assert float(resets[0]["value"][1]) == 0
+
+
+def test_series_join_by_uuid_with_the_inventory_and_a_dcgm_style_page(prometheus):
+    """atopgpud_gpu_info joins every per-GPU family by uuid; a series labelled UUID (dcgm-exporter's
+    spelling) joins after label_replace, as docs/metrics.md shows."""
+    at = str(time.time() - 1)
+    info = prometheus.query("atopgpud_gpu_info", time=at)
+    uuids = {r["metric"]["busid"]: r["metric"]["uuid"] for r in info}
+    assert set(uuids) == {"00000000:17:00.0", "00000000:18:00.0"}
+    assert all(uuid.startswith("GPU-") for uuid in uuids.values())
+    assert all(r["metric"]["driver_version"] and r["metric"]["serial"] for r in info)
+    joined = prometheus.query(
+        "atopgpud_gpu_temperature_celsius * on (uuid) group_left (serial, driver_version) atopgpud_gpu_info", time=at
+    )
+    assert joined and {r["metric"]["uuid"] for r in joined} <= set(uuids.values())
+    assert all(r["metric"]["serial"] for r in joined)
+    # a stand-in for DCGM_FI_DEV_GPU_UTIL{UUID=...}: the doc's join, by the other exporter's label name
+    dcgm = 'label_replace(atopgpud_gpu_busy_percent, "UUID", "$1", "uuid", "(.+)")'
+    both = prometheus.query(
+        f'{dcgm} * on (UUID) group_left (serial) label_replace(atopgpud_gpu_info, "UUID", "$1", "uuid", "(.+)")',
+        time=at,
+    )
+    assert {r["metric"]["UUID"] for r in both} == set(uuids.values())

@@ -128,7 +128,8 @@ def test_daemon_on_nvidia_smi_serves_the_health_series(tmp_path):
             text = response.read().decode()
         page = {(s.name, frozenset(s.labels.items())): s.value
                 for f in text_string_to_metric_families(text) for s in f.samples}
-        h100 = frozenset({("busid", "00000000:17:00.0"), ("type", "NVIDIA H100 80GB HBM3")})
+        h100 = frozenset({("busid", "00000000:17:00.0"), ("type", "NVIDIA H100 80GB HBM3"),
+                          ("uuid", "GPU-11111111-2222-3333-4444-555555555555")})
         assert page[("atopgpud_gpu_power_watts", h100)] == pytest.approx(612.40)
         assert page[("atopgpud_gpu_health_stale", h100)] == 0
         assert not any(name.startswith("atopgpud_gpu_xid") for name, _ in page)

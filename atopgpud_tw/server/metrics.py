@@ -46,8 +46,11 @@ from atopgpud_tw.server.webbounds import BoundedChannel, BoundedRequest, PageWri
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
 _SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
-GPU_LABELS = ["index", "busid", "type"]
-PROCESS_LABELS = ["index", "busid", "pid"]
+GPU_LABELS = ["index", "busid", "type", "uuid"]
+PROCESS_LABELS = ["index", "busid", "pid", "uuid"]
+#: the inventory series' labels: what a card (or MIG instance) is
+INFO_LABELS = ["index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
+               "mig_profile"]
 
 
 class PollStatistics(Protocol):
@@ -155,8 +158,14 @@ class BoardCollector:
         used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Each sample's memory in use times the "
                            f"seconds it covers{_SPAN}, summed.")
         timed, interval = self.board.counters.timed, self.interval
+        info = GaugeMetricFamily("atopgpud_gpu_info", "What each GPU (or MIG instance) is, value 1: its UUID, "
+                                 "serial, driver, CUDA driver and VBIOS versions and MIG profile (empty "
+                                 "where unknown); join on uuid.", labels=INFO_LABELS)
         for index, device in enumerate(devices):
-            labels = [str(index), device.busid, device.name]
+            labels = [str(index), device.busid, device.name, device.info.uuid]
+            what = device.info
+            info.add_metric([str(index), device.busid, what.uuid, device.name, what.serial, what.driver_version,
+                             what.cuda_version, what.vbios, what.mig_profile], 1)
             present.add_metric(labels, 1 if device.present else 0)
             if device.present:
                 # the last sample of a GPU that is gone is not "now"
@@ -174,7 +183,7 @@ class BoardCollector:
             used_cum.add_metric(
                 labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
             )
-        yield from (present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
+        yield from (info, present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         memory = GaugeMetricFamily("atopgpud_process_memory_used_bytes", "GPU memory the process used at its "
@@ -191,7 +200,7 @@ class BoardCollector:
         timed, interval = counters.timed and counters.weigh_processes, self.interval
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
-                labels = [str(index), device.busid, str(pid)]
+                labels = [str(index), device.busid, str(pid), device.info.uuid]
                 if _known(totals.memory_now_kib):
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from atopgpud_tw.server.board import Board
 
-GPU_LABELS = ["index", "busid", "type"]
+GPU_LABELS = ["index", "busid", "type", "uuid"]
 
 
 class AtopSumsCollector:
@@ -34,7 +34,7 @@ class AtopSumsCollector:
         mem = CounterMetricFamily("atopgpud_gpu_memory_busy_percent_sum", "Per-sample memory-controller busy "
                                   "percentages summed (atop's memperccum).", labels=GPU_LABELS)
         for index, device in enumerate(self.board.counters.devices):
-            labels = [str(index), device.busid, device.name]
+            labels = [str(index), device.busid, device.name, device.info.uuid]
             # -1 (the GPU cannot report it) has no series; None: not decided yet
             if device.gpu_busy_cum is not None and device.gpu_busy_cum >= 0:
                 busy.add_metric(labels, device.gpu_busy_cum)

@@ -34,7 +34,7 @@ log = Logger(namespace="atopgpud_tw.metrics_health")
 HEALTH_WAIT = 2.0
 #: a reading this young is shown again rather than read again
 FRESH = 0.5
-CARD_LABELS = ["busid", "type"]
+CARD_LABELS = ["busid", "type", "uuid"]
 
 #: metric -> (type, help, extra labels), in the order the page lists them
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -175,7 +175,7 @@ class HealthCollector:
         now = self.cache.clock.seconds()
         cards = {}
         for key, reading in sorted(self.cache.readings.items(), key=lambda item: item[1].busid):
-            labels = [reading.busid, reading.name]
+            labels = [reading.busid, reading.name, reading.uuid]
             cards[key] = labels
             stale.add_metric(labels, 1 if self.cache.stale(key) else 0)
             age.add_metric(labels, max(0.0, now - self.cache.read_at[key]))

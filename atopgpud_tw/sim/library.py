@@ -172,6 +172,10 @@ class SimulatedLibrary:
             "nvmlDeviceGetHandleByIndex_v2": (_int, (_uint, _ptr), self._handle_by_index),
             "nvmlDeviceGetName": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetName")),
             "nvmlDeviceGetUUID": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetUUID")),
+            "nvmlDeviceGetSerial": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetSerial")),
+            "nvmlDeviceGetVbiosVersion": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetVbiosVersion")),
+            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion")),
+            "nvmlSystemGetCudaDriverVersion_v2": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion_v2")),
             "nvmlDeviceGetPciInfo_v3": (_int, (h, _ptr), self._pci_info),
             "nvmlDeviceGetMemoryInfo": (_int, (h, _ptr), self._memory_v1),
             "nvmlDeviceGetMemoryInfo_v2": (_int, (h, _ptr), self._memory_v2),
@@ -241,6 +245,16 @@ class SimulatedLibrary:
             return self._write_text(buffer, length, value)
 
         return text
+
+    def _cuda(self, method: str) -> Callable[..., int]:
+        def answer(out: int | None) -> int:
+            value = self._call(method)
+            if not out:
+                return INVALID_ARGUMENT
+            _at(out, _int)[0] = int(value)
+            return SUCCESS
+
+        return answer
 
     def _uint(self, method: str) -> Callable[..., int]:
         def answer(device: int | None, out: int | None) -> int:

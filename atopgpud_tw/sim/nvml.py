@@ -35,6 +35,7 @@ from atopgpud_tw.sim import replay
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.scenario import (
+    CUDA_VERSIONS,
     DRIVERS,
     NVML_ERRORS,
     Fault,
@@ -325,6 +326,14 @@ class SimulatedNvml(HealthDriver):
         self._enter("nvmlSystemGetDriverVersion")
         return DRIVERS[self.scenario.driver][0]
 
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return CUDA_VERSIONS[self.scenario.driver]
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return CUDA_VERSIONS[self.scenario.driver]
+
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
         return len(self.scenario.gpus)
@@ -361,6 +370,19 @@ class SimulatedNvml(HealthDriver):
             ids = f"{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
             return f"MIG-{tail}{ids}"
         return gpu.uuid
+
+    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
+        self._enter("nvmlDeviceGetSerial", handle)
+        gpu = self._gpu(handle)
+        if gpu.serial is None or handle.instance is not None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return gpu.serial
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Handle) -> str:
+        self._enter("nvmlDeviceGetVbiosVersion", handle)
+        if handle.instance is not None:
+            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+        return self._gpu(handle).vbios
 
     # -- MIG --
 

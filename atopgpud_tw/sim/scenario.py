@@ -58,6 +58,10 @@ LIBRARY_SYMBOLS = (
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
 ) + HEALTH_SYMBOLS
 _V3_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
 _V2_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")
@@ -69,6 +73,8 @@ DRIVERS = {
     # the _v2 process lists need 450.66: an early R450 has only the unversioned (v1) ones
     "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
 }
+#: the CUDA version each driver branch supports, as nvmlSystemGetCudaDriverVersion answers it (12080: 12.8)
+CUDA_VERSIONS = {"current": 12080, "470": 11040, "450": 11000}
 #: the lists a caller sizes first (a NULL buffer), by their name in grow_between_calls
 GROWING_LISTS = ("process_lists", "samples", "process_utilization")
 #: calls whose reply the binding itself decodes, so a reply it fails on can be had (fault "RuntimeError")
@@ -226,6 +232,10 @@ class GpuSpec:
     replay: Recording | None = None
     #: temperatures, power, clocks, errors, XID events (sim/health_scenario.py)
     health: HealthSpec = field(default_factory=default_health)
+    #: the board's serial number (None: it has none, NOT_SUPPORTED as on GeForce boards)
+    serial: str | None = None
+    #: the VBIOS version the card reports
+    vbios: str = "96.00.5E.00.01"
 
 
 @dataclass(frozen=True)
@@ -633,7 +643,19 @@ def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> G
         **_sample_timing(spec, where),
         replay=recording,
         health=parse_health(spec.get("health"), f"{where}.health", ScenarioError),
+        serial=_serial(spec.get("serial", f"1324321{index:06d}"), f"{where}.serial"),
+        vbios=_text(spec.get("vbios", _default(GpuSpec, "vbios")), f"{where}.vbios"),
     )
+
+
+def _serial(value: Any, where: str) -> str | None:
+    return None if value is None else _text(value, where)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ScenarioError(f"{where} must be a non-empty string")
+    return value
 
 
 def _capacity(value: Any, where: str) -> int | None:

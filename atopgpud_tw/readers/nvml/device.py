@@ -34,9 +34,11 @@ from atopgpud_tw.readers.nvml.samples import (
 from atopgpud_tw.readers.nvml.stamps import HostOffsets, StampMap
 from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import (
+    NO_INFO,
     TASK_COMPUTE,
     TASK_GRAPHICS,
     UNSUPPORTED,
+    DeviceInfo,
     DeviceSample,
     ProcessSample,
     clamp_percent,
@@ -235,6 +237,8 @@ class NvmlDevice:
     noticed: set[int] = field(default_factory=set)
     #: a MIG instance: no utilization of its own, device-wide or per process
     is_mig_instance: bool = False
+    #: what the device is (UUID, serial, versions), read once at its discovery
+    info: DeviceInfo = NO_INFO
     #: a card's MIG mode and instances
     mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
@@ -518,6 +522,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
         memory_total_kib=total,
         memory_used_kib=used,
         processes=processes,
+        info=device.info,
     )
 
 
@@ -866,4 +871,4 @@ def _stamp_map(device: NvmlDevice, poll: DevicePoll) -> StampMap:
 
 
 def placeholder(device: NvmlDevice) -> DeviceSample:
-    return DeviceSample(device.key, device.busid, device.name, device.task_support)
+    return DeviceSample(device.key, device.busid, device.name, device.task_support, info=device.info)

@@ -52,7 +52,7 @@ MAX_EVENTS = 1000
 
 def read_card_health(device: NvmlDevice) -> CardHealth:
     """Every health figure of one card, as it is now (runs in the worker thread)."""
-    reading = CardHealth(device.key, device.busid, device.name)
+    reading = CardHealth(device.key, device.busid, device.name, uuid=device.info.uuid)
     values = reading.values
 
     def ask(series: Series, scale: float, function: str, *args: Any, variant: str | None = None) -> Any:

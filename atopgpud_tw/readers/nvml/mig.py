@@ -9,6 +9,7 @@ the instances are summed into one device for the card.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from twisted.logger import Logger
@@ -62,7 +63,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
             return [_card_sample(card, None, None, None)] if mig == "card" else []
     if mig == "card":
         # --mig card: the instances summed
-        return [fold_instances(card.key, card.busid, card.name, samples, card.task_support)]
+        return [fold_instances(card.key, card.busid, card.name, samples, card.task_support, card.info)]
     return samples
 
 
@@ -201,8 +202,19 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
             times=card.times,
         )
         instance.task_support = probe_support(instance)
+        instance.info = replace(card.info, uuid=_instance_uuid(probe), mig_profile=profile)
     instance.handle = handle
     return instance
+
+
+def _instance_uuid(probe: NvmlDevice) -> str:
+    """A MIG instance's own ``MIG-...`` UUID; "" where it cannot be read (an inventory label)."""
+    try:
+        return as_text(probe.call("nvmlDeviceGetUUID")).strip()
+    except (DeviceLost, Reinitialise):
+        raise
+    except (Failed, Unsupported, NotFound):
+        return ""
 
 
 def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
@@ -240,7 +252,7 @@ def _unread(instance: NvmlDevice) -> DeviceSample:
     """An instance that is there but could not be read in this poll."""
     return DeviceSample(
         instance.key, instance.busid, instance.name, instance.task_support,
-        memory_total_kib=None, memory_used_kib=None, processes=None,
+        memory_total_kib=None, memory_used_kib=None, processes=None, info=instance.info,
     )
 
 
@@ -251,7 +263,7 @@ def _card_sample(
     return DeviceSample(
         card.key, card.busid, card.name, card.task_support,
         gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
-        memory_total_kib=total, memory_used_kib=used, processes=processes,
+        memory_total_kib=total, memory_used_kib=used, processes=processes, info=card.info,
     )
 
 

@@ -50,7 +50,7 @@ from atopgpud_tw.readers.nvml.stamps import host_offsets
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.starts import start_times
-from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceSample, Snapshot, mig_mode
+from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceInfo, DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
 
@@ -111,6 +111,8 @@ class NvmlReader:
         self._cards: set[str] = set()
         #: cards' keys, unique even where two cards report the same UUID
         self._keys = CardKeys()
+        #: what each card is (UUID, serial, versions), read once when it is first discovered
+        self._info: dict[str, DeviceInfo] = {}
         #: devices (by index) that could not be identified at the last discovery, and why
         self._unusable: dict[int, str] = {}
         self._unusable_reported: dict[str, str] = {}
@@ -195,10 +197,12 @@ class NvmlReader:
             found.append((handle, uuid, busid, name))
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
-        for (handle, _, busid, name), key in zip(found, keys):
+        versions = self._versions() if found else ("", "")
+        for (handle, uuid, busid, name), key in zip(found, keys):
             device = NvmlDevice(
                 self.nvml, handle, key, busid, name, said=self._said, watch=self.calls, times=self._times
             )
+            device.info = self._card_info(key, handle, uuid, versions, f"GPU {busid}")
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
@@ -213,6 +217,45 @@ class NvmlReader:
                     support=_support_text(device.task_support),
                 )
         return devices
+
+    def _versions(self) -> tuple[str, str]:
+        """The driver's version and the CUDA version it supports ("" where either cannot be read)."""
+        driver = self._text("nvmlSystemGetDriverVersion", None)
+        cuda = ""
+        for function in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            if getattr(self.nvml, function, None) is None:
+                continue
+            number = self._text(function, None)
+            if number.isdigit():  # e.g. 12040: CUDA 12.4
+                cuda = f"{int(number) // 1000}.{int(number) % 1000 // 10}"
+                break
+        return driver, cuda
+
+    def _card_info(
+        self, key: str, handle: Any, uuid: str | None, versions: tuple[str, str], where: str
+    ) -> DeviceInfo:
+        """What a card is, read when it is first discovered and kept (it does not change)."""
+        known = self._info.get(key)
+        if known is None:
+            known = self._info[key] = DeviceInfo(
+                uuid=uuid or "",
+                serial=self._text("nvmlDeviceGetSerial", where, handle),
+                vbios=self._text("nvmlDeviceGetVbiosVersion", where, handle),
+                driver_version=versions[0],
+                cuda_version=versions[1],
+            )
+        return known
+
+    def _text(self, function: str, where: str | None, *args: Any) -> str:
+        """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
+        if getattr(self.nvml, function, None) is None:
+            return ""
+        try:
+            return printable(str(as_text(self._call(function, where, *args)))).strip()
+        except Exception as error:
+            if getattr(error, "value", None) in LIFECYCLE:
+                raise
+            return ""
 
     def _uuid(self, handle: Any, where: str) -> str | None:
         """The device's UUID; None where it has none (then its bus id is its key)."""
@@ -415,6 +458,7 @@ class NvmlReader:
         if self._initialised:
             self._initialised = False
             self._devices = []
+            self._info.clear()  # a driver loaded again may be another version: read at the next discovery
             try:
                 self._call("nvmlShutdown", None)
             except Exception:

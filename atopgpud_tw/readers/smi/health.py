@@ -16,7 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from atopgpud_tw.health import CLOCKS_EVENT_REASONS, CardHealth, Series
-from atopgpud_tw.readers.smi.values import gpu_busid
+from atopgpud_tw.readers.smi.values import gpu_busid, not_available
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")
@@ -69,7 +69,8 @@ def read_cards_health(root: ET.Element) -> list[CardHealth]:
 
 def card_health(gpu: ET.Element, busid: str) -> CardHealth:
     """One ``<gpu>`` element's figures."""
-    reading = CardHealth(busid, busid, _text(gpu, "product_name") or "")
+    uuid = _text(gpu, "uuid") or ""
+    reading = CardHealth(busid, busid, _text(gpu, "product_name") or "", uuid="" if not_available(uuid) else uuid)
     values = reading.values
     for series, scale, paths in _PLAIN:
         value = _first_number(gpu, paths)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Iterable, Mapping, NamedTuple
 
 from atopgpud_tw.problems import Problems
@@ -64,6 +65,7 @@ def fallback_profile(slot: MigSlot) -> str:
 
 _GPU_LINE = re.compile(r"GPU\s+\d+:.*\(UUID:\s*([^)\s]+)\s*\)")
 _MIG_LINE = re.compile(r"\s+MIG\s+(\S+)\s+Device\s+(\d+):")
+_MIG_UUID = re.compile(r"\(UUID:\s*(MIG-[^)\s]+)\s*\)")
 
 
 def parse_mig_names(text: str) -> dict[tuple[str, int], str]:
@@ -81,6 +83,27 @@ def parse_mig_names(text: str) -> dict[tuple[str, int], str]:
         elif (found := _MIG_LINE.match(line)) and card is not None:
             names[(card, int(found[2]))] = mig_profile(found[1])
     return names
+
+
+def parse_mig_uuids(text: str) -> dict[tuple[str, int], str]:
+    """The ``MIG-...`` UUIDs ``nvidia-smi -L`` lists, by (card UUID, MIG device index), as `parse_mig_names`."""
+    uuids: dict[tuple[str, int], str] = {}
+    card = None
+    for line in text.splitlines():
+        if found := _GPU_LINE.match(line):
+            card = found[1]
+        elif (found := _MIG_LINE.match(line)) and card is not None and (uuid := _MIG_UUID.search(line)):
+            uuids[(card, int(found[2]))] = uuid[1]
+    return uuids
+
+
+def uuid_slots(slots: Iterable[MigSlot], uuids: Mapping[tuple[str, int], str]) -> dict[tuple[str, int, int], str]:
+    """The instances' UUIDs by (card bus id, GPU instance, compute instance); those ``-L`` lacks are left out."""
+    return {
+        (slot.card_busid, slot.gpu_instance, slot.compute_instance): uuids[(slot.card_key, slot.index)]
+        for slot in slots
+        if (slot.card_key, slot.index) in uuids
+    }
 
 
 def name_slots(
@@ -131,6 +154,7 @@ def instances_of(
     entries: list | None,
     profiles: Profiles,
     problems: Problems,
+    uuids: Profiles | None = None,
 ) -> list[DeviceSample]:
     """Each instance with its own memory and the processes whose instance ids are its own."""
     devices = []
@@ -151,6 +175,8 @@ def instances_of(
                 memory_total_kib=slot.memory_total_kib,
                 memory_used_kib=used,
                 processes=processes,
+                # -q -x has no MIG device UUID: nvidia-smi -L's, with the card's versions
+                info=replace(card.info, uuid=(uuids or {}).get((card.busid, gi, ci), ""), mig_profile=name),
             )
         )
     ids = {(slot.gpu_instance, slot.compute_instance) for slot, _ in slots}

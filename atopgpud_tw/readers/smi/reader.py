@@ -29,7 +29,7 @@ from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
-from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
+from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
 from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
@@ -79,6 +79,8 @@ class SmiReader:
         #: the MIG instances the profile names were last asked for, and the names
         self._slots: tuple[MigSlot, ...] = ()
         self._profiles: dict[tuple[str, int, int], str] = {}
+        #: and their MIG-... UUIDs, from the same listing
+        self._mig_uuids: dict[tuple[str, int, int], str] = {}
         self._names_problem: str | None = None
         self._names_retry_at = 0.0
         #: the latest report, whose health figures /metrics reads (readers/smi/health.py)
@@ -144,11 +146,12 @@ class SmiReader:
             try:
                 text = listing.output(self._timeout).decode("utf-8", errors="replace")
                 self._profiles = name_slots(slots, parse_mig_names(text))
+                self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
             listing.discard()
-        devices, _ = read_devices(root, self._mig, self._profiles, self._keys)
+        devices, _ = read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids)
         return Snapshot(devices)
 
     def _locate(self) -> str:
@@ -180,7 +183,9 @@ class SmiReader:
         note_preamble(preamble, problems)
         if self._mig == "instances":
             await self._learn_names(slots, problems)
-        devices, found = await self._worker.submit(read_devices, root, self._mig, self._profiles, self._keys)
+        devices, found = await self._worker.submit(
+            read_devices, root, self._mig, self._profiles, self._keys, self._mig_uuids
+        )
         self._report = root
         problems.update(found)
         self._problems.report(problems)
@@ -212,12 +217,13 @@ class SmiReader:
             if self._names_problem is not None:
                 problems.add("mig-names", self._names_problem)
             return
-        self._slots, self._profiles, self._names_problem = slots, {}, None
+        self._slots, self._profiles, self._mig_uuids, self._names_problem = slots, {}, {}, None
         if not slots:
             return
         try:
-            listing = b"".join(await self._run("-L"))
-            self._profiles = name_slots(slots, parse_mig_names(listing.decode("utf-8", errors="replace")))
+            text = b"".join(await self._run("-L")).decode("utf-8", errors="replace")
+            self._profiles = name_slots(slots, parse_mig_names(text))
+            self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
             self._names_retry_at = now + NAMES_RETRY

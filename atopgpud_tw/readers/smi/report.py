@@ -20,6 +20,7 @@ from atopgpud_tw.readers.smi.stream import OVER, PROCESS_FIELDS, ProcessList, re
 from atopgpud_tw.readers.smi.values import (
     MEMORY,
     Card,
+    card_info,
     card_of,
     integer,
     kib,
@@ -59,14 +60,19 @@ def note_preamble(preamble: str, problems: Problems) -> None:
 
 
 def read_devices(
-    root: ET.Element, mig: str = "instances", profiles: Profiles | None = None, keys: CardKeys | None = None
+    root: ET.Element,
+    mig: str = "instances",
+    profiles: Profiles | None = None,
+    keys: CardKeys | None = None,
+    uuids: Profiles | None = None,
 ) -> tuple[tuple[DeviceSample, ...], Problems]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
     ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
     reports a MIG card as one device holding all its instances' memory and processes.
     `keys` keeps cards' keys across reports (a reader's own); without it they are
-    unique within this report only.
+    unique within this report only.  `uuids` are the MIG instances' UUIDs from
+    ``nvidia-smi -L`` (`mig.uuid_slots`), as `profiles` are their names.
     """
     mig_mode(mig)
     problems = Problems()
@@ -76,7 +82,7 @@ def read_devices(
     # two cards with one UUID (anonymised, cloned VMs) are both kept: keys unique per report
     unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
     for (gpu, card), key in zip(cards, unique):
-        card = card._replace(key=key)
+        card = card._replace(key=key, info=card_info(root, gpu))
         entries = _process_entries(gpu, card, problems)
         if text_at(gpu, "mig_mode/current_mig") != "Enabled":
             devices.append(_whole_card(gpu, card, entries, problems))
@@ -88,9 +94,9 @@ def read_devices(
             )
             devices.append(_whole_card(gpu, card, entries, problems, mig=True))
             continue
-        instances = instances_of(card, slots, entries, profiles or {}, problems)
+        instances = instances_of(card, slots, entries, profiles or {}, problems, uuids)
         if mig == "card":
-            instances = [fold_instances(card.key, card.busid, card.name, instances)]
+            instances = [fold_instances(card.key, card.busid, card.name, instances, info=card.info)]
         devices.extend(instances)
     return tuple(devices), problems
 
@@ -116,6 +122,7 @@ def _whole_card(
         memory_total_kib=total,
         memory_used_kib=used,
         processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
+        info=card.info,
     )
 
 

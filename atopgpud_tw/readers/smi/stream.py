@@ -42,9 +42,11 @@ KEPT = frozenset(
         "uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage",
         "processes", "mig_devices", "temperature", "gpu_power_readings", "power_readings",
         "clocks", "fan_speed", "remapped_rows", "performance_state", "clocks_event_reasons",
-        "clocks_throttle_reasons", "ecc_errors",
+        "clocks_throttle_reasons", "ecc_errors", "serial", "vbios_version",
     }
 )  # fmt: skip
+#: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements
+VERSIONS = frozenset({"driver_version", "cuda_version"})
 #: the children of a ``<process_info>`` the reader reads, in the order of a `ProcessList` entry
 PROCESS_FIELDS = ("pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id")
 _FIELD = {name: index for index, name in enumerate(PROCESS_FIELDS)}
@@ -196,7 +198,9 @@ class _Keeper:
             if tag != "nvidia_smi_log":
                 raise SmiReportError(f"the document is <{tag}>, not <nvidia_smi_log>")
         elif depth == 1:
-            if tag != "gpu":
+            if tag in VERSIONS:
+                pass  # the driver's and CUDA's versions, for the inventory series
+            elif tag != "gpu":
                 return False
             self._gpu_processes, self._list = 0, None
         elif depth == 2:

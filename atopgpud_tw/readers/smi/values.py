@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from typing import Callable, NamedTuple
 
 from atopgpud_tw.problems import Problems
-from atopgpud_tw.snapshot import clamp_percent
+from atopgpud_tw.snapshot import NO_INFO, DeviceInfo, clamp_percent
 
 #: memory figures beyond this (4 PiB) are a garbled report, not a device
 MAX_MEMORY_MIB = 2**32
@@ -46,6 +46,7 @@ class Card(NamedTuple):
     key: str
     busid: str
     name: str
+    info: DeviceInfo = NO_INFO
 
 
 def gpu_busid(gpu: ET.Element) -> str:
@@ -61,6 +62,22 @@ def card_of(gpu: ET.Element, position: int, problems: Problems) -> Card | None:
         problems.add(f"gpu#{position} no-id", f"GPU number {position} in the report has no bus id and no UUID")
         return None
     return Card(key, busid, text_at(gpu, "product_name") or "")
+
+
+def card_info(root: ET.Element, gpu: ET.Element) -> DeviceInfo:
+    """What a ``<gpu>`` is, from its report: "" for what the report lacks or gives as N/A."""
+
+    def label(element: ET.Element, path: str) -> str:
+        text = text_at(element, path) or ""
+        return "" if not_available(text) else text
+
+    return DeviceInfo(
+        uuid=label(gpu, "uuid"),
+        serial=label(gpu, "serial"),
+        vbios=label(gpu, "vbios_version"),
+        driver_version=label(root, "driver_version"),
+        cuda_version=label(root, "cuda_version"),
+    )
 
 
 def reading(
