@@ -158,7 +158,7 @@ class Options(usage.Options):
         ["max-clients", None, 256, "Clients connected at once; more are closed at once.", _count("max-clients")],
         ["max-clients-per-uid", None, None, "Clients of one user (the uid of a UNIX client, or of a TCP "
          "client on this host) connected at once; more are closed at once "
-         "(default: three quarters of --max-clients).", _count("max-clients-per-uid")],
+         "(default: three quarters of --max-clients)", _count("max-clients-per-uid")],
         ["max-unsent", None, 1048576, "Reply bytes a client may leave unread before it is "
          "disconnected.", _count("max-unsent")],
         ["idle-timeout", None, 10800.0, "Seconds a client may stay silent between requests "
