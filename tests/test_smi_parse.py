@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from atopgpud_tw.readers.smi.mig import MigSlot, fallback_profile, mig_slots, name_slots, parse_mig_names
-from atopgpud_tw.readers.smi.report import parse_report, read_report
+from atopgpud_tw.readers.smi.report import parse_report, read_devices, read_report
 from atopgpud_tw.readers.smi.values import SmiReportError
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, UNSUPPORTED, DeviceSample, ProcessSample
 
@@ -351,3 +351,13 @@ def test_a_thousand_digit_pid_drops_only_that_process_list() -> None:
     (first, second), problems = parse_report(data)
     assert first.processes is None
     assert any("unreadable pid" in problem for problem in problems.values())
+
+
+def test_process_start_times_come_from_what_the_reader_gives() -> None:
+    """Each listed pid carries the start time `starts` gives it (the reader's: /proc), which tells a
+    reused pid from the process that had it; without `starts` none is known."""
+    root, _ = read_report(fixture("plain-v11.xml"))
+    (first, _), _ = read_devices(root, starts=lambda pid: pid * 10 if pid != 200 else None)
+    assert {p.pid: p.started for p in first.processes} == {100: 1000, 200: None, 300: 3000}
+    (first, _), _ = read_devices(root)
+    assert {p.started for p in first.processes} == {None}

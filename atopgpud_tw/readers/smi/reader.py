@@ -34,6 +34,7 @@ from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
 from atopgpud_tw.readers.smi.values import SmiReportError
+from atopgpud_tw.readers.starts import proc_start_time
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.smi")
@@ -151,7 +152,7 @@ class SmiReader:
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
             listing.discard()
-        devices, _ = read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids)
+        devices, _ = read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids, proc_start_time)
         return Snapshot(devices)
 
     def _locate(self) -> str:

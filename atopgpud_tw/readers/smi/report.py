@@ -30,6 +30,7 @@ from atopgpud_tw.readers.smi.values import (
     value_of,
     within,
 )
+from atopgpud_tw.readers.starts import StartTimes
 from atopgpud_tw.snapshot import (
     KINDS,
     UNSUPPORTED,
@@ -65,6 +66,7 @@ def read_devices(
     profiles: Profiles | None = None,
     keys: CardKeys | None = None,
     uuids: Profiles | None = None,
+    starts: StartTimes | None = None,
 ) -> tuple[tuple[DeviceSample, ...], Problems]:
     """The devices of a parsed report: cards, or the instances of cards in MIG mode.
 
@@ -73,6 +75,8 @@ def read_devices(
     `keys` keeps cards' keys across reports (a reader's own); without it they are
     unique within this report only.  `uuids` are the MIG instances' UUIDs from
     ``nvidia-smi -L`` (`mig.uuid_slots`), as `profiles` are their names.
+    `starts` gives each listed pid's start time, which tells a reused pid
+    (`readers.starts`; the reader's is /proc); without it none is known.
     """
     mig_mode(mig)
     problems = Problems()
@@ -83,7 +87,7 @@ def read_devices(
     unique = (keys or CardKeys()).assign([(card.key, card.busid) for _, card in cards])
     for (gpu, card), key in zip(cards, unique):
         card = card._replace(key=key, info=card_info(root, gpu))
-        entries = _process_entries(gpu, card, problems)
+        entries = _process_entries(gpu, card, problems, starts)
         if text_at(gpu, "mig_mode/current_mig") != "Enabled":
             devices.append(_whole_card(gpu, card, entries, problems))
             continue
@@ -129,7 +133,7 @@ def _whole_card(
 # -- processes --
 
 
-def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | None:
+def _process_entries(gpu: ET.Element, card: Card, problems: Problems, starts: StartTimes | None) -> list | None:
     """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable.
 
     A list with one unreadable pid is dropped whole for this poll: a partial
@@ -150,7 +154,8 @@ def _process_entries(gpu: ET.Element, card: Card, problems: Problems) -> list | 
             return None
         # N/A, as for every process under WDDM, is not known: -1, not a failure
         memory = value_of(memory_text, "used_memory", kib, UNSUPPORTED, owner, problems)
-        sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED)
+        started = None if starts is None else starts(pid)
+        sample = ProcessSample(pid, kind if kind in KINDS else "C", memory, UNSUPPORTED, UNSUPPORTED, started)
         entries.append((integer(gi_text), integer(ci_text), sample))
     return entries
 
