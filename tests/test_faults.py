@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sim_readers import ScenarioRun, scenario_gpu
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
@@ -13,73 +14,10 @@ from atopgpud_tw.server.poller import PollerService
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 
-def gpu(index: int, faults=(), **extra) -> dict:
-    return {
-        "busid": f"00000000:{0x17 + index:02X}:00.0",
-        "gpu_util": 40,
-        "mem_util": 10,
-        "processes": [{"pid": 100 + index, "memory_mib": 8, "sm_util": 20, "mem_util": 2}],
-        "faults": list(faults),
-        "samples_supported": False,
-        **extra,
-    }
-
-
-class Run:
-    """The NVML reader over a scenario, polled once a simulated second into a Board."""
-
-    def __init__(self, scenario: dict) -> None:
-        self.clock = Clock()
-        self.nvml = simulated_binding(parse_scenario(scenario), clock=self.clock.seconds)
-        #: the driver model beneath the simulated library: its calls are counted
-        self.model = self.nvml.nvmlLib.model
-        self.calls: dict[str, int] = {}
-        for name in ("nvmlInit", "nvmlDeviceGetCount"):
-            self._count(name)
-        self.reader = NvmlReader(self.nvml, reactor=None)
-        self.reader.open()
-        self.board = Board()
-        self.history: list[list[tuple[int, ...]]] = []
-        self.failed_polls = 0
-
-    def _count(self, name: str) -> None:
-        real = getattr(self.model, name)
-
-        def counted(*args):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return real(*args)
-
-        setattr(self.model, name, counted)
-
-    def poll(self) -> None:
-        try:
-            snapshot, problems = self.reader.read(self.clock.seconds())
-        except Exception:
-            self.failed_polls += 1
-        else:
-            self.board.fold(snapshot)
-        self.history.append([
-            (d.samples, d.gpu_busy_total, d.mem_busy_total, d.memory_used_cum_kib) for d in self.board.counters.devices
-        ])
-
-    def until(self, seconds: float) -> None:
-        while self.clock.seconds() < seconds:
-            self.poll()
-            self.clock.advance(1.0)
-
-    def device(self, index: int):
-        return self.board.counters.devices[index]
-
-    def assert_monotonic(self) -> None:
-        for before, after in zip(self.history, self.history[1:]):
-            for old, new in zip(before, after):
-                assert all(b >= a for a, b in zip(old, new)), (old, new)
-
-
 def test_lost_gpu_comes_back_with_its_counters():
     """GPU_IS_LOST on every call of GPU 0 for a while: absent, then back, counters monotonic."""
     lost = {"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 3, "until": 8}
-    run = Run({"gpus": [gpu(0, [lost]), gpu(1)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0, [lost]), scenario_gpu(1)]})
     queue = run.board.attach()
     run.board.stats_body(2, queue)
     run.until(5)
@@ -97,7 +35,7 @@ def test_lost_gpu_comes_back_with_its_counters():
 def test_gpu_that_stays_gone_is_absent_and_others_go_on():
     """A GPU lost for good is shown -1, its processes ended once; the other GPU is read every poll."""
     gone = {"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2}
-    run = Run({"gpus": [gpu(0, [gone]), gpu(1)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0, [gone]), scenario_gpu(1)]})
     queue = run.board.attach()
     run.board.stats_body(2, queue)
     run.until(120)
@@ -116,7 +54,7 @@ def test_gpu_that_stays_gone_is_absent_and_others_go_on():
 def test_driver_faults_set_nvml_up_again_with_backoff(error):
     """Driver-wide faults: every device absent meanwhile, NVML re-initialised with backoff, counters kept."""
     fault = {"call": "*", "error": error, "from": 5, "until": 40}
-    run = Run({"gpus": [gpu(0), gpu(1)], "faults": [fault]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0), scenario_gpu(1)], "faults": [fault]})
     run.until(40)
     assert not run.device(0).present and not run.device(1).present
     inits_while_broken = run.calls.get("nvmlInit", 0)
@@ -132,7 +70,7 @@ def test_driver_faults_set_nvml_up_again_with_backoff(error):
 def test_driver_fault_on_one_call_of_one_gpu_reinitialises():
     """UNINITIALIZED from one call mid-run also has NVML set up again."""
     fault = {"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_UNINITIALIZED", "from": 3, "until": 4}
-    run = Run({"gpus": [gpu(0, [fault]), gpu(1)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0, [fault]), scenario_gpu(1)]})
     run.until(30)
     assert run.calls["nvmlInit"] >= 2
     assert run.device(0).present and run.device(1).present
@@ -142,7 +80,7 @@ def test_driver_fault_on_one_call_of_one_gpu_reinitialises():
 def test_library_mismatch_is_contained():
     """NVMLLibraryMismatchError from a process list: that list is treated as unsupported, polls go on."""
     fault = {"call": "nvmlDeviceGetGraphicsRunningProcesses", "error": "NVMLLibraryMismatchError"}
-    run = Run({"gpus": [gpu(0, [fault]), gpu(1)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0, [fault]), scenario_gpu(1)]})
     run.until(10)
     assert run.device(0).samples == 10 and 100 in run.device(0).processes
     assert run.failed_polls == 0
@@ -152,7 +90,7 @@ def test_unexpected_exception_in_one_call_fails_only_that_reading():
     """An exception from inside the binding (a process list it cannot copy): the processes
     are not counted in those polls; everything else is."""
     fault = {"call": "nvmlDeviceGetGraphicsRunningProcesses", "error": "RuntimeError", "from": 3, "until": 5}
-    run = Run({"gpus": [gpu(0, [fault]), gpu(1)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0, [fault]), scenario_gpu(1)]})
     run.until(10)
     assert run.failed_polls == 0
     assert run.device(0).samples == 10 and run.device(1).samples == 10
@@ -163,7 +101,7 @@ def test_unexpected_exception_in_one_call_fails_only_that_reading():
 
 def test_exception_escaping_the_reader_fails_the_poll_and_recovers():
     """A bug that raises out of the reader fails that poll; NVML is set up again and polls resume."""
-    run = Run({"gpus": [gpu(0)]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0)]})
     run.until(3)
     original = run.reader._with_vanished
     calls = {"n": 0}
@@ -186,7 +124,8 @@ def test_poller_keeps_polling_through_faults():
     """On task.Clock: a reader failing and recovering never stops the LoopingCall."""
     clock = Clock()
     nvml = simulated_binding(
-        parse_scenario({"gpus": [gpu(0, [{"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2, "until": 4}])]}),
+        parse_scenario({"gpus": [scenario_gpu(0, [{"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2,
+                                                    "until": 4}])]}),
         clock=clock.seconds,
     )
     reader = NvmlReader(nvml, reactor=None)

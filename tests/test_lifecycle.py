@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import pytest
+from sim_readers import ScenarioRun, scenario_gpu
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
@@ -29,59 +30,10 @@ def lines() -> Iterator[list[tuple[str, str]]]:
     globalLogPublisher.removeObserver(observe)
 
 
-def gpu(index: int, faults: Any = (), **extra: Any) -> dict[str, Any]:
-    return {
-        "busid": f"00000000:{0x17 + index:02X}:00.0",
-        "gpu_util": 40,
-        "mem_util": 10,
-        "processes": [{"pid": 100 + index, "memory_mib": 8, "sm_util": 20, "mem_util": 2}],
-        "faults": list(faults),
-        "samples_supported": False,
-        **extra,
-    }
-
-
-class Run:
-    """The NVML reader over a scenario, polled once a simulated second into a Board, each
-    poll's problems logged as the reactor's poll logs them."""
-
-    def __init__(self, scenario: dict[str, Any]) -> None:
-        from atopgpud_tw.server.board import Board
-
-        self.clock = Clock()
-        self.nvml = simulated_binding(parse_scenario(scenario), clock=self.clock.seconds)
-        self.calls: dict[str, int] = {}
-        model = self.nvml.nvmlLib.model
-        real_init = model.nvmlInit
-
-        def counted() -> None:
-            self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
-            real_init()
-
-        model.nvmlInit = counted
-        self.reader = NvmlReader(self.nvml, reactor=None)
-        self.reader.open()
-        self.board = Board()
-        self.history: list[list[tuple[int, ...]]] = []
-
-    def poll(self) -> None:
-        snapshot, problems = self.reader.read(self.clock.seconds())
-        self.reader._problems.report(problems)
-        self.board.fold(snapshot)
-        self.history.append([(d.samples, d.gpu_busy_total, d.mem_busy_total) for d in self.board.counters.devices])
-
-    def until(self, seconds: float) -> None:
-        while self.clock.seconds() < seconds:
-            self.poll()
-            self.clock.advance(1.0)
-
-    def device(self, index: int) -> Any:
-        return self.board.counters.devices[index]
-
-    def assert_monotonic(self) -> None:
-        for before, after in zip(self.history, self.history[1:]):
-            for old, new in zip(before, after):
-                assert all(b >= a for a, b in zip(old, new)), (old, new)
+def lifecycle_run(scenario: dict[str, Any]) -> ScenarioRun:
+    """The reader over `scenario`, each poll's problems logged as the poller logs them, a poll
+    that raises failing the test."""
+    return ScenarioRun(scenario, report=True, contain=False)
 
 
 def nvml_lines(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -92,7 +44,7 @@ def test_a_version_mismatch_is_said_once_with_its_cause_and_once_when_it_recover
     """LIB_RM_VERSION_MISMATCH from every call for 5 s: one warning naming it, its usual cause and
     remedy, and that the daemon keeps looking; one line when NVML works again; nothing between."""
     fault = {"call": "*", "error": "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "from": 3, "until": 8}
-    run = Run({"gpus": [gpu(0), gpu(1)], "faults": [fault]})
+    run = lifecycle_run({"gpus": [scenario_gpu(0), scenario_gpu(1)], "faults": [fault]})
     run.until(40)
     said = [(level, text) for level, text in nvml_lines(lines) if "GPU 00000000" not in text]
     assert len(said) == 2, said
@@ -111,7 +63,7 @@ def test_driver_not_loaded_at_start_up_is_waited_for_and_found_within_a_second(l
     GPU is served meanwhile, the reader says what it waits for, and the GPUs are read within a
     second of the driver's arrival; one line each way."""
     fault = {"call": "nvmlInit", "error": "NVML_ERROR_DRIVER_NOT_LOADED", "until": 10}
-    run = Run({"gpus": [gpu(0), gpu(1)], "faults": [fault]})
+    run = lifecycle_run({"gpus": [scenario_gpu(0), scenario_gpu(1)], "faults": [fault]})
     assert run.board.counters.devices == [] or not run.board.counters.devices
     assert run.reader.waiting_for() == "waiting for the NVIDIA driver (DRIVER_NOT_LOADED)"
     run.until(10)
@@ -133,7 +85,7 @@ def test_a_library_that_is_not_installed_still_ends_start_up():
     from atopgpud_tw.readers.base import ReaderUnavailable
 
     fault = {"call": "nvmlInit", "error": "NVML_ERROR_LIBRARY_NOT_FOUND"}
-    reader = NvmlReader(simulated_binding(parse_scenario({"gpus": [gpu(0)], "faults": [fault]})), reactor=None)
+    reader = NvmlReader(simulated_binding(parse_scenario({"gpus": [scenario_gpu(0)], "faults": [fault]})), reactor=None)
     with pytest.raises(ReaderUnavailable, match="not installed"):
         reader.open()
 
@@ -143,9 +95,9 @@ def test_gpus_enumerated_in_another_order_after_a_reinit_keep_their_counters_and
     each other's index: each keeps its counters (keyed by its identity, not its index), its
     place in T, and its processes."""
     fault = {"call": "*", "error": "NVML_ERROR_UNINITIALIZED", "from": 5, "until": 7}
-    scenario = {"gpus": [gpu(0, gpu_util=30), gpu(1, gpu_util=70)], "faults": [fault],
+    scenario = {"gpus": [scenario_gpu(0, gpu_util=30), scenario_gpu(1, gpu_util=70)], "faults": [fault],
                 "reorder": [{"from": 6, "order": [1, 0]}]}
-    run = Run(scenario)
+    run = lifecycle_run(scenario)
     run.until(5)
     busids = [d.busid for d in run.board.counters.devices]
     before = [(d.samples, d.gpu_busy_total) for d in run.board.counters.devices]
@@ -167,7 +119,7 @@ def test_a_gpu_reset_keeps_its_counters():
     """A GPU reset: lost for 2 s (GPU_IS_LOST), then enumerated again with its identity: its
     counters carry on from where they were."""
     reset = {"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 4, "until": 6}
-    run = Run({"gpus": [gpu(0, [reset], gpu_util=50), gpu(1)]})
+    run = lifecycle_run({"gpus": [scenario_gpu(0, [reset], gpu_util=50), scenario_gpu(1)]})
     run.until(4)
     samples = run.device(0).samples
     run.until(30)
@@ -179,7 +131,7 @@ def test_a_gpu_reset_keeps_its_counters():
 def test_a_gpu_lost_for_good_is_said_once(lines):
     """A GPU lost for good: one line, however many polls and re-discoveries follow."""
     gone = {"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2}
-    run = Run({"gpus": [gpu(0, [gone]), gpu(1)]})
+    run = lifecycle_run({"gpus": [scenario_gpu(0, [gone]), scenario_gpu(1)]})
     run.until(600)
     mentioned = [text for _, text in lines if ("00000000:17:00.0" in text or "index 0" in text)
                  and "process utilization" not in text]
