@@ -12,7 +12,7 @@ again, they are new ones).  A hypothesis property test plays random fault window
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 from driver_behaviours import BEHAVIOURS
@@ -20,7 +20,6 @@ from driver_behaviours import expected as behaviour_loads
 from driver_behaviours import host as behaviour_host
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from twisted.logger import formatEvent, globalLogPublisher
 
 from atopgpud_tw import codec
 from atopgpud_tw.problems import ProblemLog
@@ -279,20 +278,7 @@ def test_random_fault_windows(windows: list[tuple[str, str, int, int]]) -> None:
         check_nothing_lost(run, 12, str(windows))
 
 
-@pytest.fixture
-def log_lines():
-    """The text of every log event while the test runs."""
-    lines: list[str] = []
-
-    def observe(event: dict) -> None:
-        lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
-
-
-def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(log_lines: list[str]) -> None:
+def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(logged: Sequence[str]) -> None:
     """The graphics list NOT_SUPPORTED from 20 s to 120 s: a failed reading (no exit) until it has held
     for HOLD_SECONDS and HOLD_POLLS polls; then given up, said once, the task-support digit 1 and its
     process ended; asked again at the long backoff, and back when it answers, said once, digit 3."""
@@ -313,8 +299,8 @@ def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(log_lines:
     # no exit before it was given up, the graphics process once when it was
     assert [(index, pid) for index, pid, _ in run.exits] == [(0, 101)]
     # once each way for each GPU (the fault is on both)
-    warned = [line for line in log_lines if "taken as not supported" in line]
-    back = [line for line in log_lines if "recovered" in line]
+    warned = [line for line in logged if "taken as not supported" in line]
+    back = [line for line in logged if "recovered" in line]
     assert len(warned) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in warned), warned
     assert len(back) == 2 and all("nvmlDeviceGetGraphicsRunningProcesses" in line for line in back), back
     # while given up, the list was asked only at the backoff's times: twice per GPU, two C calls each
