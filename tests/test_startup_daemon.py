@@ -72,6 +72,15 @@ def start(tmp_path: Path, listener: Listener, args: list[str], env: dict[str, st
     return proc, out, err, name
 
 
+def types_on(name: str) -> list:
+    """The T reply of the daemon on the abstract socket `name`."""
+    client = Client(b"\0" + name.encode())
+    try:
+        return client.types()
+    finally:
+        client.close()
+
+
 def test_a_call_hung_at_start_up_is_said_and_ends_start_up(tmp_path: Path) -> None:
     """nvmlDeviceGetUUID hangs from its first call: after --hang-warning one line naming the
     call and the GPU (standard error, and systemd's status), after --start-timeout exit status 1
@@ -112,11 +121,7 @@ def test_reader_auto_falls_back_to_nvidia_smi_after_a_start_up_hang(tmp_path: Pa
     try:
         ready = [m for m in listener.messages(20, until="READY") if "READY" in m]
         assert ready, (err.read_text(), out.read_text())
-        client = Client(b"\0" + name.encode())
-        try:
-            types = client.types()
-        finally:
-            client.close()
+        types = types_on(name)
     finally:
         stop_process(proc)
         listener.close()
@@ -146,11 +151,7 @@ def test_a_driver_loaded_after_start_up_is_waited_for_before_ready(tmp_path: Pat
         waiting = listener.messages(3)
         loaded.touch()
         after = listener.messages(5, until="READY")
-        client = Client(b"\0" + name.encode())
-        try:
-            types = client.types()
-        finally:
-            client.close()
+        types = types_on(name)
     finally:
         stop_process(proc)
         listener.close()
