@@ -143,13 +143,14 @@ class NvmlReader:
             self._initialise()
             layout = [sample for card in self._devices for sample in layout_card(card, self.mig_mode)]
         except Exception as error:
-            if getattr(error, "value", None) not in WAIT_FOR_DRIVER:
+            code = getattr(error, "value", None)  # an NVMLError's code
+            if code not in WAIT_FOR_DRIVER:
                 raise ReaderUnavailable(_describe_init_failure(error)) from None
             # the driver is not there yet (a boot) or not yet reloaded: wait for it
             where = "discovery" if self._initialised else "nvmlInit"
             self._shutdown()
             self._retry = Backoff(STARTUP_RETRY)
-            self._went_down(getattr(error, "value"), where, None, at_start=True)  # noqa: B009  # an NVMLError's
+            self._went_down(code, where, None, at_start=True)
             return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before
