@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from daemon import free_port, run_daemon, smi_stand_in
-from metrics_text import samples_of, series
+from metrics_text import FakePoller, samples_of, series
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_readers import make_reader, poll
-from test_metrics import Poller
 
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.smi.health import read_cards_health
@@ -89,7 +88,7 @@ def page_from_nvml(processes: bool = True) -> dict:
     board = Board()
     for second in range(3):
         board.fold(poll(reader, clock, float(second))[0])
-    return samples_of(generate_latest(make_registry(board, Poller(), 0.5, processes)).decode())
+    return samples_of(generate_latest(make_registry(board, FakePoller(), 0.5, processes)).decode())
 
 
 def test_gpu_info_series_has_every_label():
@@ -224,10 +223,10 @@ def test_a_real_capture_gives_the_inventory():
 
 def test_a_reinitialised_driver_is_asked_again_what_the_cards_are():
     """Read once per discovery, not per poll; a driver set up again (perhaps a new version) is asked again."""
-    from test_lifecycle import Run, gpu
+    from sim_readers import ScenarioRun, scenario_gpu
 
     fault = {"call": "*", "error": "NVML_ERROR_UNINITIALIZED", "from": 5, "until": 7}
-    run = Run({"gpus": [gpu(0), gpu(1)], "faults": [fault]})
+    run = ScenarioRun({"gpus": [scenario_gpu(0), scenario_gpu(1)], "faults": [fault]}, report=True, contain=False)
     run.until(4)
     assert run.nvml.nvmlLib.calls["nvmlDeviceGetSerial"] == 2
     run.until(30)

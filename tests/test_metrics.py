@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 from daemon import free_port, run_daemon
-from metrics_text import samples_of, series
+from metrics_text import FakePoller, samples_of, series
 from prometheus_client.exposition import generate_latest
 from scenarios import A10, H100
 from twisted.internet.testing import MemoryReactorClock
@@ -96,14 +96,6 @@ def test_unsupported_values_are_left_out(scraped):
     assert all(value >= 0 for value in page.values())
 
 
-class Poller:
-    """The two figures the collector reads from the poller."""
-
-    def __init__(self, polls: int = 0, failed_polls: dict[str, int] | None = None) -> None:
-        self.polls = polls
-        self.failed_polls = failed_polls or {}
-
-
 def device(present: bool = True, **values) -> DeviceSample:
     fields = {
         "gpu_busy": 40, "mem_busy": UNSUPPORTED, "memory_total_kib": 4096, "memory_used_kib": 1024,
@@ -113,8 +105,8 @@ def device(present: bool = True, **values) -> DeviceSample:
     return DeviceSample("uuid-a", "00000000:17:00.0", "NVIDIA A10", present=present, **fields)
 
 
-def page_of(board: Board, poller: Poller | None = None, processes: bool = False) -> dict:
-    registry = make_registry(board, poller or Poller(), 0.5, processes)
+def page_of(board: Board, poller: FakePoller | None = None, processes: bool = False) -> dict:
+    registry = make_registry(board, poller or FakePoller(), 0.5, processes)
     return samples_of(generate_latest(registry).decode())
 
 
@@ -165,7 +157,7 @@ def test_daemon_health():
     board.attach()
     board.attach()
     board.replies_cut, board.exited_dropped = 2, 5
-    page = page_of(board, Poller(7, {"PollError: nvidia-smi timed out": 3}))
+    page = page_of(board, FakePoller(7, {"PollError: nvidia-smi timed out": 3}))
     assert series(page, "atopgpud_polls_total") == [7]
     assert series(page, "atopgpud_failed_polls_total", cause="PollError: nvidia-smi timed out") == [3]
     assert series(page, "atopgpud_clients_connected") == [2]
@@ -177,7 +169,7 @@ def test_resource_negotiates_the_format():
     """GET /metrics gives the text format, or OpenMetrics when the scraper asks for it."""
     board = Board()
     board.fold(Snapshot((device(),)))
-    resource = MetricsResource(make_registry(board, Poller(), 1.0))
+    resource = MetricsResource(make_registry(board, FakePoller(), 1.0))
     plain = DummyRequest([b""])
     body = resource.render(plain)
     assert plain.responseHeaders.getRawHeaders(b"content-type")[0].startswith(b"text/plain")
@@ -215,8 +207,8 @@ def test_exits_queued_and_clients_behind_are_exported():
     board.fold(snap(dev("a", processes=tuple(proc(1000 + i) for i in range(400)))))
     board.stats_body(2, queue)
     board.fold(snap(dev("a", processes=())))
-    assert series(page_of(board, Poller(1, {})), "atopgpud_exited_queued") == [400]
+    assert series(page_of(board, FakePoller(1, {})), "atopgpud_exited_queued") == [400]
     board.stats_body(2, queue)
-    page = page_of(board, Poller(1, {}))
+    page = page_of(board, FakePoller(1, {}))
     assert series(page, "atopgpud_clients_behind") == [1]
     assert 0 < series(page, "atopgpud_exited_queued")[0] < 400

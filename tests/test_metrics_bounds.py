@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
+from metrics_text import FakePoller
 from snapshots import dev, proc, snap
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
@@ -19,11 +20,6 @@ from atopgpud_tw.server.webbounds import PageWriter, WebLimits
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-class Poller:
-    polls = 0
-    failed_polls: dict[str, int] = {}
-
-
 def at_once(render):
     return succeed(render())
 
@@ -32,7 +28,7 @@ def site_with(processes: int = 1, in_thread=at_once, **limits):
     board = Board()
     board.fold(snap(dev(processes=tuple(proc(pid) for pid in range(1, processes + 1)))))
     clock = Clock()
-    site = make_site(board, Poller(), 1.0, processes=True, limits=WebLimits(**limits), clock=clock,
+    site = make_site(board, FakePoller(), 1.0, processes=True, limits=WebLimits(**limits), clock=clock,
                      in_thread=in_thread)
     return site, board, clock
 

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 from daemon import Daemon, free_port, run_daemon, unique_name
+from metrics_text import FakePoller
 from snapshots import dev, snap
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
@@ -24,16 +25,6 @@ from atopgpud_tw.server.metrics import make_site
 from atopgpud_tw.server.metrics_web import Healthy, Ready, not_ready
 from atopgpud_tw.server.poller import PollerService
 from atopgpud_tw.server.webbounds import WebLimits
-
-
-class Poller:
-    """The poller's figures that readiness reads."""
-
-    def __init__(self, polls: int = 0, failing: str | None = None, waiting: str | None = None) -> None:
-        self.polls = polls
-        self.failed_polls: dict[str, int] = {}
-        self.failing = failing
-        self.waiting = waiting
 
 
 class Reader:
@@ -55,7 +46,7 @@ class Reader:
 def site_with(poller: object | None = None, **limits):
     board = Board()
     board.fold(snap(dev()))
-    return make_site(board, poller or Poller(polls=1), 1.0, limits=WebLimits(**limits), clock=Clock(),
+    return make_site(board, poller or FakePoller(polls=1), 1.0, limits=WebLimits(**limits), clock=Clock(),
                      in_thread=lambda render: succeed(render()))
 
 
@@ -98,25 +89,25 @@ def get(path: str) -> bytes:
 
 def test_not_ready_says_why():
     """The reason names what is missing: a first poll, a working reader, the driver."""
-    assert not_ready(Poller(polls=0)) == "waiting for the first poll"
-    assert not_ready(Poller(polls=3, failing="PollError: NVML timed out")) == \
+    assert not_ready(FakePoller(polls=0)) == "waiting for the first poll"
+    assert not_ready(FakePoller(polls=3, failing="PollError: NVML timed out")) == \
         "the reader is failing: PollError: NVML timed out"
-    assert not_ready(Poller(polls=0, failing="OSError: gone")) == "the reader is failing: OSError: gone"
+    assert not_ready(FakePoller(polls=0, failing="OSError: gone")) == "the reader is failing: OSError: gone"
     waiting = "waiting for the NVIDIA driver (NVML_ERROR_DRIVER_NOT_LOADED)"
-    assert not_ready(Poller(polls=0, waiting=waiting)) == waiting
-    assert not_ready(Poller(polls=1)) is None
+    assert not_ready(FakePoller(polls=0, waiting=waiting)) == waiting
+    assert not_ready(FakePoller(polls=1)) is None
 
 
 @pytest.mark.parametrize(
     ("poller", "code", "body"),
     [
-        (Poller(polls=1), 200, b"atopgpud is ready\n"),
-        (Poller(polls=0), 503, b"atopgpud is not ready: waiting for the first poll\n"),
-        (Poller(polls=2, failing="ValueError: boom"), 503, b"atopgpud is not ready: the reader is failing: "
+        (FakePoller(polls=1), 200, b"atopgpud is ready\n"),
+        (FakePoller(polls=0), 503, b"atopgpud is not ready: waiting for the first poll\n"),
+        (FakePoller(polls=2, failing="ValueError: boom"), 503, b"atopgpud is not ready: the reader is failing: "
                                                           b"ValueError: boom\n"),
-        (Poller(polls=2, waiting="waiting for the NVIDIA driver (it is not loaded)"), 503,
+        (FakePoller(polls=2, waiting="waiting for the NVIDIA driver (it is not loaded)"), 503,
          b"atopgpud is not ready: waiting for the NVIDIA driver (it is not loaded)\n"),
-        (Poller(polls=2, failing="ValueError: two\nlines"), 503,
+        (FakePoller(polls=2, failing="ValueError: two\nlines"), 503,
          b"atopgpud is not ready: the reader is failing: ValueError: two lines\n"),
     ],
 )
@@ -218,7 +209,7 @@ def test_request_bounds_apply_to_the_health_endpoints():
 def test_the_head_deadline_applies_to_the_health_endpoints():
     """A probe that trickles its head is cut at the deadline."""
     clock = Clock()
-    site = make_site(Board(), Poller(), 1.0, limits=WebLimits(head_timeout=2.0), clock=clock)
+    site = make_site(Board(), FakePoller(), 1.0, limits=WebLimits(head_timeout=2.0), clock=clock)
     channel = site.buildProtocol(None)
     transport = StringTransport()
     channel.makeConnection(transport)
