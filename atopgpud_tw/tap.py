@@ -16,15 +16,15 @@ from twisted.python import usage
 from atopgpud_tw.clock import use_monotonic_clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
-from atopgpud_tw.server.access import AllowList, Gate, GatedFactory
-from atopgpud_tw.server.activation import ActivationError, inherited_sockets, take_inherited
-from atopgpud_tw.server.board import DEFAULT_EXITED_LIMIT, Board
-from atopgpud_tw.server.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
-from atopgpud_tw.server.listening import ListeningService, listen_all
-from atopgpud_tw.server.notify import Notifier, NotifyService
-from atopgpud_tw.server.poller import PollerService
-from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
-from atopgpud_tw.server.signals import SignalService
+from atopgpud_tw.server.atop.board import DEFAULT_EXITED_LIMIT, Board
+from atopgpud_tw.server.atop.poller import PollerService
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.system.access import AllowList, Gate, GatedFactory
+from atopgpud_tw.server.system.activation import ActivationError, inherited_sockets, take_inherited
+from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
+from atopgpud_tw.server.system.listening import ListeningService, listen_all
+from atopgpud_tw.server.system.notify import Notifier, NotifyService
+from atopgpud_tw.server.system.signals import SignalService
 from atopgpud_tw.snapshot import MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
@@ -261,9 +261,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     for description in options["listen"]:
         listeners.append((description, _endpoint(reactor, "--listen", description), factory))
     if options["metrics"]:
-        from atopgpud_tw.server.metrics import make_site  # prometheus_client only when asked for
-        from atopgpud_tw.server.metrics_health import HealthCache
-        from atopgpud_tw.server.webbounds import WebLimits
+        from atopgpud_tw.server.web.metrics import make_site  # prometheus_client only when asked for
+        from atopgpud_tw.server.web.metrics_health import HealthCache
+        from atopgpud_tw.server.web.webbounds import WebLimits
 
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], reader.watchdog,

@@ -18,8 +18,8 @@ import time
 
 from twisted.internet.task import Clock
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.protocol import AtopGpuFactory
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot
 
 

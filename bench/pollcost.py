@@ -99,7 +99,7 @@ def bare(args: argparse.Namespace) -> None:
 
 def inprocess(args: argparse.Namespace) -> None:
     from atopgpud_tw.readers.nvml.reader import NvmlReader
-    from atopgpud_tw.server.board import Board
+    from atopgpud_tw.server.atop.board import Board
     from atopgpud_tw.sim import simulated_binding
     from atopgpud_tw.sim.scenario import parse_scenario
 

@@ -6,8 +6,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from atopgpud_tw import codec
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.protocol import AtopGpuFactory
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory
 
 
 def connect(board: Board | None = None, factory: AtopGpuFactory | None = None):

@@ -8,7 +8,7 @@ from typing import Any
 from twisted.internet.task import Clock
 
 from atopgpud_tw.readers.nvml.reader import NvmlReader
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.sim import SimulatedNvml, parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import Snapshot
 

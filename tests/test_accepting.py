@@ -10,11 +10,11 @@ import pytest
 from snapshots import dev, snap
 from twisted.internet.testing import MemoryReactorClock
 
-from atopgpud_tw.server.accepting import ACCEPT_BUDGET, FairUNIXPort, fair_reactor
-from atopgpud_tw.server.access import peer_uid
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
-from atopgpud_tw.server.sockdiag import SockDiag
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairUNIXPort, fair_reactor
+from atopgpud_tw.server.system.access import peer_uid
+from atopgpud_tw.server.system.sockdiag import SockDiag
 
 NOBODY = 65534
 

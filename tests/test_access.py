@@ -18,7 +18,7 @@ from twisted.internet.defer import succeed
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
-from atopgpud_tw.server.endpoints import CheckedEndpoint
+from atopgpud_tw.server.system.endpoints import CheckedEndpoint
 
 # the client runs as user nobody, who may not reach this interpreter (under /root)
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -190,7 +190,7 @@ def test_a_supplementary_group_admits(tmp_path):
 
 def test_peer_groups_come_from_the_socket_not_proc():
     """SO_PEERGROUPS: the groups the peer had when it connected (ProtectProc=invisible hides /proc)."""
-    from atopgpud_tw.server import access
+    from atopgpud_tw.server.system import access
 
     left, right = socket.socketpair(socket.AF_UNIX)
     try:

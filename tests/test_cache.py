@@ -16,8 +16,8 @@ from snapshots import dev, proc, snap
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
-from atopgpud_tw.server import render
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop import render
+from atopgpud_tw.server.atop.board import Board
 
 KINDS = ("C", "G", "C+G")
 

@@ -6,7 +6,7 @@ import pytest
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
-from atopgpud_tw.server import render
+from atopgpud_tw.server.atop import render
 
 
 def device(procs: int = 0, memory: int = 1024, **fields: int) -> DeviceTotals:

@@ -9,8 +9,8 @@ from twisted.logger import globalLogPublisher
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
-from atopgpud_tw.server import render
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop import render
+from atopgpud_tw.server.atop.board import Board
 
 BIG = 30 * 1024 * 1024
 

@@ -9,8 +9,8 @@ from twisted.internet.task import Clock
 
 from atopgpud_tw.readers.nvml.device import BACKOFF
 from atopgpud_tw.readers.nvml.reader import NvmlReader
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
 

@@ -9,8 +9,8 @@ from clocked import ClockedReader
 from twisted.internet.task import Clock
 
 from atopgpud_tw.readers.nvml.samples import fold_device_samples, fold_process_samples
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
 
 BURSTS = {"period": 1.0, "busy": [[0.0, 0.1]]}  # 100 ms of work every second: 10 %
 

@@ -18,7 +18,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from atopgpud_tw import __main__ as console
 from atopgpud_tw import codec, tap
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.sim import ScenarioError, load_scenario
 from atopgpud_tw.sim.replay import RecordingError, load_recording
 from atopgpud_tw.snapshot import Snapshot

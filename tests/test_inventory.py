@@ -22,8 +22,8 @@ from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import make_registry
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics import make_registry
 from atopgpud_tw.snapshot import DeviceInfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smi"

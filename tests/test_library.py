@@ -282,7 +282,7 @@ def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts():
 
 def test_a_failed_utilization_read_keeps_the_memory_on_the_board():
     """One poll's process utilization fails: that poll still reports the processes' memory."""
-    from atopgpud_tw.server.board import Board
+    from atopgpud_tw.server.atop.board import Board
 
     clock = [0.0]
     fault = {"call": "nvmlDeviceGetProcessUtilization", "error": "NVML_ERROR_UNKNOWN", "from": 1, "until": 2}

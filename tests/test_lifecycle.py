@@ -160,7 +160,7 @@ class RunningClock(Clock):
 def test_ready_is_held_while_the_driver_is_waited_for(lines):
     """READY=1 waits for the reader's driver, with a status line saying so; it is sent once the
     GPUs are known, within half a second."""
-    from atopgpud_tw.server.notify import NotifyService
+    from atopgpud_tw.server.system.notify import NotifyService
 
     sent, clock = Sent(), RunningClock()
     waiting: list[str | None] = ["waiting for the NVIDIA driver (DRIVER_NOT_LOADED)"]
@@ -179,7 +179,7 @@ def test_ready_is_held_while_the_driver_is_waited_for(lines):
 def test_ready_is_sent_after_the_bound_without_the_driver_with_a_warning(lines):
     """A driver that does not come: READY=1 after --driver-wait all the same, with one warning
     saying what an atop started now will miss."""
-    from atopgpud_tw.server.notify import NotifyService
+    from atopgpud_tw.server.system.notify import NotifyService
 
     sent, clock = Sent(), RunningClock()
     service = NotifyService(sent, lambda: "sim: 0 GPUs; waiting", clock, lambda: "waiting for it", 5.0)  # type: ignore[arg-type]

@@ -8,9 +8,9 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.access import AllowList, Peer
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
+from atopgpud_tw.server.system.access import AllowList, Peer
 
 
 def factory_with(**limits) -> tuple[AtopGpuFactory, Clock]:

@@ -16,8 +16,8 @@ from twisted.python import usage
 from twisted.web.test.requesthelper import DummyRequest
 
 from atopgpud_tw import tap
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import MetricsResource, MetricsSite, make_registry
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics import MetricsResource, MetricsSite, make_registry
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot
 
 INTERVAL = 0.2

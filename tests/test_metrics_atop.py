@@ -6,8 +6,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics_atop import AtopSumsCollector
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, Snapshot
 
 

@@ -13,9 +13,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import make_site
-from atopgpud_tw.server.webbounds import PageWriter, WebLimits
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics import make_site
+from atopgpud_tw.server.web.webbounds import PageWriter, WebLimits
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -283,7 +283,7 @@ def test_the_health_part_is_rendered_once_per_ttl_however_many_scrape():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from atopgpud_tw.server.page import HEALTH_TTL, MetricsPage
+    from atopgpud_tw.server.web.page import HEALTH_TTL, MetricsPage
 
     collected = [0]
     clients = [0]

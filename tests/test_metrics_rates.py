@@ -11,9 +11,9 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import make_registry
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
+from atopgpud_tw.server.web.metrics import make_registry
 
 INTERVAL = 1.0
 

@@ -20,11 +20,11 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web.test.requesthelper import DummyRequest
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import make_site
-from atopgpud_tw.server.metrics_web import Healthy, Ready, not_ready
-from atopgpud_tw.server.poller import PollerService
-from atopgpud_tw.server.webbounds import WebLimits
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
+from atopgpud_tw.server.web.metrics import make_site
+from atopgpud_tw.server.web.metrics_web import Healthy, Ready, not_ready
+from atopgpud_tw.server.web.webbounds import WebLimits
 
 
 class Reader:

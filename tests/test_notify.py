@@ -12,7 +12,7 @@ from pathlib import Path
 from daemon import Client, stop_process, unique_name
 from twisted.internet.task import Clock
 
-from atopgpud_tw.server.notify import STATUS_EVERY, Notifier, NotifyService
+from atopgpud_tw.server.system.notify import STATUS_EVERY, Notifier, NotifyService
 
 ATOPGPUD = str(Path(sys.executable).with_name("atopgpud"))
 

@@ -16,7 +16,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
-from atopgpud_tw.server import render
+from atopgpud_tw.server.atop import render
 from atopgpud_tw.sim import binding_over, parse_scenario
 from atopgpud_tw.snapshot import UNSUPPORTED
 

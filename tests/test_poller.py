@@ -7,8 +7,8 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.snapshot import Snapshot
 
 

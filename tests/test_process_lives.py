@@ -13,7 +13,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.starts import proc_start_time, start_times, stat_start_time
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import ProcessSample
 

@@ -7,8 +7,8 @@ from snapshots import dev, proc, snap
 from twisted.internet.task import Clock
 
 from atopgpud_tw import codec
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.protocol import AtopGpuFactory
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.protocol import AtopGpuFactory
 
 
 def board_with_one_gpu() -> Board:

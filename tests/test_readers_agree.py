@@ -29,7 +29,7 @@ from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import parse_report, read_report
-from atopgpud_tw.server import render
+from atopgpud_tw.server.atop import render
 from atopgpud_tw.sim import load_scenario, simulated_binding
 from atopgpud_tw.snapshot import Snapshot
 

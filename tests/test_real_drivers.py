@@ -27,9 +27,9 @@ from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.nvml.watchdog import CallWatch, HangWatchdog
 from atopgpud_tw.readers.smi.report import parse_report
-from atopgpud_tw.server import render
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics import make_registry
+from atopgpud_tw.server.atop import render
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics import make_registry
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot, add_memory
 

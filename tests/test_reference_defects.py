@@ -12,8 +12,8 @@ from snapshots import dev, proc, snap
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml.reader import NvmlReader
-from atopgpud_tw.server import render
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop import render
+from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.sim import binding_over, parse_scenario
 
 

@@ -19,8 +19,8 @@ import pytest
 from clocked import ClockedReader
 from twisted.internet.task import Clock
 
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.sim import ScenarioError, load_scenario, parse_scenario, simulated_binding
 from atopgpud_tw.sim.replay import FORMAT, load_recording
 

@@ -13,8 +13,8 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 
 from atopgpud_tw import tap
-from atopgpud_tw.server.listening import ListeningService
-from atopgpud_tw.server.poller import PollerService
+from atopgpud_tw.server.atop.poller import PollerService
+from atopgpud_tw.server.system.listening import ListeningService
 
 
 def options(*args: str) -> tap.Options:

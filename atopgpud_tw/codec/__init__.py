@@ -5,7 +5,7 @@ functions over bytes that import nothing of the daemon.
 back (for clients and tests), `text` makes text from outside safe to show
 (``codec.printable``: a terminal's and a log's).  Everything is importable from here: ``codec.frame``,
 ``codec.parse_stats``.  The daemon's side, ``T`` and ``S`` bodies made from its
-counters within those limits, is `atopgpud_tw.server.render`.  The full description,
+counters within those limits, is `atopgpud_tw.server.atop.render`.  The full description,
 with atop's limits, is in docs/protocol.md.
 """
 

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.readers.base import IReader, PollError
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop.board import Board
 
 
 class PollerService(Service):

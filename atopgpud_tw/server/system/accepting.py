@@ -44,8 +44,8 @@ from twisted.python.failure import Failure
 from zope.interface import Interface
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.access import peer_uid
-from atopgpud_tw.server.sockdiag import SockDiag
+from atopgpud_tw.server.system.access import peer_uid
+from atopgpud_tw.server.system.sockdiag import SockDiag
 
 #: connections a port hands to its factory per reactor turn
 ACCEPT_BUDGET = 16

@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.sockdiag import is_local
+from atopgpud_tw.server.system.sockdiag import is_local
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11

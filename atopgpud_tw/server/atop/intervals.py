@@ -18,10 +18,10 @@ from itertools import islice
 from typing import TYPE_CHECKING, Callable
 
 from atopgpud_tw.counters import Counters, ProcessTotals
-from atopgpud_tw.server.render import EXITED_SCAN, PreparedStats, RenderedDevice, StatsBody, render_process
+from atopgpud_tw.server.atop.render import EXITED_SCAN, PreparedStats, RenderedDevice, StatsBody, render_process
 
 if TYPE_CHECKING:
-    from atopgpud_tw.server.board import ClientQueue
+    from atopgpud_tw.server.atop.board import ClientQueue
 
 #: per process life (`ProcessTotals.life`): busy sums and samples at a client's ``S``, and the figures sent
 Seen = dict[int, tuple[int, int, int, int, int]]

@@ -28,8 +28,8 @@ from twisted.logger import Logger
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
-from atopgpud_tw.server import render
-from atopgpud_tw.server.intervals import Seen, V1Intervals
+from atopgpud_tw.server.atop import render
+from atopgpud_tw.server.atop.intervals import Seen, V1Intervals
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")

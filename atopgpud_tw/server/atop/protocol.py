@@ -30,11 +30,11 @@ from zope.interface import implementer
 from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.accepting import IAdmission
-from atopgpud_tw.server.access import AllowList, Gate, peer_name, peer_uid
-from atopgpud_tw.server.board import Board, ClientQueue
-from atopgpud_tw.server.sockdiag import SockDiag
-from atopgpud_tw.server.turns import Turns
+from atopgpud_tw.server.atop.board import Board, ClientQueue
+from atopgpud_tw.server.atop.turns import Turns
+from atopgpud_tw.server.system.accepting import IAdmission
+from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid
+from atopgpud_tw.server.system.sockdiag import SockDiag
 
 
 @dataclass(frozen=True)

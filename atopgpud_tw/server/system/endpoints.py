@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.accepting import fair_reactor
+from atopgpud_tw.server.system.accepting import fair_reactor
 
 ABSTRACT_PREFIX = "unix:@"
 #: the kernel's own limit (net.core.somaxconn caps it): a burst of connections waits

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from atopgpud_tw.server.board import Board
+from atopgpud_tw.server.atop.board import Board
 
 GPU_LABELS = ["index", "busid", "type", "uuid"]
 

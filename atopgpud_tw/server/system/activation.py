@@ -27,7 +27,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.python.systemd import ListenFDs
 from zope.interface import implementer
 
-from atopgpud_tw.server.accepting import FairPort, FairTCPPort
+from atopgpud_tw.server.system.accepting import FairPort, FairTCPPort
 
 #: ("unix", name as bytes) or ("tcp", ip address, port)
 Address = tuple[Any, ...]

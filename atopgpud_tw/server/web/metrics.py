@@ -36,12 +36,12 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from atopgpud_tw import __version__
 from atopgpud_tw.counters import DeviceTotals
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.board import Board
-from atopgpud_tw.server.metrics_atop import AtopSumsCollector
-from atopgpud_tw.server.metrics_health import HealthCache, HealthCollector, HealthWaiting
-from atopgpud_tw.server.metrics_web import make_root
-from atopgpud_tw.server.page import InThread, MetricsPage, Rendered
-from atopgpud_tw.server.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
+from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
+from atopgpud_tw.server.web.metrics_web import make_root
+from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
+from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
