@@ -60,6 +60,31 @@ def test_readme_links_exist():
         assert (ROOT / link).exists(), link
 
 
+
+def anchor_of(heading: str) -> str:
+    """A Markdown heading's anchor, as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+DOCUMENTS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
+def test_docs_stand_alone(document: Path) -> None:
+    """No doc points outside the repository, and every relative link (and its anchor) exists."""
+    text = document.read_text()
+    assert not re.search(r"NVML-FACTS|\.\./shared|shared/(clients|fixtures|seeds)|PROTOCOL\.md|STYLE\.md", text)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (document.parent / path).resolve() if path else document
+        assert linked.exists(), f"{document.name}: {target}"
+        if anchor and linked.suffix == ".md":
+            anchors = {anchor_of(h) for h in re.findall(r"^#+ (.+)$", linked.read_text(), re.M)}
+            assert anchor in anchors, f"{document.name}: {target}"
+
+
 # -- the options table and --help ----------------------------------------------------------
 
 #: a row of the README's options table: name, default cell, meaning
