@@ -267,7 +267,8 @@ class Protected:
         return _Waiting(verdict, page, refused)
 
     def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
-        peer = peer_name(request.channel.transport) if request.channel is not None else "a client"
+        channel = getattr(request, "channel", None)
+        peer = peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
 
         def line() -> None:
             self._wrong.event(lambda: self.log.warn(

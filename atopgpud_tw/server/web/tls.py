@@ -131,13 +131,13 @@ def _client_certificates(context: SSL.Context, settings: TLSSettings) -> None:
         store = context.get_cert_store()
         assert store is not None
         authorities = _certificates(data, name)
-        loaded = [crypto.X509.from_cryptography(authority) for authority in authorities]
-        for authority in loaded:
+        # no list of authorities in the certificate request (pyOpenSSL deprecates its X509Name): a
+        # client sends the certificate it was configured with, as Prometheus and curl do
+        for authority in authorities:
             try:
-                store.add_cert(authority)
-            except crypto.X509StoreContextError:
+                store.add_cert(crypto.X509.from_cryptography(authority))
+            except crypto.Error:
                 pass  # the same authority twice in the file
-        context.set_client_ca_list([authority.get_subject() for authority in loaded])
     flags = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if mode in CERT_REQUIRED else 0)
     verify = mode in CERT_VERIFIED
     sans = settings.client_allowed_sans

@@ -180,7 +180,8 @@ def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
     for key in value:
         name = f"{prefix}{key}"
         if not isinstance(key, str) or key not in known:
-            raise WebConfigError(f"unknown key {name!s} (known in {where}: {', '.join(k for k in known)})")
+            supported = (k for k in known if f"{prefix}{k}" not in UNSUPPORTED)
+            raise WebConfigError(f"unknown key {name!s} (known in {where}: {', '.join(supported)})")
         if name in UNSUPPORTED and value[key] is not None:
             raise WebConfigError(UNSUPPORTED[name])
     return value
