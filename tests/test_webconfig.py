@@ -11,6 +11,8 @@ import pytest
 from OpenSSL import SSL
 from twisted.internet import task
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
@@ -303,7 +305,9 @@ def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: 
     """The file watched once a second: a change is read; a broken file, a broken certificate, or TLS turned off
     is one line and the last good configuration stays; a renewed certificate is a reload too."""
     clock = held[0]
-    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
+    key = tmp_path / "server.key"  # a copy: the module's PKI stays whole
+    key.write_bytes(pki.server_key.read_bytes())
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(key)}
     path = web_config(tmp_path / "web.yml", tls=tls, users={"alice": hashed("one")})
     security = security_for(path, clock, held)
     security.startService()
@@ -322,7 +326,7 @@ def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: 
     web_config(path, tls=tls)
     clock.advance(1)
     assert security.reloads == 2
-    pki.server_key.write_text(pki.client_key.read_text())  # the key of another certificate
+    key.write_text(pki.client_key.read_text())  # the key of another certificate
     clock.advance(1)
     assert security.failed_reloads == 3 and security.loaded.config.users == {}
     security.stopService()
@@ -344,3 +348,67 @@ def test_sighup_reloads_through_the_signal_service(tmp_path: Path, held) -> None
     signals.hangup(None)
     assert security.reloads == 1
     assert signal.SIGHUP  # the handler itself is exercised end to end in test_web_tls.py
+
+
+# -- TLS on the site's bounds -------------------------------------------------------------------
+
+
+def tls_site(pki: Pki, tmp_path: Path, clock: task.Clock, max_clients: int = 1):
+    from atopgpud_tw.server.web.metrics import MetricsSite
+    from atopgpud_tw.server.web.tls import TLSChannel, TLSSiteFactory
+    from atopgpud_tw.server.web.webbounds import WebLimits
+
+    context = load(str(web_config(tmp_path / "web.yml", tls=tls_of(pki)))).context
+    site = MetricsSite(page_tree(), WebLimits(max_clients=max_clients), clock)
+    site.protocol = TLSChannel
+    return site, TLSSiteFactory(Contexts(context), False, site, clock)
+
+
+def tls_of(pki: Pki) -> dict:
+    return {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
+
+
+def connect(factory):
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    if protocol is None:
+        return None, None
+    class TCPTransport(StringTransport):
+        def setTcpNoDelay(self, enabled: bool) -> None:
+            pass
+
+    transport = TCPTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+    protocol.makeConnection(transport)
+    return protocol, transport
+
+
+def test_tls_keeps_the_connection_bound_and_a_handshake_deadline(pki: Pki, tmp_path: Path, logged) -> None:
+    """Under TLS the site still refuses connections beyond --metrics-max-clients before any handshake, and a
+    client that does not finish its handshake within the head deadline is cut."""
+    clock = task.Clock()
+    site, factory = tls_site(pki, tmp_path, clock)
+    first, transport = connect(factory)
+    assert first is not None and len(site.guard.channels) == 1
+    assert connect(factory) == (None, None)  # full: closed before a handshake
+    clock.advance(site.guard.limits.head_timeout)
+    assert transport.disconnecting or getattr(transport, "aborted", False)
+    first.connectionLost(Failure(ConnectionDone()))
+    assert not site.guard.channels
+    assert any("no TLS handshake within 10.0 s" in line for line in logged)
+    site.guard.stop()
+    assert not clock.getDelayedCalls()
+
+
+def test_plain_http_to_the_tls_site_is_refused_and_said_once(pki: Pki, tmp_path: Path, logged) -> None:
+    """A plain HTTP request to the TLS site ends the connection; the failed handshake is logged with its cause."""
+    clock = task.Clock()
+    site, factory = tls_site(pki, tmp_path, clock, max_clients=4)
+    protocol, transport = connect(factory)
+    protocol.dataReceived(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"HTTP/1.1 200" not in transport.value()
+    assert transport.disconnecting or not site.guard.channels
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert any("TLS handshake failed" in line for line in logged), list(logged)
+    site.guard.stop()
