@@ -337,6 +337,24 @@ def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: 
     assert not clock.getDelayedCalls()
 
 
+def test_a_certificate_named_before_it_exists_is_read_once_it_appears(pki: Pki, tmp_path: Path, held) -> None:
+    """A file naming a certificate not written yet fails; the certificate's arrival is a change, no SIGHUP needed."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki))
+    security = security_for(path, clock, held)
+    security.startService()
+    later = tmp_path / "later.crt"
+    web_config(path, tls={**tls_of(pki), "cert_file": str(later)})
+    clock.advance(1)
+    assert security.failed_reloads == 1
+    clock.advance(1)
+    assert security.failed_reloads == 1  # not tried again while nothing changes
+    later.write_bytes(pki.server_cert.read_bytes())
+    clock.advance(1)
+    assert security.reloads == 1 and security.loaded.config.tls.cert_file == str(later)
+    security.stopService()
+
+
 def test_sighup_reloads_through_the_signal_service(tmp_path: Path, held) -> None:
     """SIGHUP calls the hooks (the web configuration re-read, changed or not); without a log file
     and with a hook it says nothing of being ignored."""

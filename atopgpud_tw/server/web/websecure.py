@@ -82,6 +82,9 @@ class WebSecurity(Service):
         self.failed_reloads = 0
         self._watch: LoopingCall | None = None
         self._tried: Signature = loaded.signature
+        #: the certificate files watched: the last good configuration's, or those of a newer file that
+        #: failed (a certificate it names may yet appear)
+        self._watched: tuple[str, ...] = loaded.config.tls.files() if loaded.config.tls is not None else ()
 
     def startService(self) -> None:
         super().startService()
@@ -98,10 +101,15 @@ class WebSecurity(Service):
 
     def look(self) -> None:
         """Re-read if the file or a certificate changed since the last try."""
-        files = self.loaded.config.tls.files() if self.loaded.config.tls is not None else ()
-        now = signature(self.path, files)
-        if now != self._tried:
+        if signature(self.path, self._watched) != self._tried:
             self.reload("changed")
+
+    def _files_named(self) -> tuple[str, ...]:
+        try:
+            config = read(self.path)
+        except WebConfigError:
+            config = self.loaded.config
+        return config.tls.files() if config.tls is not None else ()
 
     def hangup(self) -> None:
         """SIGHUP: re-read, changed or not."""
@@ -109,8 +117,8 @@ class WebSecurity(Service):
 
     def reload(self, why: str) -> bool:
         """Read the file again and use it if it is whole; otherwise keep the last good one and say so."""
-        files = self.loaded.config.tls.files() if self.loaded.config.tls is not None else ()
-        self._tried = signature(self.path, files)
+        self._watched = self._files_named()
+        self._tried = signature(self.path, self._watched)
         try:
             loaded = load(self.path)
             if (loaded.context is None) != (self.contexts is None):
@@ -124,6 +132,7 @@ class WebSecurity(Service):
                           path=self.path, why=why, error=error)
             return False
         self._tried = loaded.signature
+        self._watched = loaded.config.tls.files() if loaded.config.tls is not None else ()
         if self.contexts is not None and loaded.context is not None:
             self.contexts.context = loaded.context
         if loaded.config.users != self.loaded.config.users:
