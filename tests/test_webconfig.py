@@ -43,7 +43,11 @@ BAD = [
     ("tls_server_config: [1]\n", "tls_server_config must be a mapping of keys to values, not a list"),
     ("- a\n", "the file must be a mapping"),
     ("tls_server_confg: {}\n", "unknown key tls_server_confg (known in the file: tls_server_config, "),
-    ("rate_limit: {interval: 1s, burst: 2}\n", "rate_limit is not supported"),
+    ("rate_limit: {interval: 1x, burst: 2}\n", "rate_limit.interval: '1x' is not a duration such as 1s or 250ms"),
+    ("rate_limit: {interval: 5, burst: 2}\n", "rate_limit.interval must be a duration such as 1s or 250ms"),
+    ("rate_limit: {interval: 1s, burst: 0}\n", "rate_limit.burst 0 would refuse every request"),
+    ("rate_limit: {interval: 1s, burst: -1}\n", "rate_limit.burst must be a whole number from 0 up"),
+    ("rate_limit: {interval: 1s, rate: 2}\n", "unknown key rate_limit.rate (known in rate_limit: interval, burst)"),
     (tls_text(curve_preferences="[X25519]"), "curve_preferences is not supported"),
     (tls_text(certfile="x"), "unknown key tls_server_config.certfile"),
     ("tls_server_config:\n  key_file: k\n", "tls_server_config.cert_file (or cert) is missing"),
@@ -111,6 +115,13 @@ def test_a_full_file_parses_with_paths_relative_to_its_folder() -> None:
     assert config.headers == {"X-Frame-Options": "deny"}  # blank: unset
     assert config.users == {"alice": HASH.encode()}
     assert config.http2 is False
+
+
+def test_rate_limit_is_a_go_duration_and_a_burst() -> None:
+    """The toolkit's token bucket: Go durations; an interval of 0 turns it off."""
+    assert parse("rate_limit: {interval: 1m30s, burst: 3}\n", "/").rate_limit == (90.0, 3)
+    assert parse("rate_limit: {interval: 250ms, burst: 1}\n", "/").rate_limit == (0.25, 1)
+    assert parse("rate_limit: {interval: 0, burst: 0}\n", "/").rate_limit is None
 
 
 def test_an_empty_file_or_no_tls_keys_is_plain_http() -> None:
@@ -280,6 +291,26 @@ def test_protected_root_answers_401_503_or_the_page(held) -> None:
     run(queued)
     assert b"".join(good.written) == b"page"
     assert bad.responseCode == 401
+    root.stop()
+
+
+def test_beyond_the_rate_limit_is_429_before_any_password_check(held) -> None:
+    """Two requests at once pass (burst 2), the third is 429 with no bcrypt; a token comes back each interval."""
+    clock, checks, queued = held
+    root = Protected(page_tree(), WebConfig(rate_limit=(1.0, 2)), checks, clock)
+    codes = []
+    for _ in range(3):
+        request = request_for(b"metrics", "alice", "x")
+        render(root.getChildWithDefault(b"metrics", request), request)
+        codes.append(request.responseCode or 200)
+    assert codes == [200, 200, 429] and not queued
+    clock.advance(1)
+    request = request_for(b"metrics")
+    assert render(root.getChildWithDefault(b"metrics", request), request) == b"page"
+    root.config = WebConfig()  # a reload without it
+    for _ in range(5):
+        request = request_for(b"metrics")
+        assert render(root.getChildWithDefault(b"metrics", request), request) == b"page"
     root.stop()
 
 

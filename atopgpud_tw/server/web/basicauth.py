@@ -14,8 +14,9 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
 - an unknown user is checked against a fixed hash all the same, so that timing
   does not tell which users exist (as the exporter toolkit does).
 
-`Protected` is the site's root: it sets ``http_server_config.headers`` on
-every response, then passes the request on, or answers 401 (with
+`Protected` is the site's root: it answers 429 beyond ``rate_limit`` (a token
+bucket, as the toolkit's), sets ``http_server_config.headers`` on every
+response, then passes the request on, or answers 401 (with
 ``WWW-Authenticate: Basic``) or 503, for every page of the listener.
 """
 
@@ -189,6 +190,30 @@ def unauthorized() -> IResource:
     return _Answer(401, b"Unauthorized\n", {b"www-authenticate": b'Basic realm="atopgpud"'})
 
 
+def too_many() -> IResource:
+    return _Answer(429, b"Too Many Requests\n", {b"retry-after": b"1"})
+
+
+class TokenBucket:
+    """``rate_limit``: `burst` tokens, one more every `interval` seconds; a request takes one."""
+
+    def __init__(self, interval: float, burst: int, clock: IReactorTime) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self.tokens = float(burst)
+        self.stamp = clock.seconds()
+
+    def take(self) -> bool:
+        now = self.clock.seconds()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) / self.interval)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 def busy() -> IResource:
     return _Answer(503, b"Too many password checks at once; try again\n", {b"retry-after": b"1"})
 
@@ -234,13 +259,35 @@ class Protected:
 
     def __init__(self, inner: IResource, config: WebConfig, checks: PasswordChecks, clock: IReactorTime) -> None:
         self.inner = inner
-        self.config = config
         self.checks = checks
+        self.clock = clock
+        self._config = config
+        self.bucket = self._bucket(config)
         self._wrong = BurstLog(clock)
         self._busy = BurstLog(clock)
+        self._limited = BurstLog(clock)
+
+    @property
+    def config(self) -> WebConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: WebConfig) -> None:
+        if config.rate_limit != self._config.rate_limit:
+            self.bucket = self._bucket(config)
+        self._config = config
+
+    def _bucket(self, config: WebConfig) -> TokenBucket | None:
+        if config.rate_limit is None:
+            return None
+        return TokenBucket(config.rate_limit[0], config.rate_limit[1], self.clock)
 
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
         config = self.config
+        if self.bucket is not None and not self.bucket.take():
+            self._limited.event(lambda: self.log.warn("answering metrics requests 429: over rate_limit"),
+                                "metrics requests answered 429 (rate_limit)")
+            return too_many()  # before a password is checked, as the toolkit has it
         for header, value in config.headers.items():
             request.setHeader(header.encode("ascii"), value.encode("utf-8"))
         if not config.users:
@@ -286,3 +333,4 @@ class Protected:
     def stop(self) -> None:
         self._wrong.stop()
         self._busy.stop()
+        self._limited.stop()

@@ -18,11 +18,14 @@ The file is the YAML every exporter built on the exporter toolkit takes
       headers: {X-Content-Type-Options: nosniff}
     basic_auth_users:
       prometheus: $2y$10$...  # bcrypt hashes
+    rate_limit:               # a token bucket over every request: 429 beyond it
+      interval: 1s            # one token per interval (0: no limit), Go's duration syntax
+      burst: 20
 
 `parse` checks the text only, as strictly as the toolkit's Go parser does (an
 unknown key, a duplicate key or a value of the wrong type is an error), and
 reads no other file; `tls` loads the certificates.  What the toolkit has and
-this daemon does not (``curve_preferences``, ``rate_limit``) is refused by name,
+this daemon does not (``curve_preferences``) is refused by name,
 never ignored.  Every error is a `WebConfigError` of one line.
 """
 
@@ -54,13 +57,16 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
 }
 #: keys of the toolkit's format this daemon does not implement, and why
 UNSUPPORTED = {
-    "rate_limit": "rate_limit is not supported (--metrics-max-clients bounds the connections)",
     "tls_server_config.curve_preferences": "curve_preferences is not supported (OpenSSL's default groups are used)",
 }
 _TLS_KEYS = ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type", "client_ca_file",
              "client_allowed_sans", "min_version", "max_version", "cipher_suites", "prefer_server_cipher_suites",
              "curve_preferences")
 _HTTP_KEYS = ("http2", "headers")
+_RATE_KEYS = ("interval", "burst")
+#: a Go duration: 1s, 250ms, 1m30s
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 #: a bcrypt hash in the modular crypt format: $2a$, $2b$ or $2y$ (htpasswd -B), cost, 53 characters
 _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
@@ -100,6 +106,8 @@ class WebConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     users: Mapping[str, bytes] = field(default_factory=dict)
     http2: bool = True
+    #: (seconds per token, burst), None: no rate limit
+    rate_limit: tuple[float, int] | None = None
 
     def describe(self) -> str:
         """What the configuration turns on, in a few words."""
@@ -113,6 +121,8 @@ class WebConfig:
             parts.append(f"basic auth for {len(self.users)} user{'s' if len(self.users) != 1 else ''}")
         else:
             parts.append("no basic auth")
+        if self.rate_limit is not None:
+            parts.append(f"at most {self.rate_limit[1]} requests at once, one more every {self.rate_limit[0]:g} s")
         return ", ".join(parts)
 
 
@@ -164,7 +174,7 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     http2 = _bool(http.get("http2", True), "http_server_config.http2")
     headers = _headers(http.get("headers"))
     users = _users(top.get("basic_auth_users"))
-    return WebConfig(tls=tls, headers=headers, users=users, http2=http2)
+    return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
 
 
 def _line(text: str) -> str:
@@ -268,6 +278,35 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
         client_allowed_sans=sans, min_version=low, max_version=high, cipher_suites=ciphers,
         prefer_server_cipher_suites=_bool(prefer, where + "prefer_server_cipher_suites"),
     )
+
+
+def duration(text: Any, where: str) -> float:
+    """Seconds of a Go duration string (``1s``, ``250ms``, ``1m30s``, ``0``)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+        return 0.0
+    if not isinstance(text, str):
+        raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {_kind(text)}")
+    if text == "0":
+        return 0.0
+    parts = list(_DURATION.finditer(text))
+    if not parts or "".join(part.group(0) for part in parts) != text:
+        raise WebConfigError(f"{where}: {text!r} is not a duration such as 1s or 250ms")
+    return sum(float(part.group(1)) * _UNITS[part.group(2)] for part in parts)
+
+
+def _rate(value: Any) -> tuple[float, int] | None:
+    table = _table(value, "rate_limit", _RATE_KEYS)
+    if not table:
+        return None
+    interval = duration(table.get("interval", 0), "rate_limit.interval")
+    burst = table.get("burst", 0)
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+        raise WebConfigError("rate_limit.burst must be a whole number from 0 up")
+    if interval == 0:
+        return None  # as the toolkit has it: 0 turns the limiter off
+    if burst == 0:
+        raise WebConfigError("rate_limit.burst 0 would refuse every request: give 1 or more")
+    return interval, burst
 
 
 def _headers(value: Any) -> dict[str, str]:
