@@ -461,3 +461,48 @@ def test_plain_http_to_the_tls_site_is_refused_and_said_once(pki: Pki, tmp_path:
     protocol.connectionLost(Failure(ConnectionDone()))
     assert any("TLS handshake failed" in line for line in logged), list(logged)
     site.guard.stop()
+
+
+# -- wiring ------------------------------------------------------------------------------------
+
+
+def wired(*args: str):
+    from twisted.internet.testing import MemoryReactorClock
+
+    from atopgpud_tw import tap
+
+    parsed = tap.Options()
+    parsed.parseOptions(["--reader", "sim", "--listen", "unix:@test-webconfig", *args])
+    reactor = MemoryReactorClock()
+    return tap.makeService(parsed, reactor=reactor), reactor
+
+
+def test_makeservice_wraps_the_metrics_site_in_tls_and_reloads_on_sighup(pki: Pki, tmp_path: Path) -> None:
+    """With --web-config the --metrics port serves Twisted's TLS around the site, a WebSecurity service
+    watches the file, and the signal service's SIGHUP calls it."""
+    from atopgpud_tw.server.web.tls import TLSSiteFactory
+
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki), users={"alice": hashed("one")})
+    service, reactor = wired("--metrics", "tcp:9445:interface=127.0.0.1", "--web-config", str(path))
+    children = list(service)
+    security = [c for c in children if isinstance(c, WebSecurity)]
+    signals = [c for c in children if isinstance(c, SignalService)]
+    assert len(security) == 1 and signals[0].hangup_hooks == [security[0].hangup]
+    (port, factory) = [(p[0], p[1]) for p in reactor.tcpServers][0]
+    assert port == 9445
+    assert isinstance(factory, TLSSiteFactory)
+    assert isinstance(factory.wrappedFactory.resource, Protected)
+
+
+def test_web_config_without_metrics_or_beside_an_ssl_endpoint_is_refused(pki: Pki, tmp_path: Path, capsys) -> None:
+    """--web-config needs --metrics; TLS in the file and an ssl: --metrics endpoint at once is one line, exit 2."""
+    from twisted.python import usage
+
+    with pytest.raises(usage.UsageError, match="--web-config needs --metrics ENDPOINT"):
+        wired("--web-config", "x.yml")
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki))
+    with pytest.raises(SystemExit) as raised:
+        wired("--metrics", f"ssl:9445:privateKey={pki.server_key}:certKey={pki.server_cert}", "--web-config",
+              str(path))
+    assert raised.value.code == 2
+    assert "give one of them" in capsys.readouterr().err
