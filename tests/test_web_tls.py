@@ -250,3 +250,33 @@ def test_a_bad_file_at_start_is_one_line_and_exit_2(tmp_path: Path, pki) -> None
     lines = daemon.log().strip().splitlines()
     assert lines == [f"atopgpud: --web-config {path}: tls_server_config.cert_file {tmp_path / 'missing.crt'}: "
                      "cannot be read (No such file or directory)"]
+
+
+#: for each client_auth_type: whether a client with no certificate, one the CA signed, and a self-signed one
+#: gets the page (Go's meanings, https://pkg.go.dev/crypto/tls#ClientAuthType)
+CLIENT_AUTH = {
+    "NoClientCert": (True, True, True),
+    "RequestClientCert": (True, True, True),
+    "RequireAnyClientCert": (False, True, True),
+    "VerifyClientCertIfGiven": (True, True, False),
+    "RequireAndVerifyClientCert": (False, True, False),
+}
+
+
+def test_each_client_auth_type_admits_whom_go_admits(tmp_path: Path, pki) -> None:
+    """One daemon, its file rewritten for each client_auth_type (a reload swaps the context): curl without a
+    certificate, with the CA's, and with a self-signed one is served or refused as crypto/tls would."""
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki, "NoClientCert"))
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/-/healthy"
+    clients = {"none": [], "signed": ["--cert", str(pki.client_cert), "--key", str(pki.client_key)],
+               "self-signed": ["--cert", str(pki.stranger_cert), "--key", str(pki.stranger_key)]}
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO) as daemon:
+        for reloads, (mode, admitted) in enumerate(CLIENT_AUTH.items()):
+            if reloads:
+                web_config(path, tls=tls_of(pki, mode))
+                line = f"client certificates: {mode}"
+                wait_until(lambda line=line: line in daemon.log(), f"{mode} not read", daemon)
+            got = tuple(curl(url, "--cacert", str(pki.ca), *args)[1] == "200" for args in clients.values())
+            assert got == admitted, (mode, dict(zip(clients, got)))
