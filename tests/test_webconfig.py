@@ -19,8 +19,9 @@ from twisted.web.test.requesthelper import DummyRequest
 from webtls import Pki, hashed, web_config
 
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.server.web import basicauth
-from atopgpud_tw.server.web.basicauth import PasswordChecks, Protected
+from atopgpud_tw.server.web import passwords
+from atopgpud_tw.server.web.basicauth import Protected
+from atopgpud_tw.server.web.passwords import PasswordChecks
 from atopgpud_tw.server.web.tls import CIPHERS, Contexts, build_context, subject_names
 from atopgpud_tw.server.web.webconfig import CLIENT_AUTH_TYPES, WebConfig, WebConfigError, parse
 from atopgpud_tw.server.web.websecure import WebSecurity, load
@@ -201,7 +202,7 @@ def held(monkeypatch):
         queued.append((done, function, args))
         return done
 
-    monkeypatch.setattr(basicauth, "deferToThreadPool", defer)
+    monkeypatch.setattr(passwords, "deferToThreadPool", defer)
     monkeypatch.setattr(checks, "start", lambda: None)
     yield clock, checks, queued
 
@@ -229,7 +230,7 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert checks.check(b"alice", b"right", users) is True  # cached: no bcrypt
     assert checks.check(b"alice", b"wrong", users) is False
     assert not queued and checks.checked == 2
-    clock.advance(basicauth.CACHE_SECONDS + 1)
+    clock.advance(passwords.CACHE_SECONDS + 1)
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
 
 

@@ -24,7 +24,8 @@ from twisted.application.service import Service
 from twisted.internet.task import LoopingCall
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.web.basicauth import PasswordChecks, Protected
+from atopgpud_tw.server.web.basicauth import Protected
+from atopgpud_tw.server.web.passwords import PasswordChecks
 from atopgpud_tw.server.web.tls import Contexts, TLSChannel, TLSSiteFactory, build_context
 from atopgpud_tw.server.web.webconfig import WebConfig, WebConfigError, read
 
