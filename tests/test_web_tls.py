@@ -280,3 +280,16 @@ def test_each_client_auth_type_admits_whom_go_admits(tmp_path: Path, pki) -> Non
                 wait_until(lambda line=line: line in daemon.log(), f"{mode} not read", daemon)
             got = tuple(curl(url, "--cacert", str(pki.ca), *args)[1] == "200" for args in clients.values())
             assert got == admitted, (mode, dict(zip(clients, got)))
+
+
+def test_tls_and_basic_auth_on_a_unix_socket_behind_the_access_gate(tmp_path: Path, pki) -> None:
+    """--metrics on a filesystem UNIX socket with --allow-uid: the gate, then TLS, then the password."""
+    socket_path = tmp_path / "metrics.sock"
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki, "NoClientCert"), users={"alice": hashed("one")})
+    with run_daemon(tmp_path, ["--metrics", f"unix:{socket_path}", "--allow-uid", "root", "--web-config",
+                               str(path)], scenario=SCENARIO):
+        tls = ["--unix-socket", str(socket_path), "--cacert", str(pki.ca)]
+        assert curl("https://localhost/metrics", *tls, "-u", "alice:one")[1] == "200"
+        assert curl("https://localhost/metrics", *tls, "-u", "alice:two")[1] == "401"
+        rc, code, _ = curl("http://localhost/metrics", "--unix-socket", str(socket_path), "-u", "alice:one")
+        assert rc != 0 and code == "000"
