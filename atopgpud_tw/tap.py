@@ -130,8 +130,8 @@ class Options(usage.Options):
         "Sockets passed by systemd (atopgpud.socket) take the place of the --listen or "
         "--metrics endpoint with the same address; under systemd it says READY=1 once "
         "it serves (Type=notify). "
-        "SIGHUP reopens twistd's log file (SIGUSR1 rotates it); without one, SIGHUP, "
-        "SIGUSR1 and SIGUSR2 are logged and ignored."
+        "SIGHUP reopens twistd's log file (SIGUSR1 rotates it) and re-reads --web-config; without either, "
+        "SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored."
     )
 
     optParameters = [
@@ -169,6 +169,9 @@ class Options(usage.Options):
          "tcp:9445:interface=127.0.0.1 (default: off): atop's counters and each GPU's health and "
          "power figures, read when scraped; a UNIX one is guarded by --allow-uid, "
          "--allow-gid and --socket-group as --listen's are."],
+        ["web-config", None, None, "With --metrics: TLS and basic authentication for the metrics listener, "
+         "from a Prometheus exporter-toolkit web configuration file (YAML); re-read when it or its "
+         "certificates change, and on SIGHUP (a bad file at start-up: exit status 2)."],
         ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
          _count("metrics-max-clients")],
     ]
@@ -217,6 +220,8 @@ class Options(usage.Options):
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
         if self["metrics-processes"] and not self["metrics"]:
             raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
+        if self["web-config"] and not self["metrics"]:
+            raise usage.UsageError("--web-config needs --metrics ENDPOINT")
 
 
 def reader_settings(options: Options) -> ReaderSettings:
@@ -246,7 +251,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     counters = Counters(weigh_processes=options["metrics-processes"])
     board = Board(counters, exited_limit=options["max-exited"], layout=layout)
     top = MultiService()
-    SignalService(reactor).setServiceParent(top)
+    signals = SignalService(reactor)
+    signals.setServiceParent(top)
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
@@ -269,6 +275,13 @@ def makeService(options: Options, reactor: Any = None) -> IService:
             board, poller, options["interval"], options["metrics-processes"], reader.watchdog,
             WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=HealthCache(reader, reactor),
         )
+        if options["web-config"]:
+            from atopgpud_tw.server.web.websecure import secure_site  # pyOpenSSL and bcrypt only when asked for
+
+            # a bad file ends start-up here: one line, exit status 2
+            site, security = secure_site(options["web-config"], site, reactor, options["metrics"])
+            security.setServiceParent(top)
+            signals.hangup_hooks.append(security.hangup)
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
         listeners.append(

@@ -225,7 +225,18 @@ def fake(replies: list[bytes]) -> Callable[[Path, list], Run]:
 
 
 #: (document, quote) -> how to make the command print it
+def bad_web_config(tmp: Path, held: list) -> Run:
+    path = tmp / "web.yml"
+    path.write_text("tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: Always\n")
+    return Run(atopgpud("--reader", "sim", "--listen", f"unix:@{unique()}", "--metrics",
+                        f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)), 2,
+               {"/etc/atopgpud/web.yml": str(path)})
+
+
 CASES: dict[tuple[str, str], Callable[[Path, list], Run]] = {
+    ("docs/metrics.md", "atopgpud: --web-config /etc/atopgpud/web.yml: tls_server_config.client_auth_type: 'Always' "
+                        "is not one of NoClientCert, RequestClientCert, RequireAnyClientCert, VerifyClientCertIfGiven, "
+                        "RequireAndVerifyClientCert"): bad_web_config,
     ("README.md", "atopgpud: cannot listen on unix:@atopgpud_nvidia: address already in use"): taken_abstract,
     ("docs/reliability.md", "atopgpud: cannot listen on unix:@atopgpud_nvidia: address already in use"):
         taken_abstract,

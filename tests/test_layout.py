@@ -53,6 +53,9 @@ NAMESPACES = {
     "atopgpud_tw.metrics.MetricsResource",
     "atopgpud_tw.metrics_health",
     "atopgpud_tw.webbounds.WebGuard",
+    "atopgpud_tw.passwords.PasswordChecks",
+    "atopgpud_tw.basicauth.Protected",
+    "atopgpud_tw.websecure.WebSecurity",
 }
 
 

@@ -8,7 +8,8 @@ traceback.  ``SignalService`` installs, once the reactor runs (after its own
 handlers):
 
 - SIGHUP: the log file reopened when twistd logs to one (as after logrotate moved
-  it), else logged and ignored;
+  it), and each of `hangup_hooks` called (``--web-config`` re-read); with neither,
+  logged and ignored;
 - SIGUSR1: twistd's own handler where it logs to a file (the log file is rotated);
   else logged and ignored;
 - SIGUSR2: logged and ignored;
@@ -52,6 +53,8 @@ class SignalService(Service):
         self.reactor = reactor
         self.previous: dict[int, Any] = {}
         self.stopping = False
+        #: called on SIGHUP, in the reactor's thread
+        self.hangup_hooks: list[Callable[[], None]] = []
 
     def startService(self) -> None:
         super().startService()
@@ -99,6 +102,10 @@ class SignalService(Service):
         return handler
 
     def hangup(self, log_file: logfile.BaseLogFile | None) -> None:
+        for hook in self.hangup_hooks:
+            hook()
+        if log_file is None and self.hangup_hooks:
+            return
         if log_file is None:
             self.log.info("SIGHUP: ignored (no log file to reopen)")
             return

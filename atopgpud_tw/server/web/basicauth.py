@@ -1,0 +1,224 @@
+"""Basic authentication and the rate limit on the metrics listener: the site's root under ``--web-config``.
+
+`Protected` is the site's root: it answers 429 beyond ``rate_limit`` (a token
+bucket, as the toolkit's), sets ``http_server_config.headers`` on every
+response, then passes the request on, or answers 401 (with
+``WWW-Authenticate: Basic``) or 503 (too many password checks pending,
+`passwords.PasswordChecks`), for every page of the listener.  A request whose
+password is being checked waits in `_Waiting` and is rendered once the verdict
+is in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.resource import IResource, getChildForRequest
+from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
+
+from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.web.passwords import PasswordChecks
+from atopgpud_tw.server.web.webconfig import WebConfig
+
+_PLAIN = b"text/plain; charset=utf-8"
+
+
+def credentials(request: Request) -> tuple[bytes, bytes] | None:
+    """The user and password of a request's ``Authorization: Basic`` header; None without one."""
+    header = request.getHeader(b"authorization")
+    if not header:
+        return None
+    scheme, _, encoded = header.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = decoded.partition(b":")
+    if not colon:
+        return None
+    return user, password
+
+
+@implementer(IResource)
+class _Answer:
+    """A short plain-text reply: 401 or 503."""
+
+    isLeaf = True
+
+    def __init__(self, code: int, text: bytes, headers: dict[bytes, bytes]) -> None:
+        self.code = code
+        self.text = text
+        self.headers = headers
+
+    def render(self, request: Request) -> bytes:
+        request.setResponseCode(self.code)
+        for name, value in self.headers.items():
+            request.setHeader(name, value)
+        request.setHeader(b"content-type", _PLAIN)
+        request.setHeader(b"cache-control", b"no-store")
+        return self.text
+
+    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
+        return self
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        raise NotImplementedError
+
+
+def unauthorized() -> IResource:
+    return _Answer(401, b"Unauthorized\n", {b"www-authenticate": b'Basic realm="atopgpud"'})
+
+
+def too_many() -> IResource:
+    return _Answer(429, b"Too Many Requests\n", {b"retry-after": b"1"})
+
+
+class TokenBucket:
+    """``rate_limit``: `burst` tokens, one more every `interval` seconds; a request takes one."""
+
+    def __init__(self, interval: float, burst: int, clock: IReactorTime) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self.tokens = float(burst)
+        self.stamp = clock.seconds()
+
+    def take(self) -> bool:
+        now = self.clock.seconds()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) / self.interval)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def busy() -> IResource:
+    return _Answer(503, b"Too many password checks at once; try again\n", {b"retry-after": b"1"})
+
+
+@implementer(IResource)
+class _Waiting:
+    """The request while its password is checked: rendered once the verdict is in."""
+
+    isLeaf = True
+
+    def __init__(self, verdict: Deferred[bool], then: Callable[[], IResource], refused: Callable[[], None]) -> None:
+        self.verdict = verdict
+        self.then = then
+        self.refused = refused
+
+    def render(self, request: Request) -> Any:
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+        def decided(right: bool) -> None:
+            if gone:
+                return
+            if not right:
+                self.refused()
+            request.render(self.then() if right else unauthorized())
+
+        self.verdict.addCallback(decided)
+        return NOT_DONE_YET
+
+    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
+        return self
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        raise NotImplementedError
+
+
+@implementer(IResource)
+class Protected:
+    """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages."""
+
+    isLeaf = False
+    log = ClassLogger("atopgpud_tw.basicauth.Protected")
+
+    def __init__(self, inner: IResource, config: WebConfig, checks: PasswordChecks, clock: IReactorTime) -> None:
+        self.inner = inner
+        self.checks = checks
+        self.clock = clock
+        self._config = config
+        self.bucket = self._bucket(config)
+        self._wrong = BurstLog(clock)
+        self._busy = BurstLog(clock)
+        self._limited = BurstLog(clock)
+
+    @property
+    def config(self) -> WebConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: WebConfig) -> None:
+        if config.rate_limit != self._config.rate_limit:
+            self.bucket = self._bucket(config)
+        self._config = config
+
+    def _bucket(self, config: WebConfig) -> TokenBucket | None:
+        if config.rate_limit is None:
+            return None
+        return TokenBucket(config.rate_limit[0], config.rate_limit[1], self.clock)
+
+    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
+        config = self.config
+        if self.bucket is not None and not self.bucket.take():
+            self._limited.event(lambda: self.log.warn("answering metrics requests 429: over rate_limit"),
+                                "metrics requests answered 429 (rate_limit)")
+            return too_many()  # before a password is checked, as the toolkit has it
+        for header, value in config.headers.items():
+            request.setHeader(header.encode("ascii"), value.encode("utf-8"))
+        if not config.users:
+            return self.inner.getChildWithDefault(name, request)
+        given = credentials(request)
+        if given is None:
+            return unauthorized()  # a first request without a password is no refusal worth a line
+
+        def page() -> IResource:
+            return getChildForRequest(self.inner.getChildWithDefault(name, request), request)
+
+        verdict = self.checks.check(given[0], given[1], dict(config.users))
+        if verdict is None:
+            self._busy.event(lambda: self.log.warn(
+                "answering metrics requests 503: {count} password checks already pending",
+                count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
+            return busy()
+        refused = self._refused(request, given[0])
+        if verdict is True:
+            return self.inner.getChildWithDefault(name, request)
+        if verdict is False:
+            refused()
+            return unauthorized()
+        return _Waiting(verdict, page, refused)
+
+    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
+        channel = getattr(request, "channel", None)
+        peer = peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
+
+        def line() -> None:
+            self._wrong.event(lambda: self.log.warn(
+                "refusing metrics requests from {peer}: wrong user name or password (user {user!r})",
+                peer=peer, user=user.decode("utf-8", "replace")), "metrics requests refused: wrong password")
+
+        return line
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        self.inner.putChild(path, child)
+
+    def render(self, request: Request) -> Any:
+        return self.inner.render(request)
+
+    def stop(self) -> None:
+        self._wrong.stop()
+        self._busy.stop()
+        self._limited.stop()

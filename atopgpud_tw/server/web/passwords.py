@@ -1,0 +1,127 @@
+"""Checking a password against its bcrypt hash, at a bounded cost (``basic_auth_users``).
+
+A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
+80 ms here), so it never runs in the reactor's thread, which serves atop:
+
+- `PasswordChecks` runs them in a thread pool of its own (`THREADS` threads;
+  the ``bcrypt`` library lets go of the GIL while it hashes), with at most
+  `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
+  once (503), so a flood of wrong passwords costs at most `THREADS` cores;
+- a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
+  user, the stored hash and the password, so Prometheus scraping every few
+  seconds pays for one check a minute, and a repeated wrong password for one;
+  checks of the same credentials at once share one run;
+- an unknown user is checked against a fixed hash all the same, so that timing
+  does not tell which users exist (as the exporter toolkit does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import bcrypt
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+from atopgpud_tw.lognames import ClassLogger
+
+THREADS = 2
+MAX_PENDING = 8
+CACHE_SECONDS = 60.0
+CACHE_ENTRIES = 1024
+#: the hash an unknown user's password is checked against (of a random password, cost 10)
+_DECOY = b"$2b$10$2thMTePuXDojWuITd2f5DeBjXJlYPdyzLfzwwvMbBbFs7IzmgdmPW"
+
+
+class PasswordChecks:
+    """bcrypt checks in a bounded pool of their own, their verdicts cached a while."""
+
+    log = ClassLogger("atopgpud_tw.passwords.PasswordChecks")
+
+    def __init__(self, reactor: Any, threads: int = THREADS, max_pending: int = MAX_PENDING,
+                 cache_seconds: float = CACHE_SECONDS, now: Callable[[], float] = time.monotonic) -> None:
+        self.reactor = reactor
+        self.max_pending = max_pending
+        self.cache_seconds = cache_seconds
+        self.now = now
+        self.pool = ThreadPool(minthreads=0, maxthreads=threads, name="atopgpud-bcrypt")
+        self.pending: dict[bytes, Deferred[bool]] = {}
+        self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
+        self.checked = 0
+        self.refused = 0
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.pool.start()
+
+    def stop(self) -> None:
+        if self._started:
+            self._started = False
+            self.pool.stop()
+
+    def check(self, user: bytes, password: bytes, users: dict[str, bytes]) -> bool | Deferred[bool] | None:
+        """True or False at once when known; a Deferred when bcrypt must run; None when too many are pending."""
+        name = user.decode("utf-8", "replace")
+        hashed = users.get(name)
+        known = hashed is not None and hmac.compare_digest(name.encode("utf-8", "replace"), user)
+        stored = hashed if known and hashed is not None else _DECOY
+        key = hashlib.sha256(b"\0".join((user, stored, password))).digest()
+        cached = self.verdicts.get(key)
+        if cached is not None:
+            if cached[1] > self.now():
+                self.verdicts.move_to_end(key)
+                return cached[0] and known
+            del self.verdicts[key]
+        running = self.pending.get(key)
+        if running is not None:
+            return _share(running)
+        if len(self.pending) >= self.max_pending:
+            self.refused += 1
+            return None
+        self.start()
+        self.checked += 1
+        done: Deferred[bool] = deferToThreadPool(self.reactor, self.pool, _bcrypt_check, password, stored)
+        self.pending[key] = done
+
+        def verdict(right: bool) -> bool:
+            del self.pending[key]
+            self.verdicts[key] = (right, self.now() + self.cache_seconds)
+            while len(self.verdicts) > CACHE_ENTRIES:
+                self.verdicts.popitem(last=False)
+            return right and known
+
+        def failed(failure: Any) -> bool:
+            del self.pending[key]
+            self.log.failure("a bcrypt check failed", failure)
+            return False
+
+        done.addCallbacks(verdict, failed)
+        return _share(done)
+
+    def forget(self) -> None:
+        """Drop every cached verdict (the users changed)."""
+        self.verdicts.clear()
+
+
+def _bcrypt_check(password: bytes, stored: bytes) -> bool:
+    # $2y$ (htpasswd's) is $2b$ by another name; bcrypt reads both, the prefix changed only for clarity
+    return bcrypt.checkpw(password, stored)
+
+
+def _share(source: Deferred[bool]) -> Deferred[bool]:
+    """A Deferred of `source`'s verdict that leaves `source` for others to wait on."""
+    shared: Deferred[bool] = Deferred()
+
+    def passed(value: bool) -> bool:
+        shared.callback(value)
+        return value
+
+    source.addCallback(passed)
+    return shared

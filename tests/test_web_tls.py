@@ -1,0 +1,295 @@
+"""--web-config end to end: Debian's Prometheus scrapes over TLS with a client certificate and basic auth;
+curl is refused a wrong password, plain HTTP and a missing certificate; the file is re-read on change and on
+SIGHUP, a bad reload keeps the last good; a flood of wrong passwords leaves atop's socket answering."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from daemon import Daemon, free_port, run_daemon
+from prometheus_server import Prometheus, needed
+from webtls import Pki, hashed, web_config
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO = {"gpus": [{"name": "NVIDIA H100 80GB HBM3", "gpu_util": [20, 60]}]}
+PASSWORD = "s3cret-scrape"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls_of(pki: Pki, mode: str = "RequireAndVerifyClientCert") -> dict:
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "client_auth_type": mode}
+    if mode != "NoClientCert":
+        tls["client_ca_file"] = str(pki.ca)
+    return tls
+
+
+def curl(url: str, *args: str) -> tuple[int, str, str]:
+    """curl's exit status, the HTTP status it got ('000': none) and the body."""
+    binary = needed("curl", "curl")
+    done = subprocess.run([binary, "-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "10", *args, url],
+                          capture_output=True, text=True, timeout=30)
+    body, _, code = done.stdout.rpartition("\n")
+    return done.returncode, code, body
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory, pki):
+    """A daemon whose metrics need TLS, a certificate of the CA and a password (cost 10), and Prometheus
+    scraping it with all three."""
+    binary = needed("prometheus", "prometheus")
+    tmp = tmp_path_factory.mktemp("secured")
+    config = web_config(tmp / "web.yml", tls=tls_of(pki), users={"prometheus": hashed(PASSWORD, cost=10)},
+                        http_server_config={"headers": {"X-Content-Type-Options": "nosniff"}})
+    port = free_port()
+    with run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1",
+                          "--web-config", str(config)], scenario=SCENARIO) as daemon:
+        scrape = {
+            "job_name": "atopgpud", "scheme": "https",
+            "tls_config": {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)},
+            "basic_auth": {"username": "prometheus", "password": PASSWORD},
+            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+        }
+        server = Prometheus(binary, tmp, [scrape])
+        try:
+            server.wait_for('up{job="atopgpud"} == 1')
+            yield daemon, server, port
+        finally:
+            server.stop()
+
+
+def test_prometheus_scrapes_over_tls_with_basic_auth(secured) -> None:
+    """Prometheus's own TLS and basic auth client gets the page: samples grow, the target is up."""
+    daemon, server, port = secured
+    server.wait_for('atopgpud_gpu_samples_total > 2')
+    targets = server.api("targets")["activeTargets"]
+    assert targets[0]["health"] == "up" and targets[0]["scrapeUrl"].startswith("https://"), targets
+
+
+def test_curl_with_everything_gets_the_page_and_headers(secured, pki, tmp_path: Path) -> None:
+    """The client certificate and the right password: 200, the page, the configured header."""
+    _, _, port = secured
+    headers = tmp_path / "headers"
+    rc, code, body = curl(f"https://127.0.0.1:{port}/metrics", "--cacert", str(pki.ca), "--cert",
+                          str(pki.client_cert), "--key", str(pki.client_key), "-u", f"prometheus:{PASSWORD}",
+                          "-D", str(headers))
+    assert (rc, code) == (0, "200") and "atopgpud_gpu_samples_total" in body
+    assert "x-content-type-options: nosniff" in headers.read_text().lower()
+
+
+def test_a_wrong_or_missing_password_gets_401_on_every_page(secured, pki) -> None:
+    """Wrong password, unknown user, no password, on /metrics and the health pages alike: 401."""
+    _, _, port = secured
+    tls = ["--cacert", str(pki.ca), "--cert", str(pki.client_cert), "--key", str(pki.client_key)]
+    for path, auth in [("/metrics", ["-u", "prometheus:wrong"]), ("/metrics", ["-u", "nobody:x"]),
+                       ("/metrics", []), ("/-/healthy", []), ("/", ["-u", "prometheus:nope"])]:
+        rc, code, body = curl(f"https://127.0.0.1:{port}{path}", *tls, *auth)
+        assert (rc, code, body) == (0, "401", "Unauthorized\n"), (path, auth)
+
+
+def test_plain_http_to_the_tls_port_fails(secured) -> None:
+    """A plain HTTP request is no TLS handshake: the connection is closed, no HTTP reply."""
+    _, _, port = secured
+    rc, code, _ = curl(f"http://127.0.0.1:{port}/metrics", "-u", f"prometheus:{PASSWORD}")
+    assert rc != 0 and code == "000"
+
+
+def test_without_a_client_certificate_the_handshake_is_refused(secured, pki) -> None:
+    """RequireAndVerifyClientCert: no certificate, or one the CA did not sign, ends the handshake."""
+    _, _, port = secured
+    rc, code, _ = curl(f"https://127.0.0.1:{port}/metrics", "--cacert", str(pki.ca), "-u", f"prometheus:{PASSWORD}")
+    assert rc != 0 and code == "000"
+    rc, code, _ = curl(f"https://127.0.0.1:{port}/metrics", "--cacert", str(pki.ca), "--cert",
+                       str(pki.stranger_cert), "--key", str(pki.stranger_key), "-u", f"prometheus:{PASSWORD}")
+    assert rc != 0 and code == "000"
+
+
+def https_get(port: int, pki: Pki, user: str, password: str, timeout: float = 10.0) -> int:
+    """The HTTP status of one GET /metrics over TLS with the client certificate (0: no reply)."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics")
+    request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (OSError, ssl.SSLError):
+        return 0
+
+
+def test_a_flood_of_wrong_passwords_leaves_atop_answered(secured, pki) -> None:
+    """Many clients at once, each with another wrong password (bcrypt cost 10): each gets 401, or 503 at once
+    beyond the bound; meanwhile atop's socket answers every request.  The slowest answer is printed."""
+    daemon, _, port = secured
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def flood(number: int) -> None:
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            statuses.append(https_get(port, pki, "prometheus", f"guess-{number}-{attempt}"))
+
+    threads = [threading.Thread(target=flood, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    slowest = 0.0
+    answered = 0
+    client = daemon.client()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            began = time.monotonic()
+            assert client.stats()  # answered (the socket's timeout is 5 s)
+            slowest = max(slowest, time.monotonic() - began)
+            answered += 1
+            time.sleep(0.05)
+    finally:
+        client.close()
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    print(f"flood: {len(statuses)} requests, {statuses.count(401)} 401, {statuses.count(503)} 503, "
+          f"{statuses.count(0)} cut; atop: {answered} answers, slowest {slowest * 1000:.1f} ms")
+    assert statuses and set(statuses) <= {401, 503, 0}
+    assert 503 in statuses  # the bound was reached, and answered at once
+    assert statuses.count(0) < len(statuses) / 2
+    assert https_get(port, pki, "prometheus", PASSWORD) == 200  # and the right password still works
+
+
+# -- reloads ----------------------------------------------------------------------------------
+
+
+def wait_until(check, what: str, daemon: Daemon, timeout: float = 15.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} in {timeout} s:\n{daemon.log()}")
+
+
+def served_serial(port: int, pki: Pki) -> int:
+    """The serial number of the certificate the daemon shows in a handshake."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as wrapped:
+            der = wrapped.getpeercert(binary_form=True)
+    from cryptography import x509
+
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_reload_on_change_on_sighup_and_a_bad_reload_keeps_the_last_good(tmp_path: Path, pki) -> None:
+    """A new password is taken when the file changes; one written without changing the file's stamp is taken
+    on SIGHUP; a broken file is one line and the last good stays; a renewed certificate is served."""
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server_cert.read_bytes())
+    key.write_bytes(pki.server_key.read_bytes())
+    tls = {**tls_of(pki), "cert_file": "server.crt", "key_file": "server.key"}  # relative: the file's folder
+    path = web_config(tmp_path / "web.yml", tls=tls, users={"alice": hashed("one")})
+    port = free_port()
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO) as daemon:
+        assert https_get(port, pki, "alice", "one") == 200
+        web_config(path, tls=tls, users={"alice": hashed("two")})
+        wait_until(lambda: https_get(port, pki, "alice", "two") == 200, "the changed file was not read", daemon)
+        assert https_get(port, pki, "alice", "one") == 401
+        # the same size and stamp: only SIGHUP says it changed
+        stamp = path.stat()
+        web_config(path, tls=tls, users={"alice": hashed("six")})
+        assert path.stat().st_size == stamp.st_size
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        time.sleep(2.5)
+        assert https_get(port, pki, "alice", "six") == 401
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: https_get(port, pki, "alice", "six") == 200, "SIGHUP did not reload", daemon)
+        path.write_text("basic_auth_users:\n  alice: not-a-hash\n")
+        wait_until(lambda: "keeping the last good configuration" in daemon.log(), "no line for the bad file", daemon)
+        assert https_get(port, pki, "alice", "six") == 200
+        lines = [line for line in daemon.log().splitlines() if "keeping the last good" in line]
+        assert len(lines) == 1 and "basic_auth_users.alice: not a bcrypt hash" in lines[0]
+        # a renewed certificate (same CA, another serial) is served from the next handshake on
+        web_config(path, tls=tls, users={"alice": hashed("six")})
+        before = served_serial(port, pki)
+        renewed, renewed_key = pki.reissue_server("renewed")
+        key.write_bytes(renewed_key.read_bytes())
+        cert.write_bytes(renewed.read_bytes())
+        wait_until(lambda: served_serial(port, pki) != before, "the renewed certificate was not served", daemon)
+        assert daemon.proc.poll() is None
+
+
+def test_a_bad_file_at_start_is_one_line_and_exit_2(tmp_path: Path, pki) -> None:
+    """A file that cannot be used ends start-up: exit status 2 and one line naming the file and the key."""
+    path = web_config(tmp_path / "web.yml", tls={"cert_file": "missing.crt", "key_file": str(pki.server_key)})
+    daemon = Daemon(tmp_path, ["--metrics", f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO).start(wait=False)
+    assert daemon.proc is not None
+    assert daemon.proc.wait(30) == 2
+    daemon.stop()
+    lines = daemon.log().strip().splitlines()
+    assert lines == [f"atopgpud: --web-config {path}: tls_server_config.cert_file {tmp_path / 'missing.crt'}: "
+                     "cannot be read (No such file or directory)"]
+
+
+#: for each client_auth_type: whether a client with no certificate, one the CA signed, and a self-signed one
+#: gets the page (Go's meanings, https://pkg.go.dev/crypto/tls#ClientAuthType)
+CLIENT_AUTH = {
+    "NoClientCert": (True, True, True),
+    "RequestClientCert": (True, True, True),
+    "RequireAnyClientCert": (False, True, True),
+    "VerifyClientCertIfGiven": (True, True, False),
+    "RequireAndVerifyClientCert": (False, True, False),
+}
+
+
+def test_each_client_auth_type_admits_whom_go_admits(tmp_path: Path, pki) -> None:
+    """One daemon, its file rewritten for each client_auth_type (a reload swaps the context): curl without a
+    certificate, with the CA's, and with a self-signed one is served or refused as crypto/tls would."""
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki, "NoClientCert"))
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/-/healthy"
+    clients = {"none": [], "signed": ["--cert", str(pki.client_cert), "--key", str(pki.client_key)],
+               "self-signed": ["--cert", str(pki.stranger_cert), "--key", str(pki.stranger_key)]}
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO) as daemon:
+        for reloads, (mode, admitted) in enumerate(CLIENT_AUTH.items()):
+            if reloads:
+                web_config(path, tls=tls_of(pki, mode))
+                line = f"client certificates: {mode}"
+                wait_until(lambda line=line: line in daemon.log(), f"{mode} not read", daemon)
+            got = tuple(curl(url, "--cacert", str(pki.ca), *args)[1] == "200" for args in clients.values())
+            assert got == admitted, (mode, dict(zip(clients, got)))
+
+
+def test_tls_and_basic_auth_on_a_unix_socket_behind_the_access_gate(tmp_path: Path, pki) -> None:
+    """--metrics on a filesystem UNIX socket with --allow-uid: the gate, then TLS, then the password."""
+    socket_path = tmp_path / "metrics.sock"
+    path = web_config(tmp_path / "web.yml", tls=tls_of(pki, "NoClientCert"), users={"alice": hashed("one")})
+    with run_daemon(tmp_path, ["--metrics", f"unix:{socket_path}", "--allow-uid", "root", "--web-config",
+                               str(path)], scenario=SCENARIO):
+        tls = ["--unix-socket", str(socket_path), "--cacert", str(pki.ca)]
+        assert curl("https://localhost/metrics", *tls, "-u", "alice:one")[1] == "200"
+        assert curl("https://localhost/metrics", *tls, "-u", "alice:two")[1] == "401"
+        rc, code, _ = curl("http://localhost/metrics", "--unix-socket", str(socket_path), "-u", "alice:one")
+        assert rc != 0 and code == "000"
