@@ -15,7 +15,7 @@ figures cover exactly the time since the poll before:
 - support is asked once per card (``nvmlGpmQueryDeviceSupport``); a card
   without it, or a driver without the functions, is not asked again;
 - samples closer than `MIN_SPAN` (the NVML reference asks for more than
-  100 ms between them) give no new figures: the last ones stand;
+  100 ms between them) give no new figures: the last ones stand, over 0 seconds;
 - a GPM call that fails fails GPM alone, for that source and poll: the
   previous sample is kept, so the next poll's figures cover both polls.
 
@@ -67,6 +67,10 @@ METRICS: tuple[tuple[str, int, bool], ...] = (
 )
 #: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
 MIN_SPAN = 0.1
+#: what `GpmReader._take` gives instead of figures: none yet (the first sample, a failure: the
+#: busy figure fails this poll) and none at all (the source cannot be sampled: -1)
+PENDING = "pending"
+NO_GPM = "no gpm"
 #: whether a whole card's busy figure is GPM's graphics activity where it has GPM (docs/fidelity.md,
 #: "Which figure feeds atop's busy counter"): no, the sample buffer's fold stays
 WHOLE_CARD_BUSY_FROM_GPM = False
@@ -140,7 +144,7 @@ class GpmReader:
         present = {gi for gi in (mig_ids(card.key, key) for key in card.mig_state.instances) if gi is not None}
         gone = [gi for gi in state.instances if gi not in present]
         self._free(card, [state.instances.pop(gi) for gi in gone])
-        taken: dict[int, GpmFigures | None] = {}
+        taken: dict[int, GpmFigures | str] = {}
         out = []
         for sample in samples:
             gi = mig_ids(card.key, sample.key)
@@ -193,8 +197,8 @@ class GpmReader:
 
     def _take(
         self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, problems: Problems, now: float
-    ) -> GpmFigures | None:
-        """This poll's figures of one source (None: none this poll)."""
+    ) -> GpmFigures | str:
+        """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
         what = "nvmlGpmSampleGet" if gpu_instance is None else "nvmlGpmMigSampleGet"
         where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
         try:
@@ -207,21 +211,22 @@ class GpmReader:
             at = now if self._clock is None else self._clock()
             if stream.previous is None:
                 stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-                return None
+                return PENDING
             if at - stream.at < MIN_SPAN:
-                return stream.last
+                # too soon for figures of their own: the last ones stand, over no time (counted once)
+                return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
             figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
             stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
             stream.last = figures
             return figures
         except NotFound:
-            return None  # a GPU instance destroyed since it was listed: the next poll drops it
+            return PENDING  # a GPU instance destroyed since it was listed: the next poll drops it
         except Unsupported as refused:
             problems.add(f"{card.key} gpm {gpu_instance}", f"{where}: {refused}: not supported")
-            return None
+            return NO_GPM
         except Failed as failure:
             problems.add(f"{card.key} gpm {gpu_instance} {failure.cause}", f"{where}: {what}: {failure.cause}")
-            return None
+            return PENDING
 
     def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
         request = self._request
@@ -281,13 +286,21 @@ def _busy_flag(sample: DeviceSample) -> DeviceSample:
     return replace(sample, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
-def _with(sample: DeviceSample, figures: GpmFigures | None, busy: bool) -> DeviceSample:
-    """A sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity
-    (-1 while there is none yet, None when this poll's failed after there were some)."""
+def _with(sample: DeviceSample, taken: GpmFigures | str, busy: bool) -> DeviceSample:
+    """A sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
+
+    That figure fails in a poll without figures of its own (None: the first sample of
+    a source, a failed one), as a failed reading does: the counters skip the device
+    in that poll, and the next poll's figures reach back to the last sample.  It is
+    -1 where the source cannot be sampled at all.
+    """
+    figures = taken if isinstance(taken, GpmFigures) else None
     if not busy:
         return sample if figures is None else replace(sample, gpm=figures)
-    graphics = None if figures is None else figures.get("graphics")
-    gpu_busy = UNSUPPORTED if graphics is None else clamp_percent(graphics)
-    return replace(
-        sample, gpm=figures, gpu_busy=gpu_busy, task_support=sample.task_support | TASK_BUSY_GPM
-    )
+    gpu_busy: int | None
+    if figures is not None:
+        graphics = figures.get("graphics")
+        gpu_busy = UNSUPPORTED if graphics is None else clamp_percent(graphics)
+    else:
+        gpu_busy = UNSUPPORTED if taken == NO_GPM else None
+    return replace(sample, gpm=figures, gpu_busy=gpu_busy, task_support=sample.task_support | TASK_BUSY_GPM)
