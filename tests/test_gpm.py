@@ -139,8 +139,10 @@ def test_reader_gpm_figures_cover_exactly_each_poll() -> None:
         last = now
     assert nvml.calls["nvmlGpmQueryDeviceSupport"] == 2  # once per card
     assert nvml.calls["nvmlGpmSampleGet"] == 5
-    # the whole card's busy figure stays the sample buffer's (docs/fidelity.md)
-    assert _device(snapshot, "NVIDIA H200").task_support & TASK_BUSY_GPM == 0
+    # the whole card's busy figure is GPM's (docs/fidelity.md); the A100's digit is as it was
+    assert _device(snapshot, "NVIDIA H200").task_support == 3 | TASK_BUSY_GPM
+    assert _device(snapshot, "NVIDIA H200").gpu_busy == round(timeline.percent(3.3, 5.0))
+    assert _device(snapshot, "NVIDIA A100").task_support == 3
 
 
 def test_reader_asks_nothing_of_gpm_on_a_driver_without_it() -> None:

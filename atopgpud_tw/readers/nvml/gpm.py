@@ -19,10 +19,12 @@ figures cover exactly the time since the poll before:
 - a GPM call that fails fails GPM alone, for that source and poll: the
   previous sample is kept, so the next poll's figures cover both polls.
 
-What it gives: `GpmFigures` on each device's sample and, for a MIG instance
-(or a card in MIG mode shown as one device), the busy figure atop gets: the
-GPU instance's graphics activity over the poll, with `TASK_BUSY_GPM` in the
-task-support digit.  Several compute instances of one GPU instance each show
+What it gives: `GpmFigures` on each device's sample, and the busy figure atop
+gets, with `TASK_BUSY_GPM` in the task-support digit: for a MIG instance (or a
+card in MIG mode shown as one device) the GPU instance's (the GPU's) graphics
+activity over the poll, in place of -1; for a whole card the same, in place of
+the sample buffer's fold, which stands in a poll without GPM figures
+(`WHOLE_CARD_BUSY_FROM_GPM`, docs/fidelity.md).  Several compute instances of one GPU instance each show
 that GPU instance's figures.  `read` is the one hook the reader calls after
 reading a card.
 """
@@ -72,8 +74,9 @@ MIN_SPAN = 0.1
 PENDING = "pending"
 NO_GPM = "no gpm"
 #: whether a whole card's busy figure is GPM's graphics activity where it has GPM (docs/fidelity.md,
-#: "Which figure feeds atop's busy counter"): no, the sample buffer's fold stays
-WHOLE_CARD_BUSY_FROM_GPM = False
+#: "Which figure feeds atop's busy counter"): yes; in a poll without GPM figures the sample
+#: buffer's fold, read every poll anyway, stands
+WHOLE_CARD_BUSY_FROM_GPM = True
 
 
 @dataclass(eq=False)
@@ -122,7 +125,7 @@ class GpmReader:
     def layout(self, card: NvmlDevice, samples: list[DeviceSample]) -> list[DeviceSample]:
         """A card's devices as ``T`` shows them from the start: a MIG device of a card with
         GPM says in its task-support digit that its busy figure is GPM's."""
-        if not card.mig_state.enabled or not self._supported(card, Problems()):
+        if not (card.mig_state.enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
             return samples
         return [_busy_flag(sample) for sample in samples]
 
@@ -139,8 +142,9 @@ class GpmReader:
             state.card, state.instances, state.mig = GpmStream(), {}, enabled
         if not enabled or mig == "card":
             figures = self._take(card, state.card, None, problems, now)
-            busy = enabled or WHOLE_CARD_BUSY_FROM_GPM
-            return [_with(s, figures, busy) if s.key == card.key and s.present else s for s in samples]
+            if enabled:
+                return [_with(s, figures, True) if s.key == card.key and s.present else s for s in samples]
+            return [_whole(s, figures) if s.key == card.key and s.present else s for s in samples]
         present = {gi for gi in (mig_ids(card.key, key) for key in card.mig_state.instances) if gi is not None}
         gone = [gi for gi in state.instances if gi not in present]
         self._free(card, [state.instances.pop(gi) for gi in gone])
@@ -286,8 +290,22 @@ def _busy_flag(sample: DeviceSample) -> DeviceSample:
     return replace(sample, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
+def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
+    """A whole card's sample with GPM's figures; with `WHOLE_CARD_BUSY_FROM_GPM`, its busy figure
+    GPM's graphics activity where this poll has it, else the sample buffer's (a failed GPM
+    sample, the first one) as read."""
+    figures = taken if isinstance(taken, GpmFigures) else None
+    graphics = None if figures is None else figures.get("graphics")
+    if not WHOLE_CARD_BUSY_FROM_GPM:
+        return sample if figures is None else replace(sample, gpm=figures)
+    support = sample.task_support | TASK_BUSY_GPM
+    if graphics is None:
+        return replace(sample, gpm=figures, task_support=support)
+    return replace(sample, gpm=figures, gpu_busy=clamp_percent(graphics), task_support=support)
+
+
 def _with(sample: DeviceSample, taken: GpmFigures | str, busy: bool) -> DeviceSample:
-    """A sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
+    """A MIG device's sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
 
     That figure fails in a poll without figures of its own (None: the first sample of
     a source, a failed one), as a failed reading does: the counters skip the device
