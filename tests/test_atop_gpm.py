@@ -42,6 +42,20 @@ A100_MIG = {
 }
 
 
+#: a whole H200 with GPM: busy a quarter of every 0.2 s, its sample buffer a period of 1 s, so
+#: that the fold's lagging window would be off per interval where GPM is not
+H200 = {
+    "name": "NVIDIA H200",
+    "busid": "00000000:1B:00.0",
+    "memory_total_mib": 143771,
+    "memory_used_mib": 700,
+    "gpu_timeline": {"period": 0.2, "busy": [[0, 0.05]]},
+    "mem_util": 5,
+    "sample_period": 1.0,
+    "gpm": True,
+}
+
+
 @pytest.fixture
 def atop_port() -> Iterator[None]:
     reason = skip_reason()
@@ -90,8 +104,8 @@ def test_atop_shows_mig_instance_busy_from_gpm_and_minus_one_without(atop_port: 
         big, small, other = sample.gpus
         assert [g.mem_used_kib for g in sample.gpus] == [2000 * MIB, 500 * MIB, 100 * MIB], where
         assert big.gpu_now == 60 and big.gpu_cum == 60 * big.samples, where
-        # 25 % exactly over the time since the poll before: a poll of 0.25 s sees 1.25 periods
-        assert 20 <= small.gpu_now <= 30, where
+        # exact over the time since the poll before: 0.25 s of polls hold 0.05 to 0.1 s of busy
+        assert 20 <= small.gpu_now <= 40, where
         assert abs(small.gpu_cum / small.samples - 25) <= 2.5, where
         assert (other.gpu_now, other.gpu_cum) == (-1, -1), where
 
@@ -106,3 +120,16 @@ def test_atop_shows_a_gpm_card_in_mig_mode_as_one_device_with_mig_card(atop_port
         card, other = sample.gpus
         assert card.gpu_now == 40 and card.gpu_cum == 40 * card.samples, f"sample {number}\n{run}"
         assert (other.gpu_now, other.gpu_cum) == (-1, -1), f"sample {number}\n{run}"
+
+
+def test_atop_shows_a_whole_gpm_card_busy_from_gpm(atop_port: None, tmp_path: Any) -> None:
+    """A whole H200 with GPM: atop's busy figure each interval is GPM's (25 %), digit 7; memory busy
+    stays the sample buffer's (5 %)."""
+    scenario = write_scenario(tmp_path / "whole-gpm.json", [H200])
+    types, run = _run(scenario, tmp_path)
+    assert [t.task_support for t in types] == [7], types
+    for number, sample in enumerate(run.samples[1:], 1):
+        (card,) = sample.gpus
+        where = f"sample {number}\n{run}"
+        assert 20 <= card.gpu_now <= 40 and abs(card.gpu_cum / card.samples - 25) <= 2.5, where
+        assert card.mem_now == 5, where
