@@ -242,3 +242,34 @@ def test_counters_keep_gpm_totals_per_device_and_none_without_gpm() -> None:
     assert old.gpm is None
     assert card.gpm is not None and card.gpm.seconds == pytest.approx(2.0)
     assert card.gpm.sums["graphics"] == pytest.approx(25.0 * 2.0)
+
+
+def test_a_lost_card_has_its_gpm_buffers_freed_and_starts_afresh_when_back() -> None:
+    """GPU_IS_LOST: the card's buffers are freed in that poll; found again, it is sampled anew."""
+    lost = {"call": "nvmlDeviceGetComputeRunningProcesses", "error": "NVML_ERROR_GPU_IS_LOST", "from": 2.5,
+            "until": 3.5}
+    clock = [0.0]
+    reader, nvml = make_reader({"gpus": [{**H200, "faults": [lost]}]}, clock)
+    model = _model(nvml)
+    for now in (1.0, 2.0):
+        poll(reader, clock, now)
+    assert model.gpm_buffers == 2
+    snapshot, _ = poll(reader, clock, 3.0)
+    assert not snapshot.devices[0].present and model.gpm_buffers == 0
+    for now in (5.0, 6.0, 7.0):
+        snapshot, _ = poll(reader, clock, now)
+    assert snapshot.devices[0].present and snapshot.devices[0].gpm is not None
+    assert model.gpm_buffers == 2
+
+
+def test_nvml_set_up_again_frees_every_gpm_buffer_first() -> None:
+    """A lifecycle answer (UNINITIALIZED) makes the reader shut NVML down: the buffers go before it."""
+    gone = {"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_UNINITIALIZED", "from": 2.5, "until": 3.5}
+    clock = [0.0]
+    reader, nvml = make_reader({"gpus": [{**H200, "faults": [gone]}]}, clock)
+    model = _model(nvml)
+    for now in (1.0, 2.0):
+        poll(reader, clock, now)
+    assert model.gpm_buffers == 2
+    poll(reader, clock, 3.0)
+    assert model.gpm_buffers == 0 and nvml.calls["nvmlShutdown"] == 1
