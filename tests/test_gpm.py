@@ -273,3 +273,12 @@ def test_nvml_set_up_again_frees_every_gpm_buffer_first() -> None:
     assert model.gpm_buffers == 2
     poll(reader, clock, 3.0)
     assert model.gpm_buffers == 0 and nvml.calls["nvmlShutdown"] == 1
+
+
+def test_a_card_in_mig_mode_without_instances_keeps_its_digit() -> None:
+    """No instance yet: the card is shown as it is, digit 3 from the start and after a poll."""
+    clock = [0.0]
+    empty = {**MIG, "mig": [{**MIG["mig"][0], "start": 100}]}
+    reader, _ = make_reader({"gpus": [empty]}, clock)
+    assert [d.task_support for d in reader.open().devices] == [3]
+    assert [d.task_support for d in poll(reader, clock, 1.0)[0].devices] == [3]

@@ -60,6 +60,14 @@ def test_report_divides_the_increases_by_the_seconds_covered() -> None:
     assert "30.0%" in render_gpm(gpm_report(before, after, "u"))
 
 
+def test_gpm_view_usage_and_no_daemon() -> None:
+    """--gpm with --health is bad usage (2); no metrics page is exit status 1."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--gpm", "--health"])
+    assert stopped.value.code == 2
+    assert cli.main(["--gpm", "--metrics-url", f"http://127.0.0.1:{free_port()}/metrics"]) == 1
+
+
 def _page(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()

@@ -122,12 +122,15 @@ class GpmReader:
 
     # -- the hooks --
 
-    def layout(self, card: NvmlDevice, samples: list[DeviceSample]) -> list[DeviceSample]:
-        """A card's devices as ``T`` shows them from the start: a MIG device of a card with
-        GPM says in its task-support digit that its busy figure is GPM's."""
-        if not (card.mig_state.enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
+    def layout(self, card: NvmlDevice, samples: list[DeviceSample], mig: str = "instances") -> list[DeviceSample]:
+        """A card's devices as ``T`` shows them from the start: a device whose busy figure will
+        be GPM's says so in its task-support digit (as its polled samples will)."""
+        enabled = card.mig_state.enabled
+        if not (enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
             return samples
-        return [_busy_flag(sample) for sample in samples]
+        if enabled and mig == "instances":
+            return [_busy_flag(s) if mig_ids(card.key, s.key) is not None else s for s in samples]
+        return [_busy_flag(s) if s.key == card.key else s for s in samples]
 
     def read(
         self, card: NvmlDevice, samples: list[DeviceSample], problems: Problems, now: float, mig: str = "instances"

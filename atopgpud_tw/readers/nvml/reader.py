@@ -145,7 +145,8 @@ class NvmlReader:
         try:
             self._initialise()
             layout = [
-                sample for card in self._devices for sample in self._gpm.layout(card, layout_card(card, self.mig_mode))
+                sample for card in self._devices
+                for sample in self._gpm.layout(card, layout_card(card, self.mig_mode), self.mig_mode)
             ]
         except Exception as error:
             code = getattr(error, "value", None)  # an NVMLError's code
