@@ -282,3 +282,22 @@ def test_a_card_in_mig_mode_without_instances_keeps_its_digit() -> None:
     reader, _ = make_reader({"gpus": [empty]}, clock)
     assert [d.task_support for d in reader.open().devices] == [3]
     assert [d.task_support for d in poll(reader, clock, 1.0)[0].devices] == [3]
+
+
+def test_a_failing_gpu_instance_sample_fails_that_instances_busy_figure_alone() -> None:
+    """An instance's own fault on nvmlGpmMigSampleGet: its busy figure fails for that poll (None),
+    the other instance's does not, and the next poll reaches back to the last good sample."""
+    failing = {**MIG["mig"][0], "gpu_util": 60,
+               "faults": [{"call": "nvmlGpmMigSampleGet", "error": "NVML_ERROR_UNKNOWN", "from": 2.5, "until": 3.5}]}
+    other = {"profile": "2g.35gb", "memory_total_mib": 35000, "gpu_instance": 5, "slot": 2, "gpu_util": 30}
+    clock = [0.0]
+    reader, _ = make_reader({"gpus": [{**MIG, "mig": [failing, other]}]}, clock)
+    for now in (1.0, 2.0):
+        poll(reader, clock, now)
+    snapshot, problems = poll(reader, clock, 3.0)
+    assert _device(snapshot, "3g.71gb").gpu_busy is None
+    assert _device(snapshot, "3g.71gb").memory_used_kib == 10 * 1024
+    assert _device(snapshot, "2g.35gb").gpu_busy == 30
+    assert any("GPU instance 2: nvmlGpmMigSampleGet" in text for text in problems.values()), problems
+    figures = _device(poll(reader, clock, 4.0)[0], "3g.71gb").gpm
+    assert figures.seconds == pytest.approx(2.0) and figures.get("graphics") == pytest.approx(60.0)

@@ -617,6 +617,8 @@ def _replay(spec: dict[str, Any], where: str, base: str | Path | None) -> Record
 def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> GpuSpec:
     spec = _object(spec, where, _GPU_FIELDS)
     recording = _replay(spec, where, base)
+    if recording is not None and spec.get("gpm") not in (None, False):
+        raise ScenarioError(f"{where}.gpm cannot be given with replay (a recording has no GPM)")
     if recording is not None:
         spec = {"name": recording.name, "uuid": recording.uuid, "busid": recording.busid,
                 "memory_total_mib": recording.memory_total / 1048576, **spec}
