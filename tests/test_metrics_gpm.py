@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import urllib.request
 from typing import Any
 
@@ -114,3 +117,9 @@ def test_gpm_counters_on_metrics_and_atopgpu_gpm_against_known_timelines(
     assert by_bus[instance]["graphics"] == pytest.approx(60.0, abs=0.1)
     assert by_bus[card]["graphics"] == pytest.approx(25.0, abs=3)
     assert by_bus[card]["nvlink_rx_mib_s"] == pytest.approx(25.0, abs=3)
+    promtool = shutil.which("promtool")
+    if promtool is not None or os.environ.get("CI") == "true":
+        assert promtool is not None, "promtool is not installed (Debian package prometheus)"
+        checked = subprocess.run([promtool, "check", "metrics"], input=second.encode(), capture_output=True,
+                                 timeout=30)
+        assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
