@@ -11,9 +11,21 @@ import socket
 from typing import Any, Iterator
 
 import pytest
-from atop_helpers import ATOP_HOST, ATOP_PORT, TcpDaemon, port_lock, port_taken, run_atop, skip_reason, write_scenario
+from atop_helpers import (
+    ATOP_HOST,
+    ATOP_PORT,
+    TcpDaemon,
+    answers,
+    port_lock,
+    port_taken,
+    run_atop,
+    skip_reason,
+    write_scenario,
+)
 from atop_output import MIB, no_length_error
+from atop_source import LISTEN, LOCK_PATH, SOCKET_NAME, Unavailable, built_atop
 from daemon import Client
+from locks import file_lock
 
 from atopgpud_tw import codec
 
@@ -68,8 +80,8 @@ def atop_port() -> Iterator[None]:
         yield
 
 
-def _types() -> list[Any]:
-    client = Client((ATOP_HOST, ATOP_PORT), socket.AF_INET)
+def _types(address: Any = (ATOP_HOST, ATOP_PORT), family: int = socket.AF_INET) -> list[Any]:
+    client = Client(address, family)
     try:
         _, body = client.ask("T", 1)
     finally:
@@ -77,13 +89,16 @@ def _types() -> list[Any]:
     return codec.parse_types(body)
 
 
-def _run(scenario: Any, tmp_path: Any, *options: str) -> tuple[list[Any], Any]:
-    daemon = TcpDaemon(scenario, tmp_path / "daemon.log", DAEMON_INTERVAL)
+def _run(scenario: Any, tmp_path: Any, *options: str, atop: str | None = None, where: Any = None,
+         ) -> tuple[list[Any], Any]:
+    """The daemon on `scenario` where atop 2.8.1 looks (or `where`: listen, address, family), its T
+    reply, and 4 samples of atop's GPU lines."""
+    daemon = TcpDaemon(scenario, tmp_path / "daemon.log", DAEMON_INTERVAL, *(where or ()))
     daemon.command += list(options)
     daemon.start()
     try:
-        types = _types()
-        run = run_atop(1, 4, "GPU")
+        types = _types(daemon.address, daemon.family)
+        run = run_atop(1, 4, "GPU", atop)
     finally:
         daemon.stop()
     assert run.returncode == 0, str(run)
@@ -133,3 +148,24 @@ def test_atop_shows_a_whole_gpm_card_busy_from_gpm(atop_port: None, tmp_path: An
         where = f"sample {number}\n{run}"
         assert 20 <= card.gpu_now <= 40 and abs(card.gpu_cum / card.samples - 25) <= 2.5, where
         assert card.mem_now == 5, where
+
+
+def test_atop_2_13_shows_mig_instance_busy_from_gpm(tmp_path: Any) -> None:
+    """atop 2.13 (API 2, the abstract socket), built from its source: the same figures as atop 2.8.1."""
+    try:
+        binary = built_atop()
+    except Unavailable as error:
+        pytest.skip(str(error))
+    address = b"\0" + SOCKET_NAME.encode()
+    with file_lock(LOCK_PATH, 300.0):
+        if answers(address, socket.AF_UNIX):
+            pytest.skip(f"something already answers on @{SOCKET_NAME}; atop 2.13 needs it")
+        scenario = write_scenario(tmp_path / "mig-gpm.json", [H200_MIG, A100_MIG])
+        types, run = _run(scenario, tmp_path, atop=binary, where=(LISTEN, address, socket.AF_UNIX))
+    assert [t.task_support for t in types] == [7, 7, 3], types
+    for number, sample in enumerate(run.samples[1:], 1):
+        big, small, other = sample.gpus
+        where = f"sample {number}\n{run}"
+        assert big.gpu_now == 60 and big.gpu_cum == 60 * big.samples, where
+        assert abs(small.gpu_cum / small.samples - 25) <= 2.5, where
+        assert (other.gpu_now, other.gpu_cum) == (-1, -1), where
