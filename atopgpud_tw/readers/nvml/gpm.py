@@ -170,6 +170,11 @@ class GpmReader:
         if state is not None:
             self._free(None, state.streams())
 
+    def keep(self, keys: set[str]) -> None:
+        """Only the cards of these keys are read now: any other's buffers are freed."""
+        for key in [key for key in self._cards if key not in keys]:
+            self.forget(key)
+
     def release(self) -> None:
         """Free every buffer (before NVML is shut down: buffers do not outlive it)."""
         for key in list(self._cards):

@@ -381,6 +381,7 @@ class NvmlReader:
             samples.extend(found)
         # a lost card that re-discovery did not find again is still lost, not recovered
         present = {card.key for card in self._devices}
+        self._gpm.keep(present)
         for key, text in self._gone.items():
             if key not in present:
                 problems.setdefault(f"{key} lost", text)
