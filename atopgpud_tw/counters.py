@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
+from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
 from atopgpud_tw.snapshot import NO_INFO, UNSUPPORTED, DeviceInfo, DeviceSample, ProcessSample, Snapshot, merge_by_pid
 
 #: numbers every process's life on a device, across all counters: never reused
@@ -135,6 +136,8 @@ class DeviceTotals:
     memory_used_kib_seconds: float = 0.0
     #: what the device is (UUID, serial, versions), as its reader last told it
     info: DeviceInfo = NO_INFO
+    #: GPM's sums (gpm_counters.py); None while it has given no GPM figures
+    gpm: GpmTotals | None = None
 
     @property
     def gpu_busy_total(self) -> int:
@@ -258,6 +261,8 @@ class Counters:
         if not sample.present:
             return self._mark_absent(index, device)
         device.present = True
+        if sample.gpm is not None:
+            device.gpm = fold_gpm(device.gpm, sample.gpm)
         device.gpu_busy_now = UNSUPPORTED if sample.gpu_busy is None else sample.gpu_busy
         device.mem_busy_now = UNSUPPORTED if sample.mem_busy is None else sample.mem_busy
         if sample.memory_total_kib is not None:

@@ -21,6 +21,9 @@ UNSUPPORTED = -1
 #: task-support bits of the ``T`` reply
 TASK_COMPUTE = 1
 TASK_GRAPHICS = 2
+#: the digit's third bit: the device's busy figure is GPM's graphics activity (a MIG
+#: instance's; docs/mig.md), where without it a MIG instance sends -1
+TASK_BUSY_GPM = 4
 
 
 class ProcessSample(NamedTuple):
@@ -60,6 +63,27 @@ NO_INFO = DeviceInfo()
 
 
 @dataclass(frozen=True, slots=True)
+class GpmFigures:
+    """What GPU Performance Monitoring measured over one poll (readers/nvml/gpm.py).
+
+    Each figure is the exact average over `seconds`, the time between the poll's
+    GPM sample and the one before it: percentages (activities, DRAM bandwidth)
+    from 0 to 100, traffic in MiB per second.  A figure the device does not
+    report is left out of `values`.
+    """
+
+    seconds: float
+    values: tuple[tuple[str, float], ...] = ()
+
+    def get(self, name: str) -> float | None:
+        """One figure by name; None where the device does not report it."""
+        for key, value in self.values:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """One device (a whole card or a MIG instance) in one poll.
 
@@ -84,6 +108,8 @@ class DeviceSample:
     present: bool = True
     #: what the device is (its UUID, serial, versions): read once, carried by every sample
     info: DeviceInfo = NO_INFO
+    #: GPM's figures over this poll (None: no GPM, or none this poll)
+    gpm: GpmFigures | None = None
 
     def absent(self) -> DeviceSample:
         """This device as one that cannot be read now: its identity, no readings."""

@@ -25,6 +25,16 @@ against the timeline, other jitter).  Targets: ours within 1 point of the truth
 where the driver's period is at most half the poll interval; where it is
 longer, ours no further from the truth than the rates call (point), which is
 all a driver measuring once a period can tell.
+
+    python bench/fidelity.py --gpm [--seconds 60] [--seeds 5]
+
+compares, on a GPU with GPM (Hopper and later), the two figures that could
+feed atop's busy counter: the sample buffer's fold (ours) and GPM's graphics
+activity over each poll (readers/nvml/gpm.py), rounded to the integer atop
+gets.  For each, the error of the run's average (atop's gpuperccum / samples
+over the polls both have) and the worst error of one poll's figure against
+the timeline's true busy share of that poll's own span (docs/fidelity.md,
+"Which figure feeds atop's busy counter").
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import random
 import sys
 
 from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml import gpm as gpm_reader
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.sim.scenario import Timeline
@@ -138,6 +149,57 @@ def run(
     return truth, device.gpu_busy_total / device.samples, process.gpu_busy_cum / process.samples
 
 
+def run_gpm(timeline: dict, period: float, seconds: int, jitter: float, seed: int) -> dict[str, float]:
+    """The errors of the fold and of GPM's graphics activity on one run (percentage points)."""
+    rng = random.Random(seed)
+    clock = [0.0]
+    scenario = parse_scenario({"gpus": [{"gpu_timeline": timeline, "sample_period": period, "gpm": True}]})
+    reader = NvmlReader(simulated_binding(scenario, clock=lambda: clock[0]), reactor=None)
+    reader.open()
+    spec = scenario.gpus[0].gpu_timeline
+    phase = 20.0 + rng.uniform(0.0, 1.0)
+    times = [phase + second + rng.uniform(-jitter, jitter) for second in range(seconds + 1)]
+    fold, gpm, truths = [], [], []
+    # the busy figure as the fold has it, GPM's figures beside it
+    gpm_reader.WHOLE_CARD_BUSY_FROM_GPM = False
+    for before, when in zip(times, times[1:]):
+        clock[0] = when
+        device = reader.read(when)[0].devices[0]
+        graphics = None if device.gpm is None else device.gpm.get("graphics")
+        if graphics is None or device.gpu_busy is None:
+            continue  # the first poll: GPM has no figure yet
+        fold.append(device.gpu_busy)
+        gpm.append(round(graphics))
+        truths.append(spec.percent(before, when))
+    reader.close()
+    gpm_reader.WHOLE_CARD_BUSY_FROM_GPM = True
+    truth = sum(truths) / len(truths)
+    return {
+        "fold run": abs(sum(fold) / len(fold) - truth),
+        "gpm run": abs(sum(gpm) / len(gpm) - truth),
+        "fold poll": max(abs(f - t) for f, t in zip(fold, truths)),
+        "gpm poll": max(abs(g - t) for g, t in zip(gpm, truths)),
+    }
+
+
+def main_gpm(args: argparse.Namespace) -> int:
+    periods = [float(p) for p in args.periods.split(",")]
+    print(f"{args.seconds} s per run, {args.seeds} seeds, polls +-{args.jitter * 1000:.0f} ms; errors in "
+          "percentage points (worst over seeds): of the run's average, and of one poll against its own span")
+    print(f"{'timeline':36} {'period':>6} {'truth':>6} {'fold run':>8} {'GPM run':>8} {'fold poll':>9} "
+          f"{'GPM poll':>8}")
+    for name, timeline in TIMELINES.items():
+        average = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100)).average
+        for period in periods:
+            worst = {"fold run": 0.0, "gpm run": 0.0, "fold poll": 0.0, "gpm poll": 0.0}
+            for seed in range(args.seeds):
+                for key, value in run_gpm(timeline, period, args.seconds, args.jitter, seed).items():
+                    worst[key] = max(worst[key], value)
+            print(f"{name:36} {period:6.3f} {average:6.2f} {worst['fold run']:8.2f} {worst['gpm run']:8.2f} "
+                  f"{worst['fold poll']:9.2f} {worst['gpm poll']:8.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=60)
@@ -145,7 +207,10 @@ def main() -> int:
     parser.add_argument("--periods", default="0.1667,0.5,1,1.3", help="driver sample periods, seconds")
     parser.add_argument("--jitter", type=float, default=0.004, help="poll jitter, +- seconds")
     parser.add_argument("--behaviours", default="all", help="comma-separated names, or all: " + ", ".join(BEHAVIOURS))
+    parser.add_argument("--gpm", action="store_true", help="compare the fold with GPM's graphics activity")
     args = parser.parse_args()
+    if args.gpm:
+        return main_gpm(args)
     periods = [float(p) for p in args.periods.split(",")]
     names = list(BEHAVIOURS) if args.behaviours == "all" else args.behaviours.split(",")
     missed = []

@@ -22,7 +22,7 @@ ALLOWED = {
     "atopgpu": {"codec"},
     "sim": {"nvml_codes"},
     "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes"},
-    "server": {"snapshot", "health", "problems", "lognames", "counters", "codec", "readers.base"},
+    "server": {"snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base"},
 }
 
 #: every log namespace of the daemon, as its lines show them (docs/reliability.md quotes some)
@@ -33,6 +33,7 @@ NAMESPACES = {
     "atopgpud_tw.readers.nvml",
     "atopgpud_tw.readers.nvml_device",
     "atopgpud_tw.readers.nvml_mig",
+    "atopgpud_tw.readers.nvml_gpm",
     "atopgpud_tw.readers.smi",
     "atopgpud_tw.readers.smi_child",
     "atopgpud_tw.readers.smi_orphans",

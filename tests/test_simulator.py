@@ -25,6 +25,7 @@ from atopgpud_tw.sim import (
     simulated_binding,
 )
 from atopgpud_tw.sim import nvml as sim_module
+from atopgpud_tw.sim.gpm_scenario import GPM_SYMBOLS
 from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
 
 pynvml = pytest.importorskip("pynvml")
@@ -310,7 +311,7 @@ def test_driver_library_and_size_query_fields_parse():
     assert scenario.absent_symbols == {
         "nvmlDeviceGetSamples", "nvmlDeviceGetMemoryInfo_v2",
         "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    }
+    } | set(GPM_SYMBOLS)
     (gpu,) = scenario.gpus
     assert (gpu.memory_reserved_mib, gpu.process_list_capacity, gpu.processes[0].memory_mib) == (469, 100, None)
     assert gpu.grow_between_calls == {"process_lists": (2, 0), "samples": (2, 0), "process_utilization": (2, 0)}

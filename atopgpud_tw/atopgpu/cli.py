@@ -248,8 +248,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--health", action="store_true",
                         help="show each GPU's health and power figures (temperatures, power, clocks, "
                         "throttling, ECC, XID errors), fetched from the daemon's --metrics endpoint")
+    parser.add_argument("--gpm", action="store_true",
+                        help="show what each GPU and MIG instance really did (SM, tensor, DRAM, PCIe, NVLink "
+                        "activity from GPM, Hopper and later), over --watch seconds (1 s without it), fetched "
+                        "from the daemon's --metrics endpoint")
     parser.add_argument("--metrics-url", default=None, metavar="URL",
-                        help="with --health: the daemon's metrics page (default: http://127.0.0.1:9445/metrics)")
+                        help="with --health or --gpm: the daemon's metrics page "
+                        "(default: http://127.0.0.1:9445/metrics)")
     return parser
 
 
@@ -279,10 +284,37 @@ def run_health(args: argparse.Namespace) -> None:
         time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
 
 
+def run_gpm(args: argparse.Namespace) -> None:
+    """--gpm: GPM's averages between readings of the metrics page, --watch (or 1) seconds apart."""
+    from atopgpud_tw.atopgpu.gpm import gpm_counters, gpm_report, render_gpm
+    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch
+
+    url = args.metrics_url or DEFAULT_URL
+    span = args.watch or 1.0
+    start = time.monotonic()
+    before = gpm_counters(fetch(url), url)
+    shown = 0
+    while True:
+        time.sleep(max(0.0, start + (shown + 1) * span - time.monotonic()))
+        after = gpm_counters(fetch(url), url)
+        doc = gpm_report(before, after, url)
+        if args.json:
+            print(json.dumps(doc, separators=(",", ":")) if args.watch else json.dumps(doc, indent=2), flush=True)
+        else:
+            print(render_gpm(doc) + ("\n" if args.watch else ""), flush=True)
+        shown += 1
+        if args.watch is None or (args.count is not None and shown >= args.count):
+            return
+        before = after
+
+
 def run(args: argparse.Namespace) -> None:
     """Report once, or every --watch seconds until --count reports."""
     if args.health:
         run_health(args)
+        return
+    if args.gpm:
+        run_gpm(args)
         return
     address = parse_endpoint(args.connect)
     with Connection(address) as connection:
@@ -306,8 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count is not None and args.watch is None:
         parser.error("--count needs --watch")
-    if args.metrics_url is not None and not args.health:
-        parser.error("--metrics-url needs --health")
+    if args.metrics_url is not None and not (args.health or args.gpm):
+        parser.error("--metrics-url needs --health or --gpm")
+    if args.health and args.gpm:
+        parser.error("--health and --gpm are two views: give one")
     try:
         parse_endpoint(args.connect)
     except ValueError as error:

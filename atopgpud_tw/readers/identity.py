@@ -36,6 +36,18 @@ def mig_key(card_key: str, gpu_instance: int, compute_instance: int) -> str:
     return f"{card_key}/{gpu_instance}.{compute_instance}"
 
 
+def mig_ids(card_key: str, key: str) -> int | None:
+    """The GPU instance id of the MIG instance of `card_key` whose key is `key` (`mig_key`);
+    None for any other key."""
+    rest = key.removeprefix(f"{card_key}/")
+    if rest == key:
+        return None
+    gpu_instance, _, compute_instance = rest.partition(".")
+    if not (gpu_instance.isdigit() and compute_instance.isdigit()):
+        return None
+    return int(gpu_instance)
+
+
 def mig_profile(name: str) -> str:
     """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``).
 

@@ -43,6 +43,7 @@ from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
+from atopgpud_tw.sim.gpm_library import gpm_table
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.nvml import (
     _ERROR_TEXT,
@@ -195,6 +196,7 @@ class SimulatedLibrary:
                 symbol = f"nvmlDeviceGet{kind}RunningProcesses{version}"
                 table[symbol] = (_int, (h, _ptr, _ptr), self._processes(symbol, f"nvmlDeviceGet{kind}RunningProcesses"))
         table.update(health_table(self))
+        table.update(gpm_table(self))
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 

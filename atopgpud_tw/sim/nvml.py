@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from atopgpud_tw.sim import replay
+from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.scenario import (
@@ -150,7 +151,7 @@ class Handle:
     instance: MigSpec | None = None
 
 
-class SimulatedNvml(HealthDriver):
+class SimulatedNvml(HealthDriver, GpmDriver):
     """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
 
     NVMLError = NVMLError
@@ -180,9 +181,14 @@ class SimulatedNvml(HealthDriver):
         self._event_lock = threading.Lock()
         #: by pid, when its processes ran (`process_start_time`), made when first asked
         self._runs: dict[int, list[tuple[float, float | None]]] | None = None
+        self._gpm_setup()
         for name, cls in ERROR_CLASSES.items():
             setattr(self, cls.__name__, cls)
             setattr(self, name, NVML_ERRORS[name])
+
+    @staticmethod
+    def _raise_fault(error: str) -> None:
+        _raise_fault(error)
 
     # -- helpers --
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.sim.gpm_scenario import GPM_SYMBOLS, GpmSpec, parse_gpm
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS, HealthSpec, default_health, parse_health
 from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
@@ -62,16 +63,17 @@ LIBRARY_SYMBOLS = (
     "nvmlDeviceGetVbiosVersion",
     "nvmlSystemGetCudaDriverVersion",
     "nvmlSystemGetCudaDriverVersion_v2",
-) + HEALTH_SYMBOLS
+) + HEALTH_SYMBOLS + GPM_SYMBOLS
 _V3_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
 _V2_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")
 #: driver branches: the version the library reports and the symbols its libnvidia-ml lacks
 DRIVERS = {
     "current": ("999.99.99-sim", ()),
     # 510.39.01 brought the _v3 process lists and nvmlDeviceGetMemoryInfo_v2
-    "470": ("470.256.02", _V3_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
+    # GPM is in the R525 NVML reference (Hopper); these older libraries lack its functions
+    "470": ("470.256.02", _V3_LISTS + ("nvmlDeviceGetMemoryInfo_v2",) + GPM_SYMBOLS),
     # the _v2 process lists need 450.66: an early R450 has only the unversioned (v1) ones
-    "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",)),
+    "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",) + GPM_SYMBOLS),
 }
 #: the CUDA version each driver branch supports, as nvmlSystemGetCudaDriverVersion answers it (12080: 12.8)
 CUDA_VERSIONS = {"current": 12080, "470": 11040, "450": 11000}
@@ -169,8 +171,14 @@ class MigSpec:
     stop: float | None = None
     #: the index nvmlDeviceGetMigDeviceHandleByIndex finds it at
     slot: int = 0
-    #: faults of calls made with this instance's handle
+    #: faults of calls made with this instance's handle (and of GPM samples of its GPU instance)
     faults: tuple[Fault, ...] = ()
+    #: what its GPU instance does, for GPM (NVML reports no utilization under MIG):
+    #: a constant busy percentage or a timeline, as a GPU's gpu_util and gpu_timeline
+    gpu_util: Number = 0
+    gpu_timeline: Timeline | None = None
+    mem_util: Number = 0
+    mem_timeline: Timeline | None = None
 
     def alive(self, now: float) -> bool:
         return in_span(now, self.start, self.stop)
@@ -236,6 +244,8 @@ class GpuSpec:
     serial: str | None = None
     #: the VBIOS version the card reports
     vbios: str = "96.00.5E.00.01"
+    #: GPU Performance Monitoring (Hopper and later; sim/gpm_scenario.py): None where it has none
+    gpm: GpmSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -550,7 +560,18 @@ def _mig(spec: Any, where: str, index: int) -> MigSpec:
         stop=stop,
         slot=_integer(spec.get("slot", index), f"{where}.slot"),
         faults=_faults(spec, where),
+        gpu_util=_percent(spec.get("gpu_util", 0), f"{where}.gpu_util"),
+        gpu_timeline=_timeline(spec.get("gpu_timeline"), f"{where}.gpu_timeline"),
+        mem_util=_percent(spec.get("mem_util", 0), f"{where}.mem_util"),
+        mem_timeline=_timeline(spec.get("mem_timeline"), f"{where}.mem_timeline"),
     )
+
+
+def _percent(value: Any, where: str) -> float:
+    number = _number(value, where, minimum=0)
+    if number > 100:
+        raise ScenarioError(f"{where} is a percentage (0 to 100)")
+    return number
 
 
 def _overlap(a: MigSpec, b: MigSpec) -> bool:
@@ -596,6 +617,8 @@ def _replay(spec: dict[str, Any], where: str, base: str | Path | None) -> Record
 def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> GpuSpec:
     spec = _object(spec, where, _GPU_FIELDS)
     recording = _replay(spec, where, base)
+    if recording is not None and spec.get("gpm") not in (None, False):
+        raise ScenarioError(f"{where}.gpm cannot be given with replay (a recording has no GPM)")
     if recording is not None:
         spec = {"name": recording.name, "uuid": recording.uuid, "busid": recording.busid,
                 "memory_total_mib": recording.memory_total / 1048576, **spec}
@@ -645,6 +668,7 @@ def _gpu(spec: Any, where: str, index: int, base: str | Path | None = None) -> G
         health=parse_health(spec.get("health"), f"{where}.health", ScenarioError),
         serial=_serial(spec.get("serial", f"1324321{index:06d}"), f"{where}.serial"),
         vbios=_text(spec.get("vbios", _default(GpuSpec, "vbios")), f"{where}.vbios"),
+        gpm=parse_gpm(spec.get("gpm"), f"{where}.gpm", ScenarioError),
     )
 
 

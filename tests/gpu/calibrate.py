@@ -17,7 +17,14 @@ the seconds the workload runs, plus a lead-in and a tail:
 - ``nvmlDeviceGetUtilizationRates`` five times a second; memory info v1 and v2;
   the compute and graphics process lists;
 - the daemon's T and S replies once a second (the project's own client code);
-- one ``nvidia-smi -q -x`` report in the middle of the workload.
+- one ``nvidia-smi -q -x`` report in the middle of the workload;
+- where the GPU has GPU Performance Monitoring (GPM, Hopper and later:
+  ``nvmlGpmQueryDeviceSupport``), one GPM sample of the whole GPU once a second
+  beside the sample buffer, and the metrics between each sample and the one
+  before (graphics, SM, occupancy, tensor, DRAM, PCIe, NVLink); and where the
+  GPU is already in MIG mode, the same for each of its GPU instances
+  (``nvmlGpmMigSampleGet``).  The summary compares GPM's graphics activity
+  with the truth and with the sample buffer.
 
 Every call carries the wall, monotonic and boot-time clocks at the call.  Each
 workload process records when each busy spell began and ended by those clocks,
@@ -27,7 +34,9 @@ compares what each source reported with the truth.
 
 Busy means back-to-back matrix products (PyTorch, else CuPy) for the busy part of
 each period, then sleep (``CALIBRATE_BACKEND``: ``torch``, ``cupy``, or ``sleep``,
-which runs nothing on the GPU).  Nothing here changes a GPU setting.
+which runs nothing on the GPU).  Nothing here changes a GPU setting: MIG mode
+is read, never set, and GPM's streaming state is neither read nor set (its
+samples are taken on request).
 
 ``--reader sim`` (or ``CALIBRATE_READER=sim``) records the same way from the
 simulator (`atopgpud_tw.sim.simulated_binding`), with a scenario whose timelines
@@ -89,7 +98,17 @@ SYMBOLS = (
     "nvmlDeviceGetConfComputeMemSizeInfo",
     "nvmlDeviceGetAccountingStats",
     "nvmlGpmMetricsGet",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlGpmSampleFree",
 )
+#: GPM metrics recorded: name -> NVML_GPM_METRIC_* id (nvidia-ml-py's pynvml.py)
+GPM_METRICS = {
+    "graphics": 1, "sm": 2, "sm_occupancy": 3, "tensor": 5, "dram": 10,
+    "pcie_tx_mib_s": 20, "pcie_rx_mib_s": 21, "nvlink_rx_mib_s": 60, "nvlink_tx_mib_s": 61,
+}
 #: nvmlValueType_t -> the nvmlValue_t member that holds it
 VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 GPU_SAMPLES, MEMORY_SAMPLES = 1, 2
@@ -378,6 +397,7 @@ def sim_scenario(workload: Workload, pids: Sequence[int], timing: Timing, second
         "gpu_timeline": {"period": period, "busy": union},
         "mem_timeline": {"period": period, "busy": union, "level": 40},
         "processes": processes,
+        "gpm": {"sm_share": 0.8, "tensor_share": 0.5},
     }]}
 
 
@@ -406,8 +426,11 @@ class Recorder:
         self.handle = handle
         self.calls: dict[str, list[dict[str, Any]]] = {
             "samples": [], "process_utilization": [], "processes_utilization_info": [],
-            "rates": [], "memory": [], "processes": [],
+            "rates": [], "memory": [], "processes": [], "gpm": [],
         }
+        #: GPM: None until asked; then per source ("card", or "gi <id>") its [previous, spare, at]
+        self.gpm_sources: dict[str, list[Any]] | None = None
+        self.gpm_support: dict[str, Any] = {}
         #: the newest timestamp each stream got back (the lastSeenTimeStamp it asks with next)
         self.seen: dict[str, int] = collections.defaultdict(int)
 
@@ -481,6 +504,94 @@ class Recorder:
             if entry["samples"]:
                 self.seen["info"] = max(since, max(s[1] for s in entry["samples"]))
         self.calls["processes_utilization_info"].append(entry)
+
+    def _gpm_setup(self) -> None:
+        """Ask once whether the GPU has GPM and, read only, which GPU instances it is carved into."""
+        self.gpm_sources = {}
+        query = getattr(self.nvml, "nvmlGpmQueryDeviceSupport", None)
+        if query is None:
+            self.gpm_support = {"supported": False, "why": "the binding has no GPM"}
+            return
+        entry: dict[str, Any] = {}
+        found = self._call(lambda: query(self.handle), entry)
+        self.gpm_support = entry
+        if found is None or not int(found.isSupportedDevice):
+            entry["supported"] = False
+            return
+        entry["supported"] = True
+        self.gpm_sources["card"] = [None, None, None]
+        try:
+            mig = int(self.nvml.nvmlDeviceGetMigMode(self.handle)[0]) == 1
+        except Exception:
+            mig = False
+        instances = []
+        if mig:
+            for slot in range(int(self.nvml.nvmlDeviceGetMaxMigDeviceCount(self.handle))):
+                try:
+                    child = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, slot)
+                    instances.append(int(self.nvml.nvmlDeviceGetGpuInstanceId(child)))
+                except Exception:
+                    continue
+        entry["mig_gpu_instances"] = sorted(set(instances))
+        for gpu_instance in entry["mig_gpu_instances"]:
+            self.gpm_sources[f"gi {gpu_instance}"] = [None, None, None]
+
+    def gpm(self) -> None:
+        """One GPM sample per source, and the metrics since the source's previous one."""
+        if self.gpm_sources is None:
+            self._gpm_setup()
+        for source, state in (self.gpm_sources or {}).items():
+            entry: dict[str, Any] = {"source": source}
+            if state[1] is None:
+                state[1] = self._call(self.nvml.nvmlGpmSampleAlloc, {})
+                if state[1] is None:
+                    continue
+            if source == "card":
+                taken = self._call(lambda b=state[1]: self.nvml.nvmlGpmSampleGet(self.handle, b), entry)
+            else:
+                gpu_instance = int(source.split()[1])
+                taken = self._call(
+                    lambda b=state[1], g=gpu_instance: self.nvml.nvmlGpmMigSampleGet(self.handle, g, b), entry)
+            if taken is None:
+                self.calls["gpm"].append(entry)
+                continue
+            at = entry["at"][1]
+            if state[0] is not None and at - state[2] > 0.1:
+                entry["span_s"] = round(at - state[2], 6)
+                entry["metrics"] = self._gpm_metrics(state[0], state[1])
+            if state[0] is None or "metrics" in entry:
+                state[0], state[1], state[2] = state[1], state[0], at
+            self.calls["gpm"].append(entry)
+
+    def _gpm_metrics(self, first: Any, second: Any) -> dict[str, Any]:
+        nvml = self.nvml
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1, request.sample2 = first, second
+        for index, metric in enumerate(GPM_METRICS.values()):
+            request.metrics[index].metricId = metric
+        try:
+            nvml.nvmlGpmMetricsGet(request)
+        except Exception as error:
+            return _error(error)
+        out: dict[str, Any] = {}
+        for index, name in enumerate(GPM_METRICS):
+            entry = request.metrics[index]
+            code = int(entry.nvmlReturn)
+            out[name] = round(float(entry.value), 4) if code == 0 else {"code": code}
+        return out
+
+    def close(self) -> None:
+        """Free the GPM sample buffers."""
+        for state in (self.gpm_sources or {}).values():
+            for buffer in state[:2]:
+                if buffer is not None:
+                    try:
+                        self.nvml.nvmlGpmSampleFree(buffer)
+                    except Exception:
+                        pass
+            state[0] = state[1] = None
 
     def rates(self) -> None:
         entry: dict[str, Any] = {}
@@ -726,6 +837,7 @@ def record_workload(workload: Workload, reader: str, timing: Timing, seconds: fl
                 recorder.memory()
                 recorder.processes()
                 recorder.processes_utilization_info()
+                recorder.gpm()
                 if daemon_ready:
                     daemon.fetch()
             recorder.rates()
@@ -737,6 +849,7 @@ def record_workload(workload: Workload, reader: str, timing: Timing, seconds: fl
             k = max(k + 1, int((time.monotonic() - begin) / TICK) + 1)
         recorder.samples(GPU_SAMPLES, "buffer")
         recorder.samples(MEMORY_SAMPLES, "buffer")
+        recorder.close()
         spells = workers.spells(timeout=30)
         done = clocks()
         mono_offset = time.time() - time.monotonic()
@@ -753,7 +866,8 @@ def record_workload(workload: Workload, reader: str, timing: Timing, seconds: fl
             ],
         }
         return {
-            "format": FORMAT, "reader": reader, "host": host, "device": device_info(nvml, handle),
+            "format": FORMAT, "reader": reader, "host": host,
+            "device": {**device_info(nvml, handle), "gpm": recorder.gpm_support},
             "workload": {"name": workload.name, "description": workload.description},
             "schedule": schedule,
             "driver_offset_us": driver_offset_us(recorder.calls["samples"]),
@@ -828,6 +942,7 @@ def summarise(recording: dict[str, Any]) -> dict[str, Any]:
             return None
         return pick
 
+    gpm = _gpm_means(recording["calls"].get("gpm") or (), start, end)
     processes = []
     truth_gpu = 0.0
     for proc in schedule["processes"]:
@@ -852,8 +967,25 @@ def summarise(recording: dict[str, Any]) -> dict[str, Any]:
         "process_listing": listing,
         "rates": round(sum(rates) / len(rates), 2) if rates else None,
         "daemon": daemon_average(device_pick),
+        "gpm": gpm.get("card"),
+        "gpm_instances": {k: v for k, v in gpm.items() if k != "card"},
         "processes": processes,
     }
+
+
+def _gpm_means(entries: Iterable[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    """Per GPM source, its graphics activity over the busy span: each metric's figure
+    weighed by the seconds it covers, for the samples taken within the span (their
+    previous sample too: the first second of the span is left out)."""
+    sums: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for entry in entries:
+        metrics, span = entry.get("metrics"), entry.get("span_s")
+        if not isinstance(metrics, dict) or not span or not isinstance(metrics.get("graphics"), float):
+            continue
+        if start < entry["at"][0] - span and entry["at"][0] <= end:
+            sums[entry["source"]][0] += metrics["graphics"] * span
+            sums[entry["source"]][1] += span
+    return {source: round(total / seconds, 2) for source, (total, seconds) in sums.items() if seconds}
 
 
 def process_listing(answers: Sequence[dict[str, Any]]) -> str | None:
@@ -882,11 +1014,14 @@ def table(summaries: Sequence[dict[str, Any]]) -> str:
     def cell(value: Any) -> str:
         return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
-    lines = [f"{'workload':9} {'what':11} {'truth':>6} {'samples':>8} {'rates':>6} {'daemon':>7}  period  listing"]
+    lines = [f"{'workload':9} {'what':11} {'truth':>6} {'samples':>8} {'rates':>6} {'daemon':>7} {'GPM':>6}  "
+             "period  listing"]
     for s in summaries:
         lines.append(f"{s['workload']:9} {'GPU':11} {cell(s['truth_gpu']):>6} {cell(s['nvml_samples']):>8} "
-                     f"{cell(s['rates']):>6} {cell(s['daemon']):>7}  {s['sample_period_s'] or '-':<6}  "
-                     f"{s['process_listing'] or '-'}")
+                     f"{cell(s['rates']):>6} {cell(s['daemon']):>7} {cell(s.get('gpm')):>6}  "
+                     f"{s['sample_period_s'] or '-':<6}  {s['process_listing'] or '-'}")
+        for source, value in sorted((s.get("gpm_instances") or {}).items()):
+            lines.append(f"{'':9} {'GPM ' + source:11} {'':>6} {'':>8} {'':>6} {'':>7} {cell(value):>6}")
         for p in s["processes"]:
             lines.append(f"{'':9} {'pid ' + str(p['pid']):11} {cell(p['truth']):>6} {cell(p['nvml_samples']):>8} "
                          f"{'':>6} {cell(p['daemon']):>7}")

@@ -44,6 +44,7 @@ from atopgpud_tw.readers.nvml.device import (
     placeholder,
     probe_support,
 )
+from atopgpud_tw.readers.nvml.gpm import GpmReader
 from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
 from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.stamps import host_offsets
@@ -123,6 +124,8 @@ class NvmlReader:
         self._said: set[str] = set()
         #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents()
+        #: GPU Performance Monitoring's sample buffers and figures, per card (readers/nvml/gpm.py)
+        self._gpm = GpmReader(nvml, self._call_clock)
         #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
         self._starts = start_times(nvml)
         #: the time of the poll in progress, which the devices' `Support` spells are held to
@@ -141,7 +144,10 @@ class NvmlReader:
         """
         try:
             self._initialise()
-            layout = [sample for card in self._devices for sample in layout_card(card, self.mig_mode)]
+            layout = [
+                sample for card in self._devices
+                for sample in self._gpm.layout(card, layout_card(card, self.mig_mode), self.mig_mode)
+            ]
         except Exception as error:
             code = getattr(error, "value", None)  # an NVMLError's code
             if code not in WAIT_FOR_DRIVER:
@@ -356,6 +362,7 @@ class NvmlReader:
             poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets, starts=self._starts)
             try:
                 found = read_card(card, self.mig_mode, problems, poll)
+                found = self._gpm.read(card, found, problems, now, self.mig_mode)
             except Reinitialise as failure:
                 self._went_down(failure.value, failure.cause.split(":")[0], now)
                 self._shutdown()
@@ -363,6 +370,7 @@ class NvmlReader:
                 return self._absent(), problems
             except DeviceLost as failure:
                 lost = True
+                self._gpm.forget(card.key)
                 self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
                 problems.add(f"{card.key} lost", self._gone[card.key])
                 if card.mig_state.enabled and card.mig_state.instances and self.mig_mode == "instances":
@@ -373,6 +381,7 @@ class NvmlReader:
             samples.extend(found)
         # a lost card that re-discovery did not find again is still lost, not recovered
         present = {card.key for card in self._devices}
+        self._gpm.keep(present)
         for key, text in self._gone.items():
             if key not in present:
                 problems.setdefault(f"{key} lost", text)
@@ -460,6 +469,7 @@ class NvmlReader:
             self._initialised = False
             self._devices = []
             self._info.clear()  # a driver loaded again may be another version: read at the next discovery
+            self._gpm.release()  # sample buffers do not outlive NVML
             try:
                 self._call("nvmlShutdown", None)
             except Exception:

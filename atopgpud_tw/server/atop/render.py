@@ -73,7 +73,7 @@ def render_types(devices: Sequence[DeviceTotals]) -> bytes:
     for device in devices:
         parts.append(
             b"@%s %s %d"
-            % (wire_token(device.busid), wire_token(device.name), device.task_support & 3)
+            % (wire_token(device.busid), wire_token(device.name), device.task_support & 7)
         )
     return b"".join(parts)
 

@@ -38,6 +38,7 @@ from atopgpud_tw.counters import DeviceTotals
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
+from atopgpud_tw.server.web.metrics_gpm import GpmCollector
 from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.server.web.metrics_web import make_root
 from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
@@ -352,6 +353,7 @@ def make_site(
         health_part.register(HealthCollector(health))  # read when scraped (page.py: at most every HEALTH_TTL)
     polled = _registry(collector.polled)
     polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
+    polled.register(GpmCollector(board))  # GPM's exact sums, where a GPU has GPM (metrics_gpm.py)
     page = MetricsPage(
         live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
     )

@@ -1,0 +1,332 @@
+"""GPU Performance Monitoring (GPM): what the GPU really did, on Hopper and later (docs/mig.md, docs/fidelity.md).
+
+A GPM metric is worked out by the driver from two samples of the hardware's
+counters (``nvmlGpmMetricsGet``), as the exact average over the time between
+them.  The reader takes one sample per source per poll, so that each poll's
+figures cover exactly the time since the poll before:
+
+- a source is a card (``nvmlGpmSampleGet``) or, on a card in MIG mode, one of
+  its GPU instances (``nvmlGpmMigSampleGet`` with the card's handle and the
+  instance's GPU instance id);
+- each source has two sample buffers (``nvmlGpmSampleAlloc``): the previous
+  poll's sample and the one being taken; they swap after each poll; they are
+  freed (``nvmlGpmSampleFree``) when the GPU instance is gone, the card's MIG
+  mode changes, the card is lost, and before NVML is shut down;
+- support is asked once per card (``nvmlGpmQueryDeviceSupport``); a card
+  without it, or a driver without the functions, is not asked again;
+- samples closer than `MIN_SPAN` (the NVML reference asks for more than
+  100 ms between them) give no new figures: the last ones stand, over 0 seconds;
+- a GPM call that fails fails GPM alone, for that source and poll: the
+  previous sample is kept, so the next poll's figures cover both polls.
+
+What it gives: `GpmFigures` on each device's sample, and the busy figure atop
+gets, with `TASK_BUSY_GPM` in the task-support digit: for a MIG instance (or a
+card in MIG mode shown as one device) the GPU instance's (the GPU's) graphics
+activity over the poll, in place of -1; for a whole card the same, in place of
+the sample buffer's fold, which stands in a poll without GPM figures
+(`WHOLE_CARD_BUSY_FROM_GPM`, docs/fidelity.md).  Several compute instances of one GPU instance each show
+that GPU instance's figures.  `read` is the one hook the reader calls after
+reading a card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from twisted.logger import Logger
+
+from atopgpud_tw.problems import Problems, printable
+from atopgpud_tw.readers.identity import mig_ids
+from atopgpud_tw.readers.nvml.device import (
+    FUNCTION_NOT_FOUND,
+    NOT_SUPPORTED,
+    Failed,
+    Missing,
+    NotFound,
+    NvmlDevice,
+    Unsupported,
+    error_name,
+)
+from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFigures, clamp_percent
+
+log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
+
+#: the figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage)
+METRICS: tuple[tuple[str, int, bool], ...] = (
+    ("graphics", 1, False),  # GRAPHICS_UTIL
+    ("sm", 2, False),  # SM_UTIL
+    ("sm_occupancy", 3, False),  # SM_OCCUPANCY
+    ("tensor", 5, False),  # ANY_TENSOR_UTIL
+    ("dram", 10, False),  # DRAM_BW_UTIL
+    ("fp64", 11, False),  # FP64_UTIL
+    ("fp32", 12, False),  # FP32_UTIL
+    ("fp16", 13, False),  # FP16_UTIL
+    ("pcie_tx", 20, True),  # PCIE_TX_PER_SEC
+    ("pcie_rx", 21, True),  # PCIE_RX_PER_SEC
+    ("nvlink_rx", 60, True),  # NVLINK_TOTAL_RX_PER_SEC
+    ("nvlink_tx", 61, True),  # NVLINK_TOTAL_TX_PER_SEC
+)
+#: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
+MIN_SPAN = 0.1
+#: what `GpmReader._take` gives instead of figures: none yet (the first sample, a failure: the
+#: busy figure fails this poll) and none at all (the source cannot be sampled: -1)
+PENDING = "pending"
+NO_GPM = "no gpm"
+#: whether a whole card's busy figure is GPM's graphics activity where it has GPM (docs/fidelity.md,
+#: "Which figure feeds atop's busy counter"): yes; in a poll without GPM figures the sample
+#: buffer's fold, read every poll anyway, stands
+WHOLE_CARD_BUSY_FROM_GPM = True
+
+
+@dataclass(eq=False)
+class GpmStream:
+    """One source's sample buffers: the previous poll's sample (taken at `at`) and a spare."""
+
+    previous: Any = None
+    at: float = 0.0
+    spare: Any = None
+    #: the figures of the last poll that had some, which stand for a poll too soon after it
+    last: GpmFigures | None = None
+
+    def buffers(self) -> list[Any]:
+        return [b for b in (self.previous, self.spare) if b is not None]
+
+
+@dataclass(eq=False)
+class CardGpm:
+    """What is known of one card's GPM."""
+
+    #: None until nvmlGpmQueryDeviceSupport has answered
+    supported: bool | None = None
+    #: whether the card was in MIG mode when its streams were made
+    mig: bool = False
+    card: GpmStream = field(default_factory=GpmStream)
+    #: by GPU instance id
+    instances: dict[int, GpmStream] = field(default_factory=dict)
+
+    def streams(self) -> list[GpmStream]:
+        return [self.card, *self.instances.values()]
+
+
+class GpmReader:
+    """The GPM of every card of one reader (all of it runs in the reader's worker thread)."""
+
+    def __init__(self, nvml: Any, clock: Callable[[], float] | None = None) -> None:
+        self.nvml = nvml
+        #: the time of a sample, read when it is taken (None: the poll's time)
+        self._clock = clock
+        self._cards: dict[str, CardGpm] = {}
+        #: the binding's metrics request, made once and reused (it holds NVML_GPM_METRIC_MAX entries)
+        self._request: Any = None
+
+    # -- the hooks --
+
+    def layout(self, card: NvmlDevice, samples: list[DeviceSample], mig: str = "instances") -> list[DeviceSample]:
+        """A card's devices as ``T`` shows them from the start: a device whose busy figure will
+        be GPM's says so in its task-support digit (as its polled samples will)."""
+        enabled = card.mig_state.enabled
+        if not (enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
+            return samples
+        if enabled and mig == "instances":
+            return [_busy_flag(s) if mig_ids(card.key, s.key) is not None else s for s in samples]
+        return [_busy_flag(s) if s.key == card.key else s for s in samples]
+
+    def read(
+        self, card: NvmlDevice, samples: list[DeviceSample], problems: Problems, now: float, mig: str = "instances"
+    ) -> list[DeviceSample]:
+        """A card's samples of this poll, with what GPM measured since the last poll."""
+        if not self._supported(card, problems):
+            return samples
+        state = self._cards[card.key]
+        enabled = card.mig_state.enabled
+        if enabled != state.mig:
+            self._free(card, state.streams())
+            state.card, state.instances, state.mig = GpmStream(), {}, enabled
+        if not enabled or mig == "card":
+            figures = self._take(card, state.card, None, problems, now)
+            if enabled:
+                return [_with(s, figures, True) if s.key == card.key and s.present else s for s in samples]
+            return [_whole(s, figures) if s.key == card.key and s.present else s for s in samples]
+        present = {gi for gi in (mig_ids(card.key, key) for key in card.mig_state.instances) if gi is not None}
+        gone = [gi for gi in state.instances if gi not in present]
+        self._free(card, [state.instances.pop(gi) for gi in gone])
+        taken: dict[int, GpmFigures | str] = {}
+        out = []
+        for sample in samples:
+            gi = mig_ids(card.key, sample.key)
+            if gi is None or not sample.present:
+                out.append(sample)
+                continue
+            if gi not in taken:
+                stream = state.instances.setdefault(gi, GpmStream())
+                taken[gi] = self._take(card, stream, gi, problems, now)
+            out.append(_with(sample, taken[gi], True))
+        return out
+
+    def forget(self, key: str) -> None:
+        """A card is lost: its buffers are freed (a card found again starts afresh)."""
+        state = self._cards.pop(key, None)
+        if state is not None:
+            self._free(None, state.streams())
+
+    def keep(self, keys: set[str]) -> None:
+        """Only the cards of these keys are read now: any other's buffers are freed."""
+        for key in [key for key in self._cards if key not in keys]:
+            self.forget(key)
+
+    def release(self) -> None:
+        """Free every buffer (before NVML is shut down: buffers do not outlive it)."""
+        for key in list(self._cards):
+            self.forget(key)
+
+    # -- support --
+
+    def _supported(self, card: NvmlDevice, problems: Problems) -> bool:
+        state = self._cards.get(card.key)
+        if state is None:
+            state = self._cards[card.key] = CardGpm()
+        if state.supported is None:
+            try:
+                answer = card.call("nvmlGpmQueryDeviceSupport")
+            except (Unsupported, Missing, NotFound):
+                state.supported = False
+            except Failed as failure:
+                problems.add(f"{card.key} gpm support", f"GPU {card.busid}: {failure.cause}")
+                return False  # asked again at the next poll
+            else:
+                state.supported = bool(int(getattr(answer, "isSupportedDevice", 0)))
+            if state.supported:
+                card.say_once(
+                    f"gpm {card.key}",
+                    "nvml: GPU {busid} has GPU Performance Monitoring (GPM): SM, tensor, DRAM, PCIe and NVLink "
+                    "activity, and busy figures for its MIG instances",
+                    busid=printable(card.busid),
+                )
+        return bool(state.supported)
+
+    # -- samples --
+
+    def _take(
+        self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, problems: Problems, now: float
+    ) -> GpmFigures | str:
+        """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
+        what = "nvmlGpmSampleGet" if gpu_instance is None else "nvmlGpmMigSampleGet"
+        where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
+        try:
+            if stream.spare is None:
+                stream.spare = self._plain(card, "nvmlGpmSampleAlloc")
+            if gpu_instance is None:
+                card.call("nvmlGpmSampleGet", stream.spare)
+            else:
+                card.call("nvmlGpmMigSampleGet", gpu_instance, stream.spare)
+            at = now if self._clock is None else self._clock()
+            if stream.previous is None:
+                stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
+                return PENDING
+            if at - stream.at < MIN_SPAN:
+                # too soon for figures of their own: the last ones stand, over no time (counted once)
+                return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
+            figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
+            stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
+            stream.last = figures
+            return figures
+        except NotFound:
+            return PENDING  # a GPU instance destroyed since it was listed: the next poll drops it
+        except Unsupported as refused:
+            problems.add(f"{card.key} gpm {gpu_instance}", f"{where}: {refused}: not supported")
+            return NO_GPM
+        except Failed as failure:
+            problems.add(f"{card.key} gpm {gpu_instance} {failure.cause}", f"{where}: {what}: {failure.cause}")
+            return PENDING
+
+    def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
+        request = self._request
+        if request is None:
+            request = self._request = self.nvml.c_nvmlGpmMetricsGet_t()
+            request.version = self.nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(METRICS)
+            for index, (_, metric, _) in enumerate(METRICS):
+                request.metrics[index].metricId = metric
+        request.sample1, request.sample2 = first, second
+        self._plain(card, "nvmlGpmMetricsGet", request)
+        values = []
+        for index, (name, _, _) in enumerate(METRICS):
+            entry = request.metrics[index]
+            if int(entry.nvmlReturn) == 0:
+                values.append((name, max(0.0, float(entry.value))))
+        return GpmFigures(seconds, tuple(values))
+
+    def _free(self, card: NvmlDevice | None, streams: list[GpmStream]) -> None:
+        for stream in streams:
+            for buffer in stream.buffers():
+                try:
+                    self._plain(card, "nvmlGpmSampleFree", buffer)
+                except (Failed, Unsupported):
+                    pass  # a buffer of a library shut down beneath us: nothing more to give back
+            stream.previous = stream.spare = None
+
+    def _plain(self, card: NvmlDevice | None, function: str, *args: Any) -> Any:
+        """A GPM call that takes no device handle, its errors mapped as `NvmlDevice.call` maps them."""
+        bound = getattr(self.nvml, function, None)
+        if bound is None:
+            raise Missing(function)
+        watch = None if card is None else card.watch
+        if watch is not None:
+            watch.begin(function, card.where if card is not None else None)
+        try:
+            return bound(*args)
+        except self.nvml.NVMLError as error:
+            value = getattr(error, "value", None)
+            if value == FUNCTION_NOT_FOUND:
+                raise Missing(function) from None
+            if value == NOT_SUPPORTED:
+                raise Unsupported(function) from None
+            raise Failed(f"{function}: {error_name(error)}", value) from None
+        except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
+            raise Missing(f"{function}: {error}") from None
+        except Exception as error:
+            raise Failed(f"{function}: {type(error).__name__}: {error}") from None
+        finally:
+            if watch is not None:
+                watch.end()
+
+
+def _busy_flag(sample: DeviceSample) -> DeviceSample:
+    if sample.task_support & TASK_BUSY_GPM:
+        return sample
+    return replace(sample, task_support=sample.task_support | TASK_BUSY_GPM)
+
+
+def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
+    """A whole card's sample with GPM's figures; with `WHOLE_CARD_BUSY_FROM_GPM`, its busy figure
+    GPM's graphics activity where this poll has it, else the sample buffer's (a failed GPM
+    sample, the first one) as read."""
+    figures = taken if isinstance(taken, GpmFigures) else None
+    graphics = None if figures is None else figures.get("graphics")
+    if not WHOLE_CARD_BUSY_FROM_GPM:
+        return sample if figures is None else replace(sample, gpm=figures)
+    support = sample.task_support | TASK_BUSY_GPM
+    if graphics is None:
+        return replace(sample, gpm=figures, task_support=support)
+    return replace(sample, gpm=figures, gpu_busy=clamp_percent(graphics), task_support=support)
+
+
+def _with(sample: DeviceSample, taken: GpmFigures | str, busy: bool) -> DeviceSample:
+    """A MIG device's sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
+
+    That figure fails in a poll without figures of its own (None: the first sample of
+    a source, a failed one), as a failed reading does: the counters skip the device
+    in that poll, and the next poll's figures reach back to the last sample.  It is
+    -1 where the source cannot be sampled at all.
+    """
+    figures = taken if isinstance(taken, GpmFigures) else None
+    if not busy:
+        return sample if figures is None else replace(sample, gpm=figures)
+    gpu_busy: int | None
+    if figures is not None:
+        graphics = figures.get("graphics")
+        gpu_busy = UNSUPPORTED if graphics is None else clamp_percent(graphics)
+    else:
+        gpu_busy = UNSUPPORTED if taken == NO_GPM else None
+    return replace(sample, gpm=figures, gpu_busy=gpu_busy, task_support=sample.task_support | TASK_BUSY_GPM)

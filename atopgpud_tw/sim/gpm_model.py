@@ -1,0 +1,195 @@
+"""The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`).
+
+A GPM sample holds the counters of a card (``nvmlGpmSampleGet``) or of one of
+its MIG GPU instances (``nvmlGpmMigSampleGet``) at the moment it was taken:
+here, each activity integrated over simulated time since 0 (busy seconds) and
+the bytes moved.  ``nvmlGpmMetricsGet`` divides the difference of two samples
+by the time between them, so a metric is the exact average of the played
+timelines over that span, as the hardware's counters give it.
+
+What the model does, as the driver does or is documented to:
+
+- nvmlGpmQueryDeviceSupport: ``isSupportedDevice`` 1 for a GPU with a ``gpm``
+  object, 0 for one without (GPUs before Hopper);
+- a sample buffer is allocated, filled and freed; a buffer not allocated (or
+  freed) is INVALID_ARGUMENT; `gpm_buffers` counts those in use, to find leaks;
+- the card's sample works in MIG mode too (the whole GPU); a MIG sample is
+  NOT_SUPPORTED on a card out of MIG mode and NOT_FOUND for a GPU instance
+  that does not exist now (destroyed, or not yet created); its counters run
+  only while the instance exists;
+- two samples of different sources, or out of order, make the metrics call
+  INVALID_ARGUMENT; a metric the model does not play is NOT_SUPPORTED in its
+  own entry (the call itself succeeds);
+- faults (``nvmlGpmSampleGet``, ``nvmlGpmMigSampleGet``, ``nvmlGpmMetricsGet``)
+  come from the scenario's fault lists, a MIG instance's own included.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from atopgpud_tw.sim.scenario import NVML_ERRORS, GpuSpec, MigSpec, Timeline, cycled
+
+NOT_SUPPORTED = NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"]
+INVALID_ARGUMENT = NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"]
+NOT_FOUND = NVML_ERRORS["NVML_ERROR_NOT_FOUND"]
+MIB = 1048576
+#: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
+#: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
+#: "rate" MiB/s while active
+PLAYED = {
+    1: ("gpu", None),  # GRAPHICS_UTIL
+    2: ("gpu", "sm_share"),  # SM_UTIL
+    3: ("gpu", "occupancy_share"),  # SM_OCCUPANCY
+    5: ("gpu", "tensor_share"),  # ANY_TENSOR_UTIL
+    10: ("mem", "dram_share"),  # DRAM_BW_UTIL
+    11: ("gpu", "fp64_share"),  # FP64_UTIL
+    12: ("gpu", "fp32_share"),  # FP32_UTIL
+    13: ("gpu", "fp16_share"),  # FP16_UTIL
+    20: ("rate", "pcie_tx_mib_s"),  # PCIE_TX_PER_SEC
+    21: ("rate", "pcie_rx_mib_s"),  # PCIE_RX_PER_SEC
+    60: ("rate", "nvlink_rx_mib_s"),  # NVLINK_TOTAL_RX_PER_SEC
+    61: ("rate", "nvlink_tx_mib_s"),  # NVLINK_TOTAL_TX_PER_SEC
+}
+
+
+@dataclass(frozen=True)
+class GpmRecord:
+    """What a filled sample buffer holds: whose counters, when, and their values."""
+
+    #: (GPU index, GPU instance id or None, the instance's start): samples of one source only are compared
+    source: tuple[Any, ...]
+    at: float
+    #: metric id -> its counter: busy seconds (times the share) or MiB
+    counters: tuple[tuple[int, float], ...]
+
+
+def _busy_seconds(timeline: Timeline | None, util: Any, t: float) -> float:
+    """Seconds of activity from 0 to `t` (weighted by the level)."""
+    if timeline is not None:
+        return timeline.busy_time(t) * timeline.level / 100.0
+    level = float(cycled(util, 0) or 0)
+    return level / 100.0 * t
+
+
+class GpmDriver:
+    """The GPM calls of the driver model; mixed into `SimulatedNvml`."""
+
+    scenario: Any
+    _enter: Any
+    _gpu: Any
+    _clock: Any
+    _instances: Any
+    _raise_fault: Any
+    NVMLError: Any
+
+    def _gpm_setup(self) -> None:
+        self._gpm_lock = threading.Lock()
+        self._gpm_next = 0
+        #: buffer id -> what it holds (None: allocated, not filled)
+        self._gpm_buffers: dict[int, GpmRecord | None] = {}
+
+    @property
+    def gpm_buffers(self) -> int:
+        """Sample buffers allocated and not freed."""
+        return len(self._gpm_buffers)
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> int:
+        self._enter("nvmlGpmQueryDeviceSupport", handle)
+        return 0 if self._gpu(handle).gpm is None else 1
+
+    def gpm_alloc(self) -> int:
+        """nvmlGpmSampleAlloc: a new buffer's id."""
+        self._enter("nvmlGpmSampleAlloc")
+        with self._gpm_lock:
+            self._gpm_next += 1
+            self._gpm_buffers[self._gpm_next] = None
+            return self._gpm_next
+
+    def gpm_free(self, buffer: int) -> None:
+        self._enter("nvmlGpmSampleFree")
+        with self._gpm_lock:
+            if self._gpm_buffers.pop(buffer, _MISSING) is _MISSING:
+                raise self.NVMLError(INVALID_ARGUMENT)
+
+    def _gpm_fill(self, buffer: int, record: GpmRecord) -> None:
+        with self._gpm_lock:
+            if buffer not in self._gpm_buffers:
+                raise self.NVMLError(INVALID_ARGUMENT)
+            self._gpm_buffers[buffer] = record
+
+    def gpm_sample(self, handle: Any, buffer: int) -> None:
+        """nvmlGpmSampleGet: the whole card's counters now (a MIG handle: its GPU instance's)."""
+        self._enter("nvmlGpmSampleGet", handle)
+        gpu = self._gpu(handle)
+        if gpu.gpm is None:
+            raise self.NVMLError(NOT_SUPPORTED)
+        if handle.instance is not None:
+            self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, handle.instance, self._clock()))
+            return
+        t = self._clock()
+        self._gpm_fill(buffer, _record((handle.gpu, None, None), gpu, gpu.gpu_timeline, gpu.gpu_util,
+                                       gpu.mem_timeline, gpu.mem_util, 0.0, t, t))
+
+    def gpm_mig_sample(self, handle: Any, gpu_instance: int, buffer: int) -> None:
+        """nvmlGpmMigSampleGet: the counters of one GPU instance of a card in MIG mode."""
+        now = self._enter("nvmlGpmMigSampleGet", handle)
+        gpu: GpuSpec = self._gpu(handle)
+        if gpu.gpm is None or gpu.mig is None or handle.instance is not None:
+            raise self.NVMLError(NOT_SUPPORTED)
+        found = [m for m in self._instances(gpu, now) if m.gpu_instance == gpu_instance]
+        if not found:
+            raise self.NVMLError(NOT_FOUND)
+        # an instance's own faults: its GPU instance's samples fail with it (the first
+        # of its compute instances, in slot order, plays the GPU instance)
+        for fault in found[0].faults:
+            if fault.call == "nvmlGpmMigSampleGet" and fault.active(now):
+                self._raise_fault(fault.error)
+        self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, found[0], self._clock()))
+
+    def _instance_record(self, index: int, gpu: GpuSpec, instance: MigSpec, t: float) -> GpmRecord:
+        """A GPU instance's counters (those its `MigSpec` plays): they run only while it exists."""
+        end = t if instance.stop is None else min(t, instance.stop)
+        return _record((index, instance.gpu_instance, instance.start), gpu, instance.gpu_timeline,
+                       instance.gpu_util, instance.mem_timeline, instance.mem_util, instance.start, end, t)
+
+    def gpm_metrics(self, first: int, second: int, metric_ids: list[int]) -> list[tuple[int, float]]:
+        """nvmlGpmMetricsGet: each metric's (return code, value) between two filled buffers."""
+        self._enter("nvmlGpmMetricsGet")
+        with self._gpm_lock:
+            one, two = self._gpm_buffers.get(first), self._gpm_buffers.get(second)
+        if one is None or two is None or one.source != two.source or two.at <= one.at:
+            raise self.NVMLError(INVALID_ARGUMENT)
+        span = two.at - one.at
+        before, after = dict(one.counters), dict(two.counters)
+        out = []
+        for metric in metric_ids:
+            if metric not in after:
+                out.append((NOT_SUPPORTED, 0.0))
+                continue
+            change = after[metric] - before[metric]
+            kind = PLAYED[metric][0]
+            out.append((0, change / span if kind == "rate" else 100.0 * change / span))
+        return out
+
+
+_MISSING = object()
+
+
+def _record(
+    source: tuple[Any, ...], gpu: GpuSpec, gpu_timeline: Timeline | None, gpu_util: Any,
+    mem_timeline: Timeline | None, mem_util: Any, start: float, end: float, at: float,
+) -> GpmRecord:
+    """The counters of a source active from `start` to `end`, as sampled at `at`."""
+    spec = gpu.gpm
+    assert spec is not None
+    end = max(start, end)
+    active = _busy_seconds(gpu_timeline, gpu_util, end) - _busy_seconds(gpu_timeline, gpu_util, start)
+    memory = _busy_seconds(mem_timeline, mem_util, end) - _busy_seconds(mem_timeline, mem_util, start)
+    counters = []
+    for metric, (kind, name) in PLAYED.items():
+        scale = 1.0 if name is None else float(getattr(spec, name))
+        counters.append((metric, (memory if kind == "mem" else active) * scale))
+    return GpmRecord(source, at, tuple(counters))
