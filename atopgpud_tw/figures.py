@@ -288,7 +288,8 @@ def _max_clock(label: str, kind: int, element: str) -> Figure:
 
 def _threshold(name: str, kind: int, element: str) -> Figure:
     return Figure(TEMPERATURE_THRESHOLD, (("threshold", name),),
-                  Ask("nvmlDeviceGetTemperatureThreshold", (kind,), variant=f"nvmlDeviceGetTemperatureThreshold {name}"),
+                  Ask("nvmlDeviceGetTemperatureThreshold", (kind,),
+                      variant=f"nvmlDeviceGetTemperatureThreshold {name}"),
                   Smi((f"temperature/{element}",), most=250.0), Show(("temperature_threshold_c", name)),
                   Play(f"temperature_{name}_c", None))
 

@@ -73,9 +73,11 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
         for figure in ASKED:
             how = figure.nvml
             assert how is not None
+            if how.per_link:
+                continue  # asked per active link, below
             if how.field is not None:
                 fields.append((figure, None))
-            elif not how.per_link:
+            else:
                 _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
         if any(figure.nvml and figure.nvml.per_link for figure in ASKED):
             for link in _active_links(device, reading):
