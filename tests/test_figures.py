@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon import free_port, run_daemon
+from daemon import free_port, run_daemon, smi_stand_in
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
@@ -350,3 +350,24 @@ def test_daemon_serves_the_new_figures_and_promtool_accepts_the_page(tmp_path):
         pytest.skip("promtool is not installed (Debian package prometheus)")
     result = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+@pytest.mark.e2e
+def test_daemon_on_nvidia_smi_serves_the_new_figures_of_a_real_report(tmp_path):
+    """--reader nvidia-smi on a real H100 report: engines, PCIe throughput and link, clocks, on the page."""
+    if not CORPUS.is_dir():
+        pytest.skip(f"the shared nvidia-smi corpus is not at {CORPUS}")
+    port = free_port()
+    binary = smi_stand_in(tmp_path, CORPUS / "h100-80gb-hbm3-x8-570.86.15.xml")
+    with run_daemon(tmp_path, ["--reader", "nvidia-smi", "--nvidia-smi", str(binary), "--interval", "0.5",
+                    "--metrics", f"tcp:{port}:interface=127.0.0.1"]) as daemon:
+        daemon.wait_samples(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            page = samples(response.read().decode())
+    first = {labels for name, labels in page if name == "atopgpud_gpu_pcie_link_width"}
+    assert len(first) == 8  # one per card
+    tx = [v for (name, labels), v in page.items() if name == "atopgpud_gpu_pcie_throughput_bytes_per_second"
+          and ("direction", "tx") in labels and ("busid", "00000000:04:00.0") in labels]
+    assert tx == [509 * 1024]
+    assert any(name == "atopgpud_gpu_clock_max_hertz" for name, _ in page)
+    assert not any(name.startswith("atopgpud_gpu_nvlink") for name, _ in page)
