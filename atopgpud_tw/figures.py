@@ -364,6 +364,36 @@ FIGURES: tuple[Figure, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Inventory:
+    """One label of the inventory series: the `DeviceInfo` field it shows (snapshot.py), the NVML
+    call it is read with when a card is discovered, and where nvidia-smi's report has it."""
+
+    label: str
+    attribute: str
+    nvml: str
+    #: the path under ``<gpu>``, or under ``<nvidia_smi_log>`` for the driver's own
+    smi: str
+    smi_root: bool = False
+
+
+#: the inventory series: value 1, the card's index, bus id and name, then `INVENTORY`'s labels
+INFO = Family("atopgpud_gpu_info", "gauge", "What each GPU (or MIG instance) is, value 1: its UUID, serial, driver, "
+              "CUDA driver and VBIOS versions and MIG profile (empty where unknown); join on uuid.",
+              ("index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
+               "mig_profile"))
+#: the labels of `INFO` that say what a device is, in its order
+INVENTORY = (
+    Inventory("uuid", "uuid", "nvmlDeviceGetUUID", "uuid"),
+    Inventory("serial", "serial", "nvmlDeviceGetSerial", "serial"),
+    Inventory("driver_version", "driver_version", "nvmlSystemGetDriverVersion", "driver_version", smi_root=True),
+    Inventory("cuda_driver_version", "cuda_version", "nvmlSystemGetCudaDriverVersion_v2", "cuda_version",
+              smi_root=True),
+    Inventory("vbios", "vbios", "nvmlDeviceGetVbiosVersion", "vbios_version"),
+    Inventory("mig_profile", "mig_profile", "nvmlDeviceGetName (of a MIG instance)", "mig_devices"),
+)
+
+
 def families() -> dict[str, Family]:
     """Every family, by name, in the order the page lists them (the order of its first row)."""
     found: dict[str, Family] = {}
