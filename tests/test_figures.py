@@ -176,8 +176,9 @@ def test_new_figures_not_supported_are_left_out_and_not_asked_again():
     assert value(last, "atopgpud_gpu_temperature_celsius") == 40  # the older figures still read
 
 
-def test_a_mig_handle_and_a_binding_without_the_functions_have_none():
-    """The figures are the card's: an old binding lacking a function leaves its figure out, nothing else."""
+def test_a_binding_without_the_functions_leaves_their_figures_out():
+    """A driver lacking a function leaves its figures out, nothing else; the clocks-event flags come
+    through the older name (ThrottleReasons) where the newer one is missing."""
     t = [1.0]
     reader = reader_at(t)
     device = reader._devices[0]
@@ -187,7 +188,11 @@ def test_a_mig_handle_and_a_binding_without_the_functions_have_none():
     for variant in [f"nvmlDeviceGetViolationStatus {p}" for p in ("power", "thermal")] + [
             f"nvmlDeviceGetNvLinkState link {n}" for n in range(3)]:
         device.missing.add(variant)
+    device.missing.add("nvmlDeviceGetCurrentClocksEventReasons")
+    calls = reader.nvml.nvmlLib.calls
     reading = read_card_health(device)
+    assert calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 1
+    assert value(reading, "atopgpud_gpu_clocks_event_active", reason="gpu_idle") == 0
     assert value(reading, "atopgpud_gpu_violation_seconds_total", policy="power") is None
     assert not any(name.startswith("atopgpud_gpu_nvlink") for name, _ in reading.values)
     assert value(reading, "atopgpud_gpu_engine_busy_percent", engine="encoder") == 35
