@@ -106,8 +106,9 @@ def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], h
         answer = None
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
         for function in (how.function, *how.older):
-            answer = ask(("", ()), 1, function, *link, *how.args, variant=variant if function == how.function else None)
-            if answer is not None or (variant or function) not in device.missing:
+            named = variant if function == how.function else None
+            answer = ask(("", ()), 1, function, *link, *how.args, variant=named)
+            if answer is not None or (named or function) not in device.missing:
                 break
         answers[key] = answer
     return answers[key]
@@ -166,7 +167,8 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], ask: Any,
             wanted.append((figure, link, variant))
     if not wanted:
         return
-    ids = [(figure.nvml.field, link or 0) if link is not None else figure.nvml.field  # type: ignore[union-attr]
+    # a per-link field is asked with the link as its scope
+    ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
            for figure, link, _ in wanted]
     found = ask(("", ()), 1, "nvmlDeviceGetFieldValues", ids, variant="nvmlDeviceGetFieldValues")
     if found is None:
