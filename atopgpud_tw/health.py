@@ -4,29 +4,22 @@ Both readers fill a `CardHealth` per card when ``/metrics`` is fetched: the
 NVML reader by asking the card (atopgpud_tw/readers/nvml/health.py), the
 nvidia-smi reader from the report its last poll fetched
 (atopgpud_tw/readers/smi/health.py).  The metrics page (server/web/metrics_health.py)
-turns them into series, knowing nothing of either reader.
+turns them into series, knowing nothing of either reader.  Which figures
+there are, and how each reader finds them, is the table of figures
+(atopgpud_tw/figures.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atopgpud_tw import figures
 from atopgpud_tw.problems import Problems
 
 #: a series: (metric name, ((label, value), ...))
 Series = tuple[str, tuple[tuple[str, str], ...]]
-#: the clocks-event (throttle) reasons, by bit: nvmlClocksEventReason* of nvml.h
-CLOCKS_EVENT_REASONS = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
+#: the clocks-event (throttle) reasons, by bit (the table of figures' own)
+CLOCKS_EVENT_REASONS = figures.CLOCKS_EVENT_REASONS
 
 
 @dataclass

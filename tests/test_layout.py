@@ -16,13 +16,16 @@ from atopgpud_tw.lognames import ClassLogger
 PACKAGE = Path(atopgpud_tw.__file__).parent
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
-#: what each part may import of the package, beyond itself ("" is the top-level modules)
+#: what each part may import of the package, beyond itself ("" is the top-level modules); `figures`,
+#: the table of figures, imports nothing of the package, so every part may read it
 ALLOWED = {
     "codec": set(),
-    "atopgpu": {"codec"},
-    "sim": {"nvml_codes"},
-    "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes"},
-    "server": {"snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base"},
+    "atopgpu": {"codec", "figures"},
+    "sim": {"nvml_codes", "figures"},
+    "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes", "figures"},
+    "server": {
+        "snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base", "figures",
+    },
 }
 
 #: every log namespace of the daemon, as its lines show them (docs/reliability.md quotes some)

@@ -30,6 +30,7 @@ from atopgpud_tw.atopgpu.connection import (
     parse_endpoint,
     take_reading,
 )
+from atopgpud_tw.atopgpu.table import columns
 
 _NO_DEVICE = codec.DeviceStats(0, 0, 0, 0, 0, 0, 0, 0, ())
 
@@ -145,22 +146,6 @@ def _size(kib: float | None) -> str:
     return f"{kib:.0f}K"
 
 
-def _columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
-    """Header and rows as aligned lines: columns in `left` to the left, the rest right.
-
-    Every cell is shown as data (`codec.printable`): names, bus ids and labels
-    come from a daemon, a metrics page or another user's process.
-    """
-    table = [list(header), *([codec.printable(cell) for cell in row] for row in rows)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = []
-    for row in table:
-        cells = [cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in
-                 enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
 _GPU_HEADER = ("GPU", "BUSID", "TYPE", "BUSY", "AVGBUSY", "MEMBUSY", "MEMUSED", "MEMTOTAL", "SAMPLES")
 _PROC_HEADER = ("PID", "S", "T", "COMMAND", "MEMORY", "AVGBUSY", "MEMBUSY", "SAMPLES")
 
@@ -185,8 +170,8 @@ def render_table(doc: dict[str, Any]) -> str:
                 proc["command"] or "-", _size(proc["memory_kib"]), _percent(proc["gpu_busy_avg"]),
                 _percent(proc["mem_busy_avg"]), str(proc["samples"]),
             ])
-    gpu_lines = _columns(_GPU_HEADER, gpu_rows, {1, 2})
-    proc_lines = _columns(_PROC_HEADER, proc_rows, {1, 2, 3})
+    gpu_lines = columns(_GPU_HEADER, gpu_rows, {1, 2})
+    proc_lines = columns(_PROC_HEADER, proc_rows, {1, 2, 3})
     lines.append(gpu_lines[0])
     taken = 1
     for gpu, line in zip(doc["gpus"], gpu_lines[1:]):

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from atopgpud_tw.atopgpu.health import _samples
+from atopgpud_tw.atopgpu.table import columns
 from atopgpud_tw.codec import printable
 
 MIB = 1048576
@@ -69,8 +70,6 @@ _HEADER = ("BUSID", "TYPE", "GRACT", "SMACT", "SMOCC", "TENSOR", "DRAM", "PCIE-T
 
 def render_gpm(doc: dict[str, Any]) -> str:
     """The report as text: one row per device, `-` where it has no such figure."""
-    from atopgpud_tw.atopgpu.cli import _columns
-
     def cell(value: Any, unit: str) -> str:
         return "-" if value is None else f"{value:.1f}{unit}"
 
@@ -81,7 +80,7 @@ def render_gpm(doc: dict[str, Any]) -> str:
         for gpu in doc["gpus"]
     ]
     lines = [f"atopgpud GPM at {printable(doc['endpoint'])}"]
-    lines.extend(_columns(_HEADER, rows, {0, 1}))
+    lines.extend(columns(_HEADER, rows, {0, 1}))
     if not doc["gpus"]:
         lines.append("(no GPM figures: no GPU with GPM, Hopper or later)")
     return "\n".join(lines)

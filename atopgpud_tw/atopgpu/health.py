@@ -4,7 +4,8 @@ atop's protocol has no health figures, so these are fetched from the daemon's
 ``--metrics`` endpoint (``--metrics-url``) and read with prometheus_client's
 parser of the text format.  The page is checked as a reply is: it must be a
 metrics page of atopgpud (``atopgpud_build_info``), and every figure a number.
-The JSON schema and the table are in docs/atopgpu.md.
+Its keys and columns are the table of figures' (atopgpud_tw/figures.py: each
+row's `Show`).  The JSON schema and the table are in docs/atopgpu.md.
 """
 
 from __future__ import annotations
@@ -16,25 +17,23 @@ import urllib.request
 from typing import Any
 
 from atopgpud_tw.atopgpu.connection import BadReply, ClientError
+from atopgpud_tw.atopgpu.table import columns
 from atopgpud_tw.codec import printable
+from atopgpud_tw.figures import FIGURES
 
 DEFAULT_URL = "http://127.0.0.1:9445/metrics"
 #: seconds to wait for the page (the daemon waits at most 2 s for a stuck NVML call)
 FETCH_TIMEOUT = 10.0
 _P = "atopgpud_gpu_"
-_SIMPLE = {
-    "temperature_celsius": "temperature_c",
-    "memory_temperature_celsius": "memory_temperature_c",
-    "power_watts": "power_w",
-    "power_limit_watts": "power_limit_w",
-    "energy_joules_total": "energy_j",
-    "performance_state": "performance_state",
-    "fan_speed_percent": "fan_percent",
-    "pcie_replays_total": "pcie_replays",
-    "row_remap_pending": "row_remap_pending",
-    "row_remap_failed": "row_remap_failed",
-    "health_age_seconds": "age_seconds",
-}
+#: the figures shown: the rows of the table of figures with a JSON key (and maybe a column)
+_SHOWN = tuple(figure for figure in FIGURES if figure.show is not None)
+#: the flags of the clocks-event reasons are shown as one list, of the reasons active
+_REASONS = ("clocks_event_reasons",)
+_BY_SERIES = {figure.series: figure for figure in _SHOWN}
+_FAMILIES = {figure.family.name: figure.family for figure in _SHOWN}
+#: the families shown as lists of the reasons active (whatever reasons a daemon names)
+_LISTED = {figure.family.name for figure in _SHOWN if figure.show and figure.show.key == _REASONS}
+_COLUMNS = tuple(figure for figure in _SHOWN if figure.show and figure.show.column)
 
 
 def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> str:
@@ -68,6 +67,36 @@ def _samples(text: str, url: str) -> list[tuple[str, dict[str, str], float]]:
     return found
 
 
+def _blank(labels: dict[str, str]) -> dict[str, Any]:
+    """A card's object with every figure null (a per-link figure an empty object by link)."""
+    card: dict[str, Any] = {"busid": labels.get("busid", ""), "type": labels.get("type", ""), "present": None,
+                            "stale": None, "age_seconds": None}
+    for figure in _SHOWN:
+        assert figure.show is not None
+        if figure.show.key == _REASONS:
+            continue
+        *path, leaf = figure.show.key
+        place = card
+        for step in path:
+            place = place.setdefault(step, {})
+        place.setdefault(leaf, {} if "link" in figure.family.labels else None)
+    card["clocks_event_reasons"] = []
+    card["xid_errors"] = {}
+    return card
+
+
+def _shown(name: str, labels: dict[str, str]) -> tuple[Any, str | None] | None:
+    """The row of the table a sample is, and its link (per-link figures); None if it is none."""
+    family = _FAMILIES.get(name)
+    if family is None:
+        return None
+    own = tuple((label, labels.get(label, "")) for label in family.labels if label != "link")
+    figure = _BY_SERIES.get((name, own))
+    if figure is None:
+        return None
+    return figure, (labels.get("link", "") if "link" in family.labels else None)
+
+
 def health_report(text: str, url: str) -> dict[str, Any]:
     """The JSON document: one object per card with health figures, null where the card has none."""
     cards: dict[str, dict[str, Any]] = {}
@@ -75,16 +104,7 @@ def health_report(text: str, url: str) -> dict[str, Any]:
     def card(labels: dict[str, str]) -> dict[str, Any]:
         busid = labels.get("busid", "")
         if busid not in cards:
-            cards[busid] = {
-                "busid": busid, "type": labels.get("type", ""), "present": None, "stale": None,
-                **{key: None for key in _SIMPLE.values()},
-                "clocks_mhz": {"graphics": None, "sm": None, "memory": None},
-                "clocks_event_reasons": [],
-                "ecc_errors": {"corrected": {"volatile": None, "aggregate": None},
-                               "uncorrected": {"volatile": None, "aggregate": None}},
-                "remapped_rows": {"correctable": None, "uncorrectable": None},
-                "xid_errors": {},
-            }
+            cards[busid] = _blank(labels)
         return cards[busid]
 
     present: dict[str, float] = {}
@@ -95,28 +115,34 @@ def health_report(text: str, url: str) -> dict[str, Any]:
         if short == "present":
             present[labels.get("busid", "")] = value
             continue
-        if short in _SIMPLE:
-            card(labels)[_SIMPLE[short]] = _whole(value)
+        found = _shown(name, labels)
+        if name in _LISTED:
+            if value == 1:
+                card(labels)["clocks_event_reasons"].append(labels.get("reason", ""))
+        elif found is not None:
+            figure, link = found
+            *path, leaf = figure.show.key
+            place = card(labels)
+            for step in path:
+                place = place[step]
+            if link is None:
+                place[leaf] = _whole(value / figure.show.per)
+            else:
+                place[leaf][link] = _whole(value / figure.show.per)
+        elif short == "health_age_seconds":
+            card(labels)["age_seconds"] = _whole(value)
         elif short == "health_stale":
             card(labels)["stale"] = value == 1
-        elif short == "clock_hertz" and labels.get("clock") in ("graphics", "sm", "memory"):
-            card(labels)["clocks_mhz"][labels["clock"]] = _whole(value / 1e6)
-        elif short == "clocks_event_active" and value == 1:
-            card(labels)["clocks_event_reasons"].append(labels.get("reason", ""))
-        elif short == "ecc_errors_total":
-            errors = card(labels)["ecc_errors"].get(labels.get("error", ""))
-            if errors is not None and labels.get("counter") in errors:
-                errors[labels["counter"]] = _whole(value)
-        elif short == "remapped_rows" and labels.get("cause") in ("correctable", "uncorrectable"):
-            card(labels)["remapped_rows"][labels["cause"]] = _whole(value)
         elif short == "xid_errors_total":
             card(labels)["xid_errors"][labels.get("xid", "")] = _whole(value)
         elif short == "xid_events_total":
             card(labels)  # a card that reports XIDs, none yet: listed with {}
-    for busid, found in cards.items():
+        elif short == "xid_last_seconds":
+            card(labels)["xid_last"] = _whole(value)
+    for busid, found_card in cards.items():
         # a MIG card's instances share its bus id: it is present if any of them is
         values = [v for key, v in present.items() if key == busid or key.startswith(busid + "/")]
-        found["present"] = bool(max(values)) if values else None
+        found_card["present"] = bool(max(values)) if values else None
     return {
         "endpoint": url,
         "time": round(time.time(), 3),
@@ -134,32 +160,33 @@ def _cell(value: Any, unit: str = "", decimals: int = 0) -> str:
     return f"{value:.{decimals}f}{unit}"
 
 
-_HEADER = ("BUSID", "TYPE", "TEMP", "MEMTEMP", "POWER", "LIMIT", "ENERGY", "SM", "MEM", "PSTATE", "FAN",
-           "ECC-C", "ECC-U", "XID", "THROTTLE")
+_HEADER = ("BUSID", "TYPE", *(str(figure.show.column) for figure in _COLUMNS if figure.show), "XID", "THROTTLE")
+
+
+def _value(gpu: dict[str, Any], key: tuple[str, ...]) -> Any:
+    for step in key:
+        gpu = gpu[step]
+    return gpu
 
 
 def render_health(doc: dict[str, Any]) -> str:
     """The report as text: one row per card, `-` where the card has no such figure."""
-    from atopgpud_tw.atopgpu.cli import _columns
-
     rows = []
     for gpu in doc["gpus"]:
-        ecc = gpu["ecc_errors"]
         xids = ",".join(f"{code}x{count}" for code, count in sorted(gpu["xid_errors"].items())) or "-"
         throttle = ",".join(r for r in gpu["clocks_event_reasons"] if r != "gpu_idle") or "-"
         flags = [flag for flag, on in (("stale", gpu["stale"]), ("gone", gpu["present"] is False)) if on]
-        rows.append([
-            gpu["busid"], gpu["type"].replace(" ", "_") + (f" ({','.join(flags)})" if flags else ""),
-            _cell(gpu["temperature_c"], "C"), _cell(gpu["memory_temperature_c"], "C"),
-            _cell(gpu["power_w"], "W", 1), _cell(gpu["power_limit_w"], "W"),
-            _cell(None if gpu["energy_j"] is None else gpu["energy_j"] / 1000, "kJ", 1),
-            _cell(gpu["clocks_mhz"]["sm"], "MHz"), _cell(gpu["clocks_mhz"]["memory"], "MHz"),
-            "-" if gpu["performance_state"] is None else f"P{gpu['performance_state']}",
-            _cell(gpu["fan_percent"], "%"),
-            _cell(ecc["corrected"]["volatile"]), _cell(ecc["uncorrected"]["volatile"]), xids, throttle,
-        ])
+        cells = []
+        for figure in _COLUMNS:
+            show = figure.show
+            assert show is not None
+            value = _value(gpu, show.key)
+            cells.append("-" if value is None else show.prefix + _cell(value / show.column_per, show.unit,
+                                                                      show.decimals))
+        rows.append([gpu["busid"], gpu["type"].replace(" ", "_") + (f" ({','.join(flags)})" if flags else ""),
+                     *cells, xids, throttle])
     lines = [f"atopgpud health at {printable(doc['endpoint'])}"]
-    lines.extend(_columns(_HEADER, rows, {0, 1, 13, 14}))
+    lines.extend(columns(_HEADER, rows, {0, 1, len(_HEADER) - 2, len(_HEADER) - 1}))
     if not doc["gpus"]:
         lines.append("(no health figures: no GPU, or a reader without them)")
     return "\n".join(lines)

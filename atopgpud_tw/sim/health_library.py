@@ -3,8 +3,11 @@
 Each C function asks the driver model (sim/health_model.py) and writes its
 answer through the caller's pointers, as `library.py` does for the rest.
 ``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn``
-(the call itself succeeds); the simulator knows ``NVML_FI_DEV_MEMORY_TEMP``
-only, and any other field id is NOT_SUPPORTED.
+(the call itself succeeds); the simulator knows the field ids of the table of
+figures (memory temperature, clocks-event durations, NVLink throughput by
+link in ``scopeId``), and any other field id is NOT_SUPPORTED.  A call of the
+table that answers one number (the model's `plain`) gets its C function
+here from the row: its arguments as unsigned ints, one unsigned int out.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.sim.health_model import FIELD_MEMORY_TEMP, NOT_SUPPORTED
+from atopgpud_tw.sim.health_model import ENGINES, NOT_SUPPORTED, PLAIN
 from atopgpud_tw.sim.nvml import Handle, NVMLError
 
 SUCCESS = 0
@@ -21,8 +24,8 @@ _int = ctypes.c_int
 _uint = ctypes.c_uint
 _ull = ctypes.c_ulonglong
 _ptr = ctypes.c_void_p
-#: nvmlValueType_t NVML_VALUE_TYPE_UNSIGNED_INT
-VALUE_UNSIGNED_INT = 1
+#: nvmlValueType_t -> the member of c_nvmlValue_t written
+VALUE_MEMBERS = {1: "uiVal", 3: "ullVal"}
 _EVENT_SET_BASE = 0x5200_0000
 
 
@@ -72,19 +75,47 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         array = ctypes.cast(buffer, ctypes.POINTER(library._b.c_nvmlFieldValue_t))
         for index in range(count):
             entry = array[index]
-            entry.valueType = VALUE_UNSIGNED_INT
-            if entry.fieldId != FIELD_MEMORY_TEMP:
-                entry.nvmlReturn = NOT_SUPPORTED
-                continue
+            entry.valueType = 1
             try:
-                entry.value.uiVal = library._call("memory_temperature", handle)
+                kind, value = library._call("field_value", handle, int(entry.fieldId), int(entry.scopeId))
             except NVMLError as error:
                 if error.value != NOT_SUPPORTED:
                     raise  # a fault of the call: the whole call fails
                 entry.nvmlReturn = NOT_SUPPORTED
             else:
+                entry.valueType = kind
+                setattr(entry.value, VALUE_MEMBERS[kind], value)
                 entry.nvmlReturn = SUCCESS
         return SUCCESS
+
+    def plain(function: str) -> Callable[..., int]:
+        def answer(device: int | None, *args: Any) -> int:
+            *values, out = args
+            result = library._call("plain", function, library.model_handle(device), *values)
+            if not out:
+                return INVALID_ARGUMENT
+            _at(out, _uint)[0] = int(result)
+            return SUCCESS
+
+        return answer
+
+    def violation(device: int | None, policy: int, out: int | None) -> int:
+        reference, held = library._call("nvmlDeviceGetViolationStatus", library.model_handle(device), policy)
+        if not out:
+            return INVALID_ARGUMENT
+        _at(out, _ull)[0] = int(reference)  # c_nvmlViolationTime_t: referenceTime, then violationTime
+        _at(out + ctypes.sizeof(_ull), _ull)[0] = int(held)
+        return SUCCESS
+
+    def engine(function: str) -> Callable[..., int]:
+        def answer(device: int | None, util: int | None, period: int | None) -> int:
+            percent, sampled = library._call("engine_utilization", function, library.model_handle(device))
+            if not util or not period:
+                return INVALID_ARGUMENT
+            _at(util, _uint)[0], _at(period, _uint)[0] = int(percent), int(sampled)
+            return SUCCESS
+
+        return answer
 
     def event_set_create(out: int | None) -> int:
         ident = library._call("nvmlEventSetCreate")
@@ -111,28 +142,33 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         library._call("nvmlEventSetFree", _set_id(event_set))
         return SUCCESS
 
-    return {
+    table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
         "nvmlDeviceGetTemperature": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetTemperature")),
         "nvmlDeviceGetFieldValues": (_int, (h, ctypes.c_int32, _ptr), field_values),
-        "nvmlDeviceGetPowerUsage": (_int, (h, _ptr), out_uint("nvmlDeviceGetPowerUsage")),
-        "nvmlDeviceGetEnforcedPowerLimit": (_int, (h, _ptr), out_uint("nvmlDeviceGetEnforcedPowerLimit")),
         "nvmlDeviceGetTotalEnergyConsumption": (_int, (h, _ptr), out_ull("nvmlDeviceGetTotalEnergyConsumption")),
-        "nvmlDeviceGetClockInfo": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetClockInfo")),
         "nvmlDeviceGetCurrentClocksEventReasons": (
             _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksEventReasons")),
         "nvmlDeviceGetCurrentClocksThrottleReasons": (
             _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksThrottleReasons")),
         "nvmlDeviceGetPerformanceState": (_int, (h, _ptr), out_uint("nvmlDeviceGetPerformanceState")),
-        "nvmlDeviceGetFanSpeed": (_int, (h, _ptr), out_uint("nvmlDeviceGetFanSpeed")),
         "nvmlDeviceGetTotalEccErrors": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetTotalEccErrors")),
         "nvmlDeviceGetRemappedRows": (_int, (h, _ptr, _ptr, _ptr, _ptr), remapped),
-        "nvmlDeviceGetPcieReplayCounter": (_int, (h, _ptr), out_uint("nvmlDeviceGetPcieReplayCounter")),
         "nvmlEventSetCreate": (_int, (_ptr,), event_set_create),
         "nvmlDeviceRegisterEvents": (_int, (h, _ull, _ptr), register),
         "nvmlDeviceGetSupportedEventTypes": (_int, (h, _ptr), out_ull("nvmlDeviceGetSupportedEventTypes")),
         "nvmlEventSetWait_v2": (_int, (_ptr, _ptr, _uint), wait),
         "nvmlEventSetFree": (_int, (_ptr,), free),
+        "nvmlDeviceGetViolationStatus": (_int, (h, _uint, _ptr), violation),
+        "nvmlDeviceGetNvLinkState": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetNvLinkState")),
+        "nvmlDeviceGetNvLinkErrorCounter": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetNvLinkErrorCounter")),
     }
+    for function in ENGINES:
+        table[function] = (_int, (h, _ptr, _ptr), engine(function))
+    for function, rows in PLAIN.items():
+        if function not in table:
+            arity = len(next(iter(rows)))
+            table[function] = (_int, (h, *[_uint] * arity, _ptr), plain(function))
+    return table
 
 
 def _set_id(event_set: int | None) -> int:

@@ -1,7 +1,10 @@
 """The simulated driver's health figures and XID events (a part of `SimulatedNvml`).
 
 What a scenario GPU's ``health`` object plays (sim/health_scenario.py), as
-methods named and shaped like nvidia-ml-py's functions.  The figures are the
+methods named and shaped like nvidia-ml-py's functions.  A call of the table
+of figures (atopgpud_tw/figures.py) that answers one number is `plain`: its
+arguments pick the row, and the row's field is played in NVML's units; the
+other shapes (a structure, a mask, field values, NVLinks) have methods here.  The figures are the
 card's: on a MIG handle every one is NOT_SUPPORTED, as NVML has most of them
 per card only.  A figure the scenario gives as ``null`` is NOT_SUPPORTED.  The
 total energy is the integral of the played power since the simulation began
@@ -17,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from atopgpud_tw.sim.health_scenario import Played
+from atopgpud_tw.figures import FIGURES, Figure, Play
+from atopgpud_tw.sim.health_scenario import LinkSpec, Played
 from atopgpud_tw.sim.scenario import NVML_ERRORS
 
 NOT_SUPPORTED = NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"]
@@ -27,8 +31,40 @@ TIMEOUT = NVML_ERRORS["NVML_ERROR_TIMEOUT"]
 EVENT_XID = 0x8
 TEMPERATURE_GPU = 0
 FIELD_MEMORY_TEMP = 82
-#: nvmlClockType_t -> scenario field
-CLOCKS = {0: "graphics_clock_mhz", 1: "sm_clock_mhz", 2: "memory_clock_mhz"}
+#: nvmlValueType_t: NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+VALUE_UNSIGNED_INT = 1
+VALUE_UNSIGNED_LONG_LONG = 3
+#: the driver's sampling period of the engines' utilization, in microseconds
+ENGINE_PERIOD_US = 167_000
+
+
+def _plain(figure: Figure) -> bool:
+    """A figure whose call answers one number: the call's arguments pick the field it is played from."""
+    how = figure.nvml
+    return (how is not None and figure.play is not None and how.pick is None and how.bit is None and not how.flag
+            and how.field is None and not how.per_link and not how.older and how.below is None)
+
+
+def _by_arguments(function: str) -> dict[tuple[int, ...], Play]:
+    return {f.nvml.args: f.play for f in FIGURES if f.nvml and f.play and f.nvml.function == function}
+
+
+#: function -> its arguments -> the field it answers (the table's plain rows)
+PLAIN: dict[str, dict[tuple[int, ...], Play]] = {}
+for _figure in FIGURES:
+    if _plain(_figure) and _figure.nvml is not None and _figure.play is not None:
+        PLAIN.setdefault(_figure.nvml.function, {})[_figure.nvml.args] = _figure.play
+#: field id of nvmlDeviceGetFieldValues -> the card's field it answers; a link's field
+FIELD_IDS = {f.nvml.field: f.play for f in FIGURES if f.nvml and f.play and f.nvml.field is not None
+             and not f.nvml.per_link}
+LINK_FIELD_IDS = {f.nvml.field: f.play for f in FIGURES if f.nvml and f.play and f.nvml.field is not None
+                  and f.nvml.per_link}
+#: nvmlPerfPolicyType_t -> field; nvmlNvLinkErrorCounter_t -> a link's field
+VIOLATIONS = _by_arguments("nvmlDeviceGetViolationStatus")
+LINK_ERRORS = _by_arguments("nvmlDeviceGetNvLinkErrorCounter")
+#: the engines' utilization functions -> field
+ENGINES = {f.nvml.function: f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.pick == 0
+           and f.family.name == "atopgpud_gpu_engine_busy_percent"}
 ECC = {
     (0, 0): "ecc_corrected_volatile",
     (0, 1): "ecc_corrected_aggregate",
@@ -76,35 +112,79 @@ class HealthDriver:
             raise self.NVMLError(INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTemperature", handle, "temperature_c"))
 
-    def memory_temperature(self, handle: Any) -> int:
-        """``NVML_FI_DEV_MEMORY_TEMP`` of nvmlDeviceGetFieldValues (the library asks per field)."""
-        return int(self._value("nvmlDeviceGetFieldValues", handle, "memory_temperature_c"))
-
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        return int(round(self._value("nvmlDeviceGetPowerUsage", handle, "power_w") * 1000))
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        return int(round(self._value("nvmlDeviceGetEnforcedPowerLimit", handle, "power_limit_w") * 1000))
-
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         start, _ = self._played("nvmlDeviceGetTotalEnergyConsumption", handle, "energy_start_j")
         power = self._gpu(handle).health.played("power_w")
         if power is None:
             raise self.NVMLError(NOT_SUPPORTED)
-        t = self._clock()  # unwrapped: the counter never goes back
+        return int((start.at(0) + self._integral(power)) * 1000)
+
+    def _integral(self, played: Played) -> float:
+        """The integral of a played rate since the simulation began, on the unwrapped clock (it never goes back)."""
+        t = self._clock()
         repeat = self.scenario.repeat
         if repeat:
-            joules = (t // repeat) * power.integral(repeat) + power.integral(t % repeat)
-        else:
-            joules = power.integral(t)
-        return int((start.at(0) + joules) * 1000)
+            return (t // repeat) * played.integral(repeat) + played.integral(t % repeat)
+        return played.integral(t)
 
-    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
-        name = CLOCKS.get(type)
-        if name is None:
-            self._enter("nvmlDeviceGetClockInfo", handle)
+    def plain(self, function: str, handle: Any, *args: int) -> int:
+        """A call of the table's that answers one number: the field its arguments pick, in NVML's units."""
+        play = PLAIN[function].get(tuple(int(a) for a in args))
+        if play is None:
+            self._enter(function, handle)
+            raise self.NVMLError(NOT_SUPPORTED)  # no such figure on a card
+        value = self._value(function, handle, play.field) * play.per
+        return int(round(value)) if play.per != 1 else int(value)
+
+    def field_value(self, handle: Any, field: int, scope: int) -> tuple[int, int]:
+        """One entry of nvmlDeviceGetFieldValues: (value type, value); NOT_SUPPORTED for a field it lacks."""
+        if field in LINK_FIELD_IDS:
+            link, now = self._link(handle, scope, "nvmlDeviceGetFieldValues")
+            played = link.played(LINK_FIELD_IDS[field].field)
+            if played is None or not link.active:
+                raise self.NVMLError(NOT_SUPPORTED)
+            return VALUE_UNSIGNED_LONG_LONG, int(self._integral(played))
+        play = FIELD_IDS.get(field)
+        if play is None:
+            self._enter("nvmlDeviceGetFieldValues", handle)
             raise self.NVMLError(NOT_SUPPORTED)
-        return int(self._value("nvmlDeviceGetClockInfo", handle, name))
+        value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
+        return (VALUE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_UNSIGNED_LONG_LONG,
+                                                                                   int(round(value)))
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> tuple[int, int]:
+        """(reference time in µs, the time the policy held the clocks down in ns)."""
+        play = VIOLATIONS.get((int(policy),))
+        if play is None:
+            self._enter("nvmlDeviceGetViolationStatus", handle)
+            raise self.NVMLError(INVALID_ARGUMENT)
+        played, now = self._played("nvmlDeviceGetViolationStatus", handle, play.field)
+        return int(now * 1e6), int(round(played.at(now) * play.per))
+
+    def engine_utilization(self, function: str, handle: Any) -> tuple[int, int]:
+        """An engine's utilization (encoder, decoder, JPEG, OFA): (percent, sampling period in µs)."""
+        return int(self._value(function, handle, ENGINES[function])), ENGINE_PERIOD_US
+
+    def _link(self, handle: Any, link: int, call: str) -> tuple[LinkSpec, float]:
+        now = self._enter(call, handle)
+        links = self._gpu(handle).health.nvlink
+        if links is None or handle.instance is not None:
+            raise self.NVMLError(NOT_SUPPORTED)
+        if not 0 <= link < len(links):
+            raise self.NVMLError(INVALID_ARGUMENT)
+        return links[link], now
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        spec, _ = self._link(handle, int(link), "nvmlDeviceGetNvLinkState")
+        return 1 if spec.active else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        spec, now = self._link(handle, int(link), "nvmlDeviceGetNvLinkErrorCounter")
+        play = LINK_ERRORS.get((int(counter),))
+        played = None if play is None else spec.played(play.field)
+        if played is None or not spec.active:
+            raise self.NVMLError(NOT_SUPPORTED)
+        return int(played.at(now))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return int(self._value("nvmlDeviceGetCurrentClocksEventReasons", handle, "clocks_event_reasons"))
@@ -114,9 +194,6 @@ class HealthDriver:
 
     def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
         return int(self._value("nvmlDeviceGetPerformanceState", handle, "performance_state"))
-
-    def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
-        return int(self._value("nvmlDeviceGetFanSpeed", handle, "fan_percent"))
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         name = ECC.get((errorType, counterType))
@@ -132,9 +209,6 @@ class HealthDriver:
         if any(p is None for p in played):
             raise self.NVMLError(NOT_SUPPORTED)
         return tuple(int(p.at(now)) for p in played)  # type: ignore[union-attr,return-value]
-
-    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
-        return int(self._value("nvmlDeviceGetPcieReplayCounter", handle, "pcie_replays"))
 
     # -- events --
 

@@ -6,7 +6,10 @@ not depend on who asks how often), ``{"steps": [[t, v], ...]}`` (``v`` from
 time ``t`` on; the first value before the first step), or ``null``: the
 device cannot report it, and its NVML function answers NOT_SUPPORTED.  The
 total energy is the integral of the played power, so its increase over a span
-is exactly the power times the time.  docs/simulator.md lists the fields.
+is exactly the power times the time.  The fields are the table of figures'
+(atopgpud_tw/figures.py: each row's `Play`), with ``xid_events`` and
+``nvlink`` (a list of links, each with fields of its own); docs/simulator.md
+lists them.
 """
 
 from __future__ import annotations
@@ -15,54 +18,34 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from atopgpud_tw.figures import FIGURES, NVLINK_MAX_LINKS, link_fields, played_fields
+
 Number = float | int
 
-#: the C symbols of the health figures and NVML events (atopgpud_tw/sim/health_library.py)
-HEALTH_SYMBOLS = (
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetFieldValues",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetCurrentClocksThrottleReasons",
-    "nvmlDeviceGetPerformanceState",
-    "nvmlDeviceGetFanSpeed",
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetPcieReplayCounter",
+#: the events' C symbols, and the NVLink state that tells which links there are
+EVENT_SYMBOLS = (
     "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlEventSetWait_v2",
     "nvmlEventSetFree",
 )
+#: the C symbols of the health figures (every NVML call of the table of figures) and NVML events
+HEALTH_SYMBOLS = tuple(dict.fromkeys([
+    *(name for figure in FIGURES if figure.nvml is not None for name in (figure.nvml.function, *figure.nvml.older)),
+    "nvmlDeviceGetNvLinkState",
+    *EVENT_SYMBOLS,
+]))
 
-#: field -> (default, minimum, maximum); every one may be null (not supported)
+#: field -> (default, minimum, maximum); every one may be null (not supported): the table's `Play`s
 FIELDS: dict[str, tuple[Number | None, float, float | None]] = {
-    "temperature_c": (40, 0, None),
-    "memory_temperature_c": (None, 0, None),
-    "power_w": (60, 0, None),
-    "power_limit_w": (300, 0, None),
-    "energy_start_j": (0, 0, None),
-    "sm_clock_mhz": (1410, 0, None),
-    "memory_clock_mhz": (1215, 0, None),
-    "graphics_clock_mhz": (1410, 0, None),
-    "clocks_event_reasons": (0, 0, 2**64 - 1),
-    "performance_state": (0, 0, 15),
-    "fan_percent": (None, 0, 100),
-    "ecc_corrected_volatile": (0, 0, None),
-    "ecc_corrected_aggregate": (0, 0, None),
-    "ecc_uncorrected_volatile": (0, 0, None),
-    "ecc_uncorrected_aggregate": (0, 0, None),
-    "remapped_rows_correctable": (0, 0, None),
-    "remapped_rows_uncorrectable": (0, 0, None),
-    "remapped_rows_pending": (0, 0, 1),
-    "remapped_rows_failed": (0, 0, 1),
-    "pcie_replays": (0, 0, None),
+    name: (play.default, play.low, play.high) for name, play in played_fields().items()
 }
-KNOWN = set(FIELDS) | {"xid_events"}
+#: the fields of one NVLink (an entry of ``nvlink``), and ``active``
+LINK_FIELDS: dict[str, tuple[Number | None, float, float | None]] = {
+    name: (play.default, play.low, play.high) for name, play in link_fields().items()
+}
+KNOWN = set(FIELDS) | {"xid_events", "nvlink"}
 
 
 @dataclass(frozen=True)
@@ -117,6 +100,19 @@ class HealthSpec:
     xid_events: tuple[tuple[float, int], ...] = ()
     #: the device has XID events (``"xid_events": null``: registering for them is NOT_SUPPORTED)
     xid_supported: bool = True
+    #: its NVLinks, or None: it has none (nvmlDeviceGetNvLinkState is NOT_SUPPORTED)
+    nvlink: tuple[LinkSpec, ...] | None = None
+
+    def played(self, name: str) -> Played | None:
+        return dict(self.figures).get(name)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One NVLink: whether it is active, and its figures (throughput played in KiB/s, errors as counts)."""
+
+    active: bool = True
+    figures: tuple[tuple[str, Played | None], ...] = ()
 
     def played(self, name: str) -> Played | None:
         return dict(self.figures).get(name)
@@ -142,10 +138,11 @@ def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> H
     for name, (default, low, high) in FIELDS.items():
         raw = spec.get(name, default)
         figures.append((name, None if raw is None else _played(raw, f"{where}.{name}", low, high, error)))
+    links = _links(spec.get("nvlink"), f"{where}.nvlink", error)
     events = []
     listed = spec.get("xid_events", [])
     if listed is None:
-        return HealthSpec(tuple(figures), (), xid_supported=False)
+        return HealthSpec(tuple(figures), (), xid_supported=False, nvlink=links)
     if not isinstance(listed, list):
         raise error(f"{where}.xid_events must be a list of [time, xid]")
     for i, entry in enumerate(listed):
@@ -155,7 +152,32 @@ def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> H
         ):
             raise error(f"{where}.xid_events[{i}] must be [time, xid]: seconds >= 0 and a positive integer")
         events.append((float(entry[0]), entry[1]))
-    return HealthSpec(tuple(figures), tuple(sorted(events)))
+    return HealthSpec(tuple(figures), tuple(sorted(events)), nvlink=links)
+
+
+def _links(value: Any, where: str, error: Callable[[str], Exception]) -> tuple[LinkSpec, ...] | None:
+    """``nvlink``: null (no NVLink), or a list of links, each an object of played fields and ``active``."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > NVLINK_MAX_LINKS:
+        raise error(f"{where} must be null or a list of at most {NVLINK_MAX_LINKS} links")
+    links = []
+    for i, link in enumerate(value):
+        here = f"{where}[{i}]"
+        if not isinstance(link, dict):
+            raise error(f"{here} must be an object")
+        for key in link:
+            if key not in LINK_FIELDS and key != "active" and not str(key).startswith("_"):
+                raise error(f"{here}.{key} is not a known field")
+        active = link.get("active", True)
+        if not isinstance(active, bool):
+            raise error(f"{here}.active must be true or false")
+        figures = []
+        for name, (default, low, high) in LINK_FIELDS.items():
+            raw = link.get(name, default)
+            figures.append((name, None if raw is None else _played(raw, f"{here}.{name}", low, high, error)))
+        links.append(LinkSpec(active, tuple(figures)))
+    return tuple(links)
 
 
 def _is_number(value: Any) -> bool:

@@ -1,7 +1,8 @@
 """A card's health and power figures (`CardHealth`) and its XID errors, read through NVML in the reader's thread.
 
 `read_card_health` asks one card for every figure the metrics page shows
-(docs/metrics.md, "Health and power series") through the device's choke point
+(docs/metrics.md, "Health and power series"), each as its row of the table of
+figures (atopgpud_tw/figures.py) says, through the device's choke point
 (`NvmlDevice.call`), so that a figure the card cannot report (NOT_SUPPORTED, or
 a function its driver lacks) is asked no more and has no series, a figure
 that fails once is left out of that reading only, and a lost card or a broken
@@ -20,34 +21,27 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
-from atopgpud_tw.health import CLOCKS_EVENT_REASONS, CardHealth, Series
+from atopgpud_tw.figures import FIGURES, NVLINK_MAX_LINKS, Ask, Figure, Labels
+from atopgpud_tw.health import CardHealth, Series
 from atopgpud_tw.readers.nvml.device import (
     DeviceLost,
     Failed,
-    Missing,
     NotFound,
     NvmlDevice,
     Reinitialise,
     Unsupported,
 )
 
-TEMPERATURE_GPU = 0
-FIELD_MEMORY_TEMP = 82
 FIELD_NOT_SUPPORTED = 3
-#: nvmlClockType_t by the label it is shown with
-CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2))
-ECC_COUNTERS = (
-    ("corrected", 0, "volatile", 0),
-    ("corrected", 0, "aggregate", 1),
-    ("uncorrected", 1, "volatile", 0),
-    ("uncorrected", 1, "aggregate", 1),
-)
-#: nvmlPstates_t NVML_PSTATE_UNKNOWN
-PSTATE_UNKNOWN = 32
+INVALID_ARGUMENT = 2
 EVENT_XID = 0x8
 TIMEOUT = 10
 #: events taken from the set per reading at most (a storm is counted over later readings)
 MAX_EVENTS = 1000
+#: the figures NVML is asked for: the rows of the table of figures that have an NVML call
+ASKED = tuple(figure for figure in FIGURES if figure.nvml is not None)
+#: nvmlValueType_t -> the member of c_nvmlValue_t that holds it
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def read_card_health(device: NvmlDevice) -> CardHealth:
@@ -74,31 +68,29 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
         return value
 
     try:
-        ask(("atopgpud_gpu_temperature_celsius", ()), 1, "nvmlDeviceGetTemperature", TEMPERATURE_GPU)
-        _memory_temperature(device, values, ask)
-        ask(("atopgpud_gpu_power_watts", ()), 0.001, "nvmlDeviceGetPowerUsage")
-        ask(("atopgpud_gpu_power_limit_watts", ()), 0.001, "nvmlDeviceGetEnforcedPowerLimit")
-        ask(("atopgpud_gpu_energy_joules_total", ()), 0.001, "nvmlDeviceGetTotalEnergyConsumption")
-        for label, clock in CLOCKS:
-            ask(("atopgpud_gpu_clock_hertz", (("clock", label),)), 1e6, "nvmlDeviceGetClockInfo", clock,
-                variant=f"nvmlDeviceGetClockInfo {label}")
-        _clocks_event_reasons(device, values, ask)
-        state = ask(("", ()), 1, "nvmlDeviceGetPerformanceState")
-        if state is not None and 0 <= int(state) < PSTATE_UNKNOWN:
-            values[("atopgpud_gpu_performance_state", ())] = float(state)
-        ask(("atopgpud_gpu_fan_speed_percent", ()), 1, "nvmlDeviceGetFanSpeed")
-        for error, error_type, counter, counter_type in ECC_COUNTERS:
-            ask(("atopgpud_gpu_ecc_errors_total", (("error", error), ("counter", counter))), 1,
-                "nvmlDeviceGetTotalEccErrors", error_type, counter_type,
-                variant=f"nvmlDeviceGetTotalEccErrors {error} {counter}")
-        rows = ask(("", ()), 1, "nvmlDeviceGetRemappedRows")
-        if rows is not None:
-            correctable, uncorrectable, pending, failed = (int(v) for v in rows)
-            values[("atopgpud_gpu_remapped_rows", (("cause", "correctable"),))] = correctable
-            values[("atopgpud_gpu_remapped_rows", (("cause", "uncorrectable"),))] = uncorrectable
-            values[("atopgpud_gpu_row_remap_pending", ())] = 1 if pending else 0
-            values[("atopgpud_gpu_row_remap_failed", ())] = 1 if failed else 0
-        ask(("atopgpud_gpu_pcie_replays_total", ()), 1, "nvmlDeviceGetPcieReplayCounter")
+        answers: dict[tuple[Any, ...], Any] = {}
+        fields: list[tuple[Figure, int | None]] = []
+        for figure in ASKED:
+            how = figure.nvml
+            assert how is not None
+            if how.per_link:
+                continue  # asked per active link, below
+            if how.field is not None:
+                fields.append((figure, None))
+            else:
+                _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
+        if any(figure.nvml and figure.nvml.per_link for figure in ASKED):
+            for link in _active_links(device, reading):
+                for figure in ASKED:
+                    how = figure.nvml
+                    if how is None or not how.per_link:
+                        continue
+                    labels = (*figure.labels, ("link", str(link)))
+                    if how.field is not None:
+                        fields.append((figure, link))
+                    else:
+                        _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
+        _field_values(device, values, ask, fields)
     except (DeviceLost, Reinitialise) as failure:
         reading.values = {}
         reading.lost = True
@@ -106,41 +98,94 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     return reading
 
 
-def _memory_temperature(device: NvmlDevice, values: dict[Series, float], ask: Any) -> None:
-    """NVML_FI_DEV_MEMORY_TEMP: a field value, with its own return code per field."""
-    variant = "nvmlDeviceGetFieldValues memory temperature"
-    if variant in device.unsupported or variant in device.missing:
-        return
-    found = ask(("", ()), 1, "nvmlDeviceGetFieldValues", [FIELD_MEMORY_TEMP], variant=variant)
-    if found is None:
-        return
-    entry = found[0]
-    if int(entry.nvmlReturn) == FIELD_NOT_SUPPORTED:
-        device.unsupported.add(variant)
-    elif int(entry.nvmlReturn) == 0:
-        values[("atopgpud_gpu_memory_temperature_celsius", ())] = float(entry.value.uiVal)
+def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], how: Ask, link: tuple[int, ...]) -> Any:
+    """The answer of one call (asked once per reading however many figures it has); through the
+    function's older names where the binding or the driver lacks it."""
+    key = (how.function, how.args, how.variant, link)
+    if key not in answers:
+        answer = None
+        variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
+        for function in (how.function, *how.older):
+            named = variant if function == how.function else None
+            answer = ask(("", ()), 1, function, *link, *how.args, variant=named)
+            if answer is not None or (named or function) not in device.missing:
+                break
+        answers[key] = answer
+    return answers[key]
 
 
-def _clocks_event_reasons(device: NvmlDevice, values: dict[Series, float], ask: Any) -> None:
-    """The reasons the clocks are held down now, one 0/1 series each; through the older
-    name (ThrottleReasons) where the driver lacks the newer one."""
-    reasons = None
-    for function in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+def _store(values: dict[Series, float], figure: Figure, labels: Labels, answer: Any) -> None:
+    """One figure of an answer, as its row says: an element, a bit, a flag, or a number times its scale."""
+    how = figure.nvml
+    if answer is None or how is None:
+        return
+    if how.pick is not None:
+        answer = answer[how.pick] if isinstance(how.pick, int) else getattr(answer, how.pick)
+    if how.bit is not None:
+        value: float = 1 if int(answer) & how.bit else 0
+    elif how.flag:
+        value = 1 if answer else 0
+    elif how.below is not None and not 0 <= int(answer) < how.below:
+        return  # NVML's "unknown"
+    elif how.below is not None:
+        value = float(answer)
+    else:
+        value = float(answer) * how.scale
+    values[(figure.family.name, labels)] = value
+
+
+def _active_links(device: NvmlDevice, reading: CardHealth) -> list[int]:
+    """The card's active NVLinks: links are asked in order until one the card does not have."""
+    active = []
+    for link in range(NVLINK_MAX_LINKS):
         try:
-            reasons = device.call(function)
-            break
-        except Missing:
-            continue
+            state = device.call("nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
         except Unsupported:
-            return
+            break  # no NVLink at all (link 0), or no more links; not asked again but at its backoff
         except (DeviceLost, Reinitialise):
             raise
-        except (Failed, NotFound):
-            return
-    if reasons is None:
+        except (Failed, NotFound) as failure:
+            if getattr(failure, "value", None) != INVALID_ARGUMENT:  # past the last link: not a problem
+                cause = getattr(failure, "cause", str(failure))
+                reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
+            break
+        if state:
+            active.append(link)
+    return active
+
+
+def _field_values(device: NvmlDevice, values: dict[Series, float], ask: Any,
+                  fields: list[tuple[Figure, int | None]]) -> None:
+    """The figures of ``nvmlDeviceGetFieldValues``, one call for them all: each entry has a return
+    code of its own, and a field that is NOT_SUPPORTED is not asked again."""
+    wanted = []
+    for figure, link in fields:
+        how = figure.nvml
+        assert how is not None and how.field is not None
+        variant = _field_variant(how, link)
+        if variant not in device.unsupported and variant not in device.missing:
+            wanted.append((figure, link, variant))
+    if not wanted:
         return
-    for name, bit in CLOCKS_EVENT_REASONS:
-        values[("atopgpud_gpu_clocks_event_active", (("reason", name),))] = 1 if int(reasons) & bit else 0
+    # a per-link field is asked with the link as its scope
+    ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
+           for figure, link, _ in wanted]
+    found = ask(("", ()), 1, "nvmlDeviceGetFieldValues", ids, variant="nvmlDeviceGetFieldValues")
+    if found is None:
+        return
+    for index, (figure, link, variant) in enumerate(wanted):
+        entry = found[index]
+        if int(entry.nvmlReturn) == FIELD_NOT_SUPPORTED:
+            device.unsupported.add(variant)
+        elif int(entry.nvmlReturn) == 0:
+            member = VALUE_MEMBERS.get(int(entry.valueType), "uiVal")
+            labels = figure.labels if link is None else (*figure.labels, ("link", str(link)))
+            values[(figure.family.name, labels)] = float(getattr(entry.value, member)) * figure.nvml.scale  # type: ignore[union-attr]
+
+
+def _field_variant(how: Ask, link: int | None) -> str:
+    variant = how.variant or f"nvmlDeviceGetFieldValues {how.field}"
+    return variant if link is None else f"{variant} link {link}"
 
 
 @dataclass

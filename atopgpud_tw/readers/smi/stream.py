@@ -30,13 +30,14 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
+from atopgpud_tw.figures import FIGURES
 from atopgpud_tw.readers.smi.values import SmiReportError, first_line
 
 #: seconds the parsing thread sleeps after each chunk, so that the reactor gets the interpreter
 YIELD = 0.0002
 #: bytes handed to expat at once
 SLICE = 64 * 1024
-#: the children of a ``<gpu>`` the reader reads (report.py, mig.py, health.py)
+#: the children of a ``<gpu>`` the reader reads (report.py, mig.py; health.py's are the table of figures')
 KEPT = frozenset(
     {
         "uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage",
@@ -44,6 +45,8 @@ KEPT = frozenset(
         "clocks", "fan_speed", "remapped_rows", "performance_state", "clocks_event_reasons",
         "clocks_throttle_reasons", "ecc_errors", "serial", "vbios_version",
     }
+    | {path.split("/")[0] for figure in FIGURES if figure.smi is not None
+       for path in (*figure.smi.paths, *(name for names in figure.smi.parts for name in names))}
 )  # fmt: skip
 #: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements
 VERSIONS = frozenset({"driver_version", "cuda_version"})

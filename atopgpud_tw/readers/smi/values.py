@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, NamedTuple
 
+from atopgpud_tw.figures import INVENTORY
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.snapshot import NO_INFO, DeviceInfo, clamp_percent
 
@@ -71,13 +72,9 @@ def card_info(root: ET.Element, gpu: ET.Element) -> DeviceInfo:
         text = text_at(element, path) or ""
         return "" if not_available(text) else text
 
-    return DeviceInfo(
-        uuid=label(gpu, "uuid"),
-        serial=label(gpu, "serial"),
-        vbios=label(gpu, "vbios_version"),
-        driver_version=label(root, "driver_version"),
-        cuda_version=label(root, "cuda_version"),
-    )
+    # the MIG profile is an instance's, from mig.py
+    return DeviceInfo(**{row.attribute: label(root if row.smi_root else gpu, row.smi)
+                         for row in INVENTORY if row.attribute != "mig_profile"})
 
 
 def reading(

@@ -35,6 +35,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
 from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.figures import INFO, INVENTORY
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
@@ -50,8 +51,7 @@ _SPAN = " (since the previous sample, on the poll schedule: a late or failed pol
 GPU_LABELS = ["index", "busid", "type", "uuid"]
 PROCESS_LABELS = ["index", "busid", "pid", "uuid"]
 #: the inventory series' labels: what a card (or MIG instance) is
-INFO_LABELS = ["index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
-               "mig_profile"]
+INFO_LABELS = list(INFO.labels)
 
 
 class PollStatistics(Protocol):
@@ -159,14 +159,13 @@ class BoardCollector:
         used_cum = counter("atopgpud_gpu_memory_used_byte_seconds", "Each sample's memory in use times the "
                            f"seconds it covers{_SPAN}, summed.")
         timed, interval = self.board.counters.timed, self.interval
-        info = GaugeMetricFamily("atopgpud_gpu_info", "What each GPU (or MIG instance) is, value 1: its UUID, "
-                                 "serial, driver, CUDA driver and VBIOS versions and MIG profile (empty "
-                                 "where unknown); join on uuid.", labels=INFO_LABELS)
+        info = GaugeMetricFamily(INFO.name, INFO.help, labels=INFO_LABELS)
         for index, device in enumerate(devices):
             labels = [str(index), device.busid, device.name, device.info.uuid]
             what = device.info
-            info.add_metric([str(index), device.busid, what.uuid, device.name, what.serial, what.driver_version,
-                             what.cuda_version, what.vbios, what.mig_profile], 1)
+            shown = {row.label: getattr(what, row.attribute) for row in INVENTORY}
+            info.add_metric([str(index), device.busid, what.uuid, device.name,
+                             *(shown[label] for label in INFO_LABELS[4:])], 1)
             present.add_metric(labels, 1 if device.present else 0)
             if device.present:
                 # the last sample of a GPU that is gone is not "now"

@@ -15,7 +15,8 @@ are listed in docs/metrics.md.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from twisted.internet.defer import Deferred
@@ -24,6 +25,7 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from atopgpud_tw.figures import families
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.base import IReader
@@ -36,33 +38,20 @@ HEALTH_WAIT = 2.0
 FRESH = 0.5
 CARD_LABELS = ["busid", "type", "uuid"]
 
-#: metric -> (type, help, extra labels), in the order the page lists them
+#: metric -> (type, help, extra labels), in the order the page lists them: the table of figures' families
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "atopgpud_gpu_temperature_celsius": ("gauge", "GPU temperature.", ()),
-    "atopgpud_gpu_memory_temperature_celsius": ("gauge", "GPU memory (HBM) temperature.", ()),
-    "atopgpud_gpu_power_watts": ("gauge", "Power drawn by the GPU now.", ()),
-    "atopgpud_gpu_power_limit_watts": ("gauge", "The power limit the driver enforces.", ()),
-    "atopgpud_gpu_energy_joules_total": ("counter", "Energy the GPU used since the driver was loaded.", ()),
-    "atopgpud_gpu_clock_hertz": ("gauge", "Current clock frequency, by clock domain.", ("clock",)),
-    "atopgpud_gpu_clocks_event_active": ("gauge", "1 while this reason holds the clocks down (throttling).",
-                                         ("reason",)),
-    "atopgpud_gpu_performance_state": ("gauge", "Performance state (0 = P0, the highest, to 15).", ()),
-    "atopgpud_gpu_fan_speed_percent": ("gauge", "Fan speed as a percentage of its maximum.", ()),
-    "atopgpud_gpu_ecc_errors_total": ("counter", "ECC errors, by kind and by counter (volatile: since the "
-                                      "driver was loaded; aggregate: the GPU's lifetime).", ("error", "counter")),
-    "atopgpud_gpu_remapped_rows": ("gauge", "Memory rows remapped, by the kind of error that caused it.",
-                                   ("cause",)),
-    "atopgpud_gpu_row_remap_pending": ("gauge", "1 if a row remapping waits for a GPU reset.", ()),
-    "atopgpud_gpu_row_remap_failed": ("gauge", "1 if a row remapping failed.", ()),
-    "atopgpud_gpu_pcie_replays_total": ("counter", "PCIe replays (retransmissions) of the GPU's link.", ()),
+    name: (family.kind, family.help, family.labels) for name, family in families().items()
 }
 
 
 class HealthCache:
     """The latest health reading of each card, refreshed when a scrape asks."""
 
-    def __init__(self, source: IReader, clock: IReactorTime, wait: float = HEALTH_WAIT) -> None:
+    def __init__(self, source: IReader, clock: IReactorTime, wait: float = HEALTH_WAIT,
+                 wall: Callable[[], float] = time.time) -> None:
         self.source = source
+        #: the time of day, for when an XID was seen (the reactor's clock is monotonic)
+        self.wall = wall
         self.clock = clock
         self.wait = wait
         self.readings: dict[str, CardHealth] = {}
@@ -70,6 +59,8 @@ class HealthCache:
         self.xids: dict[tuple[str, int], int] = {}
         #: the cards that report XID events
         self.xid_cards: set[str] = set()
+        #: when each card's XID count last went up (the time of day, seconds since the epoch)
+        self.xid_last: dict[str, float] = {}
         #: cards (and "xid") whose reading is out, by key
         self.pending: dict[str, Deferred] = {}
         self._problems: dict[str, ProblemLog] = {}
@@ -141,7 +132,11 @@ class HealthCache:
     def _counted(self, outcome: tuple[dict[tuple[str, int], int], set[str]]) -> None:
         self.pending.pop("xid", None)
         self._failing.discard("xid")
+        before = _totals(self.xids)
         self.xids, self.xid_cards = outcome
+        for key, count in _totals(self.xids).items():
+            if count > before.get(key, 0):
+                self.xid_last[key] = self.wall()
 
     def _failed(self, failure: Any, key: str) -> None:
         self.pending.pop(key, None)
@@ -189,10 +184,23 @@ class HealthCollector:
             if key in cards:
                 xid.add_metric(cards[key] + [str(code)], count)
                 totals[key] = totals.get(key, 0) + count
+        last = GaugeMetricFamily("atopgpud_gpu_xid_last_seconds", "When the daemon last saw an XID critical error "
+                                 "of the GPU, in seconds since the epoch (absent until the first).",
+                                 labels=CARD_LABELS)
         for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
             events.add_metric(cards[key], count)
+            if key in self.cache.xid_last:
+                last.add_metric(cards[key], self.cache.xid_last[key])
         yield from families.values()
-        yield from (xid, events, stale, age)
+        yield from (xid, events, stale, age, last)
+
+
+def _totals(counts: dict[tuple[str, int], int]) -> dict[str, int]:
+    """XID counts of every code together, by card."""
+    totals: dict[str, int] = {}
+    for (key, _), count in counts.items():
+        totals[key] = totals.get(key, 0) + count
+    return totals
 
 
 class HealthWaiting(Resource):

@@ -1,0 +1,416 @@
+"""The table of figures: every health and power figure of a card as one row, for all who show or play it.
+
+A row (`Figure`) says everything about one figure: the series it is on the
+metrics page (its `Family`: name, type, help, label names; and its own label
+values), how the NVML reader asks for it (`Ask`: the call, its arguments, the
+scale to the series' unit), where nvidia-smi's report has it per schema
+(`Smi`), where ``atopgpu --health`` shows it (`Show`: its JSON key, and its
+column if it has one), and which field of a scenario's ``health`` object the
+simulator plays it from (`Play`).  From this one table come the page's
+families (server/web/metrics_health.py), the NVML reader's calls
+(readers/nvml/health.py), the nvidia-smi reader's paths
+(readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
+the simulator's scenario fields and plain calls (sim/health_*.py).
+
+This module imports nothing of the package, so that every part may read it:
+the client and the simulator, which may import nothing of the daemon, as well
+as the readers and the server.  Adding a figure of a shape the table knows is
+one row here (docs/design.md, "Extending").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Number = float | int
+#: a series: (metric name, ((label, value), ...)), as in health.py
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A series of the page: its name (a counter's with ``_total``), type, help, and label names
+    beyond the card's (busid, type, uuid)."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ask:
+    """How the NVML reader asks for a figure: ``nvml.<function>(handle, *args)``, times `scale`.
+
+    Rows with the same call (function, args, variant, field) share one call per reading.
+    """
+
+    function: str
+    args: tuple[int, ...] = ()
+    scale: float = 1.0
+    #: what is remembered as unsupported when it is not the function itself (one function, several figures)
+    variant: str | None = None
+    #: a field id of ``nvmlDeviceGetFieldValues`` (its entry has a return code of its own)
+    field: int | None = None
+    #: the element of the answer: an index of a list, or an attribute of a structure
+    pick: int | str | None = None
+    #: a bit of a mask: the figure is 1 while it is set
+    bit: int | None = None
+    #: a yes/no answer: 1 or 0
+    flag: bool = False
+    #: answers from here up mean "unknown": no series
+    below: float | None = None
+    #: the function's older names, asked where the binding or the driver lacks it
+    older: tuple[str, ...] = ()
+    #: asked once per active NVLink (link first among the arguments), with the label ``link``
+    per_link: bool = False
+
+
+@dataclass(frozen=True)
+class Smi:
+    """Where ``nvidia-smi -q -x`` has a figure, under a ``<gpu>``: the first path present is read."""
+
+    #: newest schema first
+    paths: tuple[str, ...]
+    scale: float = 1.0
+    #: the most a GPU can plausibly report (in the series' unit); beyond it the report is garbled
+    most: float | None = None
+    #: "number" (with a unit: "45 C", "16x", "509 KB/s"), "yes_no", "active", "pstate" ("P2")
+    parse: str = "number"
+    #: where no path is present: the sum of these parts (each a list of "a+b" alternatives, first present)
+    parts: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Show:
+    """Where ``atopgpu --health`` shows a figure: a JSON key (a path into the card's object), the
+    series' value divided by `per`; and a column of the table, if it has one."""
+
+    key: tuple[str, ...]
+    per: float = 1.0
+    column: str | None = None
+    unit: str = ""
+    decimals: int = 0
+    #: the column's value is the JSON value divided by this
+    column_per: float = 1.0
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Play:
+    """The simulator's field of a scenario GPU's ``health`` object: its default (None: not
+    supported), its bounds, and NVML's units per unit of the field (1000: watts played, mW answered)."""
+
+    field: str
+    default: Number | None
+    low: float = 0
+    high: float | None = None
+    per: float = 1.0
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: one series with its label values, and how each reader and user finds it."""
+
+    family: Family
+    labels: Labels = ()
+    nvml: Ask | None = None
+    smi: Smi | None = None
+    show: Show | None = None
+    play: Play | None = None
+
+    @property
+    def series(self) -> tuple[str, Labels]:
+        return self.family.name, self.labels
+
+
+# -- the families ------------------------------------------------------------------
+
+TEMPERATURE = Family("atopgpud_gpu_temperature_celsius", "gauge", "GPU temperature.")
+MEMORY_TEMPERATURE = Family("atopgpud_gpu_memory_temperature_celsius", "gauge", "GPU memory (HBM) temperature.")
+POWER = Family("atopgpud_gpu_power_watts", "gauge", "Power drawn by the GPU now.")
+POWER_LIMIT = Family("atopgpud_gpu_power_limit_watts", "gauge", "The power limit the driver enforces.")
+ENERGY = Family("atopgpud_gpu_energy_joules_total", "counter", "Energy the GPU used since the driver was loaded.")
+CLOCK = Family("atopgpud_gpu_clock_hertz", "gauge", "Current clock frequency, by clock domain.", ("clock",))
+CLOCKS_EVENT = Family("atopgpud_gpu_clocks_event_active", "gauge",
+                      "1 while this reason holds the clocks down (throttling).", ("reason",))
+PSTATE = Family("atopgpud_gpu_performance_state", "gauge", "Performance state (0 = P0, the highest, to 15).")
+FAN = Family("atopgpud_gpu_fan_speed_percent", "gauge", "Fan speed as a percentage of its maximum.")
+ECC = Family("atopgpud_gpu_ecc_errors_total", "counter", "ECC errors, by kind and by counter (volatile: since the "
+             "driver was loaded; aggregate: the GPU's lifetime).", ("error", "counter"))
+REMAPPED = Family("atopgpud_gpu_remapped_rows", "gauge", "Memory rows remapped, by the kind of error that caused it.",
+                  ("cause",))
+REMAP_PENDING = Family("atopgpud_gpu_row_remap_pending", "gauge", "1 if a row remapping waits for a GPU reset.")
+REMAP_FAILED = Family("atopgpud_gpu_row_remap_failed", "gauge", "1 if a row remapping failed.")
+PCIE_REPLAYS = Family("atopgpud_gpu_pcie_replays_total", "counter", "PCIe replays (retransmissions) of the GPU's link.")
+CLOCKS_EVENT_TIME = Family("atopgpud_gpu_clocks_event_seconds_total", "counter",
+                           "Time this reason held the clocks down, as the driver counts it (exact whatever the "
+                           "scrape interval).", ("reason",))
+VIOLATION_TIME = Family("atopgpud_gpu_violation_seconds_total", "counter",
+                        "Time the clocks were held below their target by this performance policy.", ("policy",))
+ENGINE_BUSY = Family("atopgpud_gpu_engine_busy_percent", "gauge",
+                     "Busy percentage of a video or image engine over the driver's last sampling period.",
+                     ("engine",))
+PCIE_THROUGHPUT = Family("atopgpud_gpu_pcie_throughput_bytes_per_second", "gauge",
+                         "PCIe traffic of the GPU over the driver's last 20 ms window, by direction.",
+                         ("direction",))
+PCIE_GENERATION = Family("atopgpud_gpu_pcie_link_generation", "gauge", "The PCIe generation the link runs at now.")
+PCIE_WIDTH = Family("atopgpud_gpu_pcie_link_width", "gauge", "The PCIe lanes the link runs with now.")
+NVLINK_BYTES = Family("atopgpud_gpu_nvlink_bytes_total", "counter", "Data sent and received over an active NVLink.",
+                      ("direction", "link"))
+NVLINK_ERRORS = Family("atopgpud_gpu_nvlink_errors_total", "counter", "Errors of an active NVLink, by kind.",
+                       ("error", "link"))
+CLOCK_MAX = Family("atopgpud_gpu_clock_max_hertz", "gauge", "The highest clock frequency of a clock domain.",
+                   ("clock",))
+TEMPERATURE_THRESHOLD = Family("atopgpud_gpu_temperature_threshold_celsius", "gauge",
+                               "Temperature thresholds: the GPU slows down, shuts down, or is past its maximum "
+                               "operating temperature at these.", ("threshold",))
+
+#: the clocks-event (throttle) reasons, by bit: nvmlClocksEventReason* of nvml.h
+CLOCKS_EVENT_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+#: nvmlClockType_t, by the label shown
+CLOCK_TYPES = (("graphics", 0, "graphics_clock"), ("sm", 1, "sm_clock"), ("memory", 2, "mem_clock"),
+               ("video", 3, "video_clock"))
+#: the most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS of nvml.h)
+NVLINK_MAX_LINKS = 18
+NS = 1e-9
+
+
+def _clock(label: str, kind: int, element: str) -> Figure:
+    if label == "video":  # a key of its own: clocks_mhz keeps the three it always had
+        show = Show(("video_clock_mhz",), per=1e6)
+    else:
+        show = Show(("clocks_mhz", label), per=1e6,
+                    column={"sm": "SM", "memory": "MEM"}.get(label), unit="MHz")
+    return Figure(CLOCK, (("clock", label),), Ask("nvmlDeviceGetClockInfo", (kind,), 1e6,
+                                                  variant=f"nvmlDeviceGetClockInfo {label}"),
+                  Smi((f"clocks/{element}",), 1e6, most=100e9), show,
+                  Play(f"{label}_clock_mhz", {"graphics": 1410, "sm": 1410, "memory": 1215}.get(label)))
+
+
+def _reason(name: str, bit: int) -> Figure:
+    tag = "display_clocks_setting" if name == "display_clock_setting" else name
+    return Figure(CLOCKS_EVENT, (("reason", name),),
+                  Ask("nvmlDeviceGetCurrentClocksEventReasons", bit=bit,
+                      older=("nvmlDeviceGetCurrentClocksThrottleReasons",)),
+                  Smi((f"clocks_event_reasons/clocks_event_reason_{tag}",
+                       f"clocks_throttle_reasons/clocks_throttle_reason_{tag}"), parse="active"),
+                  Show(("clocks_event_reasons",)),
+                  Play("clocks_event_reasons", 0, 0, 2**64 - 1))
+
+
+def _ecc(error: str, kind: int, counter: str, counter_type: int) -> Figure:
+    base = f"ecc_errors/{counter}"
+    parts: tuple[tuple[str, ...], ...]
+    if error == "corrected":
+        old, parts = "single_bit/total", ((f"{base}/sram_correctable",), (f"{base}/dram_correctable",))
+    else:
+        old = "double_bit/total"
+        parts = ((f"{base}/sram_uncorrectable",
+                  f"{base}/sram_uncorrectable_parity+{base}/sram_uncorrectable_secded"),
+                 (f"{base}/dram_uncorrectable",))
+    column = {"corrected": "ECC-C", "uncorrected": "ECC-U"}[error] if counter == "volatile" else None
+    return Figure(ECC, (("error", error), ("counter", counter)),
+                  Ask("nvmlDeviceGetTotalEccErrors", (kind, counter_type),
+                      variant=f"nvmlDeviceGetTotalEccErrors {error} {counter}"),
+                  Smi((f"{base}/{old}",), parts=parts),
+                  Show(("ecc_errors", error, counter), column=column),
+                  Play(f"ecc_{error}_{counter}", 0))
+
+
+def _remapped(index: int, family: Family, labels: Labels, element: str, key: tuple[str, ...], field: str,
+              flag: bool = False) -> Figure:
+    return Figure(family, labels, Ask("nvmlDeviceGetRemappedRows", pick=index, flag=flag),
+                  Smi((f"remapped_rows/{element}",), parse="yes_no" if flag else "number"),
+                  Show(key), Play(field, 0, 0, 1 if flag else None))
+
+
+def _event_time(name: str, field: int, element: str) -> Figure:
+    return Figure(CLOCKS_EVENT_TIME, (("reason", name),),
+                  Ask("nvmlDeviceGetFieldValues", scale=NS, field=field,
+                      variant=f"nvmlDeviceGetFieldValues clocks event {name}"),
+                  Smi((f"clocks_event_reasons_counters/clocks_event_reasons_counters_{element}",), 1e-6),
+                  Show(("clocks_event_seconds", name)),
+                  Play(f"clocks_event_{name}_s", None, per=1e9))
+
+
+def _violation(policy: str, kind: int) -> Figure:
+    return Figure(VIOLATION_TIME, (("policy", policy),),
+                  Ask("nvmlDeviceGetViolationStatus", (kind,), NS, variant=f"nvmlDeviceGetViolationStatus {policy}",
+                      pick="violationTime"),
+                  None, Show(("violation_seconds", policy)), Play(f"violation_{policy}_s", None, per=1e9))
+
+
+def _engine(engine: str, function: str) -> Figure:
+    return Figure(ENGINE_BUSY, (("engine", engine),), Ask(function, pick=0),
+                  Smi((f"utilization/{engine}_util",), most=100.0), Show(("engine_busy_percent", engine)),
+                  Play(f"{engine}_percent", None, 0, 100))
+
+
+def _throughput(direction: str, counter: int) -> Figure:
+    return Figure(PCIE_THROUGHPUT, (("direction", direction),),
+                  Ask("nvmlDeviceGetPcieThroughput", (counter,), 1024.0,
+                      variant=f"nvmlDeviceGetPcieThroughput {direction}"),
+                  Smi((f"pci/{direction}_util",), 1024.0, most=1e12), Show(("pcie_kib_per_second", direction), 1024),
+                  Play(f"pcie_{direction}_kib_s", None))
+
+
+def _nvlink_bytes(direction: str, field: int) -> Figure:
+    return Figure(NVLINK_BYTES, (("direction", direction),),
+                  Ask("nvmlDeviceGetFieldValues", scale=1024.0, field=field, per_link=True,
+                      variant=f"nvmlDeviceGetFieldValues nvlink {direction}"),
+                  None, Show(("nvlink_bytes", direction)), Play(f"{direction}_kib_per_s", 0, per=1))
+
+
+def _nvlink_errors(error: str, counter: int) -> Figure:
+    return Figure(NVLINK_ERRORS, (("error", error),),
+                  Ask("nvmlDeviceGetNvLinkErrorCounter", (counter,), per_link=True,
+                      variant=f"nvmlDeviceGetNvLinkErrorCounter {error}"),
+                  None, Show(("nvlink_errors", error)), Play(f"{error}_errors", 0))
+
+
+def _max_clock(label: str, kind: int, element: str) -> Figure:
+    return Figure(CLOCK_MAX, (("clock", label),),
+                  Ask("nvmlDeviceGetMaxClockInfo", (kind,), 1e6, variant=f"nvmlDeviceGetMaxClockInfo {label}"),
+                  Smi((f"max_clocks/{element}",), 1e6, most=100e9), Show(("max_clocks_mhz", label), 1e6),
+                  Play(f"max_{label}_clock_mhz", None))
+
+
+def _threshold(name: str, kind: int, element: str) -> Figure:
+    return Figure(TEMPERATURE_THRESHOLD, (("threshold", name),),
+                  Ask("nvmlDeviceGetTemperatureThreshold", (kind,),
+                      variant=f"nvmlDeviceGetTemperatureThreshold {name}"),
+                  Smi((f"temperature/{element}",), most=250.0), Show(("temperature_threshold_c", name)),
+                  Play(f"temperature_{name}_c", None))
+
+
+#: every figure, in the order the NVML reader asks and the page lists the families
+FIGURES: tuple[Figure, ...] = (
+    Figure(TEMPERATURE, (), Ask("nvmlDeviceGetTemperature", (0,)), Smi(("temperature/gpu_temp",), most=250.0),
+           Show(("temperature_c",), column="TEMP", unit="C"), Play("temperature_c", 40)),
+    Figure(MEMORY_TEMPERATURE, (), Ask("nvmlDeviceGetFieldValues", field=82,
+                                       variant="nvmlDeviceGetFieldValues memory temperature"),
+           Smi(("temperature/memory_temp",), most=250.0),
+           Show(("memory_temperature_c",), column="MEMTEMP", unit="C"), Play("memory_temperature_c", None)),
+    Figure(POWER, (), Ask("nvmlDeviceGetPowerUsage", scale=0.001),
+           Smi(("gpu_power_readings/instant_power_draw", "gpu_power_readings/power_draw", "power_readings/power_draw"),
+               most=100_000.0),
+           Show(("power_w",), column="POWER", unit="W", decimals=1), Play("power_w", 60, per=1000)),
+    Figure(POWER_LIMIT, (), Ask("nvmlDeviceGetEnforcedPowerLimit", scale=0.001),
+           Smi(("gpu_power_readings/current_power_limit", "power_readings/enforced_power_limit"), most=100_000.0),
+           Show(("power_limit_w",), column="LIMIT", unit="W"), Play("power_limit_w", 300, per=1000)),
+    Figure(ENERGY, (), Ask("nvmlDeviceGetTotalEnergyConsumption", scale=0.001), None,
+           Show(("energy_j",), column="ENERGY", unit="kJ", decimals=1, column_per=1000),
+           Play("energy_start_j", 0, per=1000)),
+    *(_clock(label, kind, element) for label, kind, element in CLOCK_TYPES),
+    *(_reason(name, bit) for name, bit in CLOCKS_EVENT_REASONS),
+    Figure(PSTATE, (), Ask("nvmlDeviceGetPerformanceState", below=32), Smi(("performance_state",), parse="pstate"),
+           Show(("performance_state",), column="PSTATE", prefix="P"), Play("performance_state", 0, 0, 15)),
+    Figure(FAN, (), Ask("nvmlDeviceGetFanSpeed"), Smi(("fan_speed",), most=100.0),
+           Show(("fan_percent",), column="FAN", unit="%"), Play("fan_percent", None, 0, 100)),
+    _ecc("corrected", 0, "volatile", 0),
+    _ecc("corrected", 0, "aggregate", 1),
+    _ecc("uncorrected", 1, "volatile", 0),
+    _ecc("uncorrected", 1, "aggregate", 1),
+    _remapped(0, REMAPPED, (("cause", "correctable"),), "remapped_row_corr", ("remapped_rows", "correctable"),
+              "remapped_rows_correctable"),
+    _remapped(1, REMAPPED, (("cause", "uncorrectable"),), "remapped_row_unc", ("remapped_rows", "uncorrectable"),
+              "remapped_rows_uncorrectable"),
+    _remapped(2, REMAP_PENDING, (), "remapped_row_pending", ("row_remap_pending",), "remapped_rows_pending", True),
+    _remapped(3, REMAP_FAILED, (), "remapped_row_failure", ("row_remap_failed",), "remapped_rows_failed", True),
+    Figure(PCIE_REPLAYS, (), Ask("nvmlDeviceGetPcieReplayCounter"), Smi(("pci/replay_counter",)),
+           Show(("pcie_replays",)), Play("pcie_replays", 0)),
+    # throttling as time: the clocks-event durations (ns) and each performance policy's violation time (ns)
+    _event_time("sw_power_cap", 74, "sw_power_cap"),
+    _event_time("sync_boost", 76, "sync_boost"),
+    _event_time("sw_thermal_slowdown", 269, "sw_therm_slowdown"),
+    _event_time("hw_thermal_slowdown", 270, "hw_therm_slowdown"),
+    _event_time("hw_power_brake_slowdown", 271, "hw_power_brake"),
+    *(_violation(policy, kind) for policy, kind in (
+        ("power", 0), ("thermal", 1), ("sync_boost", 2), ("board_limit", 3), ("low_utilization", 4),
+        ("reliability", 5), ("total_app_clocks", 10), ("total_base_clocks", 11))),
+    _engine("encoder", "nvmlDeviceGetEncoderUtilization"),
+    _engine("decoder", "nvmlDeviceGetDecoderUtilization"),
+    _engine("jpeg", "nvmlDeviceGetJpgUtilization"),
+    _engine("ofa", "nvmlDeviceGetOfaUtilization"),
+    _throughput("tx", 0),
+    _throughput("rx", 1),
+    Figure(PCIE_GENERATION, (), Ask("nvmlDeviceGetCurrPcieLinkGeneration"),
+           Smi(("pci/pci_gpu_link_info/pcie_gen/current_link_gen",), most=32.0), Show(("pcie_link_generation",)),
+           Play("pcie_link_generation", None)),
+    Figure(PCIE_WIDTH, (), Ask("nvmlDeviceGetCurrPcieLinkWidth"),
+           Smi(("pci/pci_gpu_link_info/link_widths/current_link_width",), most=64.0), Show(("pcie_link_width",)),
+           Play("pcie_link_width", None)),
+    # NVLink: per active link (the simulator plays them from the list `nvlink`, a shape of its own)
+    _nvlink_bytes("tx", 138),
+    _nvlink_bytes("rx", 139),
+    *(_nvlink_errors(error, counter) for error, counter in (
+        ("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))),
+    *(_max_clock(label, kind, element) for label, kind, element in CLOCK_TYPES),
+    _threshold("shutdown", 0, "gpu_temp_max_threshold"),
+    _threshold("slowdown", 1, "gpu_temp_slow_threshold"),
+    _threshold("memory_max", 2, "gpu_temp_max_mem_threshold"),
+    _threshold("gpu_max", 3, "gpu_temp_max_gpu_threshold"),
+)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One label of the inventory series: the `DeviceInfo` field it shows (snapshot.py), the NVML
+    call it is read with when a card is discovered, and where nvidia-smi's report has it."""
+
+    label: str
+    attribute: str
+    nvml: str
+    #: the path under ``<gpu>``, or under ``<nvidia_smi_log>`` for the driver's own
+    smi: str
+    smi_root: bool = False
+
+
+#: the inventory series: value 1, the card's index, bus id and name, then `INVENTORY`'s labels
+INFO = Family("atopgpud_gpu_info", "gauge", "What each GPU (or MIG instance) is, value 1: its UUID, serial, driver, "
+              "CUDA driver and VBIOS versions and MIG profile (empty where unknown); join on uuid.",
+              ("index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
+               "mig_profile"))
+#: the labels of `INFO` that say what a device is, in its order
+INVENTORY = (
+    Inventory("uuid", "uuid", "nvmlDeviceGetUUID", "uuid"),
+    Inventory("serial", "serial", "nvmlDeviceGetSerial", "serial"),
+    Inventory("driver_version", "driver_version", "nvmlSystemGetDriverVersion", "driver_version", smi_root=True),
+    Inventory("cuda_driver_version", "cuda_version", "nvmlSystemGetCudaDriverVersion_v2", "cuda_version",
+              smi_root=True),
+    Inventory("vbios", "vbios", "nvmlDeviceGetVbiosVersion", "vbios_version"),
+    Inventory("mig_profile", "mig_profile", "nvmlDeviceGetName (of a MIG instance)", "mig_devices"),
+)
+
+
+def families() -> dict[str, Family]:
+    """Every family, by name, in the order the page lists them (the order of its first row)."""
+    found: dict[str, Family] = {}
+    for figure in FIGURES:
+        found.setdefault(figure.family.name, figure.family)
+    return found
+
+
+def played_fields() -> dict[str, Play]:
+    """The simulator's fields of a card's figures (one field may play several rows), by name."""
+    found: dict[str, Play] = {}
+    for figure in FIGURES:
+        if figure.play is not None and not (figure.nvml and figure.nvml.per_link):
+            found.setdefault(figure.play.field, figure.play)
+    return found
+
+
+def link_fields() -> dict[str, Play]:
+    """The simulator's fields of one NVLink, by name."""
+    return {f.play.field: f.play for f in FIGURES if f.play is not None and f.nvml and f.nvml.per_link}
