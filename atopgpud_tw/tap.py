@@ -25,9 +25,12 @@ from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, 
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.snapshot import MIG_MODES
+from atopgpud_tw.snapshot import GROUPINGS, MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
+#: --workload-limit and --workload-expiry (server/web/workloads.py's, without importing it)
+DEFAULT_WORKLOAD_LIMIT = 500
+DEFAULT_EXPIRY = 3600.0
 
 log = Logger(namespace="atopgpud_tw.tap")
 
@@ -171,10 +174,20 @@ class Options(usage.Options):
          "--allow-gid and --socket-group as --listen's are."],
         ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
          _count("metrics-max-clients")],
+        ["workloads", None, "off", "With --metrics: exact GPU time per workload, its processes' counters "
+         "summed (exited ones included), the workload being each process's systemd unit, container, pod, "
+         "Slurm job or user (read from /proc once per process): unit, container, pod, job, user or off.",
+         _choice("workloads", *GROUPINGS)],
+        ["workload-limit", None, DEFAULT_WORKLOAD_LIMIT, "Workload series (one per workload and GPU) at most; "
+         "the rest are summed under workload=\"other\".", _count("workload-limit")],
+        ["workload-expiry", None, DEFAULT_EXPIRY, "Seconds a workload stays on the page once its last "
+         "process has ended; then its sums go into workload=\"other\".", _seconds("workload-expiry")],
     ]
 
     optFlags = [
         ["metrics-processes", None, "With --metrics: also export per-process series (one per pid)."],
+        ["metrics-process-context", None, "With --metrics-processes: label each process's series with "
+         "its user, comm and workload."],
     ]
 
     def __init__(self) -> None:
@@ -217,6 +230,10 @@ class Options(usage.Options):
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
         if self["metrics-processes"] and not self["metrics"]:
             raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
+        if self["metrics-process-context"] and not self["metrics-processes"]:
+            raise usage.UsageError("--metrics-process-context needs --metrics-processes")
+        if self["workloads"] != "off" and not self["metrics"]:
+            raise usage.UsageError("--workloads needs --metrics ENDPOINT")
 
 
 def reader_settings(options: Options) -> ReaderSettings:
@@ -243,7 +260,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         reader, layout = make_reader(reader_settings(options), reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    counters = Counters(weigh_processes=options["metrics-processes"])
+    workloads = options["workloads"] != "off"
+    # a workload's sums are its processes' time-weighted ones
+    counters = Counters(weigh_processes=options["metrics-processes"] or workloads)
     board = Board(counters, exited_limit=options["max-exited"], layout=layout)
     top = MultiService()
     SignalService(reactor).setServiceParent(top)
@@ -264,10 +283,17 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.server.web.metrics import make_site  # prometheus_client only when asked for
         from atopgpud_tw.server.web.metrics_health import HealthCache
         from atopgpud_tw.server.web.webbounds import WebLimits
+        from atopgpud_tw.server.web.workloads import WorkloadBook
 
+        book = None
+        if workloads:
+            book = WorkloadBook(counters, options["workloads"], options["workload-limit"],
+                                options["workload-expiry"], reactor.seconds)
+            board.exit_watchers.append(book.exited)
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], reader.watchdog,
             WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=HealthCache(reader, reactor),
+            workloads=book, process_context=options["metrics-process-context"],
         )
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))

@@ -52,6 +52,7 @@ NAMESPACES = {
     "atopgpud_tw.signals.SignalService",
     "atopgpud_tw.metrics.MetricsResource",
     "atopgpud_tw.metrics_health",
+    "atopgpud_tw.workloads",
     "atopgpud_tw.webbounds.WebGuard",
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from twisted.logger import Logger
 
@@ -196,6 +196,8 @@ class Board:
         #: version 1 clients' figures over their own intervals
         self._v1 = V1Intervals()
         self.replies_cut = 0
+        #: told every poll's exited processes, after the counters (`fold`)
+        self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
         self.exited_dropped = 0
         #: clients whose exits did not all fit in their latest reply
         self.behind: set[ClientQueue] = set()
@@ -225,6 +227,8 @@ class Board:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
         and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot, taken, since)
+        for watcher in self.exit_watchers:
+            watcher(exited)  # what else keeps ended processes' figures (the workloads of /metrics)
         if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
             self._devices_told = len(self.counters.devices)
             log.warn(

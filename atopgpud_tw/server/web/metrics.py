@@ -40,14 +40,19 @@ from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
 from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.server.web.metrics_web import make_root
+from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
 from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
+from atopgpud_tw.server.web.workloads import WorkloadBook
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
 
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
 _SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type", "uuid"]
 PROCESS_LABELS = ["index", "busid", "pid", "uuid"]
+#: what --metrics-process-context adds to them
+CONTEXT_LABELS = ["user", "comm", "workload"]
 #: the inventory series' labels: what a card (or MIG instance) is
 INFO_LABELS = ["index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
                "mig_profile"]
@@ -86,12 +91,17 @@ class BoardCollector:
         interval: float,
         processes: bool = False,
         calls: CallStatistics | None = None,
+        process_context: bool = False,
     ) -> None:
         self.board = board
         self.poller = poller
         self.interval = interval
         self.processes = processes
         self.calls = calls
+        #: per-process series labelled with their user, comm and workload (--metrics-process-context)
+        self.process_context = process_context
+        #: how the workload label names a process's workload (--workloads; "auto" when off)
+        self.grouping = "auto"
 
     def collect(self) -> Iterator[Metric]:
         """Every family, built afresh from the Board as it is now."""
@@ -186,6 +196,9 @@ class BoardCollector:
         yield from (info, present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
+        if self.process_context:
+            yield from self._processes_with_context(devices)
+            return
         memory = GaugeMetricFamily("atopgpud_process_memory_used_bytes", "GPU memory the process used at its "
                                    "last sample.", labels=PROCESS_LABELS)
         samples = CounterMetricFamily("atopgpud_process_samples", "Samples in which the process was seen on "
@@ -209,6 +222,30 @@ class BoardCollector:
                 if _known(totals.mem_busy_cum):
                     mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
         yield from (memory, samples, busy, mem_busy)
+
+
+    def _processes_with_context(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
+        # the same families, each series with the process's user, comm and workload labels
+        plain = list(self._plain_processes(devices))
+        labels = PROCESS_LABELS + CONTEXT_LABELS
+        by_pid = {(str(index), str(pid)): totals.context for index, device in enumerate(devices)
+                  for pid, totals in device.processes.items()}
+        for family in plain:
+            made: Any = type(family)
+            widened = made(family.name, family.documentation, labels=labels)
+            for sample in family.samples:
+                context = by_pid.get((sample.labels["index"], sample.labels["pid"])) or UNKNOWN_CONTEXT
+                kind, name = context.workload(self.grouping)
+                widened.add_metric([sample.labels[label] for label in PROCESS_LABELS]
+                                   + [context.user_name, context.comm, f"{kind}:{name}"], sample.value)
+            yield widened
+
+    def _plain_processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
+        saved, self.process_context = self.process_context, False
+        try:
+            yield from self._processes(devices)
+        finally:
+            self.process_context = saved
 
 
 _ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
@@ -331,13 +368,17 @@ def make_site(
     clock: IReactorTime | None = None,
     in_thread: InThread | None = None,
     health: HealthCache | None = None,
+    workloads: WorkloadBook | None = None,
+    process_context: bool = False,
 ) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for, and
     the health endpoints (`metrics_web`).
 
     `in_thread` runs the encoding of the polled part (default: in the reactor's
     thread pool)."""
-    collector = BoardCollector(board, poller, interval, processes, calls)
+    collector = BoardCollector(board, poller, interval, processes, calls, process_context)
+    if workloads is not None:
+        collector.grouping = workloads.grouping
     reactor: Any = clock
     if reactor is None:
         from twisted.internet import reactor
@@ -352,6 +393,8 @@ def make_site(
         health_part.register(HealthCollector(health))  # read when scraped (page.py: at most every HEALTH_TTL)
     polled = _registry(collector.polled)
     polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
+    if workloads is not None:
+        polled.register(WorkloadCollector(workloads, health))  # per workload (--workloads: workloads.py)
     page = MetricsPage(
         live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
     )
