@@ -149,7 +149,8 @@ def run(args: argparse.Namespace, limit: int, expiry: float) -> list[str]:
                         if t.context is not None and t.context.workload("unit")[1] == name)
                     if abs(row.busy - own) > 1e-6 * max(1.0, own):
                         failures.append(f"t={poll}: {name} on GPU {index}: {row.busy}, its processes {own}")
-        print(f"limit {limit}, expiry {expiry:g} s: {polls} polls ({args.minutes:g} simulated minutes), {lives[0]} processes ended, "
+        print(f"limit {limit}, expiry {expiry:g} s: {polls} polls ({args.minutes:g} simulated minutes), "
+              f"{lives[0]} processes ended, "
               f"{reader.contexts.reads} contexts read; at most {most} workload series on a page, "
               f"{book.expired} workloads expired into other; {pages} pages checked; CPU per poll "
               f"{1000 * poll_cpu / polls:.3f} ms, per page collection {1000 * page_cpu / max(pages, 1):.3f} ms; "
