@@ -90,6 +90,11 @@ def test_users_workloads_and_sums_across_an_exit(tmp_path, sleepers, capsys):
         own = series(late, "atopgpud_process_busy_percent_seconds_total", pid=str(first), user=me, comm="sleep")
         assert own and 0 < own[0] < busy
         assert series(late, name, kind="unknown", workload="unknown")
+        # the card's energy shared out by busy time: some to each, never more than the card used
+        shares = series(late, "atopgpud_workload_energy_joules_total")
+        card = series(late, "atopgpud_gpu_energy_joules_total")
+        assert series(late, "atopgpud_workload_energy_joules_total", kind="user", workload=me)[0] > 0
+        assert sum(shares) <= card[0]
         # atopgpu: the user and workload of each process, and --by user
         status = cli.main(["--connect", f"unix:@{daemon.name}", "--json", "--by", "user"])
         out, err = capsys.readouterr()
