@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -95,6 +96,12 @@ def test_users_workloads_and_sums_across_an_exit(tmp_path, sleepers, capsys):
         card = series(late, "atopgpud_gpu_energy_joules_total")
         assert series(late, "atopgpud_workload_energy_joules_total", kind="user", workload=me)[0] > 0
         assert sum(shares) <= card[0]
+        promtool = shutil.which("promtool")
+        if promtool is not None:  # the page with the workload and labelled process series is well formed
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                checked = subprocess.run([promtool, "check", "metrics"], input=response.read(), capture_output=True,
+                                         timeout=30)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
         # atopgpu: the user and workload of each process, and --by user
         status = cli.main(["--connect", f"unix:@{daemon.name}", "--json", "--by", "user"])
         out, err = capsys.readouterr()
