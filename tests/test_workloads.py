@@ -276,3 +276,59 @@ def test_churn_keeps_sums_monotonic_and_exact(polls: list[dict[int, tuple[str, i
     for running in polls:
         expected += sum(busy for _, busy in running.values())
     assert total == pytest.approx(expected)
+
+
+# -- the P reply and atopgpu's groups ------------------------------------------------------
+
+
+def test_p_lines_round_trip_as_tokens() -> None:
+    """A P body gives back each process; texts with spaces or controls come back as tokens."""
+    from atopgpud_tw import codec
+
+    records = [codec.ProcessInfo(7, 1000, "ann", "unit", "train.service", "python3"),
+               codec.ProcessInfo(8, -1, "", "unknown", "unknown", "bad name\x1b[2J")]
+    told = codec.parse_contexts(codec.render_contexts(records))
+    assert told[7] == records[0]
+    assert (told[8].uid, told[8].user, told[8].comm) == (-1, "", "bad_name_[2J")
+
+
+@pytest.mark.parametrize("body", [b"1 2 3\n", b"x 0 a b c d\n", b"1 0 a b c d", b"1 0 a b c d e\n"])
+def test_a_bad_p_body_is_a_protocol_error(body: bytes) -> None:
+    """atopgpu trusts no P line: a wrong count of fields, a non-number, no last newline."""
+    from atopgpud_tw import codec
+
+    with pytest.raises(codec.ProtocolError):
+        codec.parse_contexts(body)
+
+
+def test_the_p_body_keeps_within_its_limit() -> None:
+    """However many processes, the body stays within CONTEXT_REPLY_LIMIT."""
+    from atopgpud_tw import codec
+
+    records = [codec.ProcessInfo(pid, 1, "u" * 200, "unit", "w" * 200, "c" * 200) for pid in range(10000)]
+    body = codec.render_contexts(records)
+    assert len(body) <= codec.CONTEXT_REPLY_LIMIT and codec.parse_contexts(body)
+
+
+def test_groups_are_atops_arithmetic_over_the_gpus_samples() -> None:
+    """--by: a group's busy figure is its processes' busy sums changed, over the GPU's samples."""
+    from atopgpud_tw.atopgpu.cli import group_report, render_table
+
+    def proc(pid: int, user: str, sums: list[int | None]) -> dict:
+        return {"pid": pid, "state": "active", "type": "C", "user": user, "command": "x", "workload": None,
+                "memory_kib": 1, "samples": 10, "gpu_busy_avg": 1.0, "mem_busy_avg": 1.0, "sums": sums}
+
+    doc = {"endpoint": "e", "version": 2, "span": "start", "seconds": None, "gpus": [{
+        "index": 0, "busid": "b", "type": "t", "gpu_busy_now": 50, "gpu_busy_avg": 50.0, "mem_busy_avg": 5.0,
+        "memory_used_kib": 0, "memory_total_kib": 0, "samples": 10,
+        "processes": [proc(1, "ann", [10, 200, 20, 1000]), proc(2, "ann", [5, 100, 10, 500]),
+                      proc(3, "bob", [10, 50, None, 100])]}]}
+    groups = {group["name"]: group for group in group_report(doc, "user")}
+    assert (groups["ann"]["processes"], groups["ann"]["gpu_busy_avg"], groups["ann"]["memory_avg_kib"]) == (2, 30, 150)
+    assert (groups["bob"]["gpu_busy_avg"], groups["bob"]["mem_busy_avg"]) == (5, None)
+    for gpu in doc["gpus"]:
+        for each in gpu["processes"]:
+            del each["sums"]
+    doc["by"], doc["groups"] = "user", list(groups.values())
+    table = render_table(doc)
+    assert "by user:" in table and any(line.split()[:4] == ["0", "ann", "2", "30.0%"] for line in table.splitlines())
