@@ -201,13 +201,17 @@ def test_a_process_gone_before_it_was_read_is_unknown() -> None:
     assert host.sums()[("unknown", "unknown")][3:] == (1, 1)
 
 
-def test_the_cap_sums_the_rest_under_other() -> None:
-    """Beyond --workload-limit series, workloads are summed under other."""
+def test_the_cap_sums_the_rest_under_other(logged) -> None:
+    """Beyond --workload-limit series, workloads are summed under other, said once in the log."""
     host = _Host(limit=2)
     host.poll({pid: (f"u{pid}.service", 10) for pid in range(5)})
     sums = host.sums()
     assert set(sums) == {("unit", "u0.service"), ("unit", "u1.service"), ("other", "other")}
     assert sums[("other", "other")][0] == 30.0
+    host.poll({pid: (f"u{pid}.service", 10) for pid in range(10)})
+    host.sums()
+    said = [line for line in logged if "--workload-limit" in line]
+    assert said == ['more than 2 workload series (--workload-limit): the rest are summed under workload="other"']
 
 
 def test_an_idle_workload_expires_into_other() -> None:
