@@ -80,8 +80,11 @@ def test_users_workloads_and_sums_across_an_exit(tmp_path, sleepers, capsys):
         daemon.wait_samples(3)
         name = "atopgpud_workload_busy_percent_seconds_total"
         early = _wait_for(port, lambda page: series(page, name, kind="user", workload=me))
+        energy = "atopgpud_workload_energy_joules_total"
+        # the energy share needs two health readings, a page or more apart
         late = _wait_for(port, lambda page: series(page, "atopgpud_workload_processes_ended_total", kind="user",
-                                                    workload=me) == [1.0])
+                                                    workload=me) == [1.0]
+                         and series(page, energy, kind="user", workload=me) > [0.0])
         assert series(late, "atopgpud_workload_processes_total", kind="user", workload=me) == [2.0]
         busy = series(late, name, kind="user", workload=me)[0]
         memory = series(late, "atopgpud_workload_memory_used_byte_seconds_total", kind="user", workload=me)[0]
@@ -92,9 +95,9 @@ def test_users_workloads_and_sums_across_an_exit(tmp_path, sleepers, capsys):
         assert own and 0 < own[0] < busy
         assert series(late, name, kind="unknown", workload="unknown")
         # the card's energy shared out by busy time: some to each, never more than the card used
-        shares = series(late, "atopgpud_workload_energy_joules_total")
+        shares = series(late, energy)
         card = series(late, "atopgpud_gpu_energy_joules_total")
-        assert series(late, "atopgpud_workload_energy_joules_total", kind="user", workload=me)[0] > 0
+        assert series(late, energy, kind="user", workload=me)[0] > 0
         assert sum(shares) <= card[0]
         promtool = shutil.which("promtool")
         if promtool is not None:  # the page with the workload and labelled process series is well formed

@@ -196,24 +196,27 @@ class BoardCollector:
         yield from (info, present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
-        if self.process_context:
-            yield from self._processes_with_context(devices)
-            return
+        names = PROCESS_LABELS + CONTEXT_LABELS if self.process_context else PROCESS_LABELS
         memory = GaugeMetricFamily("atopgpud_process_memory_used_bytes", "GPU memory the process used at its "
-                                   "last sample.", labels=PROCESS_LABELS)
+                                   "last sample.", labels=names)
         samples = CounterMetricFamily("atopgpud_process_samples", "Samples in which the process was seen on "
-                                      "the GPU.", labels=PROCESS_LABELS)
+                                      "the GPU.", labels=names)
         busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "Each sample's GPU busy percentage "
                                    f"of the process times the seconds it covers{_SPAN}, summed.",
-                                   labels=PROCESS_LABELS)
+                                   labels=names)
         mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "Each sample's memory "
                                        f"busy percentage of the process times the seconds it covers{_SPAN}, "
-                                       "summed.", labels=PROCESS_LABELS)
+                                       "summed.", labels=names)
         counters = self.board.counters
         timed, interval = counters.timed and counters.weigh_processes, self.interval
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid), device.info.uuid]
+                if self.process_context:
+                    # who it is (--metrics-process-context): its user, comm and workload
+                    context = totals.context or UNKNOWN_CONTEXT
+                    kind, name = context.workload(self.grouping)
+                    labels += [context.user_name, context.comm, f"{kind}:{name}"]
                 if _known(totals.memory_now_kib):
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
@@ -222,30 +225,6 @@ class BoardCollector:
                 if _known(totals.mem_busy_cum):
                     mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
         yield from (memory, samples, busy, mem_busy)
-
-
-    def _processes_with_context(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
-        # the same families, each series with the process's user, comm and workload labels
-        plain = list(self._plain_processes(devices))
-        labels = PROCESS_LABELS + CONTEXT_LABELS
-        by_pid = {(str(index), str(pid)): totals.context for index, device in enumerate(devices)
-                  for pid, totals in device.processes.items()}
-        for family in plain:
-            made: Any = type(family)
-            widened = made(family.name, family.documentation, labels=labels)
-            for sample in family.samples:
-                context = by_pid.get((sample.labels["index"], sample.labels["pid"])) or UNKNOWN_CONTEXT
-                kind, name = context.workload(self.grouping)
-                widened.add_metric([sample.labels[label] for label in PROCESS_LABELS]
-                                   + [context.user_name, context.comm, f"{kind}:{name}"], sample.value)
-            yield widened
-
-    def _plain_processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
-        saved, self.process_context = self.process_context, False
-        try:
-            yield from self._processes(devices)
-        finally:
-            self.process_context = saved
 
 
 _ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
