@@ -25,12 +25,11 @@ from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, 
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
+from atopgpud_tw.server.web.workloads import DEFAULT_EXPIRY, WorkloadBook
+from atopgpud_tw.server.web.workloads import DEFAULT_LIMIT as DEFAULT_WORKLOAD_LIMIT
 from atopgpud_tw.snapshot import GROUPINGS, MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
-#: --workload-limit and --workload-expiry (server/web/workloads.py's, without importing it)
-DEFAULT_WORKLOAD_LIMIT = 500
-DEFAULT_EXPIRY = 3600.0
 
 log = Logger(namespace="atopgpud_tw.tap")
 
@@ -283,7 +282,6 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.server.web.metrics import make_site  # prometheus_client only when asked for
         from atopgpud_tw.server.web.metrics_health import HealthCache
         from atopgpud_tw.server.web.webbounds import WebLimits
-        from atopgpud_tw.server.web.workloads import WorkloadBook
 
         book = None
         if workloads:
