@@ -464,3 +464,14 @@ def test_printable_escapes_what_a_terminal_acts_on():
     assert codec.printable("abc\u202etxt.exe\u2028") == "abc\\u202etxt.exe\\u2028"
     assert codec.printable("\U000e0041") == "\\U000e0041"
     assert codec.printable("") == ""
+
+
+def test_a_daemon_without_p_is_read_without_users(fake, capsys):
+    """A daemon that does not know P closes the connection: atopgpu shows no user or workload, and
+    with --watch goes on over a new connection without asking P again."""
+    server = fake(GOOD_T, codec.frame(2, GOOD_S))
+    status, out, err = run(capsys, "--connect", f"unix:@{server.name}", "--json", "--watch", "0.05", "--count", "2")
+    assert (status, err) == (0, "")
+    docs = [json.loads(line) for line in out.splitlines()]
+    processes = [proc for doc in docs for gpu in doc["gpus"] for proc in gpu["processes"]]
+    assert len(docs) == 2 and processes and all(p["workload"] is None and p["user"] is None for p in processes)
