@@ -25,10 +25,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Mapping
 
 from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
-from atopgpud_tw.snapshot import NO_INFO, UNSUPPORTED, DeviceInfo, DeviceSample, ProcessSample, Snapshot, merge_by_pid
+from atopgpud_tw.snapshot import (
+    NO_INFO,
+    UNSUPPORTED,
+    DeviceInfo,
+    DeviceSample,
+    ProcessContext,
+    ProcessSample,
+    Snapshot,
+    merge_by_pid,
+)
 
+_NO_CONTEXTS: Mapping[int, ProcessContext] = {}
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
 
@@ -58,6 +69,10 @@ class ProcessTotals:
     mem_busy_seconds: float = 0.0
     started: int | None = None
     life: int = field(default_factory=_lives.__next__)
+    #: its memory times the seconds each sample covers (timed polls only)
+    memory_kib_seconds: float = 0.0
+    #: who it is (user, command, cgroup), once the reader has read it (None: not yet)
+    context: ProcessContext | None = None
 
     def add(self, sample: ProcessSample, taken: float | None = None, since: float = 0.0) -> None:
         """Count one poll of this process, unless one of its readings failed."""
@@ -75,6 +90,7 @@ class ProcessTotals:
                 self.counted_at = taken
                 self.gpu_busy_seconds += gpu * span
                 self.mem_busy_seconds += mem * span
+                self.memory_kib_seconds += memory * span
             # a busy sum that was -1 (not reported) starts again from 0 when it is
             self.gpu_busy_cum = gpu if self.gpu_busy_cum == UNSUPPORTED else self.gpu_busy_cum + gpu
             self.mem_busy_cum = mem if self.mem_busy_cum == UNSUPPORTED else self.mem_busy_cum + mem
@@ -99,6 +115,7 @@ class ProcessTotals:
             self.counted_at = taken
             self.gpu_busy_seconds += max(gpu, 0) * span
             self.mem_busy_seconds += max(mem, 0) * span
+            self.memory_kib_seconds += max(memory, 0) * span
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +236,7 @@ class Counters:
             if index in seen:
                 continue
             seen.add(index)
-            exited.extend(self._fold_device(index, sample, taken, since))
+            exited.extend(self._fold_device(index, sample, taken, since, snapshot.contexts))
         for index, device in enumerate(self.devices):
             if index not in seen:
                 exited.extend(self._mark_absent(index, device))
@@ -255,7 +272,8 @@ class Counters:
         return gone
 
     def _fold_device(
-        self, index: int, sample: DeviceSample, taken: float | None, since: float
+        self, index: int, sample: DeviceSample, taken: float | None, since: float,
+        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
     ) -> list[ExitedProcess]:
         device = self.devices[index]
         if not sample.present:
@@ -285,7 +303,7 @@ class Counters:
         if sample.processes is None:
             return []
         return self._fold_processes(
-            index, device, sample.processes, taken if self.weigh_processes else None, since
+            index, device, sample.processes, taken if self.weigh_processes else None, since, contexts
         )
 
     def _fold_processes(
@@ -295,6 +313,7 @@ class Counters:
         processes: tuple[ProcessSample, ...],
         taken: float | None,
         since: float,
+        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
     ) -> list[ExitedProcess]:
         merged = {proc.pid: proc for proc in processes}
         if len(merged) != len(processes):
@@ -313,6 +332,8 @@ class Counters:
                 else:
                     totals.started = proc.started  # first seen now: the same process
             totals.add(proc, taken, since)
+            if totals.context is None and contexts:
+                totals.context = contexts.get(pid)  # read once per process, by the reader
         if len(active) == len(merged):
             return reused  # every active process was seen in this poll
         ended = [pid for pid in active if pid not in merged]

@@ -14,7 +14,7 @@ and know nothing of counters or sockets.  Values follow one convention throughou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 UNSUPPORTED = -1
 
@@ -119,11 +119,79 @@ class DeviceSample:
         )
 
 
+#: how processes are grouped into workloads (``--workloads``); "auto" is the most
+#: specific of them a process has (what ``atopgpu`` shows)
+GROUPINGS = ("unit", "container", "pod", "job", "user", "off")
+#: by grouping, the fields of a `ProcessContext` looked at in turn: the first one a
+#: process has names its workload (a service's process has no pod)
+_WORKLOAD_ORDER = {
+    "auto": ("pod", "container", "job", "unit", "slice", "user"),
+    "pod": ("pod", "container", "job", "unit", "slice", "user"),
+    "container": ("container", "job", "unit", "slice", "user"),
+    "job": ("job", "container", "unit", "slice", "user"),
+    "unit": ("unit", "slice", "user"),
+    "user": ("user",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessContext:
+    """Who a GPU process is, read from ``/proc`` once per process (readers/procinfo.py).
+
+    Text fields are empty where not known.  `known` is False for a process gone
+    (or hidden) before it could be read: its workload is "unknown".  `unit` is the
+    innermost systemd unit of its cgroup (``NAME.service``, ``NAME.scope``; a user
+    manager's own units as ``user@UID.service/NAME``), `slice` the innermost slice,
+    `container` a container id (``docker://ID``, ``containerd://ID``, ``cri-o://ID``,
+    ``podman://ID``; a bare id where the layout does not say the runtime), `pod` a
+    Kubernetes pod uid, `job` a Slurm job id.
+    """
+
+    known: bool = True
+    uid: int = -1
+    user: str = ""
+    comm: str = ""
+    cmdline: str = ""
+    #: ``/proc/PID/stat``'s start time when it was read (None: not read)
+    started: int | None = None
+    cgroup: str = ""
+    unit: str = ""
+    slice: str = ""
+    container: str = ""
+    pod: str = ""
+    job: str = ""
+
+    def workload(self, grouping: str = "auto") -> tuple[str, str]:
+        """(kind, name) of the process's workload under `grouping` (`GROUPINGS`, or "auto")."""
+        if not self.known:
+            return "unknown", "unknown"
+        for kind in _WORKLOAD_ORDER.get(grouping, _WORKLOAD_ORDER["auto"]):
+            value = self.user_name if kind == "user" else getattr(self, kind)
+            if value:
+                return kind, value
+        return "unknown", "unknown"
+
+    @property
+    def user_name(self) -> str:
+        """The user's name, else the uid as a number, else empty."""
+        return self.user or (str(self.uid) if self.uid >= 0 else "")
+
+
+#: a process gone, or not visible, before it could be read
+UNKNOWN_CONTEXT = ProcessContext(known=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Every device of one poll, in the order the reader discovered them."""
+    """Every device of one poll, in the order the reader discovered them.
+
+    `contexts` holds, by pid, who the processes listed are (`ProcessContext`), for
+    those read so far: a reader reads a few new ones per poll, so a process may
+    come without one for a poll or two.
+    """
 
     devices: tuple[DeviceSample, ...] = field(default_factory=tuple)
+    contexts: Mapping[int, ProcessContext] = field(default_factory=dict)
 
 
 #: process kinds: compute, graphics, and both (a pid that both lists name)

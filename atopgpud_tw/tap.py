@@ -25,7 +25,9 @@ from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, 
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.snapshot import MIG_MODES
+from atopgpud_tw.server.web.workloads import DEFAULT_EXPIRY, WorkloadBook
+from atopgpud_tw.server.web.workloads import DEFAULT_LIMIT as DEFAULT_WORKLOAD_LIMIT
+from atopgpud_tw.snapshot import GROUPINGS, MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
@@ -174,10 +176,20 @@ class Options(usage.Options):
          "certificates change, and on SIGHUP (a bad file at start-up: exit status 2)."],
         ["metrics-max-clients", None, 32, "Metrics connections open at once; more are closed at once.",
          _count("metrics-max-clients")],
+        ["workloads", None, "off", "With --metrics: exact GPU time per workload, its processes' counters "
+         "summed (exited ones included), the workload being each process's systemd unit, container, pod, "
+         "Slurm job or user (read from /proc once per process): unit, container, pod, job, user or off.",
+         _choice("workloads", *GROUPINGS)],
+        ["workload-limit", None, DEFAULT_WORKLOAD_LIMIT, "Workload series (one per workload and GPU) at most; "
+         "the rest are summed under workload=\"other\".", _count("workload-limit")],
+        ["workload-expiry", None, DEFAULT_EXPIRY, "Seconds a workload stays on the page once its last "
+         "process has ended; then its sums go into workload=\"other\".", _seconds("workload-expiry")],
     ]
 
     optFlags = [
         ["metrics-processes", None, "With --metrics: also export per-process series (one per pid)."],
+        ["metrics-process-context", None, "With --metrics-processes: label each process's series with "
+         "its user, comm and workload."],
     ]
 
     def __init__(self) -> None:
@@ -222,6 +234,10 @@ class Options(usage.Options):
             raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
         if self["web-config"] and not self["metrics"]:
             raise usage.UsageError("--web-config needs --metrics ENDPOINT")
+        if self["metrics-process-context"] and not self["metrics-processes"]:
+            raise usage.UsageError("--metrics-process-context needs --metrics-processes")
+        if self["workloads"] != "off" and not self["metrics"]:
+            raise usage.UsageError("--workloads needs --metrics ENDPOINT")
 
 
 def reader_settings(options: Options) -> ReaderSettings:
@@ -248,7 +264,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         reader, layout = make_reader(reader_settings(options), reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
-    counters = Counters(weigh_processes=options["metrics-processes"])
+    workloads = options["workloads"] != "off"
+    # a workload's sums are its processes' time-weighted ones
+    counters = Counters(weigh_processes=options["metrics-processes"] or workloads)
     board = Board(counters, exited_limit=options["max-exited"], layout=layout)
     top = MultiService()
     signals = SignalService(reactor)
@@ -271,9 +289,15 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         from atopgpud_tw.server.web.metrics_health import HealthCache
         from atopgpud_tw.server.web.webbounds import WebLimits
 
+        book = None
+        if workloads:
+            book = WorkloadBook(counters, options["workloads"], options["workload-limit"],
+                                options["workload-expiry"], reactor.seconds)
+            board.exit_watchers.append(book.exited)
         site: Any = make_site(
             board, poller, options["interval"], options["metrics-processes"], reader.watchdog,
             WebLimits(max_clients=options["metrics-max-clients"]), reactor, health=HealthCache(reader, reactor),
+            workloads=book, process_context=options["metrics-process-context"],
         )
         if options["web-config"]:
             from atopgpud_tw.server.web.websecure import secure_site  # pyOpenSSL and bcrypt only when asked for

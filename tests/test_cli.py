@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -76,9 +77,10 @@ def test_table_shows_the_scenario(daemon, capsys):
     gpu_b = next(line for line in lines if "00000000:65:00.0" in line).split()
     assert gpu_b[3:6] == ["-", "-", "-"]
     mine = next(line for line in lines if line.split()[0] == str(MY_PID)).split()
-    assert mine[1:7] == ["A", "C", my_comm(), "1.0G", "30.0%", "5.0%"]
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert mine[1:5] == ["A", "C", me, my_comm()] and mine[6:9] == ["1.0G", "30.0%", "5.0%"]
     absent = next(line for line in lines if line.split()[0] == str(ABSENT_PID)).split()
-    assert absent[1:7] == ["A", "G", "-", "512M", "20.0%", "2.0%"]
+    assert absent[1:9] == ["A", "G", "-", "-", "unknown", "512M", "20.0%", "2.0%"]
 
 
 def test_json_matches_the_scenario(daemon, capsys):
@@ -425,7 +427,7 @@ def test_names_from_outside_are_shown_as_data_in_the_table(fake, capsys, renamed
     gpu = next(line for line in out.splitlines() if line.startswith("  0"))
     assert gpu.split()[1:3] == [f"{SHOWN}:17:00.0", f"NVIDIA_{SHOWN}"]
     proc = next(line for line in out.splitlines() if line.split()[0] == str(renamed))
-    assert proc.split()[3] == SHOWN
+    assert proc.split()[4] == SHOWN
 
 
 @pytest.mark.e2e
@@ -462,3 +464,14 @@ def test_printable_escapes_what_a_terminal_acts_on():
     assert codec.printable("abc\u202etxt.exe\u2028") == "abc\\u202etxt.exe\\u2028"
     assert codec.printable("\U000e0041") == "\\U000e0041"
     assert codec.printable("") == ""
+
+
+def test_a_daemon_without_p_is_read_without_users(fake, capsys):
+    """A daemon that does not know P closes the connection: atopgpu shows no user or workload, and
+    with --watch goes on over a new connection without asking P again."""
+    server = fake(GOOD_T, codec.frame(2, GOOD_S))
+    status, out, err = run(capsys, "--connect", f"unix:@{server.name}", "--json", "--watch", "0.05", "--count", "2")
+    assert (status, err) == (0, "")
+    docs = [json.loads(line) for line in out.splitlines()]
+    processes = [proc for doc in docs for gpu in doc["gpus"] for proc in gpu["processes"]]
+    assert len(docs) == 2 and processes and all(p["workload"] is None and p["user"] is None for p in processes)

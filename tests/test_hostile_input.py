@@ -93,14 +93,14 @@ def test_any_stream_in_any_split_is_answered_safely(stream, cuts):
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(min_size=2, max_size=2))
-def test_request_parser_accepts_exactly_t_and_s(data):
-    """parse_request raises ProtocolError for everything but T and S."""
+def test_request_parser_accepts_exactly_t_s_and_p(data):
+    """parse_request raises ProtocolError for everything but T, S and atopgpu's P."""
     try:
         request = codec.parse_request(data)
     except codec.ProtocolError:
-        assert data[:1] not in (b"T", b"S")
+        assert data[:1] not in (b"T", b"S", b"P")
     else:
-        assert data[:1] in (b"T", b"S") and request.version == data[1]
+        assert data[:1] in (b"T", b"S", b"P") and request.version == data[1]
 
 
 @settings(max_examples=200, deadline=None)

@@ -56,6 +56,7 @@ NAMESPACES = {
     "atopgpud_tw.signals.SignalService",
     "atopgpud_tw.metrics.MetricsResource",
     "atopgpud_tw.metrics_health",
+    "atopgpud_tw.workloads",
     "atopgpud_tw.webbounds.WebGuard",
     "atopgpud_tw.passwords.PasswordChecks",
     "atopgpud_tw.basicauth.Protected",

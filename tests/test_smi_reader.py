@@ -88,6 +88,21 @@ async def test_poll_reads_a_report(fake: FakeSmi, make_reader) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_poll_tells_who_the_processes_are(fake: FakeSmi, make_reader) -> None:
+    """The reader reads each listed process's /proc once (in its thread): this test's own process
+    listed as pid 100 is shown with its uid and comm; a pid that is no process here is unknown."""
+    report = (FIXTURES / "plain-v11.xml").read_bytes()
+    fake.report("plain-v11.xml", report.replace(b"<pid>100</pid>", f"<pid>{os.getpid()}</pid>".encode())
+                .replace(b"<pid>200</pid>", b"<pid>4000000</pid>"))
+    reader = make_reader()
+    reader.open()
+    snapshot = await reader.poll()
+    mine = snapshot.contexts[os.getpid()]
+    assert mine.known and mine.uid == os.getuid() and mine.comm
+    assert not snapshot.contexts[4000000].known
+
+
+@pytest_twisted.ensureDeferred
 async def test_hung_nvidia_smi_is_killed_and_the_next_poll_works(fake: FakeSmi, make_reader) -> None:
     """A run past the timeout is killed, the poll fails at once, and a fixed nvidia-smi is read again."""
     fake.report("plain-v11.xml")

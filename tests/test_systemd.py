@@ -39,14 +39,15 @@ def test_units_verify_clean(unit):
 
 
 @pytest.mark.e2e
-def test_unit_exposure_is_at_most_1_3(unit):
-    """systemd-analyze security --offline=true scores the unit 1.3 or lower."""
+def test_unit_exposure_is_at_most_1_5(unit):
+    """systemd-analyze security --offline=true scores the unit 1.5 or lower (docs/reliability.md:
+    ProtectProc=default, for other users' GPU processes' /proc, is 0.2 of it)."""
     result = subprocess.run(
         ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True, timeout=60
     )
     score = re.search(r"Overall exposure level for atopgpud\.service: ([0-9.]+)", result.stdout)
     assert score, result.stdout + result.stderr
-    assert float(score.group(1)) <= 1.3
+    assert float(score.group(1)) <= 1.5
 
 
 def test_unit_runs_in_the_foreground_and_restarts_on_failure():

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 from atop_output import parse_output
+from metrics_text import samples_of, series
 from systemd_container import UNITS, VENV, Container, container_fixture, exec_start_dropin
 
 pytestmark = pytest.mark.timeout(1800)  # a cold cache runs debootstrap in the first test's setup
@@ -327,3 +328,73 @@ def test_atop_started_at_boot_shows_the_gpus_of_a_driver_loaded_10_s_later(boot_
     out = box.run(["sh", "-c", f"atop -r {raw} -P GPU"], check=True).stdout
     counts = gpu_samples(out)
     assert len(counts) >= 3 and counts == [len(gpus)] * len(counts), f"GPU lines per sample: {counts}\n{out}"
+
+
+#: the scenario of the workloads test, written inside (its pids filled in by the test)
+WORKLOAD_SCENARIO = "/etc/atopgpud-workloads.json"
+WORKLOAD_METRICS = "tcp:9446:interface=127.0.0.1"
+
+
+def scrape_inside(box: Container, port: int = 9446) -> str:
+    """The metrics page, fetched inside."""
+    code = f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())"
+    return box.run(["python3", "-c", code], check=True, timeout=30).stdout
+
+
+def test_gpu_processes_under_their_units_and_users(box: Container, stopped: str) -> None:
+    """A service started with systemd-run --unit= (root) and a scope with systemd-run --uid= --scope
+    (another user) are the simulator's GPU processes: under the shipped unit (ProtectProc=default)
+    the page shows each under its unit and its user, with the scenario's figures, and atopgpu names them."""
+    if box.run(["id", "gpuuser"]).returncode != 0:
+        box.add_user("gpuuser")
+    box.run(["systemd-run", "--unit=gpu-train", "--property=Type=exec", "sleep", "600"], check=True)
+    scope = box.popen(["systemd-run", "--scope", "--unit=gpu-user-job", "--uid=gpuuser", "sleep", "600"])
+    try:
+        box.wait_for(lambda: box.run(["pgrep", "-u", "gpuuser", "-x", "sleep"]).returncode == 0, timeout=30,
+                     what="the scope's process")
+        service_pid = int(show(box, "gpu-train.service", "MainPID")["MainPID"])
+        scope_pid = int(box.run(["pgrep", "-u", "gpuuser", "-x", "sleep"], check=True).stdout.split()[0])
+        assert service_pid > 0 and scope_pid > 0
+        # 10 MiB of memory per busy percent for both: each workload's memory / busy is exactly that
+        gpu = dict(demo_gpus()[0], processes=[
+            {"pid": service_pid, "memory_mib": 300, "sm_util": 30, "mem_util": 3},
+            {"pid": scope_pid, "memory_mib": 100, "sm_util": 10, "mem_util": 1},
+        ])
+        box.write_file(WORKLOAD_SCENARIO, json.dumps({"gpus": [gpu]}))
+        dropin = exec_start_dropin(("--reader", "sim", "--scenario", WORKLOAD_SCENARIO, "--interval", "0.5",
+                                    "--metrics", WORKLOAD_METRICS, "--workloads", "unit", "--metrics-processes",
+                                    "--metrics-process-context"))
+        box.install_units([], overrides={SERVICE: dropin})
+        box.systemctl("start", *SOCKETS, SERVICE)
+        name = "atopgpud_workload_busy_percent_seconds_total"
+        wanted = {"gpu-train.service": ("root", service_pid), "gpu-user-job.scope": ("gpuuser", scope_pid)}
+
+        def shown() -> bool:
+            done = box.run(["python3", "-c", "import urllib.request;urllib.request.urlopen("
+                            "'http://127.0.0.1:9446/metrics')"], timeout=30)
+            if done.returncode != 0:
+                return False
+            page = samples_of(scrape_inside(box))
+            return all(series(page, name, kind="unit", workload=unit) for unit in wanted)
+
+        box.wait_for(shown, timeout=30, what="both units on the page")
+        page = samples_of(scrape_inside(box))
+        for unit, (user, pid) in wanted.items():
+            busy = series(page, name, kind="unit", workload=unit)
+            own = series(page, "atopgpud_process_busy_percent_seconds_total", pid=str(pid), user=user,
+                         comm="sleep", workload=f"unit:{unit}")
+            assert busy == own and busy[0] > 0, (unit, busy, own)
+            memory = series(page, "atopgpud_workload_memory_used_byte_seconds_total", kind="unit", workload=unit)
+            assert abs(memory[0] / busy[0] - 10 * 1024 * 1024) < 1e-3, unit
+        doc = json.loads(box.run([ATOPGPU, "--json", "--by", "user"], check=True, timeout=30).stdout)
+        procs = {proc["pid"]: proc for proc in doc["gpus"][0]["processes"]}
+        assert (procs[service_pid]["user"], procs[service_pid]["workload"]) == ("root", "unit:gpu-train.service")
+        assert (procs[scope_pid]["user"], procs[scope_pid]["workload"]) == ("gpuuser", "unit:gpu-user-job.scope")
+        assert {group["name"] for group in doc["groups"]} == {"root", "gpuuser"}
+        log = box.journal(SERVICE, cursor=stopped)
+        assert "Traceback" not in log, log
+    finally:
+        box.systemctl("stop", SERVICE, *SOCKETS, "gpu-train.service", "gpu-user-job.scope", check=False)
+        os.killpg(scope.pid, signal.SIGTERM)
+        scope.communicate(timeout=30)
+        box.install_units([], overrides={SERVICE: exec_start_dropin()})

@@ -53,18 +53,24 @@ def _process_sums(proc: codec.ProcessStats, version: int) -> tuple[int, int, int
 
 
 def _process_report(
-    proc: codec.ProcessStats, before: codec.ProcessStats | None, version: int
+    proc: codec.ProcessStats, before: codec.ProcessStats | None, version: int,
+    contexts: dict[int, codec.ProcessInfo] | None = None,
 ) -> dict[str, Any]:
     now = _process_sums(proc, version)
     base = _process_sums(before, version) if before is not None else (0, 0, 0, 0)
     if now[0] < base[0]:
         base = (0, 0, 0, 0)  # a new process with a reused pid
     samples = now[0] - base[0]
+    who = (contexts or {}).get(proc.pid)
     return {
         "pid": proc.pid,
         "state": "exited" if proc.state == "E" else "active",
         "type": None if version == 1 else proc.kind,
-        "command": command_name(proc.pid),
+        "command": (who.comm if who is not None and who.comm else None) or command_name(proc.pid),
+        "user": who.user or None if who is not None else None,
+        "uid": who.uid if who is not None and who.uid >= 0 else None,
+        "workload": _workload(who),
+        "sums": [samples, *(_change(a, b) for a, b in zip(now[1:], base[1:]))],
         "memory_kib": proc.memory_now_kib if proc.memory_now_kib >= 0 else None,
         "samples": samples,
         "gpu_busy_avg": _average(now[1], base[1], samples),
@@ -79,8 +85,21 @@ def _process_report(
     }
 
 
+def _workload(who: codec.ProcessInfo | None) -> str | None:
+    """``KIND:NAME`` of a process's workload, ``unknown`` for one the daemon could not read; None: not told."""
+    if who is None or not who.kind:
+        return None
+    return "unknown" if who.kind == "unknown" else f"{who.kind}:{who.workload}"
+
+
+def _change(now: int, base: int) -> int | None:
+    """A sum's change over the span; None when unsupported."""
+    return None if now < 0 or base < 0 else now - base
+
+
 def _gpu_report(
-    index: int, kind: codec.DeviceType, dev: codec.DeviceStats, before: codec.DeviceStats | None, version: int
+    index: int, kind: codec.DeviceType, dev: codec.DeviceStats, before: codec.DeviceStats | None, version: int,
+    contexts: dict[int, codec.ProcessInfo] | None = None,
 ) -> dict[str, Any]:
     base = before if before is not None and before.samples <= dev.samples else _NO_DEVICE
     samples = dev.samples - base.samples
@@ -104,29 +123,69 @@ def _gpu_report(
             "memperccum": dev.mem_busy_cum,
             "memusedcum": dev.memory_used_cum_kib,
         },
-        "processes": [_process_report(p, earlier.get(p.pid), version) for p in dev.processes],
+        "processes": [_process_report(p, earlier.get(p.pid), version, contexts) for p in dev.processes],
     }
 
 
-def report(reading: Reading, previous: Reading | None, endpoint: str) -> dict[str, Any]:
-    """The JSON document for a reading: since start, or since `previous`."""
+def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | None = None) -> dict[str, Any]:
+    """The JSON document for a reading: since start, or since `previous`; with `by`
+    (user, workload), the groups' figures too (`group_report`)."""
     before: list[codec.DeviceStats | None] = [None] * len(reading.stats)
     if previous is not None:
         for index, (kind, dev) in enumerate(zip(previous.types, previous.stats)):
             # a GPU keeps its place in T order; a different bus id there is another GPU
             if index < len(before) and reading.types[index].busid == kind.busid:
                 before[index] = dev
-    return {
+    doc: dict[str, Any] = {
         "endpoint": endpoint,
         "version": reading.version,
         "time": round(time.time(), 3),
         "span": "start" if previous is None else "interval",
         "seconds": None if previous is None else round(reading.taken - previous.taken, 3),
         "gpus": [
-            _gpu_report(index, kind, dev, before[index], reading.version)
+            _gpu_report(index, kind, dev, before[index], reading.version, reading.contexts)
             for index, (kind, dev) in enumerate(zip(reading.types, reading.stats))
         ],
     }
+    if by is not None:
+        doc["by"] = by
+        doc["groups"] = group_report(doc, by)
+    for gpu in doc["gpus"]:
+        for proc in gpu["processes"]:
+            del proc["sums"]  # the groups' arithmetic only
+    return doc
+
+
+def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
+    """Per GPU and group (`by`: user or workload), atop's arithmetic over the span: the
+    group's processes' busy and memory sums changed, over the GPU's samples in the span.
+
+    A process's sums count wholly in the span it ran in, so the figures are what
+    the group used of the GPU on average over the span, exited processes included."""
+    groups = []
+    for gpu in doc["gpus"]:
+        found: dict[str, dict[str, Any]] = {}
+        for proc in gpu["processes"]:
+            name = proc[by] or "-"
+            group = found.setdefault(name, {"gpu": gpu["index"], "by": by, "name": name, "processes": 0,
+                                            "sums": [0, 0, 0]})
+            group["processes"] += 1
+            for position, value in enumerate(proc["sums"][1:]):
+                if value is None or group["sums"][position] is None:
+                    group["sums"][position] = None
+                else:
+                    group["sums"][position] += value
+        for name in sorted(found):
+            group = found[name]
+            sums = group.pop("sums")
+            samples = gpu["samples"]
+            group.update({
+                "gpu_busy_avg": None if sums[0] is None or samples <= 0 else round(sums[0] / samples, 2),
+                "mem_busy_avg": None if sums[1] is None or samples <= 0 else round(sums[1] / samples, 2),
+                "memory_avg_kib": None if sums[2] is None or samples <= 0 else round(sums[2] / samples, 2),
+            })
+            groups.append(group)
+    return groups
 
 
 # -- the table ------------------------------------------------------------------
@@ -147,7 +206,8 @@ def _size(kib: float | None) -> str:
 
 
 _GPU_HEADER = ("GPU", "BUSID", "TYPE", "BUSY", "AVGBUSY", "MEMBUSY", "MEMUSED", "MEMTOTAL", "SAMPLES")
-_PROC_HEADER = ("PID", "S", "T", "COMMAND", "MEMORY", "AVGBUSY", "MEMBUSY", "SAMPLES")
+_PROC_HEADER = ("PID", "S", "T", "USER", "COMMAND", "WORKLOAD", "MEMORY", "AVGBUSY", "MEMBUSY", "SAMPLES")
+_GROUP_HEADER = ("GPU", "GROUP", "PROCS", "AVGBUSY", "MEMBUSY", "AVGMEM")
 
 
 def render_table(doc: dict[str, Any]) -> str:
@@ -167,11 +227,12 @@ def render_table(doc: dict[str, Any]) -> str:
         for proc in gpu["processes"]:
             proc_rows.append([
                 str(proc["pid"]), "E" if proc["state"] == "exited" else "A", proc["type"] or "-",
-                proc["command"] or "-", _size(proc["memory_kib"]), _percent(proc["gpu_busy_avg"]),
+                proc["user"] or "-", proc["command"] or "-", proc["workload"] or "-",
+                _size(proc["memory_kib"]), _percent(proc["gpu_busy_avg"]),
                 _percent(proc["mem_busy_avg"]), str(proc["samples"]),
             ])
     gpu_lines = columns(_GPU_HEADER, gpu_rows, {1, 2})
-    proc_lines = columns(_PROC_HEADER, proc_rows, {1, 2, 3})
+    proc_lines = columns(_PROC_HEADER, proc_rows, {1, 2, 3, 4, 5})
     lines.append(gpu_lines[0])
     taken = 1
     for gpu, line in zip(doc["gpus"], gpu_lines[1:]):
@@ -182,6 +243,12 @@ def render_table(doc: dict[str, Any]) -> str:
             taken += count
     if not doc["gpus"]:
         lines.append("(no GPUs)")
+    if "groups" in doc:
+        rows = [[str(g["gpu"]), g["name"], str(g["processes"]), _percent(g["gpu_busy_avg"]),
+                 _percent(g["mem_busy_avg"]), _size(g["memory_avg_kib"])] for g in doc["groups"]]
+        lines.append("")
+        lines.append(f"by {doc['by']}:")
+        lines.extend(columns(_GROUP_HEADER, rows, {1}) if rows else ["(no processes)"])
     return "\n".join(lines)
 
 
@@ -227,6 +294,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", type=int, choices=codec.VERSIONS, default=codec.NEWEST_VERSION,
                         metavar="N", help="the API version to ask for, 1 or 2 (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--by", choices=("user", "workload"), default=None,
+                        help="also a table per GPU and user (or workload) of the group's average busy "
+                        "figures and memory over the span, exited processes included")
     parser.add_argument("--watch", type=_positive, metavar="SECONDS",
                         help="report again every SECONDS (0.05 to 1e6), with figures over each interval")
     parser.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N reports")
@@ -302,19 +372,29 @@ def run(args: argparse.Namespace) -> None:
         run_gpm(args)
         return
     address = parse_endpoint(args.connect)
-    with Connection(address) as connection:
+    told = True
+    connection = Connection(address)
+    try:
         previous: Reading | None = None
         shown = 0
         start = time.monotonic()
         while True:
-            reading = take_reading(connection, args.version)
-            _emit(report(reading, previous, args.connect), args.json, args.watch is not None)
+            reading = take_reading(connection, args.version, contexts=told)
+            if told and reading.contexts is None:
+                # a daemon that does not know P closed the connection: go on without, on a new one
+                told = False
+                if args.watch is not None:
+                    connection.close()
+                    connection = Connection(address)
+            _emit(report(reading, previous, args.connect, args.by), args.json, args.watch is not None)
             shown += 1
             if args.watch is None or (args.count is not None and shown >= args.count):
                 return
             previous = reading
             # on a fixed grid, so that slow replies do not stretch the intervals
             time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+    finally:
+        connection.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

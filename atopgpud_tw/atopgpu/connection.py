@@ -159,9 +159,10 @@ class Connection:
         """Close the socket (the daemon then forgets this client)."""
         self._sock.close()
 
-    def ask(self, command: str, version: int, asked: int | None = None) -> bytes:
+    def ask(self, command: str, version: int, asked: int | None = None, limit: int = codec.ATOP_REPLY_LIMIT) -> bytes:
         """Send one request for a reply of `version` (with the version byte `asked`,
-        if given: `codec.WIDE_REQUEST`); the reply body, once its prelude has been checked."""
+        if given: `codec.WIDE_REQUEST`); the reply body, once its prelude has been checked
+        (its length within `limit`: atop's, but for ``P``)."""
         name = f"{command} request"
         try:
             self._sock.sendall(codec.encode_request(command, version if asked is None else asked))
@@ -176,9 +177,9 @@ class Connection:
         got, length = codec.parse_prelude(prelude)
         if got != version:
             raise BadReply(f"asked for API version {version}, the {command} reply is version {got}")
-        if length > codec.ATOP_REPLY_LIMIT:
-            raise BadReply(f"the {command} reply announces {length} bytes, over atop's limit of "
-                           f"{codec.ATOP_REPLY_LIMIT}")
+        if length > limit:
+            raise BadReply(f"the {command} reply announces {length} bytes, over "
+                           f"{'atop' if limit == codec.ATOP_REPLY_LIMIT else 'its'}'s limit of {limit}")
         body = self._read(length, deadline, name)
         if len(body) < length:
             raise BadReply(f"the {command} reply announces {length} bytes but only {len(body)} came")
@@ -232,6 +233,9 @@ class Reading:
     stats: tuple[codec.DeviceStats, ...]
     #: time.monotonic() when the S reply was complete
     taken: float
+    #: who the processes are, by pid (the P reply); None where not asked, or the
+    #: daemon does not tell (it closed the connection: ask again on a new one)
+    contexts: dict[int, codec.ProcessInfo] | None = None
 
 
 @contextmanager
@@ -242,8 +246,9 @@ def _malformed(what: str) -> Iterator[None]:
         raise BadReply(f"malformed {what} reply: {error}") from None
 
 
-def take_reading(connection: Connection, version: int) -> Reading:
-    """Ask ``T`` and ``S``; ``T`` again once if a GPU appeared in between.
+def take_reading(connection: Connection, version: int, contexts: bool = False) -> Reading:
+    """Ask ``T`` and ``S``; ``T`` again once if a GPU appeared in between; with
+    `contexts`, ``P`` after them (who the processes are).
 
     Version 2 is asked with `codec.WIDE_REQUEST`, which atop never sends: on a
     host of more than atop's 32 devices the daemon then lists up to
@@ -261,7 +266,22 @@ def take_reading(connection: Connection, version: int) -> Reading:
             types = codec.parse_types(connection.ask("T", version, asked))
     if len(stats) != len(types):
         raise BadReply(f"the T reply lists {len(types)} GPUs, the S reply {len(stats)}")
-    return Reading(version, tuple(types), tuple(stats), taken)
+    told = ask_contexts(connection) if contexts else None
+    return Reading(version, tuple(types), tuple(stats), taken, told)
+
+
+def ask_contexts(connection: Connection) -> dict[int, codec.ProcessInfo] | None:
+    """The ``P`` reply by pid; None from a daemon that does not know ``P`` (it closes the connection)."""
+    try:
+        body = connection.ask("P", codec.NEWEST_VERSION, limit=codec.CONTEXT_REPLY_LIMIT)
+    except BadReply as error:
+        if "closed the connection" in str(error):
+            return None
+        raise
+    except ClientError:
+        return None  # not sent, or the connection lost: told nothing
+    with _malformed("P"):
+        return codec.parse_contexts(body)
 
 
 def command_name(pid: int, proc: str = "/proc") -> str | None:

@@ -20,6 +20,7 @@ __all__ = [
     "VERSIONS",
     "COMMAND_TYPES",
     "COMMAND_STATS",
+    "COMMANDS",
     "ATOP_REPLY_LIMIT",
     "REPLY_LIMIT",
     "MAX_PROCESSES_PER_DEVICE",
@@ -117,18 +118,21 @@ def negotiate(version: int) -> int:
 
 
 #: every valid request, parsed once: a daemon parses one per reply
-_REQUESTS = {bytes([c, v]): Request(c, v) for c in (COMMAND_TYPES, COMMAND_STATS) for v in range(256)}
+#: ``atopgpu``'s own: who the processes are (contexts.py); atop never sends it
+COMMAND_CONTEXTS = ord("P")
+COMMANDS = (COMMAND_TYPES, COMMAND_STATS, COMMAND_CONTEXTS)
+_REQUESTS = {bytes([c, v]): Request(c, v) for c in COMMANDS for v in range(256)}
 
 
 def parse_request(data: bytes) -> Request:
-    """Two bytes to a `Request`; anything but ``T`` or ``S`` is a `ProtocolError`."""
+    """Two bytes to a `Request`; anything but ``T``, ``S`` or ``P`` is a `ProtocolError`."""
     known = _REQUESTS.get(data) if type(data) is bytes else None
     if known is not None:
         return known
     if len(data) != REQUEST_SIZE:
         raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
     command, version = data[0], data[1]
-    if command not in (COMMAND_TYPES, COMMAND_STATS):
+    if command not in COMMANDS:
         raise ProtocolError(f"unknown command byte 0x{command:02x}")
     return Request(command, version)
 

@@ -50,6 +50,7 @@ from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.stamps import host_offsets
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
+from atopgpud_tw.readers.procinfo import Contexts
 from atopgpud_tw.readers.starts import start_times
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceInfo, DeviceSample, Snapshot, mig_mode
 
@@ -128,6 +129,7 @@ class NvmlReader:
         self._gpm = GpmReader(nvml, self._call_clock)
         #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
         self._starts = start_times(nvml)
+        self.contexts = Contexts()
         #: the time of the poll in progress, which the devices' `Support` spells are held to
         self._times = PollTime()
         #: while NVML cannot be used because of the driver's lifecycle: (its NVML code,
@@ -328,7 +330,7 @@ class NvmlReader:
             self._schedule_retry(now)
             raise
         problems.update(self._unusable_problems())
-        return snapshot, problems
+        return self.contexts.attach(snapshot), problems  # who the processes are (procinfo.py), here in the thread
 
     def _read(self, now: float) -> tuple[Snapshot, Problems]:
         problems = Problems()

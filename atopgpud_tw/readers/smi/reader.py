@@ -27,6 +27,7 @@ from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.worker import SerialWorker
+from atopgpud_tw.readers.procinfo import Contexts
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
@@ -92,6 +93,7 @@ class SmiReader:
         self._subreaper: int | None = None
         #: where reports are parsed and read, off the reactor (stream.py)
         self._worker = SerialWorker(reactor, name="atopgpud-smi-report")
+        self.contexts = Contexts()
 
     @property
     def running(self) -> bool:
@@ -194,7 +196,8 @@ class SmiReader:
             self._known[device.key] = device
         current = {device.key for device in devices}
         gone = tuple(d.absent() for key, d in self._known.items() if key not in current)
-        return Snapshot(devices + gone)
+        # who the processes are (procinfo.py), read in the thread
+        return await self._worker.submit(self.contexts.attach, Snapshot(devices + gone))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
         """The health figures of each card `wanted` (by bus id) in the latest report:

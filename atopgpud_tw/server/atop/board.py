@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from twisted.logger import Logger
 
@@ -30,6 +30,7 @@ from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.server.atop.intervals import Seen, V1Intervals
+from atopgpud_tw.server.atop.whois import ContextDirectory
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
@@ -196,6 +197,11 @@ class Board:
         #: version 1 clients' figures over their own intervals
         self._v1 = V1Intervals()
         self.replies_cut = 0
+        #: told every poll's exited processes, after the counters (`fold`)
+        self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
+        #: the P reply (atopgpu's: who the processes are)
+        self.directory = ContextDirectory(self.counters)
+        self.exit_watchers.append(self.directory.exited)
         self.exited_dropped = 0
         #: clients whose exits did not all fit in their latest reply
         self.behind: set[ClientQueue] = set()
@@ -225,6 +231,8 @@ class Board:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
         and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot, taken, since)
+        for watcher in self.exit_watchers:
+            watcher(exited)  # what else keeps ended processes' figures (the workloads of /metrics)
         if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
             self._devices_told = len(self.counters.devices)
             log.warn(
@@ -304,6 +312,8 @@ class Board:
         """The framed reply to one request of one client."""
         version = request.reply_version
         devices = request.devices
+        if request.command == codec.COMMAND_CONTEXTS:
+            return codec.frame(codec.NEWEST_VERSION, self.directory.body())  # atopgpu's (whois.py)
         if request.command == codec.COMMAND_TYPES:
             generation = self.counters.layout_generation
             view = (version, devices)

@@ -42,14 +42,19 @@ from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
 from atopgpud_tw.server.web.metrics_gpm import GpmCollector
 from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.server.web.metrics_web import make_root
+from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
 from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
+from atopgpud_tw.server.web.workloads import WorkloadBook
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
 
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
 _SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type", "uuid"]
 PROCESS_LABELS = ["index", "busid", "pid", "uuid"]
+#: what --metrics-process-context adds to them
+CONTEXT_LABELS = ["user", "comm", "workload"]
 #: the inventory series' labels: what a card (or MIG instance) is
 INFO_LABELS = list(INFO.labels)
 
@@ -87,12 +92,17 @@ class BoardCollector:
         interval: float,
         processes: bool = False,
         calls: CallStatistics | None = None,
+        process_context: bool = False,
     ) -> None:
         self.board = board
         self.poller = poller
         self.interval = interval
         self.processes = processes
         self.calls = calls
+        #: per-process series labelled with their user, comm and workload (--metrics-process-context)
+        self.process_context = process_context
+        #: how the workload label names a process's workload (--workloads; "auto" when off)
+        self.grouping = "auto"
 
     def collect(self) -> Iterator[Metric]:
         """Every family, built afresh from the Board as it is now."""
@@ -186,21 +196,27 @@ class BoardCollector:
         yield from (info, present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
+        names = PROCESS_LABELS + CONTEXT_LABELS if self.process_context else PROCESS_LABELS
         memory = GaugeMetricFamily("atopgpud_process_memory_used_bytes", "GPU memory the process used at its "
-                                   "last sample.", labels=PROCESS_LABELS)
+                                   "last sample.", labels=names)
         samples = CounterMetricFamily("atopgpud_process_samples", "Samples in which the process was seen on "
-                                      "the GPU.", labels=PROCESS_LABELS)
+                                      "the GPU.", labels=names)
         busy = CounterMetricFamily("atopgpud_process_busy_percent_seconds", "Each sample's GPU busy percentage "
                                    f"of the process times the seconds it covers{_SPAN}, summed.",
-                                   labels=PROCESS_LABELS)
+                                   labels=names)
         mem_busy = CounterMetricFamily("atopgpud_process_memory_busy_percent_seconds", "Each sample's memory "
                                        f"busy percentage of the process times the seconds it covers{_SPAN}, "
-                                       "summed.", labels=PROCESS_LABELS)
+                                       "summed.", labels=names)
         counters = self.board.counters
         timed, interval = counters.timed and counters.weigh_processes, self.interval
         for index, device in enumerate(devices):
             for pid, totals in sorted(device.processes.items()):
                 labels = [str(index), device.busid, str(pid), device.info.uuid]
+                if self.process_context:
+                    # who it is (--metrics-process-context): its user, comm and workload
+                    context = totals.context or UNKNOWN_CONTEXT
+                    kind, name = context.workload(self.grouping)
+                    labels += [context.user_name, context.comm, f"{kind}:{name}"]
                 if _known(totals.memory_now_kib):
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
@@ -331,13 +347,17 @@ def make_site(
     clock: IReactorTime | None = None,
     in_thread: InThread | None = None,
     health: HealthCache | None = None,
+    workloads: WorkloadBook | None = None,
+    process_context: bool = False,
 ) -> Site:
     """The web site served on ``--metrics``: ``/metrics``, gzip when asked for, and
     the health endpoints (`metrics_web`).
 
     `in_thread` runs the encoding of the polled part (default: in the reactor's
     thread pool)."""
-    collector = BoardCollector(board, poller, interval, processes, calls)
+    collector = BoardCollector(board, poller, interval, processes, calls, process_context)
+    if workloads is not None:
+        collector.grouping = workloads.grouping
     reactor: Any = clock
     if reactor is None:
         from twisted.internet import reactor
@@ -353,6 +373,8 @@ def make_site(
     polled = _registry(collector.polled)
     polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
     polled.register(GpmCollector(board))  # GPM's exact sums, where a GPU has GPM (metrics_gpm.py)
+    if workloads is not None:
+        polled.register(WorkloadCollector(workloads, health))  # per workload (--workloads: workloads.py)
     page = MetricsPage(
         live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
     )

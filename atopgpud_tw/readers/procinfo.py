@@ -1,0 +1,152 @@
+"""Who a GPU process is: its user, command, start time and cgroup, read from ``/proc`` once.
+
+`read_context` reads ``/proc/PID/{stat,status,cmdline,cgroup}`` (each file world
+readable, unless ``/proc`` hides other users' processes: ``hidepid=``,
+systemd's ``ProtectProc=``), each within a bound, and names the workload from
+the cgroup (`cgroups.workload_of`).  A process gone before it could be read, or
+one that is not visible, is `UNKNOWN_CONTEXT`.  Its start time is read before
+and after the other files: a pid that another process took in between is
+unknown too, rather than another process's context.
+
+`Contexts` runs in the reader's thread after each poll's readings: it reads
+the processes it has not read yet, at most `READS_PER_POLL` of them per poll
+(the rest in the next polls), keeps them by pid while they are listed, and
+reads a pid again when its start time changes (a reused pid).  A simulated
+host's processes are read from ``/proc`` too: a scenario whose pids are real
+processes (the tests' own) is shown with their context.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import replace
+
+from atopgpud_tw.readers.cgroups import workload_of
+from atopgpud_tw.readers.starts import stat_start_time
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, ProcessContext, Snapshot
+
+#: new processes read per poll at most: a poll's cost stays bounded when hundreds start at once
+READS_PER_POLL = 64
+#: bytes read of each file at most (a command line may be long; a cgroup file of many hierarchies)
+_FILE_LIMIT = 16384
+#: characters of a command line kept
+CMDLINE_CHARS = 256
+#: user names remembered (a lookup goes through NSS)
+_NAMES_KEPT = 4096
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        return os.read(fd, _FILE_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _status_fields(status: bytes) -> tuple[str, int]:
+    """(Name, real Uid) of a ``/proc/PID/status`` text; ("", -1) where missing."""
+    name, uid = "", -1
+    for line in status.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(":")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Uid":
+            fields = value.split()
+            if fields and fields[0].isdigit():
+                uid = int(fields[0])
+            break  # Name comes first, Uid some lines later: nothing after it is wanted
+    return name, uid
+
+
+class UserNames:
+    """User names by uid, looked up once each (a bounded memory)."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+
+    def __call__(self, uid: int) -> str:
+        name = self._names.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except (KeyError, OverflowError):
+                name = ""
+            if len(self._names) >= _NAMES_KEPT:
+                self._names.clear()
+            self._names[uid] = name
+        return name
+
+
+def read_context(pid: int, proc: str = "/proc", names: UserNames | None = None) -> ProcessContext:
+    """The context of the process `pid` as ``/proc`` shows it now; `UNKNOWN_CONTEXT`
+    if it is gone or not visible."""
+    base = f"{proc}/{pid}"
+    stat = _read(f"{base}/stat")
+    status = _read(f"{base}/status")
+    cgroup = _read(f"{base}/cgroup")
+    cmdline = _read(f"{base}/cmdline")
+    if stat is None or status is None or cgroup is None:
+        return UNKNOWN_CONTEXT
+    started = stat_start_time(stat)
+    again = _read(f"{base}/stat")
+    if again is None or stat_start_time(again) != started:
+        return UNKNOWN_CONTEXT  # the pid went to another process while it was read
+    comm, uid = _status_fields(status)
+    user = (names or UserNames())(uid) if uid >= 0 else ""
+    command = (cmdline or b"").rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:CMDLINE_CHARS]
+    found = workload_of(cgroup.decode("utf-8", "replace"))
+    return ProcessContext(
+        uid=uid, user=user, comm=comm, cmdline=command, started=started, cgroup=found.path,
+        unit=found.unit, slice=found.slice, container=found.container, pod=found.pod, job=found.job,
+    )
+
+
+class Contexts:
+    """The contexts of the processes a reader lists, read a few new ones per poll.
+
+    Runs in the reader's thread (`attach`); the reactor never reads ``/proc``.
+    """
+
+    def __init__(self, proc: str = "/proc", reads_per_poll: int = READS_PER_POLL) -> None:
+        self.proc = proc
+        self.reads_per_poll = reads_per_poll
+        #: by pid: the start time the reader gave it when it was read, and its context
+        self._known: dict[int, tuple[int | None, ProcessContext]] = {}
+        self._names = UserNames()
+        #: contexts read since start (for tests and benchmarks)
+        self.reads = 0
+
+    def attach(self, snapshot: Snapshot) -> Snapshot:
+        """`snapshot` with the contexts of its processes, those read so far."""
+        listed: dict[int, int | None] = {}
+        for device in snapshot.devices:
+            for process in device.processes or ():
+                listed[process.pid] = process.started
+        budget = self.reads_per_poll
+        known = self._known
+        contexts: dict[int, ProcessContext] = {}
+        for pid, started in listed.items():
+            held = known.get(pid)
+            if held is not None and (held[0] == started or started is None):
+                contexts[pid] = held[1]
+                continue
+            if budget <= 0:
+                continue  # read in a later poll
+            budget -= 1
+            self.reads += 1
+            context = read_context(pid, self.proc, self._names)
+            known[pid] = (started, context)
+            contexts[pid] = context
+        if len(known) > len(contexts):
+            # a pid no longer listed is forgotten: a process listed again later is read again
+            for pid in [pid for pid in known if pid not in listed]:
+                del known[pid]
+        if not contexts:
+            return snapshot
+        return replace(snapshot, contexts=contexts)
