@@ -281,7 +281,7 @@ def test_version_1_exited_process_busy_covers_the_rest_of_its_life():
     (device,) = codec.parse_stats(reply[4:], 1)
     (record,) = device.processes
     assert (record.state, record.pid, record.gpu_busy, record.samples) == ("E", 7, 90, 2)
-    assert queue.seen_v1 == {}
+    assert board.v1_session(queue).seen == {}
 
 
 def test_atop_is_sent_the_first_32_devices_and_only_their_exits():

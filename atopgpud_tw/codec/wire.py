@@ -20,6 +20,7 @@ __all__ = [
     "VERSIONS",
     "COMMAND_TYPES",
     "COMMAND_STATS",
+    "COMMANDS",
     "ATOP_REPLY_LIMIT",
     "REPLY_LIMIT",
     "MAX_PROCESSES_PER_DEVICE",
@@ -47,6 +48,8 @@ NEWEST_VERSION = 2
 VERSIONS = (1, 2)
 COMMAND_TYPES = ord("T")
 COMMAND_STATS = ord("S")
+#: every request command: what `parse_request` accepts, and what a daemon must answer
+COMMANDS = (COMMAND_TYPES, COMMAND_STATS)
 #: atop's hard limit on a reply body
 ATOP_REPLY_LIMIT = 8192
 #: what this daemon allows a whole reply, prelude included, so that no reading of
@@ -117,7 +120,7 @@ def negotiate(version: int) -> int:
 
 
 #: every valid request, parsed once: a daemon parses one per reply
-_REQUESTS = {bytes([c, v]): Request(c, v) for c in (COMMAND_TYPES, COMMAND_STATS) for v in range(256)}
+_REQUESTS = {bytes([c, v]): Request(c, v) for c in COMMANDS for v in range(256)}
 
 
 def parse_request(data: bytes) -> Request:
@@ -128,7 +131,7 @@ def parse_request(data: bytes) -> Request:
     if len(data) != REQUEST_SIZE:
         raise ProtocolError(f"a request is {REQUEST_SIZE} bytes, got {len(data)}")
     command, version = data[0], data[1]
-    if command not in (COMMAND_TYPES, COMMAND_STATS):
+    if command not in COMMANDS:
         raise ProtocolError(f"unknown command byte 0x{command:02x}")
     return Request(command, version)
 
