@@ -2,7 +2,9 @@
 """A connection flood from one local user: what an established atop and new clients see.
 
     .venv/bin/python bench/flood.py [--seconds 8] [--flood-user nobody] [--flooders 1] [--tcp]
-                                    [--new-clients 40] [--no-pin] [--ours-path DIR] [-- DAEMON OPTIONS...]
+                                    [--new-clients 40] [--no-pin] [--ours-path DIR] [--profile FILE.raw]
+                                    [--strace FILE.txt]
+                                    [-- DAEMON OPTIONS...]
 
 The daemon (``twistd -n atopgpud --reader sim``, 2 GPUs x 20 processes) runs
 pinned to CPU 0.  Each flooder is a forked child, pinned to CPU 1, that switches
@@ -22,6 +24,10 @@ Meanwhile, as the bench's own user:
 ``--tcp`` floods and connects on TCP 127.0.0.1 (a free port) instead of the
 abstract socket.  Options after ``--`` go to the daemon (``--allow-uid root``).
 Everything is local (an abstract socket or loopback) and bounded in count and time.
+``--profile`` records the daemon with py-spy over the flood (raw folded stacks,
+`spy.py` summarises them); it costs the daemon nothing but takes CPU of its own.
+``--strace FILE`` counts the daemon's system calls over the flood (``strace -c``;
+it slows the daemon several times over: for the ratios, not the rates).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import pwd
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import spy  # noqa: E402
 from daemons import Ours, workdir  # noqa: E402
 from loadgen import _read_reply  # noqa: E402
 from perf import host  # noqa: E402
@@ -132,6 +140,23 @@ def _new_client(address: object) -> str | None:
     return None
 
 
+def kernel_counts() -> dict[str, int]:
+    """The host's counters of what the network stack dropped or sent again (all sockets, not only ours)."""
+    counts = {"softnet_dropped": 0}
+    with open("/proc/net/softnet_stat") as softnet:
+        for line in softnet:
+            counts["softnet_dropped"] += int(line.split()[1], 16)
+    tables = (("/proc/net/snmp", ("RetransSegs",)), ("/proc/net/netstat", ("ListenOverflows", "ListenDrops")))
+    for path, wanted in tables:
+        with open(path) as table:
+            lines = table.read().splitlines()
+        for names, values in zip(lines[::2], lines[1::2]):
+            for name, value in zip(names.split()[1:], values.split()[1:]):
+                if name in wanted:
+                    counts[name] = int(value)
+    return counts
+
+
 def _summary(latencies: list[float]) -> dict[str, float]:
     if not latencies:
         return {"count": 0}
@@ -159,6 +184,7 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         if pin:
             for tid in os.listdir(f"/proc/{daemon.pid}/task"):
                 os.sched_setaffinity(int(tid), {0})
+        kernel_before = kernel_counts()
         until = time.time() + 1.0 + args.seconds
         probe_latencies: list[float] = []
         probe_errors: list[str] = []
@@ -178,6 +204,13 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
             os.close(write_end)
             flooders.append((pid, read_end))
         time.sleep(0.5)
+        recording = spy.start(daemon.pid, args.seconds - 1.0, Path(args.profile)) if args.profile else None
+        tracing = None
+        if args.strace:
+            tracing = subprocess.Popen(
+                ["timeout", "-s", "INT", str(max(1, int(args.seconds - 1.0))), "strace", "-c", "-f", "-o", args.strace,
+                 "-p", str(daemon.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
         failures: dict[str, int] = {}
         answered = 0
         begin = time.time()
@@ -190,12 +223,16 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
             else:
                 failures[failure] = failures.get(failure, 0) + 1
         prober.join()
+        kernel_after = kernel_counts()
         floods = []
         for pid, read_end in flooders:
             with os.fdopen(read_end, "rb") as pipe:
                 text = pipe.read()
             os.waitpid(pid, 0)
             floods.append(json.loads(text) if text else {"error": "flooder died"})
+        for process in (recording, tracing):
+            if process is not None:
+                process.wait(timeout=30)
         cpu_after = open(f"/proc/{daemon.pid}/stat").read().rsplit(")", 1)[1].split()
     finally:
         daemon.stop()
@@ -211,7 +248,10 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         "probe_errors": probe_errors,
         "new_clients_answered": f"{answered} of {args.new_clients}",
         "new_client_failures": failures,
+        "kernel_counts_during": {key: kernel_after[key] - kernel_before.get(key, 0) for key in kernel_after},
+        "load_average": open("/proc/loadavg").read().split()[:3],
         "daemon_cpu_s": (int(cpu_after[11]) + int(cpu_after[12])) / os.sysconf("SC_CLK_TCK"),
+        "daemon_system_cpu_s": int(cpu_after[12]) / os.sysconf("SC_CLK_TCK"),
     }
 
 
@@ -225,6 +265,8 @@ def main() -> None:
     parser.add_argument("--tcp", action="store_true")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--ours-path", default=None)
+    parser.add_argument("--profile", default=None, help="py-spy raw output of the daemon during the flood")
+    parser.add_argument("--strace", default=None, help="strace -c of the daemon's system calls during the flood")
     parser.add_argument("daemon_options", nargs="*")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import struct
 import uuid
 
 import pytest
@@ -12,7 +14,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
-from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairUNIXPort, fair_reactor
+from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairTCPPort, FairUNIXPort, fair_reactor
 from atopgpud_tw.server.system.access import peer_uid
 from atopgpud_tw.server.system.sockdiag import SockDiag
 
@@ -186,3 +188,59 @@ def test_only_twisteds_posix_reactor_gets_fair_ports():
     """A MemoryReactor is left as it is, so wiring tests see what they listen on."""
     reactor = MemoryReactorClock()
     assert fair_reactor(reactor) is reactor
+
+
+def test_tcp_connections_reset_by_their_clients_are_reaped_too():
+    """On TCP loopback, clients that asked and reset are closed unread; one still open is admitted."""
+    board = Board()
+    board.fold(snap(dev()))
+    reactor = MemoryReactorClock()
+    factory = AtopGpuFactory(board, Limits(), reactor)
+    port = FairTCPPort(0, factory, 4096, "127.0.0.1", reactor)
+    port.startListening()
+    address = port.getHost()
+    try:
+        for _ in range(50):
+            sock = socket.create_connection((address.host, address.port))
+            sock.send(b"S\x02")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        kept = socket.create_connection((address.host, address.port))
+        port.doRead()
+        assert port.counts["reaped"] == 50 and port.counts["admitted"] == 1
+        assert len(factory.connections) == 1
+        kept.close()
+    finally:
+        port.stopListening()
+
+
+class _FailingOnce:
+    """A listening socket whose first bare accept fails with `code`; the rest is the socket's."""
+
+    def __init__(self, sock: socket.socket, code: int) -> None:
+        self._sock = sock
+        self._code = code
+
+    def _accept(self):
+        if self._code:
+            code, self._code = self._code, 0
+            raise OSError(code, os.strerror(code))
+        return self._sock._accept()
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_an_accept_error_is_left_to_twisteds_own_loop():
+    """An error other than EAGAIN (a netfilter EPERM here) goes to Twisted's accept loop, which goes on."""
+    port, factory, _, address = listening()
+    for _ in range(5):
+        client(address).close()
+    real = port.socket
+    port.socket = _FailingOnce(real, errno.EPERM)
+    try:
+        port.doRead()
+    finally:
+        port.socket = real
+    assert port.counts["reaped"] == 5 and not factory.connections
+    port.stopListening()
