@@ -9,7 +9,9 @@ each exited process's record is rendered once per version for all the clients
 that hear of it.  A version 2 request costs no work that grows with the number
 of clients or, unless the reply must be cut to atop's limit, with the number of
 processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per client once per poll (intervals.py).
+interval, so they are rendered per client once per poll, by the client's
+`intervals.V1Session`.  Each request command of the wire has its handler in
+`Board.HANDLERS`; a command without one is refused, never answered as another.
 
 However many exits a client has queued, a reply looks at no more of them than
 can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
