@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/flood.py [--seconds 8] [--flood-user nobody] [--flooders 1] [--tcp]
                                     [--new-clients 40] [--no-pin] [--ours-path DIR] [--profile FILE.raw]
-                                    [--strace FILE.txt]
+                                    [--strace FILE.txt] [--daemon-nice N]
                                     [-- DAEMON OPTIONS...]
 
 The daemon (``twistd -n atopgpud --reader sim``, 2 GPUs x 20 processes) runs
@@ -20,12 +20,17 @@ Meanwhile, as the bench's own user:
 - ``--new-clients`` clients, spread evenly over the flood, each connect with a
   2 s timeout (an EAGAIN on connect is a failure, as it is for a client that
   connects once), ask ``T\\x02`` then ``S\\x02`` and must get both within 2 s.
+  With ``--atop-connect`` they connect as atop does, blocking: on a UNIX socket
+  such a connect waits for room in a full backlog (here at most 2 s).
 
 ``--tcp`` floods and connects on TCP 127.0.0.1 (a free port) instead of the
 abstract socket.  Options after ``--`` go to the daemon (``--allow-uid root``).
 Everything is local (an abstract socket or loopback) and bounded in count and time.
 ``--profile`` records the daemon with py-spy over the flood (raw folded stacks,
 `spy.py` summarises them); it costs the daemon nothing but takes CPU of its own.
+``--daemon-nice N`` renices the daemon (on a busy machine, other processes
+take its CPU: ``daemon_runqueue_wait_s`` says how long it waited for one, and
+``probe_sleep_overshoot_max_ms`` how late the probe itself ran at worst).
 ``--strace FILE`` counts the daemon's system calls over the flood (``strace -c``;
 it slows the daemon several times over: for the ratios, not the rates).
 """
@@ -95,7 +100,7 @@ def _flood(address: object, user: str, cpu: int | None, until: float, limit: int
     os.write(out, json.dumps({"connected": connected, "eagain_or_timeout": refused, "other_errors": other}).encode())
 
 
-def _probe(address: object, until: float, out: list[float], errors: list[str]) -> None:
+def _probe(address: object, until: float, out: list[float], errors: list[str], overslept: list[float]) -> None:
     sock = _socket(address)
     sock.settimeout(5.0)
     view = memoryview(bytearray(1 << 17))
@@ -109,20 +114,31 @@ def _probe(address: object, until: float, out: list[float], errors: list[str]) -
             sock.sendall(b"S\x02")
             _read_reply(sock, view)
             out.append(time.perf_counter() - begin)
+            asleep = time.perf_counter()
             time.sleep(0.1)
+            overslept.append(time.perf_counter() - asleep - 0.1)
     except (OSError, ValueError) as error:
         errors.append(f"{type(error).__name__}: {error}")
     finally:
         sock.close()
 
 
-def _new_client(address: object) -> str | None:
-    """None if a fresh client is answered ``T`` and ``S`` within 2 s each; else what went wrong."""
+def _new_client(address: object, atop_connect: bool = False) -> str | None:
+    """None if a fresh client is answered ``T`` and ``S`` within 2 s each; else what went wrong.
+
+    `atop_connect`: connect as atop 2.13 does (gpucom.c), a blocking connect, which on a
+    UNIX socket waits for room in a full backlog instead of failing (bounded here at 2 s
+    by SO_SNDTIMEO); else a non-blocking one with a 2 s timeout, refused (EAGAIN) at once
+    when the backlog is full."""
     sock = _socket(address)
-    sock.settimeout(2.0)
     view = memoryview(bytearray(1 << 17))
+    if atop_connect:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 2, 0))
+    else:
+        sock.settimeout(2.0)
     try:
         sock.connect(address)  # type: ignore[arg-type]
+        sock.settimeout(2.0)
     except BlockingIOError:
         sock.close()
         return "EAGAIN on connect"
@@ -157,6 +173,18 @@ def kernel_counts() -> dict[str, int]:
     return counts
 
 
+def runqueue_wait(pid: int) -> float:
+    """Seconds the threads of `pid` have waited on a run queue (``/proc/PID/task/TID/schedstat``)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                total += int(stat.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def _summary(latencies: list[float]) -> dict[str, float]:
     if not latencies:
         return {"count": 0}
@@ -184,11 +212,15 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         if pin:
             for tid in os.listdir(f"/proc/{daemon.pid}/task"):
                 os.sched_setaffinity(int(tid), {0})
+        if args.daemon_nice:
+            os.setpriority(os.PRIO_PROCESS, daemon.pid, args.daemon_nice)
         kernel_before = kernel_counts()
+        waited_before = runqueue_wait(daemon.pid)
         until = time.time() + 1.0 + args.seconds
         probe_latencies: list[float] = []
         probe_errors: list[str] = []
-        prober = threading.Thread(target=_probe, args=(address, until, probe_latencies, probe_errors))
+        overslept: list[float] = []
+        prober = threading.Thread(target=_probe, args=(address, until, probe_latencies, probe_errors, overslept))
         prober.start()
         time.sleep(0.5)
         flooders = []
@@ -217,13 +249,14 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         step = max(0.0, (until - begin - 2.5)) / max(1, args.new_clients)
         for number in range(args.new_clients):
             time.sleep(max(0.0, begin + number * step - time.time()))
-            failure = _new_client(address)
+            failure = _new_client(address, args.atop_connect)
             if failure is None:
                 answered += 1
             else:
                 failures[failure] = failures.get(failure, 0) + 1
         prober.join()
         kernel_after = kernel_counts()
+        waited = runqueue_wait(daemon.pid) - waited_before
         floods = []
         for pid, read_end in flooders:
             with os.fdopen(read_end, "rb") as pipe:
@@ -246,9 +279,15 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         "flooders": floods,
         "probe": _summary(probe_latencies),
         "probe_errors": probe_errors,
+        "new_clients_connect": "blocking, as atop" if args.atop_connect else "non-blocking",
         "new_clients_answered": f"{answered} of {args.new_clients}",
         "new_client_failures": failures,
         "kernel_counts_during": {key: kernel_after[key] - kernel_before.get(key, 0) for key in kernel_after},
+        "daemon_nice": args.daemon_nice,
+        #: the daemon's threads' time runnable but waiting for a CPU (other processes had it)
+        "daemon_runqueue_wait_s": round(waited, 2),
+        #: the probe's own scheduling delay: how much longer than 0.1 s its sleeps took, at worst
+        "probe_sleep_overshoot_max_ms": round(1000 * max(overslept, default=0.0), 1),
         "load_average": open("/proc/loadavg").read().split()[:3],
         "daemon_cpu_s": (int(cpu_after[11]) + int(cpu_after[12])) / os.sysconf("SC_CLK_TCK"),
         "daemon_system_cpu_s": int(cpu_after[12]) / os.sysconf("SC_CLK_TCK"),
@@ -263,9 +302,13 @@ def main() -> None:
     parser.add_argument("--max-connections", type=int, default=1_000_000, help="per flooder")
     parser.add_argument("--new-clients", type=int, default=40)
     parser.add_argument("--tcp", action="store_true")
+    parser.add_argument("--atop-connect", action="store_true",
+                        help="new clients connect as atop does: a blocking connect (waits for room in the backlog)")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--ours-path", default=None)
     parser.add_argument("--profile", default=None, help="py-spy raw output of the daemon during the flood")
+    parser.add_argument("--daemon-nice", type=int, default=0,
+                        help="the daemon's nice value (-10: a larger share of its CPU against other work)")
     parser.add_argument("--strace", default=None, help="strace -c of the daemon's system calls during the flood")
     parser.add_argument("daemon_options", nargs="*")
     args = parser.parse_args()
