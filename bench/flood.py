@@ -173,10 +173,11 @@ def kernel_counts() -> dict[str, int]:
     return counts
 
 
-def runqueue_wait(pid: int) -> float:
-    """Seconds the threads of `pid` have waited on a run queue (``/proc/PID/task/TID/schedstat``)."""
+def runqueue_wait(pid: int, only_main: bool = False) -> float:
+    """Seconds the threads of `pid` (`only_main`: its first thread, the reactor's) have waited
+    on a run queue (``/proc/PID/task/TID/schedstat``)."""
     total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in [str(pid)] if only_main else os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
                 total += int(stat.read().split()[1])
@@ -216,6 +217,7 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
             os.setpriority(os.PRIO_PROCESS, daemon.pid, args.daemon_nice)
         kernel_before = kernel_counts()
         waited_before = runqueue_wait(daemon.pid)
+        reactor_waited_before = runqueue_wait(daemon.pid, only_main=True)
         until = time.time() + 1.0 + args.seconds
         probe_latencies: list[float] = []
         probe_errors: list[str] = []
@@ -257,6 +259,7 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         prober.join()
         kernel_after = kernel_counts()
         waited = runqueue_wait(daemon.pid) - waited_before
+        reactor_waited = runqueue_wait(daemon.pid, only_main=True) - reactor_waited_before
         floods = []
         for pid, read_end in flooders:
             with os.fdopen(read_end, "rb") as pipe:
@@ -286,6 +289,7 @@ def run(args: argparse.Namespace, options: list[str]) -> dict:
         "daemon_nice": args.daemon_nice,
         #: the daemon's threads' time runnable but waiting for a CPU (other processes had it)
         "daemon_runqueue_wait_s": round(waited, 2),
+        "reactor_thread_runqueue_wait_s": round(reactor_waited, 2),
         #: the probe's own scheduling delay: how much longer than 0.1 s its sleeps took, at worst
         "probe_sleep_overshoot_max_ms": round(1000 * max(overslept, default=0.0), 1),
         "load_average": open("/proc/loadavg").read().split()[:3],
