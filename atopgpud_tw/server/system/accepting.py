@@ -4,7 +4,9 @@ Twisted's listening port accepts in a loop that grows by 20 each time it drains
 the whole backlog, and builds a transport and a protocol for every connection
 it takes; a process that connects, sends a request and resets, in a loop, made
 that loop thousands long, every reactor turn, and filled ``--max-clients`` with
-connections already dead.  A `FairPort` takes each turn in three steps:
+connections already dead.  A `FairPort` takes each turn in three steps, at the start of the reactor's
+turn after the one in which the listener was readable: the connections
+readable in that turn (an atop asking) are served first, not after a drain.
 
 1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
    bare file descriptor (the C accept, no socket object), so that the backlog
@@ -126,13 +128,25 @@ class FairPort:
         #: accepted connections waiting for a turn, by uid; dict order is the round
         self._pending: dict[int | None, deque[tuple[Socket, Any]]] = {}
         self._next_turn: IDelayedCall | None = None
+        #: the drain asked for by the listener's readiness, for the start of the next turn
+        self._drain_call: IDelayedCall | None = None
         self._diag = SockDiag()
         #: counts since listening: reaped (dead when drained or admitted),
         #: refused (the factory said no), excess (beyond `pending_per_uid`), admitted
         self.counts = {"reaped": 0, "refused": 0, "excess": 0, "admitted": 0}
 
     def doRead(self) -> None:  # noqa: N802  # Twisted's name
-        """The listening socket is readable: drain, reap, and admit this turn's share."""
+        """The listening socket is readable: its connections are taken at the start of the
+        reactor's next turn (`take_turn`), once the connections readable in this one are
+        served, so that an atop already connected never waits behind a drain."""
+        if self._drain_call is None:
+            self._drain_call = self.reactor.callLater(0, self.take_turn)
+
+    def take_turn(self) -> None:
+        """Drain, reap, and admit this turn's share."""
+        self._drain_call = None
+        if not self.connected or self.disconnecting:  # type: ignore[attr-defined]  # the port's
+            return  # stopping: what waits in the backlog goes with the socket
         try:
             arrived = self._drain()
             if arrived:
@@ -254,9 +268,10 @@ class FairPort:
 
     def stop_admitting(self) -> None:
         """Close the connections still waiting for a turn (the port closes)."""
-        if self._next_turn is not None and self._next_turn.active():
-            self._next_turn.cancel()
-        self._next_turn = None
+        for call in (self._next_turn, self._drain_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._next_turn = self._drain_call = None
         for queue in self._pending.values():
             for sock, _ in queue:
                 sock.close()
