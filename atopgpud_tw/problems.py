@@ -10,7 +10,7 @@ of the text they were given is shown as data (`printable`, the client's rule too
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -40,7 +40,7 @@ class Latch:
         return True
 
 
-def _span(seconds: float) -> str:
+def span_words(seconds: float) -> str:
     """A length of time in words: ``45 s``, ``10 min``, ``1 h``."""
     if seconds < 60:
         return f"{seconds:.0f} s"
@@ -68,88 +68,84 @@ class _Flaps:
         self.held_ends = 0
 
 
-class ProblemLog:
-    """Tracks the set of current problems, each keyed by its cause.
+class Start(NamedTuple):
+    """A start to be said (`Damping.started`): `flapping` when it is the one after
+    `SAID_STARTS`, to be said with its number of `starts` in `span` seconds and that
+    it is now counted, a line at most every `every` seconds."""
 
-    A reader or the poller reports, after every poll, the problems it has now
-    (``{cause: description}``); a new cause is logged once as a warning, a cause
-    that is no longer reported is logged once as recovered.
+    flapping: bool
+    starts: int = 0
+    span: float = 0.0
+    every: float = 0.0
 
-    A cause that fails and recovers again and again is damped: its first
-    `SAID_STARTS` starts and their recoveries are logged one by one; the next
-    start is logged with word that it is flapping, and from then on nothing of
-    that cause is logged until the end of a window (`DAMPING`: 1 min, then
-    10 min, then each hour), when one line counts the failures and recoveries
-    held back and says whether it is failing now; a window with nothing held
-    back ends without a line.  A cause that has not changed for `FLAP_MEMORY`
-    seconds is not damped any more (its next start is logged again, as the
-    first of a new count), and a start that long after its last change is not
-    a flap.  Windows are ended by `report`, on `clock` (the reactor's seconds),
-    so a reader that reports every poll ends them within a poll.
-    docs/reliability.md, "A fault that keeps coming back".
+
+class Count(NamedTuple):
+    """A damped cause's window that is over (`Damping.windows_over`): what was held back in it."""
+
+    cause: str
+    #: the words the cause was first said with
+    text: str
+    failed: int
+    recovered: int
+    #: the window's length in seconds, and the next window's
+    span: float
+    every: float
+    failing: bool
+
+
+class Damping:
+    """Which starts and ends of causes that come and go are said, and the counts said in their place.
+
+    The rule of every flapping cause, whatever its lines: its first
+    `SAID_STARTS` starts and their ends are said one by one; the next start is
+    said with word that it is flapping (`Start.flapping`), and from then on
+    nothing of that cause is said until the end of a window (`DAMPING`: 1 min,
+    then 10 min, then each hour), when one line counts the starts and ends held
+    back and says whether it is failing now (`Count`); a window with nothing
+    held back ends without a line.  A cause that has not changed for
+    `FLAP_MEMORY` seconds is not damped any more (its next start is said again,
+    as the first of a new count), and a start that long after its last change
+    is not a flap.  The caller says what it is told to, in its own words.
     """
 
-    log = ClassLogger("atopgpud_tw.problems.ProblemLog")
-
-    def __init__(self, subject: str, clock: Callable[[], float] | None = None) -> None:
-        self.subject = subject
-        self.active: dict[str, str] = {}
-        #: the seconds the windows are measured in; a monotonic clock where none is given
-        self.clock = time.monotonic if clock is None else clock
+    def __init__(self) -> None:
         self._flaps: dict[str, _Flaps] = {}
 
-    def report(self, problems: Mapping[str, str]) -> None:
-        """Log what started and what ended since the previous report, and the counts of windows now over."""
-        now = self.clock()
-        for cause, text in problems.items():
-            if cause not in self.active:
-                self._started(cause, text, now)
-        for cause, text in self.active.items():
-            if cause not in problems:
-                self._ended(cause, text, now)
-        # a cause keeps the words it was first logged with, so its recovery names it
-        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
-        self._windows_over(now)
-
-    def _started(self, cause: str, text: str, now: float) -> None:
+    def started(self, cause: str, text: str, now: float) -> Start | None:
+        """A cause starts (`text`: its words): how to say it, or None while it is damped."""
         flaps = self._flaps.get(cause)
         if flaps is None or (flaps.until is None and now - flaps.changed >= FLAP_MEMORY):
             flaps = self._flaps[cause] = _Flaps(text, now)
         flaps.changed = now
         if flaps.until is not None:
             flaps.held_starts += 1
-            return
+            return None
         if not flaps.starts:
             flaps.text, flaps.first = text, now
         flaps.starts += 1
-        subject, problem = printable(self.subject), printable(text)
         if flaps.starts <= SAID_STARTS:
-            self.log.warn("{subject}: {problem}", subject=subject, problem=problem)
-            return
+            return Start(False)
         flaps.step, flaps.until = 0, now + DAMPING[0]
-        self.log.warn(
-            "{subject}: {problem} (again: {count} times in {span}; from now on counted, "
-            "and said at most once every {every})",
-            subject=subject, problem=problem, count=flaps.starts, span=_span(now - flaps.first),
-            every=_span(DAMPING[0]),
-        )
+        return Start(True, flaps.starts, now - flaps.first, DAMPING[0])
 
-    def _ended(self, cause: str, text: str, now: float) -> None:
+    def ended(self, cause: str, now: float) -> bool:
+        """A cause ends: whether to say so (not while it is damped)."""
         flaps = self._flaps.get(cause)
         if flaps is not None:
             flaps.changed = now
             if flaps.until is not None:
                 flaps.held_ends += 1
-                return
-        self.log.info(
-            "{subject}: recovered ({problem})", subject=printable(self.subject), problem=printable(text)
-        )
+                return False
+        return True
 
-    def _windows_over(self, now: float) -> None:
-        """Each damped cause whose window is over: its count, and the next window; or, if it was quiet, no damping."""
+    def windows_over(self, now: float, active: Container[str]) -> list[Count]:
+        """Each damped cause whose window is over and held something back: its count
+        (`active`: the causes failing now); a quiet window ends the next one, or,
+        after `FLAP_MEMORY`, the damping."""
+        counts = []
         for cause, flaps in list(self._flaps.items()):
             if flaps.until is None:
-                if cause not in self.active and now - flaps.changed >= FLAP_MEMORY:
+                if cause not in active and now - flaps.changed >= FLAP_MEMORY:
                     del self._flaps[cause]  # long recovered: forgotten
                 continue
             if now < flaps.until:
@@ -162,18 +158,82 @@ class ProblemLog:
                 else:
                     flaps.until = now + DAMPING[flaps.step]
                 continue
-            failing = cause in self.active
-            emit = self.log.warn if failing else self.log.info
             flaps.step = min(flaps.step + 1, len(DAMPING) - 1)
-            emit(
-                "{subject}: {problem}: {failed} more failures and {recovered} recoveries in the last {span}, "
-                "not logged one by one; {state} now; counted again for {every}",
-                subject=printable(self.subject), problem=printable(flaps.text), failed=flaps.held_starts,
-                recovered=flaps.held_ends, span=_span(now - began), state="failing" if failing else "recovered",
-                every=_span(DAMPING[flaps.step]), held=flaps.held_starts + flaps.held_ends,
+            counts.append(
+                Count(cause, flaps.text, flaps.held_starts, flaps.held_ends, now - began, DAMPING[flaps.step],
+                      cause in active)
             )
             flaps.until = now + DAMPING[flaps.step]
             flaps.held_starts = flaps.held_ends = 0
+        return counts
+
+
+class ProblemLog:
+    """Tracks the set of current problems, each keyed by its cause.
+
+    A reader or the poller reports, after every poll, the problems it has now
+    (``{cause: description}``); a new cause is logged once as a warning, a cause
+    that is no longer reported is logged once as recovered.
+
+    A cause that fails and recovers again and again is damped (`Damping`): its
+    first `SAID_STARTS` starts and their recoveries are logged one by one, then
+    one line per window of `DAMPING` counts what was held back.  Windows are
+    ended by `report`, on `clock` (the reactor's seconds), so a reader that
+    reports every poll ends them within a poll.
+    docs/reliability.md, "A fault that keeps coming back".
+    """
+
+    log = ClassLogger("atopgpud_tw.problems.ProblemLog")
+
+    def __init__(self, subject: str, clock: Callable[[], float] | None = None) -> None:
+        self.subject = subject
+        self.active: dict[str, str] = {}
+        #: the seconds the windows are measured in; a monotonic clock where none is given
+        self.clock = time.monotonic if clock is None else clock
+        self._damping = Damping()
+
+    def report(self, problems: Mapping[str, str]) -> None:
+        """Log what started and what ended since the previous report, and the counts of windows now over."""
+        now = self.clock()
+        for cause, text in problems.items():
+            if cause not in self.active:
+                self._started(cause, text, now)
+        for cause, text in self.active.items():
+            if cause not in problems:
+                self._ended(cause, text, now)
+        # a cause keeps the words it was first logged with, so its recovery names it
+        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
+        for count in self._damping.windows_over(now, self.active):
+            emit = self.log.warn if count.failing else self.log.info
+            emit(
+                "{subject}: {problem}: {failed} more failures and {recovered} recoveries in the last {span}, "
+                "not logged one by one; {state} now; counted again for {every}",
+                subject=printable(self.subject), problem=printable(count.text), failed=count.failed,
+                recovered=count.recovered, span=span_words(count.span),
+                state="failing" if count.failing else "recovered", every=span_words(count.every),
+                held=count.failed + count.recovered,
+            )
+
+    def _started(self, cause: str, text: str, now: float) -> None:
+        start = self._damping.started(cause, text, now)
+        if start is None:
+            return
+        subject, problem = printable(self.subject), printable(text)
+        if not start.flapping:
+            self.log.warn("{subject}: {problem}", subject=subject, problem=problem)
+            return
+        self.log.warn(
+            "{subject}: {problem} (again: {count} times in {span}; from now on counted, "
+            "and said at most once every {every})",
+            subject=subject, problem=problem, count=start.starts, span=span_words(start.span),
+            every=span_words(start.every),
+        )
+
+    def _ended(self, cause: str, text: str, now: float) -> None:
+        if self._damping.ended(cause, now):
+            self.log.info(
+                "{subject}: recovered ({problem})", subject=printable(self.subject), problem=printable(text)
+            )
 
 
 class Problems(Mapping[str, str]):

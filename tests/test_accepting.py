@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import struct
 import uuid
 
 import pytest
@@ -12,7 +14,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
-from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairUNIXPort, fair_reactor
+from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairTCPPort, FairUNIXPort, fair_reactor
 from atopgpud_tw.server.system.access import peer_uid
 from atopgpud_tw.server.system.sockdiag import SockDiag
 
@@ -71,7 +73,7 @@ def test_dead_connections_are_closed_before_anything_is_built():
     port, factory, _, address = listening()
     for _ in range(200):
         client(address).close()
-    port.doRead()
+    port.take_turn()
     assert port.counts["reaped"] == 200 and port.counts["admitted"] == 0
     assert not factory.connections
     port.stopListening()
@@ -81,7 +83,7 @@ def test_at_most_the_budget_is_admitted_per_turn():
     """A burst of live connections becomes protocols a budget at a time, the rest on later turns."""
     port, factory, reactor, address = listening()
     kept = [client(address) for _ in range(3 * ACCEPT_BUDGET + 5)]
-    port.doRead()
+    port.take_turn()
     assert len(factory.connections) == ACCEPT_BUDGET
     assert len(reactor.getDelayedCalls()) >= 1  # the rest wait for the next turns
     reactor.advance(0)  # a Clock runs each next turn's call as it is scheduled
@@ -95,7 +97,7 @@ def test_one_users_excess_waiting_connections_are_closed_at_once():
     port.pending_per_uid = 10
     port.budget = 4
     kept = [client(address) for _ in range(30)]
-    port.doRead()
+    port.take_turn()
     assert port.counts["excess"] == 20
     assert len(factory.connections) == 4
     assert sum(map(hung_up_on, kept)) == 20
@@ -109,7 +111,7 @@ def test_the_turns_go_round_the_users():
     pid, done = as_nobody(address, 3 * ACCEPT_BUDGET)
     try:
         mine = client(address)
-        port.doRead()
+        port.take_turn()
         assert len(factory.connections) == ACCEPT_BUDGET
         assert factory.per_uid[0] == 1 and factory.per_uid[NOBODY] == ACCEPT_BUDGET - 1
         del mine
@@ -127,12 +129,12 @@ def test_one_user_cannot_take_every_slot():
     pid, done = as_nobody(address, 20)
     try:
         for _ in range(3):
-            port.doRead()
+            port.take_turn()
             reactor.advance(0)
         assert factory.per_uid[NOBODY] == 6
         assert port.counts["refused"] == 14
         mine = client(address)
-        port.doRead()
+        port.take_turn()
         assert factory.per_uid[0] == 1
         del mine
     finally:
@@ -186,3 +188,78 @@ def test_only_twisteds_posix_reactor_gets_fair_ports():
     """A MemoryReactor is left as it is, so wiring tests see what they listen on."""
     reactor = MemoryReactorClock()
     assert fair_reactor(reactor) is reactor
+
+
+def test_tcp_connections_reset_by_their_clients_are_reaped_too():
+    """On TCP loopback, clients that asked and reset are closed unread; one still open is admitted."""
+    board = Board()
+    board.fold(snap(dev()))
+    reactor = MemoryReactorClock()
+    factory = AtopGpuFactory(board, Limits(), reactor)
+    port = FairTCPPort(0, factory, 4096, "127.0.0.1", reactor)
+    port.startListening()
+    address = port.getHost()
+    try:
+        for _ in range(50):
+            sock = socket.create_connection((address.host, address.port))
+            sock.send(b"S\x02")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        kept = socket.create_connection((address.host, address.port))
+        port.take_turn()
+        assert port.counts["reaped"] == 50 and port.counts["admitted"] == 1
+        assert len(factory.connections) == 1
+        kept.close()
+    finally:
+        port.stopListening()
+
+
+class _FailingOnce:
+    """A listening socket whose first bare accept fails with `code`; the rest is the socket's."""
+
+    def __init__(self, sock: socket.socket, code: int) -> None:
+        self._sock = sock
+        self._code = code
+
+    def _accept(self):
+        if self._code:
+            code, self._code = self._code, 0
+            raise OSError(code, os.strerror(code))
+        return self._sock._accept()
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_an_accept_error_is_left_to_twisteds_own_loop():
+    """An error other than EAGAIN (a netfilter EPERM here) goes to Twisted's accept loop, which goes on."""
+    port, factory, _, address = listening()
+    for _ in range(5):
+        client(address).close()
+    real = port.socket
+    port.socket = _FailingOnce(real, errno.EPERM)
+    try:
+        port.take_turn()
+    finally:
+        port.socket = real
+    assert port.counts["reaped"] == 5 and not factory.connections
+    port.stopListening()
+
+
+def test_the_drain_waits_for_the_next_turn_and_stopping_cancels_it():
+    """A readable listener is drained at the start of the next turn, after this turn's
+    readable connections; one drain however often it is readable; none once it stops."""
+    port, factory, reactor, address = listening()
+    for _ in range(5):
+        client(address).close()
+    port.doRead()
+    port.doRead()
+    assert port.counts["reaped"] == 0 and len(reactor.getDelayedCalls()) == 1
+    reactor.advance(0)
+    assert port.counts["reaped"] == 5
+    client(address).close()
+    port.doRead()
+    port.stopListening()
+    reactor.advance(0)
+    assert port.counts["reaped"] == 5
+    assert not [call for call in reactor.getDelayedCalls() if call.active()]

@@ -1,6 +1,6 @@
 """Replies rendered once per poll are byte-identical to replies rendered from scratch.
 
-The uncached path is `render.render_stats` (every record rendered, then joined or
+The uncached path is `render_oracle.render_stats` (every record rendered, then joined or
 selected by `assemble_stats`); the cached one is what the Board serves
 (`render.PreparedStats`, exited records rendered once per version, one body per
 batch of exits).  Random counter states, with exited processes, replies cut to
@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import render_oracle
 from snapshots import dev, proc, snap
 
 from atopgpud_tw import codec
@@ -103,14 +104,14 @@ def test_prepared_bodies_match_uncached_rendering(seed):
         for version in (1, 2):
             rendered = render.render_devices(devices, version)
             prepared = render.PreparedStats(rendered)
-            assert prepared.full == render.render_stats(devices, version)
+            assert prepared.full == render_oracle.render_stats(devices, version)
             for _ in range(3):
                 count = rng.choice((0, 1, 5, 60, 400)) if devices else 0
                 exited = [
                     (rng.randrange(len(devices)), random_totals(rng, rng.randint(1, 10**7))) for _ in range(count)
                 ]
                 records = [(i, render.render_process(t, version, b"E")) for i, t in exited]
-                assert prepared.body(records) == render.assemble_stats(rendered, records)
+                assert prepared.body(records) == render_oracle.assemble_stats(rendered, records)
 
 
 def test_random_states_reach_every_selection_rule():
@@ -119,7 +120,7 @@ def test_random_states_reach_every_selection_rule():
     seen = set()
     for _ in range(60):
         devices = random_devices(rng)
-        result = render.render_stats(devices, 2)
+        result = render_oracle.render_stats(devices, 2)
         seen.add("cut" if result.active_cut else "whole")
         if any(len(d.processes) > codec.MAX_PROCESSES_PER_DEVICE for d in devices):
             seen.add("capped")
@@ -167,7 +168,7 @@ def test_board_replies_match_uncached_rendering_for_every_client(limit):
         for number, (queue, version, every) in enumerate(clients):
             if poll % every:
                 continue
-            expected = render.render_stats(board.counters.devices, version, models[number] or ())
+            expected = render_oracle.render_stats(board.counters.devices, version, models[number] or ())
             reply = board.reply(codec.Request(codec.COMMAND_STATS, version), queue)
             assert reply == codec.frame(version, expected.body)
             sent = set(expected.exited_sent)
@@ -260,7 +261,7 @@ def test_version_1_busy_figures_are_per_client_intervals():
             expected = (sums[0] - before[0]) // (sums[1] - before[1])
             assert record.gpu_busy == expected, (name, poll)
             seen[id(queue)] = tuple(sums)
-            uncached = codec.parse_stats(render.render_stats(board.counters.devices, 1).body, 1)[0].processes[0]
+            uncached = codec.parse_stats(render_oracle.render_stats(board.counters.devices, 1).body, 1)[0].processes[0]
             assert (record.memory_now_kib, record.memory_cum_kib, record.samples) == (
                 uncached.memory_now_kib, uncached.memory_cum_kib, uncached.samples
             )
@@ -280,7 +281,7 @@ def test_version_1_exited_process_busy_covers_the_rest_of_its_life():
     (device,) = codec.parse_stats(reply[4:], 1)
     (record,) = device.processes
     assert (record.state, record.pid, record.gpu_busy, record.samples) == ("E", 7, 90, 2)
-    assert queue.seen_v1 == {}
+    assert board.v1_session(queue).seen == {}
 
 
 def test_atop_is_sent_the_first_32_devices_and_only_their_exits():

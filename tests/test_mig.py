@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import render_oracle
 from daemon import run_daemon
 from scenarios import a10_card
 from sim_readers import make_reader, poll
@@ -79,7 +80,7 @@ def types(counters: Counters) -> list[codec.DeviceType]:
 
 
 def stats(counters: Counters) -> list[codec.DeviceStats]:
-    return codec.parse_stats(render.render_stats(counters.devices, 2).body, 2)
+    return codec.parse_stats(render_oracle.render_stats(counters.devices, 2).body, 2)
 
 
 def test_types_list_each_instance_and_the_whole_card():

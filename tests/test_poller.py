@@ -7,6 +7,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
+from atopgpud_tw.readers.base import PollError
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.snapshot import Snapshot
@@ -108,4 +109,47 @@ def test_status_names_the_reader_the_gpus_and_a_failing_cause():
     assert service.status() == "fake: 1 GPU, 1 lost; polls failing: ValueError: boom"
     clock.advance(1.0)
     assert service.status() == "fake: 1 GPU, 1 lost"
+    service.stopService()
+
+
+def _poller_lines(events) -> list[dict]:
+    return [e for e in events if e.get("log_namespace", "").startswith("atopgpud_tw.poller")]
+
+
+def test_a_poll_failure_that_keeps_coming_back_is_damped():
+    """Failing every other poll for 20 min: two failures and recoveries said, then one count per growing window."""
+    minutes = 20
+    outcomes = [PollError("nvidia-smi timed out") if n % 2 == 0 else "ok" for n in range(60 * minutes)]
+    with capturedLogs() as events:
+        reader = FakeReader(outcomes)
+        service, clock, _ = start(reader)
+        for _ in range(60 * minutes):
+            clock.advance(1.0)
+    lines = _poller_lines(events)
+    texts = [e["log_format"] for e in lines]
+    assert texts[:4] == ["poll failed: {cause}", "polls work again (they failed with {cause})"] * 2
+    assert "again: {count} times in {span}" in texts[4] and lines[4]["count"] == 3
+    counts = lines[5:]
+    # windows of 1 min from the third failure (at 4 s), then 10 min: at 64 s and at 664 s, within 20 min
+    assert [e["every"] for e in counts] == ["10 min", "1 h"], texts
+    assert [e["span"] for e in counts] == ["1 min", "10 min"]
+    # every failure and recovery after the third failure is counted once, none lost
+    assert counts[0]["failed"] + counts[0]["recovered"] == 60
+    assert counts[1]["failed"] + counts[1]["recovered"] == 600
+    assert all(e["log_format"].startswith("poll failed: {cause}: {failed} more failures") for e in counts)
+    assert service.failed_polls == {"PollError: nvidia-smi timed out": 30 * minutes}
+    service.stopService()
+
+
+def test_a_rare_poll_failure_is_said_every_time():
+    """A failure more than an hour after the last change, four times: each failure and recovery is said."""
+    outcomes = ["ok"] * (4 * 370)
+    for number in range(4):
+        outcomes[number * 370 + 1] = PollError("nvidia-smi timed out")  # every 3700 s
+    with capturedLogs() as events:
+        reader = FakeReader(outcomes)
+        service, clock, _ = start(reader, interval=10.0)
+        clock.pump([10.0] * (4 * 370))
+    texts = [e["log_format"] for e in _poller_lines(events)]
+    assert texts == ["poll failed: {cause}", "polls work again (they failed with {cause})"] * 4
     service.stopService()

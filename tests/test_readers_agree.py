@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import render_oracle
 from daemon import Daemon, first_reply, run_daemon, smi_stand_in
 
 from atopgpud_tw import codec
@@ -90,7 +91,7 @@ def smi_counters(mig: str) -> Counters:
 
 
 def stats(counters: Counters, version: int = 2) -> list[codec.DeviceStats]:
-    return codec.parse_stats(render.render_stats(counters.devices, version).body, version)
+    return codec.parse_stats(render_oracle.render_stats(counters.devices, version).body, version)
 
 
 def device_figures(device: codec.DeviceStats) -> tuple[int, ...]:

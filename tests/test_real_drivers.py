@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import render_oracle
 from daemon import Daemon, first_reply, free_port, run_daemon, smi_stand_in
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -358,7 +359,7 @@ def test_nvml_lists_a_process_whose_memory_is_not_available() -> None:
                if p.pid == 7724]
     assert proc.usedGpuMemory is None
     host.until(3)
-    (device,) = codec.parse_stats(render.render_stats(host.counters.devices, 2).body, 2)
+    (device,) = codec.parse_stats(render_oracle.render_stats(host.counters.devices, 2).body, 2)
     figures = {p.pid: (p.kind, p.memory_now_kib, p.memory_cum_kib, p.samples) for p in device.processes}
     assert figures == {7724: ("C", -1, -1, 3), 8000: ("C", 64 * MIB, 3 * 64 * MIB, 3)}
     assert device.samples == 3
@@ -370,7 +371,7 @@ def test_smi_lists_a_process_whose_memory_is_n_a() -> None:
     for _ in range(3):
         devices, _ = parse_report((FIXTURES / "not-available.xml").read_bytes())
         counters.fold(Snapshot(devices))
-    wddm = codec.parse_stats(render.render_stats(counters.devices, 2).body, 2)[0]
+    wddm = codec.parse_stats(render_oracle.render_stats(counters.devices, 2).body, 2)[0]
     assert {p.pid: (p.memory_now_kib, p.memory_cum_kib, p.samples) for p in wddm.processes} == {
         7724: (-1, -1, 3), 10808: (-1, -1, 3),
     }

@@ -48,6 +48,10 @@ NEWEST_VERSION = 2
 VERSIONS = (1, 2)
 COMMAND_TYPES = ord("T")
 COMMAND_STATS = ord("S")
+#: ``atopgpu``'s own: who the processes are (contexts.py); atop never sends it
+COMMAND_CONTEXTS = ord("P")
+#: every request command: what `parse_request` accepts, and what a daemon must answer
+COMMANDS = (COMMAND_TYPES, COMMAND_STATS, COMMAND_CONTEXTS)
 #: atop's hard limit on a reply body
 ATOP_REPLY_LIMIT = 8192
 #: what this daemon allows a whole reply, prelude included, so that no reading of
@@ -118,9 +122,6 @@ def negotiate(version: int) -> int:
 
 
 #: every valid request, parsed once: a daemon parses one per reply
-#: ``atopgpu``'s own: who the processes are (contexts.py); atop never sends it
-COMMAND_CONTEXTS = ord("P")
-COMMANDS = (COMMAND_TYPES, COMMAND_STATS, COMMAND_CONTEXTS)
 _REQUESTS = {bytes([c, v]): Request(c, v) for c in COMMANDS for v in range(256)}
 
 

@@ -2,7 +2,7 @@
 
 Three wings, named for what they serve:
 
-- `atop/`: serving atop (poller, board, render, intervals, protocol, turns);
+- `atop/`: serving atop (poller, board, exits, render, intervals, protocol, turns);
 - `web/`: the metrics web (``/metrics``, its other pages, its bounds);
 - `system/`: meeting the host (sockets, socket activation, peer credentials,
   systemd's notify socket, signals).

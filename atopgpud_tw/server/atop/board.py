@@ -9,7 +9,9 @@ each exited process's record is rendered once per version for all the clients
 that hear of it.  A version 2 request costs no work that grows with the number
 of clients or, unless the reply must be cut to atop's limit, with the number of
 processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per client once per poll (intervals.py).
+interval, so they are rendered per client once per poll, by the client's
+`intervals.V1Session`.  Each request command of the wire has its handler in
+`Board.HANDLERS`; a command without one is refused, never answered as another.
 
 However many exits a client has queued, a reply looks at no more of them than
 can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
@@ -18,144 +20,24 @@ queue: the cost of a request is bounded by the size of a reply.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 from twisted.logger import Logger
 
 from atopgpud_tw import codec
-from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
+from atopgpud_tw.counters import Counters, ExitedProcess
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
-from atopgpud_tw.server.atop.intervals import Seen, V1Intervals
+from atopgpud_tw.server.atop.exits import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport
+from atopgpud_tw.server.atop.intervals import V1Records, V1Session
 from atopgpud_tw.server.atop.whois import ContextDirectory
 from atopgpud_tw.snapshot import Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
 
-DEFAULT_EXITED_LIMIT = 8192
-
-
-@dataclass(eq=False)
-class ExitReport:
-    """The report of an exited process (`counters.ExitedProcess`) as every client's
-    queue holds it, until each client is told: one object shared by all, with its
-    ``E`` records rendered once."""
-
-    device_index: int
-    totals: ProcessTotals
-    #: its ``E`` record per reply version, rendered for the first client that asks
-    records: dict[int, bytes] = field(default_factory=dict)
-
-    def record(self, version: int) -> bytes:
-        """Its ``E`` record in a reply version."""
-        record = self.records.get(version)
-        if record is None:
-            record = self.records[version] = render.render_process(self.totals, version, b"E")
-        return record
-
-
-@dataclass(eq=False)
-class ClientQueue:
-    """One client's processes that ended and that it has not been told about yet.
-
-    A client is told of exits only after its first ``S``: what ended before
-    that has no earlier figures for atop to subtract from.  The queue is
-    bounded; when full, the oldest entries are dropped and counted.
-    """
-
-    limit: int = DEFAULT_EXITED_LIMIT
-    subscribed: bool = False
-    entries: deque[ExitReport] = field(default_factory=deque)
-    dropped: int = 0
-    #: version 1 only: per (device index, pid), the busy sums and samples at this
-    #: client's previous ``S`` and the busy figures it was sent then
-    seen_v1: Seen = field(default_factory=dict)
-    #: the list of one poll's exits when the queue holds exactly that list, else None
-    #: (a client that asks once per poll): its reply is then the same as that of every
-    #: other such client, and is rendered once
-    batch: Sequence[ExitReport] | None = None
-    #: version 1 only: the generation of this client's previous ``S`` and its
-    #: records then, the same until the next poll
-    v1_prepared: tuple[int, render.PreparedStats] | None = None
-    #: version 1 only: the generation `seen_v1` was taken at (-1: never)
-    v1_generation: int = -1
-    #: version 1 only: `seen_v1` holds only the active processes of that ``S``
-    #: (no exit still to be told), so that its sums are those of every such client
-    v1_clean: bool = True
-    #: exits dropped from this queue since the client last asked
-    lost: int = 0
-
-    def add(self, exited: Sequence[ExitReport]) -> int:
-        """Queue exits; returns how many old entries had to be dropped."""
-        if not self.subscribed:
-            return 0
-        self.batch = None if self.entries else exited
-        self.entries.extend(exited)
-        overflow = len(self.entries) - self.limit
-        if overflow <= 0:
-            return 0
-        self.batch = None
-        for _ in range(overflow):
-            self.entries.popleft()
-        self.dropped += overflow
-        self.lost += overflow
-        return overflow
-
-    def subscribe(self) -> None:
-        """The client asked for ``S``: from now on it is told of exits."""
-        self.subscribed = True
-
-    def holds_only(self, batch: Sequence[ExitReport] | None) -> bool:
-        """Whether the queue holds exactly `batch`, one poll's exits as the Board
-        shares them among every client (the same list object): its reply is then
-        that of every other such client."""
-        return batch is not None and self.batch is batch
-
-    def take(self, count: int) -> None:
-        """Forget the first `count` entries: they were sent.  What is left is no
-        longer one poll's shared batch."""
-        self.batch = None
-        if count >= len(self.entries):
-            self.entries.clear()
-        else:
-            for _ in range(count):
-                self.entries.popleft()
-
-    def heard(self) -> None:
-        """The client asked again since it lost exits: the count starts afresh."""
-        self.lost = 0
-
-    def only_devices_below(self, count: int) -> None:
-        """Drop the exits on devices from index `count` on: a version 1 reply
-        carries no more devices, so they could never be sent."""
-        if any(entry.device_index >= count for entry in self.entries):
-            self.entries = deque(entry for entry in self.entries if entry.device_index < count)
-            self.batch = None
-
-    def records_v1(self, generation: int) -> render.PreparedStats | None:
-        """Version 1: this client's records, if its previous ``S`` came in poll `generation`."""
-        if self.v1_prepared is None or self.v1_prepared[0] != generation:
-            return None
-        return self.v1_prepared[1]
-
-    def remember_v1(
-        self,
-        seen: Seen,
-        generation: int,
-        records: render.PreparedStats,
-        clean: bool | None = None,
-    ) -> None:
-        """Version 1: the sums this ``S`` was worked out from, the poll they are of
-        and its records; `clean` whether `seen` holds only that poll's active
-        processes (None: as it was, the same poll as the previous ``S``)."""
-        self.seen_v1 = seen
-        self.v1_generation = generation
-        self.v1_prepared = (generation, records)
-        if clean is not None:
-            self.v1_clean = clean
+__all__ = ["Board", "ClientQueue", "ExitReport", "DEFAULT_EXITED_LIMIT"]
 
 
 #: what a reply shows: its version, and how many devices (the first, in ``T`` order) it carries
@@ -194,8 +76,10 @@ class Board:
         self._cut: dict[int, Latch] = {}
         #: the most devices said to be more than the wire carries
         self._devices_told = 0
-        #: version 1 clients' figures over their own intervals
-        self._v1 = V1Intervals()
+        #: version 1 clients, each with its figures over its own intervals
+        self.v1_sessions: dict[ClientQueue, V1Session] = {}
+        #: this poll's version 1 records, shared by clients with the same sums
+        self._v1_records = V1Records()
         self.replies_cut = 0
         #: told every poll's exited processes, after the counters (`fold`)
         self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
@@ -222,6 +106,7 @@ class Board:
     def detach(self, queue: ClientQueue) -> None:
         """Forget a connection that closed."""
         self.clients.discard(queue)
+        self.v1_sessions.pop(queue, None)
         self._caught_up(queue)
         self._heard(queue)
 
@@ -309,19 +194,28 @@ class Board:
     # -- replies --
 
     def reply(self, request: codec.Request, queue: ClientQueue) -> bytes:
-        """The framed reply to one request of one client."""
+        """The framed reply to one request of one client, by its command (`HANDLERS`);
+        a command with no handler is a `codec.ProtocolError`, never another's reply."""
+        handler = self.HANDLERS.get(request.command)
+        if handler is None:
+            raise codec.ProtocolError(f"no reply for command byte 0x{request.command:02x}")
+        return handler(self, request, queue)
+
+    def _reply_types(self, request: codec.Request, queue: ClientQueue) -> bytes:
+        """``T``: the GPU types, framed once per layout and view."""
+        version = request.reply_version
+        view = (version, request.devices)
+        generation = self.counters.layout_generation
+        framed = self._types_framed.get(view)
+        if framed is None or framed[0] != generation:
+            body = self.types_body(version, request.devices)
+            framed = self._types_framed[view] = (generation, codec.frame(version, body))
+        return framed[1]
+
+    def _reply_stats(self, request: codec.Request, queue: ClientQueue) -> bytes:
+        """``S``: the statistics, with this client's exits (version 1: over its own interval)."""
         version = request.reply_version
         devices = request.devices
-        if request.command == codec.COMMAND_CONTEXTS:
-            return codec.frame(codec.NEWEST_VERSION, self.directory.body())  # atopgpu's (whois.py)
-        if request.command == codec.COMMAND_TYPES:
-            generation = self.counters.layout_generation
-            view = (version, devices)
-            framed = self._types_framed.get(view)
-            if framed is None or framed[0] != generation:
-                body = self.types_body(version, devices)
-                framed = self._types_framed[view] = (generation, codec.frame(version, body))
-            return framed[1]
         if version == 1:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
@@ -331,6 +225,17 @@ class Board:
         if rendered.prepared.full.active_cut:
             self.replies_cut += 1
         return rendered.framed
+
+    def _reply_contexts(self, request: codec.Request, queue: ClientQueue) -> bytes:
+        """``P``: who the processes are, for ``atopgpu`` (whois.py); atop never asks."""
+        return codec.frame(codec.NEWEST_VERSION, self.directory.body())
+
+    #: the handler of each request command of the wire (`codec.COMMANDS`; a test checks that none lacks one)
+    HANDLERS: dict[int, Callable[[Board, codec.Request, ClientQueue], bytes]] = {
+        codec.COMMAND_TYPES: _reply_types,
+        codec.COMMAND_STATS: _reply_stats,
+        codec.COMMAND_CONTEXTS: _reply_contexts,
+    }
 
     def types_body(self, version: int = 2, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
         """The ``T`` body listing the first `devices`, rendered again only when the device list changed."""
@@ -366,16 +271,25 @@ class Board:
 
     def stats_v1(self, queue: ClientQueue) -> bytes:
         """The version 1 ``S`` body for one client, with busy figures over its own
-        interval (`intervals.V1Intervals`); takes what it reports off its queue."""
+        interval (`intervals.V1Session`); takes what it reports off its queue."""
         queue.subscribe()
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:
             queue.only_devices_below(wired)
-        result = self._v1.reply(queue, self.counters, lambda: self._rendered(1, wired).prepared)
+        result = self.v1_session(queue).reply(
+            queue, self.counters, lambda: self._rendered(1, wired).prepared, self._v1_records
+        )
         self._sent(queue, len(result.exited_sent))
         if result.active_cut:
             self.replies_cut += 1
         return result.body
+
+    def v1_session(self, queue: ClientQueue) -> V1Session:
+        """A client's version 1 session, begun at its first version 1 ``S``."""
+        session = self.v1_sessions.get(queue)
+        if session is None:
+            session = self.v1_sessions[queue] = V1Session()
+        return session
 
     def _rendered(self, version: int, devices: int) -> _Rendered:
         generation = self.counters.generation

@@ -2,51 +2,81 @@
 
 atop 2.12 and older show a process's version 1 busy figures as they come, as
 the figures of the interval since their previous request; so they are worked
-out per client from the sums it saw then (`interval_busy`).  This costs work in
-proportion to the processes once per poll per version 1 client: until the next
-poll its figures stand, and so do its records.  Clients whose previous ``S``
-came in the same poll, with no exit still to be told, remembered the same sums:
-their records are rendered once, for the first of them.  Each client's sums
-are its `board.ClientQueue`'s (``records_v1``, ``remember_v1``), kept per
-process life (`counters.ProcessTotals.life`), never per pid: a pid reused, or
-a GPU lost and read again, is a new process whose figures are its own.
+out per client from the sums it saw then (`interval_busy`).  A `V1Session` is
+one version 1 client: those sums, kept per process life
+(`counters.ProcessTotals.life`), never per pid (a pid reused, or a GPU lost
+and read again, is a new process whose figures are its own), its records until
+the next poll, and the reply worked out from them.  This costs work in
+proportion to the processes once per poll per version 1 client: until the
+next poll its figures stand, and so do its records.  Clients whose previous
+``S`` came in the same poll, with no exit still to be told, remembered the same
+sums: their records are rendered once, for the first of them (`V1Records`).
 """
 
 from __future__ import annotations
 
 from itertools import islice
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Sequence
 
 from atopgpud_tw.counters import Counters, ProcessTotals
+from atopgpud_tw.server.atop.exits import ClientQueue, ExitReport
 from atopgpud_tw.server.atop.render import EXITED_SCAN, PreparedStats, RenderedDevice, StatsBody, render_process
-
-if TYPE_CHECKING:
-    from atopgpud_tw.server.atop.board import ClientQueue
 
 #: per process life (`ProcessTotals.life`): busy sums and samples at a client's ``S``, and the figures sent
 Seen = dict[int, tuple[int, int, int, int, int]]
 
 
-class V1Intervals:
-    """The version 1 replies of every client, with the records shared within a poll."""
+class V1Records:
+    """This poll's version 1 records, shared by the clients whose previous ``S`` came in the same poll."""
 
     def __init__(self) -> None:
         #: records this poll, by the generation of the clients' previous S
         self._shared: dict[int, tuple[PreparedStats, Seen]] = {}
         self._generation = -1
 
-    def reply(self, queue: ClientQueue, counters: Counters, rendered: Callable[[], PreparedStats]) -> StatsBody:
-        """One client's ``S`` body with its figures, its sums remembered for its next;
-        `rendered` gives this poll's version 1 records (their device headers are used)."""
+    def get(self, generation: int, since: int) -> tuple[PreparedStats, Seen] | None:
+        """The records of poll `generation` for clients whose previous ``S`` came in poll `since`."""
+        if self._generation != generation:
+            self._generation = generation
+            self._shared = {}
+        return self._shared.get(since)
+
+    def put(self, since: int, records: tuple[PreparedStats, Seen]) -> None:
+        self._shared[since] = records
+
+
+class V1Session:
+    """One version 1 client: the sums of its previous ``S``, its records, and its replies."""
+
+    __slots__ = ("seen", "prepared", "generation", "clean")
+
+    def __init__(self) -> None:
+        #: per process life, the busy sums and samples at this client's previous
+        #: ``S`` and the busy figures it was sent then
+        self.seen: Seen = {}
+        #: its records at its previous ``S``, the same until the next poll
+        self.prepared: PreparedStats | None = None
+        #: the poll (counters' generation) of its previous ``S`` (-1: never)
+        self.generation = -1
+        #: `seen` holds only the active processes of that ``S`` (no exit still to
+        #: be told), so that its sums are those of every such client
+        self.clean = True
+
+    def reply(
+        self, queue: ClientQueue, counters: Counters, rendered: Callable[[], PreparedStats], shared: V1Records
+    ) -> StatsBody:
+        """This client's ``S`` body with its figures, its sums remembered for its next;
+        `rendered` gives this poll's version 1 records (their device headers are used),
+        `shared` the records shared with other clients this poll."""
         generation = counters.generation
-        seen = queue.seen_v1
-        prepared = queue.records_v1(generation)
-        same_poll = prepared is not None
-        if prepared is not None:
-            now_seen = seen  # no poll since this client's previous S: every active figure stands
+        seen = self.seen
+        same_poll = self.prepared is not None and self.generation == generation
+        if same_poll:
+            assert self.prepared is not None
+            prepared, now_seen = self.prepared, seen  # no poll since: every active figure stands
         else:
-            prepared, now_seen = self._prepared(queue, counters, rendered)
-        entries = list(islice(queue.entries, EXITED_SCAN))
+            prepared, now_seen = self._prepared(counters, rendered, shared)
+        entries: Sequence[ExitReport] = list(islice(queue.entries, EXITED_SCAN))
         records = []
         for entry in entries:
             busy, _ = interval_busy(entry.totals, seen.get(entry.totals.life))
@@ -54,7 +84,6 @@ class V1Intervals:
         result = prepared.body(records) if records else prepared.full
         sent = len(result.exited_sent)
         # now_seen may be shared with other clients: copied before it is changed
-        clean = None
         if not same_poll:
             kept = {}
             for entry in islice(queue.entries, sent, None):
@@ -63,35 +92,31 @@ class V1Intervals:
                     kept[life] = seen[life]  # still to be told: keep its starting point
             if kept:
                 now_seen = {**now_seen, **kept}
-            clean = not kept
+            self.clean = not kept
         elif sent:
             # an ended life is never active again: once told, its starting point goes
             gone = {e.totals.life for e in entries[:sent]} & now_seen.keys()
             if gone:
                 now_seen = {k: v for k, v in now_seen.items() if k not in gone}
-        queue.remember_v1(now_seen, generation, prepared, clean)
+        self.seen, self.generation, self.prepared = now_seen, generation, prepared
         return result
 
     def _prepared(
-        self, queue: ClientQueue, counters: Counters, rendered: Callable[[], PreparedStats]
+        self, counters: Counters, rendered: Callable[[], PreparedStats], shared: V1Records
     ) -> tuple[PreparedStats, Seen]:
-        """One client's version 1 records this poll, and the sums to remember for its next ``S``.
+        """This client's version 1 records this poll, and the sums to remember for its next ``S``.
 
         Clients whose previous ``S`` came in the same poll, with no exit still to
         be told, remembered the same sums: their records are the same, rendered
         for the first of them, unless a process had no sample since (its
         figures are then those that client was sent last).
         """
-        generation = counters.generation
-        if self._generation != generation:
-            self._generation = generation
-            self._shared = {}
-        since = queue.v1_generation if queue.v1_clean else None
-        shared = self._shared.get(since) if since is not None else None
-        if shared is not None:
-            return shared
+        since = self.generation if self.clean else None
+        found = shared.get(counters.generation, since) if since is not None else None
+        if found is not None:
+            return found
         shared_ok = True
-        seen, now_seen = queue.seen_v1, {}
+        seen, now_seen = self.seen, {}
         devices = []
         for device, header in zip(counters.devices, rendered().devices):
             active = []
@@ -105,7 +130,7 @@ class V1Intervals:
             devices.append(RenderedDevice(header.header, tuple(active)))
         result = PreparedStats(devices), now_seen
         if since is not None and shared_ok:
-            self._shared[since] = result
+            shared.put(since, result)
         return result
 
 

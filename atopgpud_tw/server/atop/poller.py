@@ -2,7 +2,10 @@
 
 A `LoopingCall` on an injected clock.  It waits for each poll's Deferred, so
 polls never overlap; a poll that fails is logged once per cause (and its
-recovery once) and never stops the loop.  A poll that runs past the next tick
+recovery once) and never stops the loop.  A cause that fails and recovers again
+and again is damped as every such cause is (`problems.Damping`): after its
+second recovery, one line per window that grows (1 min, 10 min, 1 h) counts
+the failures and recoveries held back.  A poll that runs past the next tick
 makes the loop skip ticks; each poll is handed over with its time, counted in
 the loop's ticks (so a poll after a skipped tick covers two intervals), for the
 counters' time-weighted sums.
@@ -19,7 +22,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.problems import Latch
+from atopgpud_tw.problems import Damping, Latch, span_words
 from atopgpud_tw.readers.base import IReader, PollError
 from atopgpud_tw.server.atop.board import Board
 
@@ -38,6 +41,8 @@ class PollerService(Service):
         self.failed_polls: dict[str, int] = {}
         #: the cause the latest poll failed with (None: it worked)
         self._failing = Latch()
+        #: what of failing polls and their recoveries is said, for a cause that flaps
+        self._damping = Damping()
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
         self._ticks = 0
@@ -99,17 +104,49 @@ class PollerService(Service):
         self.polls += 1
         self.waiting = self._reader_waits()
         failed_with = self._failing.value
-        if self._failing.change(None):
+        now = self.clock.seconds()
+        if self._failing.change(None) and self._damping.ended(failed_with, now):
             self.log.info("polls work again (they failed with {cause})", cause=failed_with)
+        self._counts_due(now)
 
     def _failed(self, failure: Failure) -> None:
         cause = _cause(failure)
         self.failed_polls[cause] = self.failed_polls.get(cause, 0) + 1
+        failed_with = self._failing.value
+        now = self.clock.seconds()
         if self._failing.change(cause):
-            if failure.check(PollError):
-                self.log.warn("poll failed: {cause}", cause=cause)
-            else:
-                self.log.failure("poll failed: {cause}", failure, cause=cause)
+            if failed_with is not None:
+                self._damping.ended(failed_with, now)  # another cause now: said as the new one's start
+            start = self._damping.started(cause, cause, now)
+            if start is not None and not start.flapping:
+                if failure.check(PollError):
+                    self.log.warn("poll failed: {cause}", cause=cause)
+                else:
+                    self.log.failure("poll failed: {cause}", failure, cause=cause)
+            elif start is not None:
+                flapping = (
+                    "poll failed: {cause} (again: {count} times in {span}; from now on counted, "
+                    "and said at most once every {every})"
+                )
+                span, every = span_words(start.span), span_words(start.every)
+                if failure.check(PollError):
+                    self.log.warn(flapping, cause=cause, count=start.starts, span=span, every=every)
+                else:
+                    self.log.failure(flapping, failure, cause=cause, count=start.starts, span=span, every=every)
+        self._counts_due(now)
+
+    def _counts_due(self, now: float) -> None:
+        """The count of each flapping cause whose window is over."""
+        failing = () if self._failing.value is None else (self._failing.value,)
+        for count in self._damping.windows_over(now, failing):
+            emit = self.log.warn if count.failing else self.log.info
+            emit(
+                "poll failed: {cause}: {failed} more failures and {recovered} recoveries in the last {span}, "
+                "not logged one by one; {state} now; counted again for {every}",
+                cause=count.cause, failed=count.failed, recovered=count.recovered, span=span_words(count.span),
+                state="failing" if count.failing else "working", every=span_words(count.every),
+                held=count.failed + count.recovered,
+            )
 
     def _loop_died(self, failure: Failure) -> None:
         # poll_once never fails, so this is a bug; say so rather than go quiet

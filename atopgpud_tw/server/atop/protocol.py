@@ -30,7 +30,8 @@ from zope.interface import implementer
 from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.atop.board import Board, ClientQueue
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.atop.exits import ClientQueue
 from atopgpud_tw.server.atop.turns import Turns
 from atopgpud_tw.server.system.accepting import IAdmission
 from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid
@@ -151,16 +152,16 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         if self._reading_paused and len(self._buffer) - start <= MAX_PENDING // 2:
             self._reading_paused = False
             self.transport.resumeProducing()
+        assert self.queue is not None  # set at connectionMade, before any data
         try:
-            request = codec.parse_request(data)
+            reply = self.factory.board.reply(codec.parse_request(data), self.queue)
         except codec.ProtocolError as error:
             self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
             self._buffer, self._start = b"", 0
             self._closing = True
             self.transport.loseConnection()
             return False
-        assert self.queue is not None  # set at connectionMade, before any data
-        self._write(self.factory.board.reply(request, self.queue))
+        self._write(reply)
         if self._closing:
             return False
         self.setTimeout(self.factory.limits.idle_timeout)

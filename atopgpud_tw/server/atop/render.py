@@ -17,7 +17,7 @@ Whatever the counters hold, a reply stays within what atop reads: at most
 characters, and every number between -1 and the largest value of the C type atop
 parses it into (`INT_MAX` for the two busy percentages now and the pid,
 `LLONG_MAX` for the rest); anything below -1 is -1.  When the processes do not
-fit, `assemble_stats` shares the reply between active and exited processes (see
+fit, `PreparedStats` shares the reply between active and exited processes (see
 docs/protocol.md for the arithmetic).
 """
 
@@ -46,8 +46,6 @@ __all__ = [
     "RenderedDevice",
     "render_devices",
     "StatsBody",
-    "assemble_stats",
-    "render_stats",
     "PreparedStats",
     "ACTIVE_SHARE_COUNT",
     "EXITED_SCAN",
@@ -178,47 +176,6 @@ class StatsBody:
     active_cut: bool
 
 
-def assemble_stats(
-    devices: Sequence[RenderedDevice],
-    exited: Sequence[tuple[int, bytes]] = (),
-    budget: int = REPLY_LIMIT - PRELUDE.size,
-) -> StatsBody:
-    """Build an ``S`` body within `budget` bytes and 255 processes per device.
-
-    Device records always go in whole.  When all fits, the output is the devices'
-    cached records with the exited ones (``(device index, record)`` in queue
-    order) appended.  Otherwise exited records go first, in queue order and up to
-    the first that does not fit (the rest stay queued, in order), but never into
-    the share kept for the active processes (`_take_exited`); then the active
-    ones, largest memory first, in what is left.
-    """
-    room = budget - sum(len(d.header) for d in devices)
-    if room < 0:
-        raise ProtocolError("the device records alone exceed the reply limit")
-    count = [len(d.active) for d in devices]
-    exited_size = 0
-    for index, record in exited:
-        count[index] += 1
-        exited_size += len(record)
-    if exited_size + sum(d.size - len(d.header) for d in devices) <= room and max(
-        count, default=0
-    ) <= MAX_PROCESSES_PER_DEVICE:
-        return _join_all(devices, exited)
-    return _join_selected(devices, exited, room)
-
-
-def _join_all(devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]]) -> StatsBody:
-    tails: list[list[bytes]] = [[] for _ in devices]
-    for index, record in exited:
-        tails[index].append(record)
-    parts: list[bytes] = []
-    for device, tail in zip(devices, tails):
-        parts.append(device.header)
-        parts.extend(rec for _, _, rec in device.active)
-        parts.extend(tail)
-    return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
-
-
 def _take_exited(
     active_counts: Sequence[int], active_size: int, exited: Sequence[tuple[int, bytes]], room: int
 ) -> tuple[list[int], list[list[bytes]], list[int], int]:
@@ -244,18 +201,6 @@ def _take_exited(
         tails[index].append(record)
         sent.append(position)
     return count, tails, sent, room
-
-
-def _join_selected(
-    devices: Sequence[RenderedDevice], exited: Sequence[tuple[int, bytes]], room: int
-) -> StatsBody:
-    active_counts = [len(d.active) for d in devices]
-    active_size = sum(d.size - len(d.header) for d in devices)
-    count, tails, sent, room = _take_exited(active_counts, active_size, exited, room)
-    candidates = sorted(
-        (-memory, index, pid, record) for index, device in enumerate(devices) for memory, pid, record in device.active
-    )
-    return _keep_in_order(devices, (c[1:] for c in candidates), room, count, tails, sent)
 
 
 def _keep_in_order(
@@ -288,24 +233,19 @@ def _keep_in_order(
     return StatsBody(b"".join(parts), tuple(sent), cut)
 
 
-def render_stats(
-    devices: Sequence[DeviceTotals],
-    version: int,
-    exited: Iterable[tuple[int, ProcessTotals]] = (),
-) -> StatsBody:
-
-    """An ``S`` body straight from the counters, without any caching."""
-    records = [(index, render_process(totals, version, b"E")) for index, totals in exited]
-    return assemble_stats(render_devices(devices, version), records)
-
-
 class PreparedStats:
     """The part of an ``S`` body that every client shares until the next poll.
 
     Built once per poll and version from `render_devices`; `body` then gives one
-    client's body with its own exited records added.  It follows the rules of
-    `assemble_stats` to the byte (a test compares the two) but does the shared
-    work once: each device's records are joined in advance, so a reply that fits
+    client's body within `budget` bytes and 255 processes per device, with its
+    own exited records added.  When all fits, that is the devices' records with
+    the exited ones (``(device index, record)`` in queue order) appended.
+    Otherwise exited records go first, in queue order and up to the first that
+    does not fit (the rest stay queued, in order), but never into the share kept
+    for the active processes (`_take_exited`); then the active ones, largest
+    memory first, in what is left.  A plain renderer of the same rules, record
+    by record, is the tests' oracle (tests/render_oracle.py, compared to the
+    byte); this one does the shared work once: each device's records are joined in advance, so a reply that fits
     costs work in proportion to the devices and the client's exited records only,
     and the order in which active processes are kept when the limit bites is
     sorted once.
@@ -349,7 +289,7 @@ class PreparedStats:
         return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
 
     def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
-        """The rules of `_join_selected`: exited records first, then the largest active processes."""
+        """Exited records first, then the largest active processes that fit."""
         devices = self.devices
         count, tails, sent, room = _take_exited(self._counts, self._active_size, exited, self._room)
         order = self._order or self._sorted()

@@ -4,13 +4,20 @@ Twisted's listening port accepts in a loop that grows by 20 each time it drains
 the whole backlog, and builds a transport and a protocol for every connection
 it takes; a process that connects, sends a request and resets, in a loop, made
 that loop thousands long, every reactor turn, and filled ``--max-clients`` with
-connections already dead.  A `FairPort` takes each turn in three steps:
+connections already dead.  A `FairPort` takes each turn in three steps, at the start of the reactor's
+turn after the one in which the listener was readable: the connections
+readable in that turn (an atop asking) are served first, not after a drain.
 
 1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
-   bare socket (an accept, its peer's uid, no transport), so that the backlog
-   does not fill and a new client's connect is not refused (EAGAIN).
+   bare file descriptor (the C accept, no socket object), so that the backlog
+   does not fill and a new client's connect is not refused (EAGAIN).  Under a
+   flood that is the daemon's work: a socket object per connection (Python's
+   accept builds one, and converts its family and type to enums) cost more
+   than the kernel's accept and close together.
 2. **Reap**: one ``poll`` over what was drained; a connection whose client has
-   already closed or reset it is closed at once, unread.
+   already closed or reset it is closed at once, unread (a plain ``close``: its
+   peer is gone, so no TIME_WAIT is left on our side).  The others become
+   sockets, and their peer's uid is asked.
 3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
    protocols, taken from the users waiting in turn (round robin by uid), so
    one user's hundred waiting connections do not come before another's one.
@@ -31,6 +38,7 @@ Twisted's POSIX one (a test's MemoryReactor) is left as it is.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -57,6 +65,7 @@ PENDING_PER_UID = 64
 #: closed or reset by the peer; not POLLRDHUP: a client that has only shut down
 #: its sending side (``socat``, ``nc -N``) still waits for its reply
 _DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_WATCHED = select.POLLIN | _DEAD
 _LINGER_RESET = struct.pack("ii", 1, 0)
 #: the socket type, by a name the ports' own `socket` attribute does not hide
 Socket = socket.socket
@@ -73,12 +82,17 @@ class IAdmission(Interface):
 
 def hung_up(sockets: Iterable[socket.socket]) -> set[socket.socket]:
     """Those of `sockets` whose peer has closed or reset the connection (one poll)."""
+    by_fd = {sock.fileno(): sock for sock in sockets}
+    return {by_fd[fd] for fd in hung_up_fds(by_fd)}
+
+
+def hung_up_fds(fds: Iterable[int]) -> set[int]:
+    """Those of the descriptors `fds` whose peer has closed or reset the connection (one poll)."""
     poller = select.poll()
-    by_fd = {}
-    for sock in sockets:
-        by_fd[sock.fileno()] = sock
-        poller.register(sock, select.POLLIN | _DEAD)
-    return {by_fd[fd] for fd, events in poller.poll(0) if events & _DEAD}
+    register = poller.register
+    for fd in fds:
+        register(fd, _WATCHED)
+    return {fd for fd, events in poller.poll(0) if events & _DEAD}
 
 
 def close_now(sock: socket.socket) -> None:
@@ -114,31 +128,69 @@ class FairPort:
         #: accepted connections waiting for a turn, by uid; dict order is the round
         self._pending: dict[int | None, deque[tuple[Socket, Any]]] = {}
         self._next_turn: IDelayedCall | None = None
+        #: the drain asked for by the listener's readiness, for the start of the next turn
+        self._drain_call: IDelayedCall | None = None
         self._diag = SockDiag()
         #: counts since listening: reaped (dead when drained or admitted),
         #: refused (the factory said no), excess (beyond `pending_per_uid`), admitted
         self.counts = {"reaped": 0, "refused": 0, "excess": 0, "admitted": 0}
 
     def doRead(self) -> None:  # noqa: N802  # Twisted's name
-        """The listening socket is readable: drain, reap, and admit this turn's share."""
+        """The listening socket is readable: its connections are taken at the start of the
+        reactor's next turn (`take_turn`), once the connections readable in this one are
+        served, so that an atop already connected never waits behind a drain."""
+        if self._drain_call is None:
+            self._drain_call = self.reactor.callLater(0, self.take_turn)
+
+    def take_turn(self) -> None:
+        """Drain, reap, and admit this turn's share."""
+        self._drain_call = None
+        if not self.connected or self.disconnecting:  # type: ignore[attr-defined]  # the port's
+            return  # stopping: what waits in the backlog goes with the socket
         try:
             arrived = self._drain()
             if arrived:
-                dead = hung_up(sock for sock, _ in arrived)
-                for sock, address in arrived:
-                    if sock in dead:
-                        self.counts["reaped"] += 1
-                        close_now(sock)
+                dead = hung_up_fds(fd for fd, _ in arrived)
+                close = os.close
+                for fd, address in arrived:
+                    if fd in dead:
+                        close(fd)  # its peer is gone: no linger, no TIME_WAIT on our side
                     else:
-                        self._wait(sock, address)
+                        self._wait(self._socket_of(fd), address)
+                self.counts["reaped"] += len(dead)
             if self._next_turn is None:
                 self._admit()
         except BaseException:  # as Twisted's own accept loop: log it and go on listening
             self.log.failure("accepting connections")
 
-    def _drain(self) -> list[tuple[Socket, Any]]:
+    def _drain(self) -> list[tuple[int, Any]]:
+        """Up to `drain_limit` connections off the backlog, each a bare descriptor and
+        its address: no socket object is built for a connection reaped at once."""
+        accept = self.socket._accept  # type: ignore[attr-defined]  # the C accept: (fd, address)
+        arrived: list[tuple[int, Any]] = []
+        append = arrived.append
+        for _ in range(self.drain_limit):
+            try:
+                append(accept())
+            except BlockingIOError:
+                break
+            except OSError:
+                # EMFILE, ENOBUFS, a netfilter EPERM...: what Twisted's own loop does with them
+                self._drain_hard(arrived)
+                break
+        return arrived
+
+    def _drain_hard(self, arrived: list[tuple[int, Any]]) -> None:
+        room = range(max(0, self.drain_limit - len(arrived)))
         with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
-            return list(tcp._accept(logger, range(self.drain_limit), self.socket, tcp._reservedFD))
+            for sock, address in tcp._accept(logger, room, self.socket, tcp._reservedFD):
+                arrived.append((sock.detach(), address))
+
+    def _socket_of(self, fd: int) -> Socket:
+        listener = self.socket
+        sock = Socket(listener.family, listener.type, listener.proto, fileno=fd)
+        sock.setblocking(False)
+        return sock
 
     def _uid(self, sock: Socket, address: Any) -> int | None:
         if sock.family == socket.AF_UNIX:
@@ -216,9 +268,10 @@ class FairPort:
 
     def stop_admitting(self) -> None:
         """Close the connections still waiting for a turn (the port closes)."""
-        if self._next_turn is not None and self._next_turn.active():
-            self._next_turn.cancel()
-        self._next_turn = None
+        for call in (self._next_turn, self._drain_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._next_turn = self._drain_call = None
         for queue in self._pending.values():
             for sock, _ in queue:
                 sock.close()
