@@ -139,6 +139,17 @@ def test_every_query_selects_the_host_and_gpu_variables() -> None:
                 assert 'workload=~"$workload"' in labels, (title, expr)
 
 
+def test_process_legends_name_who_the_process_is() -> None:
+    """The per-process panels name user, comm and workload in the legend (labels of --metrics-process-context),
+    and never in the query, so that they work without it."""
+    for panel in dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            if "atopgpud_process_" in target["expr"]:
+                assert all(f"{{{{{label}}}}}" in target["legendFormat"] for label in ("pid", "user", "comm",
+                                                                                    "workload")), panel["title"]
+                assert not re.search(r"\b(user|comm|workload)\b", target["expr"]), panel["title"]
+
+
 def test_the_provisioning_files_point_at_the_dashboard() -> None:
     provider = (GRAFANA / "provisioning" / "dashboards" / "atopgpud.yaml").read_text()
     assert "type: file" in provider and "path: " in provider
