@@ -2,7 +2,8 @@
 """Writes etc/grafana/atopgpud.json, the Grafana dashboard of atopgpud's /metrics, from the table below.
 
 A panel is one `Panel(...)` line in `ROWS`: a title, a unit, and its PromQL
-queries (``$sel`` stands for the host and GPU selector).  A new row or panel is
+queries (``$sel`` stands for the host and GPU selector, ``$wl`` for it and the
+workload).  A new row or panel is
 a line here and a run of this script (``python3 etc/grafana/make_dashboard.py``);
 tests/test_dashboard.py checks that the JSON is this script's output and runs
 every query against a real Prometheus.  The file is Grafana's classic dashboard
@@ -22,7 +23,14 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: the host and GPU variables, as every per-GPU query selects them
 SEL = 'instance=~"$instance", uuid=~"$gpu"'
 HOST = 'instance=~"$instance"'
+#: the selector of the workload series: the host, GPU and workload variables
+WORKLOAD = SEL + ', workload=~"$workload"'
 GPU_LEGEND = "{{instance}} {{busid}}"
+#: a process: its pid, and who it is where --metrics-process-context labels it (empty otherwise)
+PROCESS_LEGEND = "{{instance}} {{busid}} pid {{pid}} {{user}} {{comm}} {{workload}}"
+WORKLOAD_LEGEND = "{{instance}} {{kind}} {{workload}}"
+#: the labels a workload's series are summed by, over its GPUs
+BY_WORKLOAD = "sum by (instance, kind, workload) "
 
 
 @dataclass
@@ -38,7 +46,13 @@ class Panel:
 
 
 def q(expr: str, legend: str = GPU_LEGEND) -> tuple[str, str]:
-    return expr.replace("$sel", SEL).replace("$host", HOST), legend
+    return expr.replace("$sel", SEL).replace("$wl", WORKLOAD).replace("$host", HOST), legend
+
+
+def gpm(family: str, legend: str) -> tuple[str, str]:
+    """A GPM counter's rate over that of the seconds GPM covered: its exact average over the covered time."""
+    return q(f"rate(atopgpud_gpu_gpm_{family}_total{{$sel}}[$__rate_interval]) "
+             "/ rate(atopgpud_gpu_gpm_seconds_total{$sel}[$__rate_interval])", f"{GPU_LEGEND} {legend}")
 
 
 ROWS: list[tuple[str, list[Panel]]] = [
@@ -88,6 +102,16 @@ ROWS: list[tuple[str, list[Panel]]] = [
         Panel("PCIe replays", "ops", [q("rate(atopgpud_gpu_pcie_replays_total{$sel}[$__rate_interval])")], width=8),
     ]),
     ("Throttling", [
+        Panel("Throttled time, by clock event reason", "percentunit",
+              [q("rate(atopgpud_gpu_clocks_event_seconds_total{$sel}[$__rate_interval])",
+                 "{{instance}} {{busid}} {{reason}}")],
+              description="The share of the time each reason held the clocks down: the driver's own counters, "
+                          "exact whatever the scrape interval."),
+        Panel("Throttled time, by violation policy", "percentunit",
+              [q("rate(atopgpud_gpu_violation_seconds_total{$sel}[$__rate_interval])",
+                 "{{instance}} {{busid}} {{policy}}")],
+              description="The share of the time each performance policy held the clocks down "
+                          "(nvmlDeviceGetViolationStatus)."),
         Panel("Clock event reasons, share of the time", "percentunit",
               [q("avg_over_time(atopgpud_gpu_clocks_event_active{$sel}[$__rate_interval])",
                  "{{instance}} {{busid}} {{reason}}")], width=24,
@@ -96,8 +120,61 @@ ROWS: list[tuple[str, list[Panel]]] = [
     ("XIDs", [
         Panel("XID errors by code", "none", [q("increase(atopgpud_gpu_xid_errors_total{$sel}[$__rate_interval])",
                                                "{{instance}} {{busid}} XID {{xid}}")], kind="timeseries",
-              options={"drawStyle": "bars"}),
-        Panel("XID errors since start", "none", [q("atopgpud_gpu_xid_events_total{$sel}")]),
+              width=8, options={"drawStyle": "bars"}),
+        Panel("XID errors since start", "none", [q("atopgpud_gpu_xid_events_total{$sel}")], width=8),
+        Panel("Time since the last XID", "s", [q("time() - atopgpud_gpu_xid_last_seconds{$sel}")], width=8,
+              description="Since the daemon last saw the GPU's XID count go up (no series before the first XID)."),
+    ]),
+    ("Engines and links", [
+        Panel("Engine busy", "percent", [q("atopgpud_gpu_engine_busy_percent{$sel}",
+                                           "{{instance}} {{busid}} {{engine}}")], width=8,
+              description="Encoder, decoder, JPEG and OFA busy over the driver's sampling period."),
+        Panel("PCIe throughput", "Bps", [q("atopgpud_gpu_pcie_throughput_bytes_per_second{$sel}",
+                                           "{{instance}} {{busid}} {{direction}}")], width=8,
+              description="Bytes per second over the driver's 20 ms window (a reading of one instant)."),
+        Panel("PCIe link", "none", [q("atopgpud_gpu_pcie_link_generation{$sel}", "{{instance}} {{busid}} generation"),
+                                    q("atopgpud_gpu_pcie_link_width{$sel}", "{{instance}} {{busid}} lanes")],
+              width=8, description="The link's current generation and width (lanes)."),
+        Panel("NVLink throughput", "Bps",
+              [q("sum by (instance, busid, uuid, direction) "
+                 "(rate(atopgpud_gpu_nvlink_bytes_total{$sel}[$__rate_interval]))",
+                 "{{instance}} {{busid}} {{direction}}")],
+              description="Bytes per second over every active link."),
+        Panel("NVLink errors", "none",
+              [q("sum by (instance, busid, uuid, error) "
+                 "(increase(atopgpud_gpu_nvlink_errors_total{$sel}[$__rate_interval]))",
+                 "{{instance}} {{busid}} {{error}}")],
+              description="Errors per span over every active link, per kind."),
+    ]),
+    ("Limits", [
+        Panel("Clocks, share of their maximum", "percentunit",
+              [q("atopgpud_gpu_clock_hertz{$sel} / atopgpud_gpu_clock_max_hertz{$sel}",
+                 "{{instance}} {{busid}} {{clock}}")], width=8),
+        Panel("Maximum clocks", "hertz", [q("atopgpud_gpu_clock_max_hertz{$sel}",
+                                            "{{instance}} {{busid}} {{clock}}")], width=8),
+        Panel("Temperature and its thresholds", "celsius",
+              [q("atopgpud_gpu_temperature_celsius{$sel}"),
+               q("atopgpud_gpu_temperature_threshold_celsius{$sel}", "{{instance}} {{busid}} {{threshold}}")],
+              width=8, description="gpu_max is the maximum operating temperature; slowdown and shutdown "
+                                   "the driver's limits."),
+    ]),
+    ("GPM (Hopper and later)", [
+        Panel("GPM graphics and SM activity", "percent",
+              [gpm("graphics_percent_seconds", "graphics"), gpm("sm_active_percent_seconds", "SM active"),
+               gpm("sm_occupancy_percent_seconds", "SM occupancy")],
+              description="GPU Performance Monitoring, exact averages over the time it covered."),
+        Panel("GPM tensor and pipe activity", "percent",
+              [gpm("tensor_active_percent_seconds", "tensor"), gpm("fp64_active_percent_seconds", "FP64"),
+               gpm("fp32_active_percent_seconds", "FP32"), gpm("fp16_active_percent_seconds", "FP16")]),
+        Panel("GPM DRAM bandwidth", "percent", [gpm("dram_bandwidth_percent_seconds", "DRAM")], width=8,
+              description="DRAM bandwidth used, of the most."),
+        Panel("GPM PCIe bytes", "Bps", [gpm("pcie_transmit_bytes", "tx"), gpm("pcie_receive_bytes", "rx")],
+              width=8),
+        Panel("GPM NVLink bytes", "Bps", [gpm("nvlink_transmit_bytes", "tx"), gpm("nvlink_receive_bytes", "rx")],
+              width=8),
+        Panel("GPM coverage", "percentunit",
+              [q("rate(atopgpud_gpu_gpm_seconds_total{$sel}[$__rate_interval])")], width=24, height=5,
+              description="The share of the time GPM's figures covered (1 while every sample works)."),
     ]),
     ("Energy", [
         Panel("Power from the energy counter", "watt",
@@ -105,21 +182,45 @@ ROWS: list[tuple[str, list[Panel]]] = [
               description="The driver's energy counter: exact between any two scrapes."),
         Panel("Energy", "kwatth", [q("increase(atopgpud_gpu_energy_joules_total{$sel}[$__rate_interval]) / 3.6e6")]),
     ]),
+    ("Workloads (--workloads)", [
+        Panel("GPUs busy per workload", "none",
+              [q(BY_WORKLOAD + "(rate(atopgpud_workload_busy_percent_seconds_total{$wl}[$__rate_interval])) / 100",
+                 WORKLOAD_LEGEND)],
+              description="GPUs its processes kept busy (1: one GPU all the time), the ended ones included."),
+        Panel("Memory held per workload", "bytes",
+              [q(BY_WORKLOAD + "(rate(atopgpud_workload_memory_used_byte_seconds_total{$wl}[$__rate_interval]))",
+                 WORKLOAD_LEGEND)],
+              description="The average GPU memory its processes held: rate() of the byte-seconds."),
+        Panel("Processes per workload", "none",
+              [q(BY_WORKLOAD + "(increase(atopgpud_workload_processes_total{$wl}[$__rate_interval]))",
+                 "{{instance}} {{kind}} {{workload}} seen"),
+               q(BY_WORKLOAD + "(increase(atopgpud_workload_processes_ended_total{$wl}[$__rate_interval]))",
+                 "{{instance}} {{kind}} {{workload}} ended")],
+              description="Processes seen on its GPUs, and those that ended, per span."),
+        Panel("Energy share per workload", "watt",
+              [q(BY_WORKLOAD + "(rate(atopgpud_workload_energy_joules_total{$wl}[$__rate_interval]))",
+                 WORKLOAD_LEGEND)],
+              description="The GPU's energy shared out by busy time: an estimate (docs/metrics.md, Workloads)."),
+    ]),
     ("Processes (--metrics-processes)", [
         Panel("Process GPU busy", "percent",
-              [q("rate(atopgpud_process_busy_percent_seconds_total{$sel}[$__rate_interval])",
-                 "{{instance}} {{busid}} pid {{pid}}")], width=8),
+              [q("rate(atopgpud_process_busy_percent_seconds_total{$sel}[$__rate_interval])", PROCESS_LEGEND)],
+              width=8, description="User, command and workload in the legend with --metrics-process-context."),
         Panel("Process memory busy", "percent",
               [q("rate(atopgpud_process_memory_busy_percent_seconds_total{$sel}[$__rate_interval])",
-                 "{{instance}} {{busid}} pid {{pid}}")], width=8),
-        Panel("Process memory used", "bytes", [q("atopgpud_process_memory_used_bytes{$sel}",
-                                                 "{{instance}} {{busid}} pid {{pid}}")], width=8),
+                 PROCESS_LEGEND)], width=8),
+        Panel("Process memory used", "bytes", [q("atopgpud_process_memory_used_bytes{$sel}", PROCESS_LEGEND)],
+              width=8),
     ]),
     ("The daemon", [
-        Panel("Polls", "ops", [q("rate(atopgpud_polls_total{$host}[$__rate_interval])", "{{instance}}")], width=8),
-        Panel("atop clients connected", "none", [q("atopgpud_clients_connected{$host}", "{{instance}}")], width=8),
-        Panel("NVML call running", "s", [q("atopgpud_nvml_call_seconds{$host}", "{{instance}}")], width=8,
+        Panel("Polls", "ops", [q("rate(atopgpud_polls_total{$host}[$__rate_interval])", "{{instance}}")], width=6),
+        Panel("atop clients connected", "none", [q("atopgpud_clients_connected{$host}", "{{instance}}")], width=6),
+        Panel("NVML call running", "s", [q("atopgpud_nvml_call_seconds{$host}", "{{instance}}")], width=6,
               description="Seconds the NVML call in progress has run (0: none)."),
+        Panel("Workload series", "none", [q("atopgpud_workload_series{$host}", "{{instance}} series"),
+                                          q("increase(atopgpud_workloads_expired_total{$host}[$__rate_interval])",
+                                            "{{instance}} expired")], width=6,
+              description="Workload series on the page (--workload-limit), and those that left it per span."),
     ]),
 ]
 
@@ -138,6 +239,8 @@ def variables() -> list[dict]:
          "current": {}, "options": [], "refresh": 1},
         query("instance", "Host", "label_values(atopgpud_build_info, instance)"),
         query("gpu", "GPU", 'label_values(atopgpud_gpu_info{instance=~"$instance"}, uuid)'),
+        query("workload", "Workload",
+              f"label_values(atopgpud_workload_busy_percent_seconds_total{{{SEL}}}, workload)"),
     ]
 
 
@@ -187,7 +290,8 @@ def dashboard() -> dict:
         y += line_height
     return {
         "uid": "atopgpud", "title": "atopgpud: NVIDIA GPUs", "tags": ["atopgpud", "gpu", "nvidia"],
-        "description": "GPU busy, memory, health, throttling, XIDs, energy and processes from atopgpud's /metrics.",
+        "description": "GPU busy, memory, health, throttling, XIDs, engines, links, GPM, energy, workloads and "
+                       "processes from atopgpud's /metrics.",
         "editable": True, "graphTooltip": 1, "schemaVersion": SCHEMA_VERSION, "version": 1,
         "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
         "annotations": {"list": []}, "links": [], "templating": {"list": variables()}, "panels": panels,
