@@ -1,4 +1,4 @@
-"""The table of figures: every health and power figure of a card as one row, for all who show or play it.
+"""The table of figures: every health, power and GPM figure of a card as one row, for all who show or play it.
 
 A row (`Figure`) says everything about one figure: the series it is on the
 metrics page (its `Family`: name, type, help, label names; and its own label
@@ -6,11 +6,19 @@ values), how the NVML reader asks for it (`Ask`: the call, its arguments, the
 scale to the series' unit), where nvidia-smi's report has it per schema
 (`Smi`), where ``atopgpu --health`` shows it (`Show`: its JSON key, and its
 column if it has one), and which field of a scenario's ``health`` object the
-simulator plays it from (`Play`).  From this one table come the page's
+simulator plays it from (`Play`).  A figure of GPU Performance Monitoring
+(Hopper and later) is a row of `GPM_FIGURES`, read per poll rather than per
+scrape: its source is a GPM metric (`Gpm`: the metric id of
+``nvmlGpmMetricsGet``, its name in each poll's figures and in the sums, its
+unit).  From this one table come the page's
 families (server/web/metrics_health.py), the NVML reader's calls
 (readers/nvml/health.py), the nvidia-smi reader's paths
 (readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
-the simulator's scenario fields and plain calls (sim/health_*.py).
+the simulator's scenario fields and plain calls (sim/health_*.py); and from
+its GPM rows the GPM families (server/web/metrics_gpm.py), the metric ids the
+NVML reader asks (readers/nvml/gpm.py), the sums' units (gpm_counters.py),
+``atopgpu --gpm``'s keys and columns (atopgpu/gpm.py) and the simulator's GPM
+fields and metrics (sim/gpm_*.py).
 
 This module imports nothing of the package, so that every part may read it:
 the client and the simulator, which may import nothing of the daemon, as well
@@ -106,6 +114,33 @@ class Play:
     low: float = 0
     high: float | None = None
     per: float = 1.0
+    #: a GPM figure's field: the activity it is a share of ("gpu": graphics, "mem": memory), or
+    #: (a figure in MiB/s) the activity during which it moves the field's MiB per second
+    follows: str = "gpu"
+
+
+#: the units of a GPM figure: a percentage (summed as percent-seconds), or MiB per second (summed as bytes)
+PERCENT = "percent"
+MIB_PER_SECOND = "MiB/s"
+MIB = 1048576
+
+
+@dataclass(frozen=True)
+class Gpm:
+    """How the NVML reader reads a figure from GPU Performance Monitoring, once per poll: one metric
+    of ``nvmlGpmMetricsGet`` between the poll's sample and the one before (readers/nvml/gpm.py)."""
+
+    #: the figure's name in each poll's `GpmFigures` and in `GpmTotals.sums`
+    name: str
+    #: NVML_GPM_METRIC_* of nvml.h
+    metric: int
+    #: `PERCENT` or `MIB_PER_SECOND`
+    unit: str = PERCENT
+
+    @property
+    def rate(self) -> bool:
+        """In MiB/s (summed as bytes), not a percentage."""
+        return self.unit == MIB_PER_SECOND
 
 
 @dataclass(frozen=True)
@@ -118,6 +153,8 @@ class Figure:
     smi: Smi | None = None
     show: Show | None = None
     play: Play | None = None
+    #: a GPM figure's metric (the rows of `GPM_FIGURES`; None for every other)
+    gpm: Gpm | None = None
 
     @property
     def series(self) -> tuple[str, Labels]:
@@ -361,6 +398,58 @@ FIGURES: tuple[Figure, ...] = (
     _threshold("slowdown", 1, "gpu_temp_slow_threshold"),
     _threshold("memory_max", 2, "gpu_temp_max_mem_threshold"),
     _threshold("gpu_max", 3, "gpu_temp_max_gpu_threshold"),
+)
+
+
+def _gpm(name: str, metric: int, unit: str, series: str, text: str, play: Play | None = None,
+         column: str | None = None) -> Figure:
+    """A GPM row: `series` without ``atopgpud_gpu_gpm_`` and ``_total``; `text` what it is, for the help."""
+    if unit == PERCENT:
+        family = Family(f"atopgpud_gpu_gpm_{series}_total", "counter", f"GPM: {text}, exact over each poll, times "
+                        "the seconds it covers, summed: rate() is the average percentage.")
+        show = Show((name,), column=column, unit="%", decimals=1)
+    else:
+        family = Family(f"atopgpud_gpu_gpm_{series}_total", "counter", f"GPM: {text}, exact over each poll, summed.")
+        show = Show((f"{name}_mib_s",), per=MIB, column=column, unit="MiB/s", decimals=1)
+    return Figure(family, show=show, play=play, gpm=Gpm(name, metric, unit))
+
+
+def _share(field: str, default: float, follows: str = "gpu") -> Play:
+    return Play(field, default, 0, 1, follows=follows)
+
+
+#: no link of today's GPUs moves more, MiB/s (NVLink 5: 1.8 TB/s): the simulator's bound
+MAX_RATE = 10_000_000
+
+#: every GPM figure, in the order the page lists the families and ``atopgpu --gpm`` its keys.  The
+#: page's series carry the label ``index`` besides the card's; `Show` is ``atopgpu --gpm``'s (the JSON
+#: value: the counter's increase over that of the seconds covered, divided by `per`); `Play` is a
+#: field of a scenario GPU's ``gpm`` object (none: the graphics activity itself, as the timelines play it)
+GPM_FIGURES: tuple[Figure, ...] = (
+    _gpm("graphics", 1, PERCENT, "graphics_percent_seconds", "graphics or compute activity (any engine busy)",
+         column="GRACT"),  # GRAPHICS_UTIL
+    _gpm("sm", 2, PERCENT, "sm_active_percent_seconds", "SM activity (the share of SMs busy)",
+         _share("sm_share", 0.9), "SMACT"),  # SM_UTIL
+    _gpm("sm_occupancy", 3, PERCENT, "sm_occupancy_percent_seconds", "SM occupancy (warps resident of the most)",
+         _share("occupancy_share", 0.5), "SMOCC"),  # SM_OCCUPANCY
+    _gpm("tensor", 5, PERCENT, "tensor_active_percent_seconds", "tensor pipe activity (any tensor operation)",
+         _share("tensor_share", 0.0), "TENSOR"),  # ANY_TENSOR_UTIL
+    _gpm("dram", 10, PERCENT, "dram_bandwidth_percent_seconds", "DRAM bandwidth used of the most",
+         _share("dram_share", 1.0, "mem"), "DRAM"),  # DRAM_BW_UTIL
+    _gpm("fp64", 11, PERCENT, "fp64_active_percent_seconds", "FP64 pipe activity (not tensor)",
+         _share("fp64_share", 0.0)),  # FP64_UTIL
+    _gpm("fp32", 12, PERCENT, "fp32_active_percent_seconds", "FP32 pipe activity (not tensor)",
+         _share("fp32_share", 0.0)),  # FP32_UTIL
+    _gpm("fp16", 13, PERCENT, "fp16_active_percent_seconds", "FP16 pipe activity (not tensor)",
+         _share("fp16_share", 0.0)),  # FP16_UTIL
+    _gpm("pcie_tx", 20, MIB_PER_SECOND, "pcie_transmit_bytes", "PCIe bytes sent by the GPU",
+         Play("pcie_tx_mib_s", 0.0, 0, MAX_RATE), "PCIE-TX"),  # PCIE_TX_PER_SEC
+    _gpm("pcie_rx", 21, MIB_PER_SECOND, "pcie_receive_bytes", "PCIe bytes received by the GPU",
+         Play("pcie_rx_mib_s", 0.0, 0, MAX_RATE), "PCIE-RX"),  # PCIE_RX_PER_SEC
+    _gpm("nvlink_tx", 61, MIB_PER_SECOND, "nvlink_transmit_bytes", "NVLink bytes written, all links",
+         Play("nvlink_tx_mib_s", 0.0, 0, MAX_RATE), "NVL-TX"),  # NVLINK_TOTAL_TX_PER_SEC
+    _gpm("nvlink_rx", 60, MIB_PER_SECOND, "nvlink_receive_bytes", "NVLink bytes read, all links",
+         Play("nvlink_rx_mib_s", 0.0, 0, MAX_RATE), "NVL-RX"),  # NVLINK_TOTAL_RX_PER_SEC
 )
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atopgpud_tw.figures import GPM_FIGURES, MIB
 from atopgpud_tw.snapshot import GpmFigures
 
-MIB = 1048576
-#: figures given in MiB/s, summed as bytes; every other figure is a percentage
-RATES = frozenset({"pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"})
+#: figures given in MiB/s, summed as bytes; every other figure is a percentage (the table's units)
+RATES = frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
 
 
 @dataclass(slots=True)

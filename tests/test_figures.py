@@ -15,6 +15,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pynvml
 import pytest
 from daemon import free_port, run_daemon, smi_stand_in
 from prometheus_client.exposition import generate_latest
@@ -24,16 +25,26 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from atopgpud_tw import figures
+from atopgpud_tw.atopgpu.gpm import gpm_report, render_gpm
 from atopgpud_tw.atopgpu.health import health_report, render_health
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.gpm_counters import RATES
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS
+from atopgpud_tw.readers.nvml.gpm import METRICS
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
+from atopgpud_tw.server.atop.board import Board
+from atopgpud_tw.server.web.metrics_gpm import BYTES, PERCENTS, SERIES, GpmCollector
 from atopgpud_tw.server.web.metrics_health import FAMILIES, HealthCache, HealthCollector
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
+from atopgpud_tw.sim.gpm_model import PLAYED
+from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
+from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
 from atopgpud_tw.sim.health_scenario import FIELDS, HEALTH_SYMBOLS
+from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -376,3 +387,57 @@ def test_daemon_on_nvidia_smi_serves_the_new_figures_of_a_real_report(tmp_path):
     assert tx == [509 * 1024]
     assert any(name == "atopgpud_gpu_clock_max_hertz" for name, _ in page)
     assert not any(name.startswith("atopgpud_gpu_nvlink") for name, _ in page)
+
+
+def test_the_gpm_lists_come_from_the_gpm_rows():
+    """The GPM families, the metric ids asked, the sums' units, atopgpu --gpm's keys and columns, and the
+    simulator's fields and metrics are the GPM rows of the table, in its order."""
+    rows = figures.GPM_FIGURES
+    gpms = [row.gpm for row in rows]
+    assert all(gpm is not None for gpm in gpms) and not any(row.gpm for row in figures.FIGURES)
+    names = [gpm.name for gpm in gpms if gpm]
+    assert len(set(names)) == len(names) and len({gpm.metric for gpm in gpms if gpm}) == len(names)
+    binding = {value for key, value in vars(pynvml).items() if key.startswith("NVML_GPM_METRIC_")}
+    for row in rows:
+        assert row.gpm and row.gpm.metric in binding and row.gpm.metric < pynvml.NVML_GPM_METRIC_MAX, row.gpm
+        assert row.gpm.unit in (figures.PERCENT, figures.MIB_PER_SECOND), row.gpm
+        assert row.family.kind == "counter" and row.family.name.endswith("_total"), row.family.name
+        assert row.family.name.startswith("atopgpud_gpu_gpm_") and row.show is not None
+        assert row.family.name.endswith("_bytes_total" if row.gpm.rate else "_percent_seconds_total")
+        assert not figures.families().get(row.family.name), "a GPM family is not a health family"
+    # the page: one family per row, in the table's order, after the seconds covered
+    assert [name for name, _, _ in SERIES] == names
+    assert [series + "_total" for _, series, _ in SERIES] == [row.family.name for row in rows]
+    assert [text for _, _, text in SERIES] == [row.family.help for row in rows]
+    assert set(PERCENTS) | set(BYTES) == set(SERIES) and not set(PERCENTS) & set(BYTES)
+    assert {name for name, _, _ in BYTES} == RATES == {gpm.name for gpm in gpms if gpm and gpm.rate}
+    counters = Counters()
+    figures_of_all = GpmFigures(2.0, tuple((name, 1.0) for name in names))
+    counters.fold(Snapshot((DeviceSample("k0", "0000:01:00.0", "H200", gpm=figures_of_all),)), 1.0, 0.0)
+    board = Board.__new__(Board)
+    board.counters = counters
+    page = list(GpmCollector(board).collect())
+    assert [family.name for family in page] == ["atopgpud_gpu_gpm_seconds"] + [
+        row.family.name.removesuffix("_total") for row in rows]
+    assert all(len(family.samples) == 1 for family in page)
+    # the NVML reader asks each row's metric id, once
+    assert METRICS == tuple((gpm.name, gpm.metric, gpm.rate) for gpm in gpms if gpm)
+    # atopgpu --gpm: a JSON key per row, a column per row that has one
+    before = {("b", "t"): {"seconds": 0.0}}
+    after = {("b", "t"): {"seconds": 1.0, **{name: 0.0 for name in names}}}
+    doc = gpm_report(before, after, "u")
+    assert list(doc["gpus"][0])[3:] == [row.show.key[0] for row in rows if row.show]
+    header = render_gpm(doc).splitlines()[1].split()
+    assert header[2:] == [row.show.column for row in rows if row.show and row.show.column]
+    # the simulator: each row's metric played, each Play a field of a scenario GPU's gpm object
+    assert set(PLAYED) == {gpm.metric for gpm in gpms if gpm}
+    assert GPM_FIELDS == {row.play.field: row.play for row in rows if row.play}
+    for row in rows:
+        assert row.gpm
+        kind, field = PLAYED[row.gpm.metric]
+        assert field == (row.play.field if row.play else None)
+        assert kind == ("rate" if row.gpm.rate else row.play.follows if row.play else "gpu")
+    assert {name: GpmSpec().value(name) for name in GPM_FIELDS} == {
+        name: float(play.default or 0) for name, play in GPM_FIELDS.items()}
+    spec = parse_gpm({"sm_share": 0.25}, "gpm", ValueError)
+    assert spec is not None and spec.value("sm_share") == 0.25 and spec.value("dram_share") == 1.0

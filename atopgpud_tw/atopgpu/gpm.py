@@ -17,20 +17,15 @@ from typing import Any
 from atopgpud_tw.atopgpu.health import _samples
 from atopgpud_tw.atopgpu.table import columns
 from atopgpud_tw.codec import printable
+from atopgpud_tw.figures import GPM_FIGURES, Show
 
-MIB = 1048576
-#: series suffix -> the report's key; percent-seconds, then bytes
-_PERCENTS = {
-    "graphics_percent_seconds": "graphics", "sm_active_percent_seconds": "sm",
-    "sm_occupancy_percent_seconds": "sm_occupancy", "tensor_active_percent_seconds": "tensor",
-    "dram_bandwidth_percent_seconds": "dram", "fp64_active_percent_seconds": "fp64",
-    "fp32_active_percent_seconds": "fp32", "fp16_active_percent_seconds": "fp16",
-}
-_BYTES = {
-    "pcie_transmit_bytes_total": "pcie_tx", "pcie_receive_bytes_total": "pcie_rx",
-    "nvlink_transmit_bytes_total": "nvlink_tx", "nvlink_receive_bytes_total": "nvlink_rx",
-}
 _P = "atopgpud_gpu_gpm_"
+#: the table's GPM rows (figures.GPM_FIGURES), each with its metric and its view
+_ROWS = tuple((f.gpm, f.show) for f in GPM_FIGURES if f.gpm is not None and f.show is not None)
+#: series (without the prefix and ``_total``) -> the figure's name: percent-seconds, then bytes
+_PERCENTS = {f.family.name[len(_P):].removesuffix("_total"): f.gpm.name
+             for f in GPM_FIGURES if f.gpm is not None and not f.gpm.rate}
+_BYTES = {f.family.name[len(_P):]: f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate}
 
 Counters = dict[tuple[str, str], dict[str, float]]
 
@@ -55,28 +50,26 @@ def gpm_report(before: Counters, after: Counters, url: str) -> dict[str, Any]:
         then = before.get((busid, kind), {})
         span = now.get("seconds", 0.0) - then.get("seconds", 0.0)
         entry: dict[str, Any] = {"busid": busid, "type": kind, "seconds": round(span, 3)}
-        for key in (*_PERCENTS.values(), *_BYTES.values()):
+        for gpm, show in _ROWS:
             rate = None
-            if span > 0 and key in now:
-                rate = (now[key] - then.get(key, 0.0)) / span
-                rate = round(rate / MIB if key in _BYTES.values() else rate, 2)
-            entry[key if key not in _BYTES.values() else f"{key}_mib_s"] = rate
+            if span > 0 and gpm.name in now:
+                rate = round((now[gpm.name] - then.get(gpm.name, 0.0)) / span / show.per, 2)
+            entry[show.key[0]] = rate
         gpus.append(entry)
     return {"endpoint": url, "time": round(time.time(), 3), "gpus": gpus}
 
 
-_HEADER = ("BUSID", "TYPE", "GRACT", "SMACT", "SMOCC", "TENSOR", "DRAM", "PCIE-TX", "PCIE-RX", "NVL-TX", "NVL-RX")
+_SHOWN = tuple(show for _, show in _ROWS if show.column is not None)
+_HEADER = ("BUSID", "TYPE", *(str(show.column) for show in _SHOWN))
 
 
 def render_gpm(doc: dict[str, Any]) -> str:
     """The report as text: one row per device, `-` where it has no such figure."""
-    def cell(value: Any, unit: str) -> str:
-        return "-" if value is None else f"{value:.1f}{unit}"
+    def cell(value: Any, show: Show) -> str:
+        return "-" if value is None else f"{value:.{show.decimals}f}{show.unit}"
 
     rows = [
-        [gpu["busid"], gpu["type"].replace(" ", "_"),
-         *(cell(gpu[key], "%") for key in ("graphics", "sm", "sm_occupancy", "tensor", "dram")),
-         *(cell(gpu[f"{key}_mib_s"], "MiB/s") for key in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"))]
+        [gpu["busid"], gpu["type"].replace(" ", "_"), *(cell(gpu[show.key[0]], show) for show in _SHOWN)]
         for gpu in doc["gpus"]
     ]
     lines = [f"atopgpud GPM at {printable(doc['endpoint'])}"]

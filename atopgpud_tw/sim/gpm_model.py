@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.sim.scenario import NVML_ERRORS, GpuSpec, MigSpec, Timeline, cycled
 
 NOT_SUPPORTED = NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"]
@@ -38,20 +39,11 @@ NOT_FOUND = NVML_ERRORS["NVML_ERROR_NOT_FOUND"]
 MIB = 1048576
 #: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
 #: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
-#: "rate" MiB/s while active
-PLAYED = {
-    1: ("gpu", None),  # GRAPHICS_UTIL
-    2: ("gpu", "sm_share"),  # SM_UTIL
-    3: ("gpu", "occupancy_share"),  # SM_OCCUPANCY
-    5: ("gpu", "tensor_share"),  # ANY_TENSOR_UTIL
-    10: ("mem", "dram_share"),  # DRAM_BW_UTIL
-    11: ("gpu", "fp64_share"),  # FP64_UTIL
-    12: ("gpu", "fp32_share"),  # FP32_UTIL
-    13: ("gpu", "fp16_share"),  # FP16_UTIL
-    20: ("rate", "pcie_tx_mib_s"),  # PCIE_TX_PER_SEC
-    21: ("rate", "pcie_rx_mib_s"),  # PCIE_RX_PER_SEC
-    60: ("rate", "nvlink_rx_mib_s"),  # NVLINK_TOTAL_RX_PER_SEC
-    61: ("rate", "nvlink_tx_mib_s"),  # NVLINK_TOTAL_TX_PER_SEC
+#: "rate" MiB/s while active; from the table's GPM rows (figures.GPM_FIGURES: `Gpm` and `Play`)
+PLAYED: dict[int, tuple[str, str | None]] = {
+    f.gpm.metric: ("rate" if f.gpm.rate else "gpu" if f.play is None else f.play.follows,
+                   None if f.play is None else f.play.field)
+    for f in GPM_FIGURES if f.gpm is not None
 }
 
 
@@ -189,7 +181,8 @@ def _record(
     active = _busy_seconds(gpu_timeline, gpu_util, end) - _busy_seconds(gpu_timeline, gpu_util, start)
     memory = _busy_seconds(mem_timeline, mem_util, end) - _busy_seconds(mem_timeline, mem_util, start)
     counters = []
+    values = dict(spec.values)
     for metric, (kind, name) in PLAYED.items():
-        scale = 1.0 if name is None else float(getattr(spec, name))
+        scale = 1.0 if name is None else values[name]
         counters.append((metric, (memory if kind == "mem" else active) * scale))
     return GpmRecord(source, at, tuple(counters))

@@ -22,8 +22,10 @@ is not supported, as on GPUs before Hopper).  docs/simulator.md lists the fields
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from atopgpud_tw.figures import GPM_FIGURES, Play
 
 #: the C symbols of GPM (atopgpud_tw/sim/gpm_library.py)
 GPM_SYMBOLS = (
@@ -35,32 +37,26 @@ GPM_SYMBOLS = (
     "nvmlGpmMetricsGet",
 )
 
-#: the shares, each 0 to 1
-SHARES = ("sm_share", "occupancy_share", "tensor_share", "fp64_share", "fp32_share", "fp16_share", "dram_share")
+#: the fields of a ``gpm`` object, each with its default and bounds: the table's GPM rows
+#: (figures.GPM_FIGURES), whose `Play` says which activity a field is a share (or a rate) of
+FIELDS: dict[str, Play] = {f.play.field: f.play for f in GPM_FIGURES if f.gpm is not None and f.play is not None}
 #: the traffic rates, MiB/s while fully active
-RATES = ("pcie_tx_mib_s", "pcie_rx_mib_s", "nvlink_tx_mib_s", "nvlink_rx_mib_s")
-#: no link of today's GPUs moves more (NVLink 5: 1.8 TB/s)
-MAX_RATE = 10_000_000
+RATES = tuple(f.play.field for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate and f.play is not None)
+#: the shares, each 0 to 1
+SHARES = tuple(name for name in FIELDS if name not in RATES)
+_DEFAULTS = tuple((name, float(play.default or 0)) for name, play in FIELDS.items())
 
 
 @dataclass(frozen=True)
 class GpmSpec:
-    """A GPU's GPM: how its activities follow its graphics and memory activity."""
+    """A GPU's GPM: how its activities follow its graphics and memory activity, each field of
+    `FIELDS` with its value (in `FIELDS`' order)."""
 
-    sm_share: float = 0.9
-    occupancy_share: float = 0.5
-    tensor_share: float = 0.0
-    fp64_share: float = 0.0
-    fp32_share: float = 0.0
-    fp16_share: float = 0.0
-    dram_share: float = 1.0
-    pcie_tx_mib_s: float = 0.0
-    pcie_rx_mib_s: float = 0.0
-    nvlink_tx_mib_s: float = 0.0
-    nvlink_rx_mib_s: float = 0.0
+    values: tuple[tuple[str, float], ...] = _DEFAULTS
 
-
-_KNOWN = {f.name for f in fields(GpmSpec)}
+    def value(self, name: str) -> float:
+        """A field's value (KeyError for no field of the table's)."""
+        return dict(self.values)[name]
 
 
 def parse_gpm(value: Any, where: str, error: Callable[[str], Exception]) -> GpmSpec | None:
@@ -72,15 +68,16 @@ def parse_gpm(value: Any, where: str, error: Callable[[str], Exception]) -> GpmS
     if not isinstance(value, dict):
         raise error(f"{where} must be true, false or an object")
     for key in value:
-        if key not in _KNOWN and not str(key).startswith("_"):
+        if key not in FIELDS and not str(key).startswith("_"):
             raise error(f"{where}.{key} is not a known field")
-    found: dict[str, float] = {}
-    for name in SHARES + RATES:
+    found = dict(_DEFAULTS)
+    for name, play in FIELDS.items():
         if name not in value:
             continue
         number = value[name]
-        top = 1 if name in SHARES else MAX_RATE
+        top = play.high
+        assert top is not None
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= top:
             raise error(f"{where}.{name} must be a number from 0 to {top}")
         found[name] = float(number)
-    return GpmSpec(**found)
+    return GpmSpec(tuple(found.items()))

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
+from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
 from atopgpud_tw.readers.nvml.device import (
@@ -52,20 +53,10 @@ from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFi
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
 
-#: the figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage)
-METRICS: tuple[tuple[str, int, bool], ...] = (
-    ("graphics", 1, False),  # GRAPHICS_UTIL
-    ("sm", 2, False),  # SM_UTIL
-    ("sm_occupancy", 3, False),  # SM_OCCUPANCY
-    ("tensor", 5, False),  # ANY_TENSOR_UTIL
-    ("dram", 10, False),  # DRAM_BW_UTIL
-    ("fp64", 11, False),  # FP64_UTIL
-    ("fp32", 12, False),  # FP32_UTIL
-    ("fp16", 13, False),  # FP16_UTIL
-    ("pcie_tx", 20, True),  # PCIE_TX_PER_SEC
-    ("pcie_rx", 21, True),  # PCIE_RX_PER_SEC
-    ("nvlink_rx", 60, True),  # NVLINK_TOTAL_RX_PER_SEC
-    ("nvlink_tx", 61, True),  # NVLINK_TOTAL_TX_PER_SEC
+#: the figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage), the
+#: table's GPM rows (figures.GPM_FIGURES)
+METRICS: tuple[tuple[str, int, bool], ...] = tuple(
+    (f.gpm.name, f.gpm.metric, f.gpm.rate) for f in GPM_FIGURES if f.gpm is not None
 )
 #: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
 MIN_SPAN = 0.1

@@ -16,27 +16,17 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.server.atop.board import Board
 
 GPU_LABELS = ["index", "busid", "type", "uuid"]
-#: figure -> (series name, what it is): percentages summed as percent-seconds
-PERCENTS = (
-    ("graphics", "atopgpud_gpu_gpm_graphics_percent_seconds", "graphics or compute activity (any engine busy)"),
-    ("sm", "atopgpud_gpu_gpm_sm_active_percent_seconds", "SM activity (the share of SMs busy)"),
-    ("sm_occupancy", "atopgpud_gpu_gpm_sm_occupancy_percent_seconds", "SM occupancy (warps resident of the most)"),
-    ("tensor", "atopgpud_gpu_gpm_tensor_active_percent_seconds", "tensor pipe activity (any tensor operation)"),
-    ("dram", "atopgpud_gpu_gpm_dram_bandwidth_percent_seconds", "DRAM bandwidth used of the most"),
-    ("fp64", "atopgpud_gpu_gpm_fp64_active_percent_seconds", "FP64 pipe activity (not tensor)"),
-    ("fp32", "atopgpud_gpu_gpm_fp32_active_percent_seconds", "FP32 pipe activity (not tensor)"),
-    ("fp16", "atopgpud_gpu_gpm_fp16_active_percent_seconds", "FP16 pipe activity (not tensor)"),
-)
-#: figure -> (series name, what it is): MiB/s summed as bytes
-BYTES = (
-    ("pcie_tx", "atopgpud_gpu_gpm_pcie_transmit_bytes", "PCIe bytes sent by the GPU"),
-    ("pcie_rx", "atopgpud_gpu_gpm_pcie_receive_bytes", "PCIe bytes received by the GPU"),
-    ("nvlink_tx", "atopgpud_gpu_gpm_nvlink_transmit_bytes", "NVLink bytes written, all links"),
-    ("nvlink_rx", "atopgpud_gpu_gpm_nvlink_receive_bytes", "NVLink bytes read, all links"),
-)
+#: figure -> (series name, help), one family per row of the table's GPM rows (figures.GPM_FIGURES), in
+#: their order
+SERIES = tuple((f.gpm.name, f.family.name.removesuffix("_total"), f.family.help)
+               for f in GPM_FIGURES if f.gpm is not None)
+#: the percentages, summed as percent-seconds, and the MiB/s, summed as bytes
+PERCENTS = tuple(s for s, f in zip(SERIES, GPM_FIGURES) if f.gpm is not None and not f.gpm.rate)
+BYTES = tuple(s for s, f in zip(SERIES, GPM_FIGURES) if f.gpm is not None and f.gpm.rate)
 
 
 class GpmCollector:
@@ -52,12 +42,7 @@ class GpmCollector:
         seconds = CounterMetricFamily("atopgpud_gpu_gpm_seconds", "Seconds GPM's figures cover (each poll's "
                                       "span between two GPM samples), summed.", labels=GPU_LABELS)
         families = [
-            (name, CounterMetricFamily(series, f"GPM: {text}, exact over each poll, times the seconds it covers, "
-                                       "summed: rate() is the average percentage.", labels=GPU_LABELS))
-            for name, series, text in PERCENTS
-        ] + [
-            (name, CounterMetricFamily(series, f"GPM: {text}, exact over each poll, summed.", labels=GPU_LABELS))
-            for name, series, text in BYTES
+            (name, CounterMetricFamily(series, text, labels=GPU_LABELS)) for name, series, text in SERIES
         ]
         for index, device in devices:
             totals = device.gpm
