@@ -16,7 +16,10 @@ types.  What a real library does that the binding depends on is played here:
   lists: SUCCESS with count 0 when there are none; samples: SUCCESS), and a
   fill call whose buffer is too small gets INSUFFICIENT_SIZE and the count
   needed (see the GPU fields ``grow_between_calls`` and
-  ``process_list_capacity``);
+  ``process_list_capacity``); a fill with no size query before it (an array
+  kept from call to call, as the daemon's reader does) asks the model itself,
+  and after an INSUFFICIENT_SIZE answer the next fill writes what that answer
+  found, grown as after a size query;
 - strings as NUL-terminated bytes, ``usedGpuMemory`` not available as
   NVML_VALUE_NOT_AVAILABLE_ulonglong, errors as return codes;
 - a symbol the scenario's driver lacks is not an attribute at all, so the
