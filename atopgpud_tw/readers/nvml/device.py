@@ -86,6 +86,9 @@ class MigState:
     slots: int | None = None
     #: the instances found at the last poll, by key
     instances: dict[str, NvmlDevice] = field(default_factory=dict)
+    #: what asks a fresh MIG handle which instance it is (one per card, its memory of
+    #: what it cannot do cleared for each handle, as a new device's would be)
+    probe: NvmlDevice | None = None
 
 
 @dataclass(eq=False)

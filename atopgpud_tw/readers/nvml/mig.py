@@ -173,7 +173,13 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     Handles of destroyed instances become invalid and may be reused, so the ids
     and the profile are read again at every poll.
     """
-    probe = card.instance(handle, card.key, card.busid, card.name)
+    probe = card.mig_state.probe
+    if probe is None:
+        probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)
+    else:
+        probe.handle = handle
+        probe.forget_support()
+        probe.missing.clear()
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
     profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
