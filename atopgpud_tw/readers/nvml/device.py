@@ -577,7 +577,12 @@ def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = N
     except NotFound:
         return []  # nothing ran since then
     steady = stamps.steady("processes", raw, now_us, asked, pids)
-    return list(map(UtilSample, pids, steady, sm, mem))
+    return list(map(_util_sample, zip(pids, steady, sm, mem)))
+
+
+#: a `UtilSample` from a (pid, stamp, sm, mem) row, made in C (the class's own constructor is
+#: Python, and it runs for every entry of every poll)
+_util_sample = partial(tuple.__new__, UtilSample)
 
 
 def _stamp_map(device: NvmlDevice, poll: DevicePoll) -> StampMap:
