@@ -19,7 +19,7 @@ Everything here runs in the reader's worker thread.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from twisted.logger import Logger
 
@@ -29,9 +29,6 @@ from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
-
-T = TypeVar("T")
-
 
 class Unsupported(Exception):
     """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
@@ -71,10 +68,6 @@ class DeviceLost(Interrupted):
 
 class Reinitialise(Interrupted):
     """NVML itself has to be set up again."""
-
-
-#: everything `NvmlDevice.call` raises instead of an answer
-OUTCOMES = (Unsupported, NotFound, Failed, Interrupted)
 
 
 def error_name(error: BaseException) -> str:

@@ -247,11 +247,6 @@ class NvmlDevice:
         return NvmlDevice(self.session, handle, key, busid, name, is_mig_instance=True)
 
 
-def attempter(device: NvmlDevice, problems: Problems) -> Attempt:
-    """The adapter of `calls` for one poll of `device`: ``attempt(read, unsupported)``."""
-    return Attempt(device, problems)
-
-
 #: the process lists, newest first: the binding's unversioned function is the _v3 one
 PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
