@@ -37,7 +37,8 @@ What the wrappers did that is kept:
   UNINITIALIZED while the library is not loaded;
 - ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``;
 - a count larger than the array the driver was given (a reply that cannot be
-  true) raises IndexError, as the binding's copy loop does.
+  true) raises IndexError for a process list, as the binding's copy loop does,
+  and reads the array's entries for the process samples, as its slice does.
 
 Calls made once at start-up, or when the metrics page is read, keep the
 binding's wrappers.  Everything here runs in the reader's worker thread.
@@ -168,7 +169,7 @@ class DirectCalls:
             array = self._arrays[name] = Array(self._structs[name], first)
         return array
 
-    def _filled(self, array: Array, ret: int, full_is_short: bool = False) -> int:
+    def _filled(self, array: Array, ret: int, full_is_short: bool = False, lists: bool = False) -> int:
         """The entries a call filled, or the binding's NVMLError (the array grown first where it was short)."""
         count = self._count.value
         if ret == INSUFFICIENT_SIZE or (full_is_short and ret == SUCCESS and count >= array.capacity):
@@ -177,7 +178,9 @@ class DirectCalls:
         if ret != SUCCESS:
             raise self._error(ret)
         if count > array.capacity:
-            raise IndexError("invalid index")  # as the binding's copy loop would, past its array
+            if lists:
+                raise IndexError("invalid index")  # as the binding's copy loop would, past its array
+            count = array.capacity  # as the binding's slice of its array would
         array.used(count)
         return count
 
@@ -213,7 +216,7 @@ class DirectCalls:
         array = self._array(name)
         self._count.value = array.capacity
         ret = self._pointer(LISTS[name])(handle, self._count_ref, array.data)
-        count = self._filled(array, ret)
+        count = self._filled(array, ret, lists=True)
         if not count:
             return []
         (pid, ps), (memory, ms) = self._process
