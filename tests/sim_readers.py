@@ -17,11 +17,32 @@ class CountingNvml:
     """The binding (pynvml over the simulated library), counting the calls made to each
     of its functions (and able to rewrite results)."""
 
+    #: what the reader calls through the function table, not the binding's functions
+    #: (readers/nvml/direct.py): counted where the simulated library asks the driver model
+    DIRECT = (
+        "nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+    )
+
     def __init__(self, nvml: Any, rewrite: dict[str, Any] | None = None) -> None:
         self._nvml = nvml
         self._rewrite = rewrite or {}
         self.calls: Counter[str] = Counter()
         self.args: list[tuple[str, tuple[Any, ...]]] = []
+        library = nvml.nvmlLib
+        for name in self.DIRECT:
+            self._count_model(library, name)
+
+    def _count_model(self, library: Any, name: str) -> None:
+        """Count the model's answers to `name`, its handle given as the library gives it out."""
+        real = getattr(library.model, name)
+
+        def counted(handle: Any, *args: Any) -> Any:
+            self.calls[name] += 1
+            self.args.append((name, (library.handle_id(handle), *args)))
+            return real(handle, *args)
+
+        setattr(library.model, name, counted)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._nvml, name)

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from atopgpud_tw import codec
 from atopgpud_tw.problems import ProblemLog
-from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 

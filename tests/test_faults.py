@@ -7,8 +7,7 @@ from sim_readers import ScenarioRun, scenario_gpu
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
-from atopgpud_tw.readers.nvml.device import BACKOFF
-from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.reader import BACKOFF, NvmlReader
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.sim import parse_scenario, simulated_binding

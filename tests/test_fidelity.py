@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 from clocked import ClockedReader
+from sample_folds import fold_device_samples
 from twisted.internet.task import Clock
 
-from atopgpud_tw.readers.nvml.samples import fold_device_samples, fold_process_samples
+from atopgpud_tw.readers.nvml.samples import fold_process_samples
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.poller import PollerService
 
@@ -120,8 +121,9 @@ def test_only_timestamps_nvml_returned_are_passed_back():
     clock = Clock()
     reader = ClockedReader(timeline_scenario(), clock)
     asked, returned = [], {0}
-    real_samples = reader.nvml.nvmlDeviceGetSamples
-    real_process = reader.nvml.nvmlDeviceGetProcessUtilization
+    model = reader.nvml.nvmlLib.model  # the simulated driver beneath the library's C functions
+    real_samples = model.nvmlDeviceGetSamples
+    real_process = model.nvmlDeviceGetProcessUtilization
 
     def samples(device, kind, since):
         asked.append(since)
@@ -135,8 +137,8 @@ def test_only_timestamps_nvml_returned_are_passed_back():
         returned.update(s.timeStamp for s in out)
         return out
 
-    reader.nvml.nvmlDeviceGetSamples = samples
-    reader.nvml.nvmlDeviceGetProcessUtilization = process
+    model.nvmlDeviceGetSamples = samples
+    model.nvmlDeviceGetProcessUtilization = process
     for _ in range(10):
         clock.advance(0.7)
         reader.poll()

@@ -30,7 +30,7 @@ from atopgpud_tw.atopgpu.health import health_report, render_health
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.gpm_counters import RATES
 from atopgpud_tw.health import CardHealth
-from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS
+from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.nvml.gpm import METRICS
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
@@ -194,7 +194,7 @@ def test_a_binding_without_the_functions_leaves_their_figures_out():
     reader = reader_at(t)
     device = reader._devices[0]
     for name in ("nvmlDeviceGetViolationStatus", "nvmlDeviceGetNvLinkState"):
-        device._bound[name] = None
+        device.session._bound[name] = None
         device.missing.add(name)
     for variant in [f"nvmlDeviceGetViolationStatus {p}" for p in ("power", "thermal")] + [
             f"nvmlDeviceGetNvLinkState link {n}" for n in range(3)]:

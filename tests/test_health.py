@@ -14,9 +14,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from atopgpud_tw.health import CardHealth
-from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.server.web.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS

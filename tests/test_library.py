@@ -14,7 +14,7 @@ from scenarios import a10_card
 from twisted.logger import globalLogPublisher
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml.device import SIZE_RETRIES
+from atopgpud_tw.readers.nvml import device as nvml_device
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.sim.library import GROWN_PID
@@ -231,22 +231,26 @@ def test_lists_that_grow_between_size_query_and_fill():
 
 
 def test_the_reader_asks_again_when_a_buffer_was_too_small():
-    """Growth on the first try only: the retry within the poll gets it, and nothing is a problem."""
+    """A list longer than the array kept for it: the driver says INSUFFICIENT_SIZE and how many,
+    the array grows and the poll asks again (the processes that came meanwhile with it); nothing
+    is a problem, and later polls fill the grown arrays with one call each."""
     clock = [0.0]
-    # nine new processes do not fit pynvml's buffer for one (2 * 1 + 5)
-    growth = {"samples": [1, 0], "process_utilization": [1, 0], "process_lists": [9, 0]}
-    reader = reader_on(clock, gpu={"grow_between_calls": growth})
+    processes = [{"pid": 300 + i, "memory_mib": 64, "sm_util": 20} for i in range(40)]
+    # entries come between the answer that sized the array and the fill
+    growth = {"samples": [1, 0], "process_utilization": [1, 0], "process_lists": [3, 0]}
+    reader = reader_on(clock, gpu={"processes": processes, "grow_between_calls": growth})
     for second in range(3):
         clock[0] = float(second)
         snapshot, problems = reader.read(clock[0])
         assert problems == {}
     (device,) = snapshot.devices
-    assert (device.gpu_busy, device.processes[0].gpu_busy) == (40, 20)
-    assert [p.pid for p in device.processes] == [300]
+    listed = {p.pid: p.gpu_busy for p in device.processes}
+    assert device.gpu_busy == 40 and {listed[300 + i] for i in range(40)} == {20}
+    assert set(listed) == set(range(300, 340))  # (those that came at start-up's probe were gone again)
     calls = reader.nvml.nvmlLib.calls
-    # two tries of a size query and a fill, per poll (and, for the list, at start-up)
-    assert calls["nvmlDeviceGetProcessUtilization"] == 3 * 2 * 2
-    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 4 * 2 * 2
+    # each too small once (the list at start-up, the samples at the first poll), then one call each time
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 2 + 3
+    assert calls["nvmlDeviceGetProcessUtilization"] == 2 + 1 + 1
 
 
 def test_a_size_query_that_reports_a_capacity_reads_as_usual():
@@ -257,27 +261,34 @@ def test_a_size_query_that_reports_a_capacity_reads_as_usual():
     assert [(p.pid, p.gpu_busy) for p in snapshot.devices[0].processes] == [(300, 20)]
 
 
-def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts():
-    """Always too small: a bounded number of tries, one problem; the processes keep their memory."""
+def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts(monkeypatch):
+    """Too small at every try of a poll: a bounded number of tries, one problem; the processes
+    keep their memory; the next poll fills the array grown meanwhile."""
+    monkeypatch.setattr(nvml_device, "SIZE_RETRIES", 1)
     clock = [0.0]
     # one figure per compute-list call: at start-up, then polls 0, 1, 2
     processes = [{"pid": 300, "memory_mib": [100, 200, 300, 400], "sm_util": 20}]
-    reader = reader_on(clock, gpu={"processes": processes, "grow_between_calls": {"process_utilization": 1}})
+    # the first read brings the driver's whole buffer, more than the first array holds; grown
+    # to twice that, the list has grown more by the second try
+    growth = {"process_utilization": [5000, 0]}
+    reader = reader_on(clock, gpu={"processes": processes, "grow_between_calls": growth})
     counters = Counters()
+    seen = []
     for second in range(3):
         clock[0] = float(second)
         snapshot, problems = reader.read(clock[0])
         counters.fold(snapshot)
-    assert problems == {
+        seen.append(dict(problems))
+    assert seen[0] == {
         "GPU-5111a7ed-0000-4000-8000-000000000000 nvmlDeviceGetProcessUtilization: NVML_ERROR_INSUFFICIENT_SIZE":
             "GPU 00000000:65:00.0: nvmlDeviceGetProcessUtilization: NVML_ERROR_INSUFFICIENT_SIZE",
     }
-    assert reader.nvml.nvmlLib.calls["nvmlDeviceGetProcessUtilization"] == 3 * (SIZE_RETRIES + 1) * 2
-    (proc,) = snapshot.devices[0].processes
-    assert (proc.memory_kib, proc.gpu_busy) == (400 * 1024, None)
+    assert seen[1:] == [{}, {}]
+    proc = next(p for p in snapshot.devices[0].processes if p.pid == 300)
+    assert proc.memory_kib == 400 * 1024
     totals = counters.devices[0].processes[300]
-    # not counted (its busy figures failed), but its memory is what is reported now
-    assert (totals.samples, totals.memory_now_kib) == (0, 400 * 1024)
+    # not counted in the poll its busy figures failed, but its memory is what is reported now
+    assert (totals.samples, totals.memory_now_kib) == (2, 400 * 1024)
 
 
 def test_a_failed_utilization_read_keeps_the_memory_on_the_board():

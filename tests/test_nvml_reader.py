@@ -14,8 +14,8 @@ from sim_readers import CountingNvml, SkewedNvml, make_reader, poll
 
 from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml.device import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS, RETRY_UNSUPPORTED
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.sim import binding_over, parse_scenario
 from atopgpud_tw.snapshot import UNSUPPORTED

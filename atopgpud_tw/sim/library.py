@@ -16,7 +16,10 @@ types.  What a real library does that the binding depends on is played here:
   lists: SUCCESS with count 0 when there are none; samples: SUCCESS), and a
   fill call whose buffer is too small gets INSUFFICIENT_SIZE and the count
   needed (see the GPU fields ``grow_between_calls`` and
-  ``process_list_capacity``);
+  ``process_list_capacity``); a fill with no size query before it (an array
+  kept from call to call, as the daemon's reader does) asks the model itself,
+  and after an INSUFFICIENT_SIZE answer the next fill writes what that answer
+  found, grown as after a size query;
 - strings as NUL-terminated bytes, ``usedGpuMemory`` not available as
   NVML_VALUE_NOT_AVAILABLE_ulonglong, errors as return codes;
 - a symbol the scenario's driver lacks is not an attribute at all, so the
@@ -346,10 +349,16 @@ class SimulatedLibrary:
         buffer: int | None,
         struct: str,
         write: Callable[[Any, Any], None],
+        key: tuple[Any, ...],
+        grown: Callable[[], Any],
     ) -> int:
-        """Write `items` into the caller's array of `count` entries, or say how many are needed."""
+        """Write `items` into the caller's array of `count` entries, or say how many are
+        needed: then what the next call fills is kept, grown as the scenario says (a list
+        that grows between the answer that sized the caller's array and the fill)."""
         if len(items) > count[0]:
             count[0] = len(items)
+            more = grown()
+            self._pending[key] = more if isinstance(more, tuple) else items + more
             return INSUFFICIENT_SIZE
         # NULL only with nothing to write (no items, or a count of them that fits)
         array = self._array(buffer, struct)
@@ -377,11 +386,18 @@ class SimulatedLibrary:
                 count[0] = len(listed)
                 return INSUFFICIENT_SIZE if listed else SUCCESS
             pending = self._pending.pop(key, None)
+            if pending is None:
+                try:
+                    pending = list(self._call(method, handle))
+                except RuntimeError:
+                    pending = _CORRUPT
             if pending is _CORRUPT:
-                count[0] = count[0] + 1  # more than the buffer holds: the binding's copy loop fails
+                count[0] = count[0] + 1  # more than the buffer holds: the caller's copy loop fails
                 return SUCCESS
-            items = pending if pending is not None else list(self._call(method, handle))
-            return self._fill(items, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process)
+            def started() -> list[Any]:
+                return [_grown_process(i) for i in range(self._grown(device, symbol, "process_lists"))]
+
+            return self._fill(pending, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process, key, started)
 
         return processes
 
@@ -403,9 +419,18 @@ class SimulatedLibrary:
             # some drivers answer the size query with their buffer's capacity, not the count
             count[0] = capacity if capacity is not None else len(samples)
             return INSUFFICIENT_SIZE
-        pending = self._pending.pop(key, None)
-        items = pending if pending is not None else list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample)
+        items = self._pending.pop(key, None)
+        if items is None:
+            items = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
+            if capacity is not None:
+                items = sorted(items, key=lambda s: int(s.timeStamp))[-capacity:]
+
+        def sampled() -> list[Any]:
+            newest = max((int(s.timeStamp) for s in items), default=0)
+            more = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
+            return [_grown_sample(i, newest) for i in range(more)]
+
+        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample, key, sampled)
 
     def _samples(
         self,
@@ -432,7 +457,12 @@ class SimulatedLibrary:
         pending = self._pending.pop(key, None)
         kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
         _at(value_type, _int)[0] = int(kind_out)
-        return self._fill(list(items), count, buffer, "c_nvmlSample_t", _write_sample)
+        items = list(items)
+
+        def more() -> tuple[int, list[Any]]:
+            return kind_out, items + items[-1:] * self._grown(device, "nvmlDeviceGetSamples", "samples")
+
+        return self._fill(items, count, buffer, "c_nvmlSample_t", _write_sample, key, more)
 
 
 @functools.cache

@@ -1,38 +1,48 @@
 """One NVML device: the choke point every call goes through, and one poll of it.
 
-`NvmlDevice.call` maps NVML's errors: NOT_SUPPORTED (and a function the binding
-or the driver lacks, `NVMLLibraryMismatchError` included) is remembered per
-device and not asked again; NOT_FOUND is the idle case; GPU_IS_LOST makes the
-device absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
-LIB_RM_VERSION_MISMATCH mean NVML must be set up again; anything else, an
-unexpected exception included, fails that one reading for this poll.
+`NvmlDevice.call` maps NVML's errors to the outcomes of `calls`: NOT_SUPPORTED
+(and a function the binding or the driver lacks, `NVMLLibraryMismatchError`
+included) is remembered per device and not asked again (`support.Support`);
+NOT_FOUND is the idle case; GPU_IS_LOST makes the device absent for the poll;
+UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH mean NVML must be
+set up again; anything else, an unexpected exception included, fails that one
+reading for this poll.  `calls.Attempt` turns those into readings and problems.
+The calls of every poll (samples, process utilization, process lists) go
+through the function table with arrays kept from poll to poll (`direct`).
 Everything here runs in the reader's worker thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from functools import partial
+from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
+from atopgpud_tw.nvml_codes import CODES, LIFECYCLE
 from atopgpud_tw.problems import Problems, printable
+from atopgpud_tw.readers.nvml.calls import (
+    Attempt,
+    DeviceLost,
+    Failed,
+    Missing,
+    NotFound,
+    NvmlSession,
+    Reinitialise,
+    Unsupported,
+    error_name,
+)
+from atopgpud_tw.readers.nvml.direct import NAMES as DIRECT
+from atopgpud_tw.readers.nvml.direct import PROCESS_UTILIZATION, SAMPLES, DirectCalls
 from atopgpud_tw.readers.nvml.samples import (
     DRY_GAP_KNOWN,
-    PER_CALL,
-    PER_PERIOD,
     ProcessStream,
     SampleStream,
-    fold_process_samples,
-    fresh_process_samples,
-    latest_process_figures,
-    lists_busy_periods,
-    samples_per_pid,
-    windowed_process_figures,
+    UtilSample,
 )
 from atopgpud_tw.readers.nvml.stamps import HostOffsets, StampMap
-from atopgpud_tw.readers.nvml.watchdog import CallWatch
+from atopgpud_tw.readers.nvml.support import Support
 from atopgpud_tw.snapshot import (
     NO_INFO,
     TASK_COMPUTE,
@@ -56,147 +66,15 @@ INSUFFICIENT_SIZE = CODES["INSUFFICIENT_SIZE"]
 FUNCTION_NOT_FOUND = CODES["FUNCTION_NOT_FOUND"]
 GPU_IS_LOST = CODES["GPU_IS_LOST"]
 GPU_NOT_FOUND = CODES["GPU_NOT_FOUND"]
-#: seconds between attempts to set NVML up again, doubling up to the last
-BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 #: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
 MIG_ENABLED = 1
 #: nvmlDeviceGetSamples sample types
 GPU_UTILIZATION_SAMPLES = 1
 MEMORY_UTILIZATION_SAMPLES = 2
-#: process and device samples stamped this close are on one clock
-SAME_CLOCK_US = 5_000_000
 #: what a reading returns when the sample buffer is not there: use the rates call
 _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new
 _NOTHING_NEW = object()
-
-
-
-def error_name(error: BaseException) -> str:
-    """A short stable name for an NVML error (also the key of a logged problem)."""
-    value = getattr(error, "value", None)
-    if isinstance(value, int):
-        return "NVML_ERROR_" + NAMES.get(value, str(value))
-    return type(error).__name__
-
-
-def as_text(value: Any) -> str:
-    """Names and bus ids as str, whether the binding returns bytes or str."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace").rstrip("\0")
-    return str(value)
-
-
-class Backoff:
-    """When to try something that failed again: the next delay of `BACKOFF` after
-    each failure (the last one kept), from the first again once it worked."""
-
-    def __init__(self, delays: tuple[float, ...] = BACKOFF) -> None:
-        self.delays = delays
-        self.at = 0.0
-        self.failures = 0
-
-    def due(self, now: float) -> bool:
-        return now >= self.at
-
-    def failed(self, now: float) -> None:
-        self.at = now + self.delays[min(self.failures, len(self.delays) - 1)]
-        self.failures += 1
-
-    def succeeded(self) -> None:
-        self.failures = 0
-
-
-#: NOT_SUPPORTED from a call that has answered is believed once it has held this
-#: long and for this many polls, whichever is longer; until then it is a failed reading
-HOLD_SECONDS = 30.0
-HOLD_POLLS = 20
-#: seconds between asking again a call taken as not supported
-RETRY_UNSUPPORTED = (60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-
-
-@dataclass(eq=False)
-class PollTime:
-    """The reader's time of the poll in progress, shared by its devices (what
-    `Support` holds its spells and backoffs to)."""
-
-    now: float = 0.0
-
-
-@dataclass(eq=False)
-class Support:
-    """One call's spell of NOT_SUPPORTED on one device, and whether it is believed.
-
-    From a call that has answered on this device, NOT_SUPPORTED is a failed
-    reading until it has held for `HOLD_SECONDS` and `HOLD_POLLS` polls (a driver
-    answers so for a moment during a GPU reset, a MIG change or a driver
-    reload); then it is believed.  From a call that never answered, it is
-    believed at once: that is what the device is.  A call believed unsupported
-    is asked again at every poll until the spell has held as long, then at
-    `RETRY_UNSUPPORTED`; when it answers it is served again.
-    """
-
-    #: whether the call answered on this device before the spell began
-    answered: bool
-    since: float
-    polls: int = 0
-    last: float | None = None
-    #: whether the spell is believed (the figure is served as not supported)
-    believed: bool = False
-    #: what a failed reading of it is logged as, and whether the giving up was said (then that
-    #: problem stands while it is given up, and its recovery is the line that says it is back)
-    cause: str = ""
-    said: bool = False
-    retry: Backoff = field(default_factory=lambda: Backoff(RETRY_UNSUPPORTED))
-
-    def held(self) -> bool:
-        return self.polls >= HOLD_POLLS and (self.last or 0.0) - self.since >= HOLD_SECONDS
-
-    def refused(self, now: float) -> bool:
-        """Count one refusal; whether it is believed now."""
-        if now != self.last:
-            self.polls += 1
-            self.last = now
-        if self.held():
-            self.retry.failed(now)  # asked again at the next delay
-            self.believed = True
-        elif not self.answered:
-            self.believed = True
-        return self.believed
-
-    def may_ask(self, now: float) -> bool:
-        """Whether the call is made in this poll: at every poll until the spell has held, then at the backoff."""
-        return not self.held() or self.retry.due(now)
-
-
-class Unsupported(Exception):
-    """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
-
-
-class Missing(Unsupported):
-    """The binding or the driver's library lacks the function: a fallback may have it."""
-
-
-class NotFound(Exception):
-    """NVML_ERROR_NOT_FOUND: nothing there (no samples since the last read of an idle
-    device, an empty MIG slot, no such instance)."""
-
-
-class Failed(Exception):
-    """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
-
-    def __init__(self, cause: str, value: int | None = None) -> None:
-        super().__init__(cause)
-        self.cause = cause
-        self.value = value
-
-
-class DeviceLost(Failed):
-    """The device cannot be read at all in this poll."""
-
-
-class Reinitialise(Failed):
-    """NVML itself has to be set up again."""
 
 
 @dataclass(eq=False)
@@ -208,13 +86,17 @@ class MigState:
     slots: int | None = None
     #: the instances found at the last poll, by key
     instances: dict[str, NvmlDevice] = field(default_factory=dict)
+    #: what asks a fresh MIG handle which instance it is (one per card, its memory of
+    #: what it cannot do cleared for each handle, as a new device's would be)
+    probe: NvmlDevice | None = None
 
 
 @dataclass(eq=False)
 class NvmlDevice:
     """One discovered device (a card or a MIG instance): its handle, identity and what it cannot do."""
 
-    nvml: Any
+    #: what the reader's devices share: the binding, the poll's time, the hang watch, what was said
+    session: NvmlSession = field(repr=False)
     handle: Any
     key: str
     busid: str
@@ -225,8 +107,6 @@ class NvmlDevice:
     #: calls that answered on this device, and those in a spell of NOT_SUPPORTED (`Support`)
     answered: set[str] = field(default_factory=set)
     support: dict[str, Support] = field(default_factory=dict)
-    #: the poll's time, shared by the reader's devices
-    times: PollTime = field(default_factory=PollTime, repr=False)
     #: the driver's utilization sample buffers, per sample type
     streams: dict[int, SampleStream] = field(default_factory=dict)
     #: the driver's per-process utilization samples
@@ -247,17 +127,26 @@ class NvmlDevice:
     samples_failed: set[int] = field(default_factory=set)
     #: how each process list is read, once found: kind ("C", "G") -> binding function
     list_functions: dict[str, str] = field(default_factory=dict)
-    #: what was said once per reader (shared by its devices)
-    said: set[str] = field(default_factory=set, repr=False)
-    #: where the reader's thread notes the call in progress, for the hang watchdog
-    watch: CallWatch | None = field(default=None, repr=False)
-    #: the binding's functions by name, looked up once
-    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: the device's own functions of the poll (`direct`), made at its first such call
+    _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
+
+    @property
+    def nvml(self) -> Any:
+        """The binding."""
+        return self.session.nvml
 
     @property
     def where(self) -> str:
         """The device as log lines name it."""
         return f"GPU {self.busid}"
+
+    def _function(self, function: str) -> Any:
+        if function in DIRECT:
+            direct = self._direct
+            if direct is None:
+                direct = self._direct = DirectCalls(self.session.nvml).functions()
+            return direct[function]
+        return self.session.function(function)
 
     def call(self, function: str, *args: Any, variant: str | None = None) -> Any:
         """Call ``nvml.<function>(handle, *args)`` through the error mapping.
@@ -269,21 +158,20 @@ class NvmlDevice:
         if key in self.missing:
             raise Missing(key)
         support = self.support.get(key)
-        if support is not None and support.believed and not support.may_ask(self.times.now):
+        session = self.session
+        if support is not None and support.believed and not support.may_ask(session.now):
             raise Unsupported(key)
-        bound = self._bound.get(function)
-        if bound is None:
-            bound = self._bound[function] = getattr(self.nvml, function, None)
+        bound = self._function(function)
         if bound is None:
             # a binding too old to have the function: it can never work here
             self.missing.add(key)
             raise Missing(key)
-        watch = self.watch
+        watch = session.watch
         if watch is not None:
             watch.begin(function, self.where)
         try:
             result = bound(self.handle, *args)
-        except self.nvml.NVMLError as error:
+        except session.nvml.NVMLError as error:
             value = getattr(error, "value", None)
             if value == FUNCTION_NOT_FOUND:
                 self.missing.add(key)
@@ -300,7 +188,7 @@ class NvmlDevice:
             if value in (GPU_IS_LOST, GPU_NOT_FOUND):
                 raise DeviceLost(cause, value) from None
             raise Failed(cause, value) from None
-        except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
+        except getattr(session.nvml, "NVMLLibraryMismatchError", ()) as error:
             # the binding wants a symbol the installed driver lacks: the call can
             # never work with this library
             self.missing.add(key)
@@ -312,14 +200,15 @@ class NvmlDevice:
             if watch is not None:
                 watch.end()
         if support is not None:
-            self._answers_again(key, support)
-        else:
-            self.answered.add(key)
+            # answered after a spell of NOT_SUPPORTED: served again (a problem that stood
+            # while it was given up ends, and its recovery is logged)
+            del self.support[key]
+        self.answered.add(key)
         return result
 
     def _refused(self, key: str, function: str) -> bool:
         """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""
-        now = self.times.now
+        now = self.session.now
         support = self.support.get(key)
         if support is None:
             cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
@@ -337,12 +226,6 @@ class NvmlDevice:
             )
         return believed
 
-    def _answers_again(self, key: str, support: Support) -> None:
-        """`key` answered after a spell of NOT_SUPPORTED: served again (a problem that stood
-        while it was given up ends, and its recovery is logged)."""
-        del self.support[key]
-        self.answered.add(key)
-
     def given_up(self, key: str) -> str | None:
         """The cause of `key` given up after it had answered: a problem while it is."""
         support = self.support.get(key)
@@ -359,12 +242,9 @@ class NvmlDevice:
         support = self.support.get(key)
         return key in self.missing or (support is not None and support.believed)
 
-    def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
-        """Log `message` the first time this reader meets `what`."""
-        if what in self.said:
-            return
-        self.said.add(what)
-        (log.warn if warn else log.info)(message, **fields)
+    def instance(self, handle: Any, key: str, busid: str, name: str) -> NvmlDevice:
+        """A MIG instance of this card, in the same session."""
+        return NvmlDevice(self.session, handle, key, busid, name, is_mig_instance=True)
 
 
 #: the process lists, newest first: the binding's unversioned function is the _v3 one
@@ -372,13 +252,13 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
-#: times one poll asks again for a list or samples that grew between the size query and the fill
+#: times one poll asks again for a list or samples that outgrew the array it was given
 SIZE_RETRIES = 3
 
 
 def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
-    """`NvmlDevice.call` for a function that sizes a buffer first: INSUFFICIENT_SIZE (the
-    list grew between the binding's size query and its fill) is asked again, a few times."""
+    """`NvmlDevice.call` for a function that fills an array: INSUFFICIENT_SIZE (the list
+    outgrew the array, which `direct` has grown) is asked again, a few times."""
     for _ in range(SIZE_RETRIES):
         try:
             return device.call(function, *args, variant=variant)
@@ -388,8 +268,9 @@ def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | Non
     return device.call(function, *args, variant=variant)
 
 
-def list_processes(device: NvmlDevice, kind: str) -> Any:
-    """One process list ("C" or "G"), through the newest function the driver has.
+def list_processes(device: NvmlDevice, kind: str) -> list[tuple[int, int | None]]:
+    """One process list ("C" or "G") as (pid, used bytes or None), through the newest
+    function the driver has.
 
     Drivers before 510 lack the _v3 lists the binding calls by default; from
     450.66 they have the _v2 ones.  Which is used is said once per reader; a
@@ -405,14 +286,14 @@ def list_processes(device: NvmlDevice, kind: str) -> Any:
             return listed
         device.list_functions[kind] = function
         if function != newest:
-            device.say_once(
+            device.session.say_once(
                 function,
                 "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
                 newest=newest,
                 function=function,
             )
         return listed
-    device.say_once(
+    device.session.say_once(
         f"no {newest}",
         "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
         warn=True,
@@ -430,8 +311,8 @@ def probe_support(device: NvmlDevice) -> int:
             support |= bit
         except Unsupported:
             pass
-        except (Failed, NotFound):
-            support |= bit  # a passing failure says nothing about support
+        except (Failed, NotFound, DeviceLost, Reinitialise):
+            support |= bit  # a passing failure says nothing about support (the poll finds out the rest)
     return support
 
 
@@ -447,35 +328,6 @@ def served_support(device: NvmlDevice) -> int:
                 support |= bit
             break
     return support
-
-
-def attempter(device: NvmlDevice, problems: Problems) -> Callable[..., Any]:
-    """``attempt(function, unsupported)``: one reading, with failures noted in `problems`.
-
-    It returns `unsupported` when the device cannot do it, ``None`` when it
-    failed in this poll, and lets a lost device or a broken NVML through.
-    """
-    subject = f"GPU {device.busid}"
-
-    def attempt(function: Callable[[], Any], unsupported: Any = UNSUPPORTED) -> Any:
-        try:
-            return function()
-        except Unsupported as refused:
-            cause = device.given_up(str(refused))
-            if cause:
-                problems.add(f"{device.key} {cause}", f"{subject}: {cause}")
-            return unsupported
-        except (DeviceLost, Reinitialise):
-            raise
-        except Failed as failure:
-            problems.add(f"{device.key} {failure.cause}", f"{subject}: {failure.cause}")
-            return None
-        except NotFound as idle:
-            # NOT_FOUND where a value was expected: nothing to count in this poll
-            problems.add(f"{device.key} {idle} not found", f"{subject}: {idle}: NVML_ERROR_NOT_FOUND")
-            return None
-
-    return attempt
 
 
 @dataclass(eq=False)
@@ -507,7 +359,7 @@ class DevicePoll:
 def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None = None) -> DeviceSample:
     """Everything about one device in this poll (runs in the worker thread)."""
     poll = poll or DevicePoll()
-    attempt = attempter(device, problems)
+    attempt = Attempt(device, problems)
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     total, used = read_memory(device, attempt)
     processes = attempt(lambda: _read_processes(device, attempt, poll), unsupported=())
@@ -526,7 +378,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     )
 
 
-def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll) -> tuple[int | None, int | None]:
+def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
     """The GPU and memory busy percentages of one device over this poll.
 
     From the driver's sample buffer where it has one (`SampleStream`: a poll
@@ -542,7 +394,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
 
     def rate(index: int) -> Any:
         if not rates:
-            rates.append(attempt(lambda: device.call("nvmlDeviceGetUtilizationRates")))
+            rates.append(attempt.call("nvmlDeviceGetUtilizationRates"))
         found = rates[0]
         if found is None or found is UNSUPPORTED:
             return found
@@ -550,7 +402,7 @@ def read_rates(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
 
     figures = []
     for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
-        value = attempt(lambda kind=kind: _sampled(device, kind, poll), unsupported=_NO_SAMPLES)
+        value = attempt(partial(_sampled, device, kind, poll), unsupported=_NO_SAMPLES)
         if value is None and kind == GPU_UTILIZATION_SAMPLES:
             poll.samples_failed = True
         if value is _NO_SAMPLES:
@@ -582,14 +434,14 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     now_us = poll.call_time_us()
     asked = stamps.ask(f"samples {kind}", stream.since, now_us)
     try:
-        _, samples = call_sized(device, "nvmlDeviceGetSamples", kind, asked)
+        found: list[tuple[int, int]] = call_sized(device, SAMPLES, kind, asked)
     except NotFound:
-        samples = []
-    except Failed:
+        found = []
+    except (Failed, DeviceLost, Reinitialise):
         device.samples_failed.add(kind)
         raise
-    steady = stamps.steady(f"samples {kind}", [int(_field(s, "timeStamp")) for s in samples], now_us, asked)
-    pairs = [(stamp, _sample_value(s)) for stamp, s in zip(steady, samples)]
+    steady = stamps.steady(f"samples {kind}", [stamp for stamp, _ in found], now_us, asked)
+    pairs = [(stamp, float(value)) for stamp, (_, value) in zip(steady, found)]
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
@@ -616,26 +468,6 @@ def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]])
         stream.cover = [part for part in stream.cover if part[1] > oldest]
 
 
-def _sample_value(sample: Any) -> float:
-    value = _field(sample, "sampleValue")
-    return float(getattr(value, "uiVal", value))
-
-
-#: a field of an NVML structure as ctypes reads it, without pynvml's `_PrintableStructure.__getattribute__`
-#: (a Python function called per field, which only converts bytes: none of the numbers read here is);
-#: as plain attribute access for any other object
-_field = object.__getattribute__
-
-
-class UtilSample(NamedTuple):
-    """One entry of ``nvmlDeviceGetProcessUtilization``, read once from the binding's structure."""
-
-    pid: int
-    timeStamp: int  # noqa: N815 - the structure's own names, which `samples` reads
-    smUtil: int  # noqa: N815
-    memUtil: int  # noqa: N815
-
-
 def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
     """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed).
 
@@ -652,7 +484,7 @@ def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | 
 
 
 def _memory_info(device: NvmlDevice) -> Any:
-    version = getattr(device.nvml, "nvmlMemory_v2", None)
+    version = device.session.function("nvmlMemory_v2")
     if version is not None:
         try:
             return device.call("nvmlDeviceGetMemoryInfo", version, variant="nvmlDeviceGetMemoryInfo_v2")
@@ -661,12 +493,10 @@ def _memory_info(device: NvmlDevice) -> Any:
     return device.call("nvmlDeviceGetMemoryInfo")
 
 
-def _read_processes(
-    device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll
-) -> tuple[ProcessSample, ...] | None:
+def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:
     found: dict[int, tuple[str, int | None]] = {}
     for kind in ("C", "G"):
-        listed = attempt(lambda kind=kind: list_processes(device, kind), unsupported=())
+        listed = attempt(partial(list_processes, device, kind), unsupported=())
         if listed is None:
             # a partial list would make processes seem to end: they count no sample now.
             # Their busy samples of this poll are taken off the buffer all the same, so
@@ -674,10 +504,9 @@ def _read_processes(
             # may not hold a long spell's)
             _skip_process_busy(device, attempt, poll)
             return None
-        for proc in listed:
-            pid = int(proc.pid)
-            memory = proc.usedGpuMemory  # None where NVML cannot tell (WDDM, some vGPU guests)
-            memory_kib = UNSUPPORTED if memory is None else int(memory) // 1024
+        for pid, memory in listed:
+            # memory None where NVML cannot tell (WDDM, some vGPU guests)
+            memory_kib = UNSUPPORTED if memory is None else memory // 1024
             seen = found.get(pid)
             if seen is None:
                 found[pid] = (kind, memory_kib)
@@ -703,7 +532,7 @@ def _read_processes(
     )
 
 
-def _skip_process_busy(device: NvmlDevice, attempt: Callable[..., Any], poll: DevicePoll) -> None:
+def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
     """Read the per-process samples of this poll and let them go, where processes were listed before."""
     if device.process_stream.figures and not device.is_mig_instance:
         attempt(lambda: _process_busy(device, poll))
@@ -715,151 +544,40 @@ def _no_start(pid: int) -> None:
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:
-    """Per-pid busy percentages since the device's last-seen timestamp (`samples`).
-
-    A poll that brings no new process sample while the device's own buffer had
-    no new period either, yet the GPU is busy, carries the last figures on: the
-    next sample is not due yet, which is not idleness.
-    """
+    """Per-pid busy percentages of this poll (`ProcessStream.busy`)."""
     stream = device.process_stream
-    gpu = device.streams.get(GPU_UTILIZATION_SAMPLES)
-    if (
-        poll.samples_failed and stream.mode != PER_CALL and stream.same_stamps is not False
-        and gpu is not None and gpu.recent
-    ):
-        # the device's own samples failed: no window of the device's in this poll, which
-        # process samples on its stamps are shown over.  Not asked now, the processes count
-        # no sample in this poll, as the device does not; the next poll's window and
-        # process samples cover this poll's time too.  (Where the device has never had a
-        # sample, no buffer or none yet, its processes are counted by time, on no window of
-        # the device's: read as in any poll, lest a long spell outlast the driver's buffer
-        # of process samples and its lost time be counted as idle.)
-        return None
-    since = stream.since
-    if stream.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
-        # a driver that averages over the window asked for: ask for this poll's,
-        # from the device's newest sample of the previous poll, on the same clock
-        # (polls that listed nobody would leave `since` behind)
-        since = max(since, gpu.before)
-    elapsed = None if stream.polled_us is None else poll.now_us - stream.polled_us
-    stream.polled_us = poll.now_us
-    samples = _process_samples(device, since, poll)
-    if samples:
-        _learn_process_mode(device, stream, samples)
-    if stream.mode == PER_CALL:
-        busy, newest = latest_process_figures(samples, since)
-    elif since and gpu is not None and _on_device_stamps(stream, gpu, samples, since):
-        # stamped as the device's samples: shown over the device's own windows
-        newest = max([since, *stream.pending])
-        if gpu.shown:
-            stream.figures = windowed_process_figures(stream.pending, gpu.shown, {
-                pid for stamp in stream.pending for pid in stream.pending[stamp]
-            })
-            end = gpu.window_end or 0  # set whenever figures are shown
-            stream.pending = {stamp: found for stamp, found in stream.pending.items() if stamp > end}
-        stream.previous_since, stream.since = since, newest
-        stream.listed = set(stream.figures)
-        return stream.figures
-    else:
-        learnt = stream.learn_period(samples, since)
-        period = (gpu.period_us if gpu else None) or learnt
-        periods = poll.periods
-        if gpu is not None and gpu.before == 0 and since:
-            # the device's first samples (after its calls failed): their periods are of the
-            # buffer's past, not of this poll's process samples, which are counted by time
-            periods = None
-        if periods is not None and since:
-            # a skipped sample is a period nobody knows of: not an idle one
-            periods = max(0, periods - (gpu.skipped if gpu else 0) - stream.credit)
-            stream.credit = max(0, samples_per_pid(samples, since) - periods)
-        busy, newest = fold_process_samples(samples, since, periods or None, period, elapsed)
-        if not since and gpu is not None:
-            # the first read: what comes after the device's first window is shown in the next
-            # (if these samples turn out to carry the device's stamps)
-            for (pid, stamp), figures in fresh_process_samples(samples, gpu.since).items():
-                stream.pending.setdefault(stamp, {})[pid] = figures
-            if period and abs(newest - gpu.since) < SAME_CLOCK_US:
-                # periods that ended between the device's call and this one
-                stream.credit = max(0, round((newest - gpu.since) / period))
-    if newest <= since:
-        if poll.periods == 0 and poll.busy:
-            return stream.figures  # no new period yet: the load goes on
-        stream.figures = {}
-        return {}
-    stream.previous_since, stream.since = since, newest
-    stream.figures = busy
-    stream.listed = set(busy)
-    return busy
-
-
-def _on_device_stamps(stream: ProcessStream, gpu: SampleStream, samples: list[Any], since: int) -> bool:
-    """Whether the driver stamps its process samples as its device samples
-    (decided on the first few, then kept); the samples are kept by stamp
-    until the device's windows have shown them."""
-    if stream.same_stamps is False or not gpu.recent:
-        return False  # (a device whose own samples never came, so far: nothing to tell by)
-    for (pid, stamp), figures in fresh_process_samples(samples, since).items():
-        stream.pending.setdefault(stamp, {})[pid] = figures
-        if stream.same_stamps is None:
-            stream.stamps_seen.add(stamp)
-    if stream.same_stamps is None and len(stream.stamps_seen) >= 3:
-        stream.same_stamps = stream.stamps_seen <= set(gpu.recent)
-        stream.stamps_seen = set()  # decided: kept no longer
-        if not stream.same_stamps:
-            stream.pending = {}  # on a clock of their own: never shown over the device's windows
-    return bool(stream.same_stamps)
-
-
-def _learn_process_mode(device: NvmlDevice, stream: ProcessStream, samples: list[Any]) -> None:
-    """Which way the driver reports process utilization (`ProcessStream`).
-
-    The first answer that lists a process decides for now, asked with 0 (the
-    whole buffer): a pid at two timestamps means periods, else calls.  "Calls"
-    is then put to the test once a pid is listed in two polls running: asked
-    for both polls' window, a driver that lists periods lists that pid twice.
-    """
-    if stream.mode == PER_PERIOD:
-        return  # settled for good: nothing below would change it
-    since = stream.since
     before = stream.mode
-    if stream.mode is None:
-        probe = samples if since == 0 else _process_samples(device, 0)
-        stream.mode = PER_PERIOD if lists_busy_periods(probe) else PER_CALL
-        stream.settled = stream.mode == PER_PERIOD
-    elif lists_busy_periods(samples, since):
-        stream.mode, stream.settled = PER_PERIOD, True
-    elif not stream.settled and stream.listed & {int(s.pid) for s in samples if int(s.timeStamp) > since}:
-        probe = _process_samples(device, stream.previous_since)
-        stream.mode = PER_PERIOD if lists_busy_periods(probe, stream.previous_since) else PER_CALL
-        stream.settled = True
+    figures = stream.busy(
+        device.streams.get(GPU_UTILIZATION_SAMPLES),
+        lambda since: _process_samples(device, since, poll),
+        lambda since: _process_samples(device, since),
+        now_us=poll.now_us, periods=poll.periods, busy=poll.busy, samples_failed=poll.samples_failed,
+    )
     if stream.mode != before:
         log.info(
             "nvml: GPU {busid}: the driver reports process utilization {how}",
             busid=printable(device.busid),
-            how="per busy sample period" if stream.mode == PER_PERIOD else "once per process and call",
+            how="per busy sample period" if stream.mode == "per-period" else "once per process and call",
         )
+    return figures
 
 
-def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = None) -> list[Any]:
-    """The process samples newer than `since` (on the steady clock, stamps.py), each read
-    once (they are looked at several times)."""
+def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = None) -> list[UtilSample]:
+    """The process samples newer than `since`, their stamps on the steady clock (stamps.py)."""
     stamps = device.stamps if poll is None else _stamp_map(device, poll)
     now_us = poll.call_time_us() if poll is not None else (stamps.seen_at or 0)
     asked = stamps.ask("processes", since, now_us)
     try:
-        found = call_sized(device, "nvmlDeviceGetProcessUtilization", asked)
+        pids, raw, sm, mem = call_sized(device, PROCESS_UTILIZATION, asked)
     except NotFound:
         return []  # nothing ran since then
-    except Failed as failure:
-        if failure.value == 0:
-            return []  # SUCCESS on the size query: the wrapper's way of saying "none"
-        raise
-    pids = [_field(s, "pid") for s in found]
-    steady = stamps.steady("processes", [int(_field(s, "timeStamp")) for s in found], now_us, asked, pids)
-    return [
-        UtilSample(pid, stamp, _field(s, "smUtil"), _field(s, "memUtil"))
-        for pid, stamp, s in zip(pids, steady, found)
-    ]
+    steady = stamps.steady("processes", raw, now_us, asked, pids)
+    return list(map(_util_sample, zip(pids, steady, sm, mem)))
+
+
+#: a `UtilSample` from a (pid, stamp, sm, mem) row, made in C (the class's own constructor is
+#: Python, and it runs for every entry of every poll)
+_util_sample = partial(tuple.__new__, UtilSample)
 
 
 def _stamp_map(device: NvmlDevice, poll: DevicePoll) -> StampMap:

@@ -188,7 +188,7 @@ class GpmReader:
             else:
                 state.supported = bool(int(getattr(answer, "isSupportedDevice", 0)))
             if state.supported:
-                card.say_once(
+                card.session.say_once(
                     f"gpm {card.key}",
                     "nvml: GPU {busid} has GPU Performance Monitoring (GPM): SM, tensor, DRAM, PCIe and NVLink "
                     "activity, and busy figures for its MIG instances",
@@ -262,7 +262,7 @@ class GpmReader:
         bound = getattr(self.nvml, function, None)
         if bound is None:
             raise Missing(function)
-        watch = None if card is None else card.watch
+        watch = None if card is None else card.session.watch
         if watch is not None:
             watch.begin(function, card.where if card is not None else None)
         try:

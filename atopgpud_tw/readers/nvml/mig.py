@@ -16,19 +16,13 @@ from twisted.logger import Logger
 
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
+from atopgpud_tw.readers.nvml.calls import Attempt, DeviceLost, Failed, NotFound, Unsupported, as_text
 from atopgpud_tw.readers.nvml.device import (
     INVALID_ARGUMENT,
     MIG_ENABLED,
-    DeviceLost,
     DevicePoll,
-    Failed,
     MigState,
-    NotFound,
     NvmlDevice,
-    Reinitialise,
-    Unsupported,
-    as_text,
-    attempter,
     placeholder,
     probe_support,
     read_device,
@@ -52,7 +46,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         problems.add(
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
-        total, used = read_memory(card, attempter(card, problems))
+        total, used = read_memory(card, Attempt(card, problems))
         return [_card_sample(card, total, used, ())]
     samples = [_read_instance(instance, problems, poll) for instance in instances]
     if not complete:
@@ -80,16 +74,16 @@ def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
 
 def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
-    try:
-        enabled = int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
-    except Unsupported:
-        enabled = False
-    except NotFound:
-        return card.mig_state.enabled
-    except (DeviceLost, Reinitialise):
-        raise
-    except Failed as failure:
-        problems.add(f"{card.key} {failure.cause}", f"GPU {card.busid}: {failure.cause}")
+
+    def mode() -> bool:
+        try:
+            return int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
+        except Unsupported:
+            return False  # it cannot be in MIG mode: that is no problem, given up or not
+
+    # NOT_FOUND, or a failure (a problem): as it was
+    enabled = Attempt(card, problems)(mode, idle=card.mig_state.enabled)
+    if enabled is None:
         return card.mig_state.enabled
     if enabled != card.mig_state.enabled:
         card.mig_state = MigState(enabled=enabled)
@@ -113,8 +107,9 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     incomplete, so that no instance is taken for gone on a passing error.
     """
     state = card.mig_state
+    attempt = Attempt(card, problems)
     if state.slots is None:
-        slots = attempter(card, problems)(lambda: card.call("nvmlDeviceGetMaxMigDeviceCount"), 0)
+        slots = attempt.call("nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
         if slots is None:
             return [], False
         state.slots = int(slots)
@@ -125,10 +120,8 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
         except (NotFound, Unsupported):
             continue
-        except (DeviceLost, Reinitialise):
-            raise
         except Failed as failure:
-            complete &= _empty_slot(card, slot, failure, problems)
+            complete &= _empty_slot(slot, failure, attempt)
             continue
         try:
             instance = _identify(card, handle)
@@ -138,16 +131,12 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         except Unsupported as unsupported:
             # a driver that cannot say which instance this is: said once, not guessed; the
             # instances known are not taken for gone on it
-            problems.add(
-                f"{card.key} mig identity",
-                f"GPU {card.busid}: MIG device {slot} left out: {unsupported} is not supported",
-            )
+            attempt.note(f"MIG device {slot} left out: {unsupported} is not supported", key="mig identity")
             complete = False
             continue
-        except Reinitialise:
-            raise
-        except Failed as failure:
-            complete &= _empty_slot(card, slot, failure, problems)
+        except (Failed, DeviceLost) as failure:
+            # (an instance's handle lost while it is looked at is no loss of the card)
+            complete &= _empty_slot(slot, failure, attempt)
             continue
         found.setdefault(instance.key, instance)
     if complete and any(key not in found and _still_there(i) for key, i in state.instances.items()):
@@ -163,8 +152,6 @@ def _still_there(instance: NvmlDevice) -> bool:
         instance.call("nvmlDeviceGetGpuInstanceId")
     except NotFound:
         return False
-    except (DeviceLost, Reinitialise):
-        raise
     except Failed as failure:
         return failure.value != INVALID_ARGUMENT
     except Unsupported:
@@ -172,11 +159,11 @@ def _still_there(instance: NvmlDevice) -> bool:
     return True
 
 
-def _empty_slot(card: NvmlDevice, slot: int, failure: Failed, problems: Problems) -> bool:
+def _empty_slot(slot: int, failure: Failed | DeviceLost, attempt: Attempt) -> bool:
     """Whether a failure at a slot means "nothing there" (else it is a problem)."""
     if failure.value == INVALID_ARGUMENT:
         return True
-    problems.add(f"{card.key} mig slot {slot} {failure.cause}", f"GPU {card.busid}: MIG device {slot}: {failure.cause}")
+    attempt.note(failure.cause, part=(f"mig slot {slot}", f"MIG device {slot}"))
     return False
 
 
@@ -186,10 +173,13 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     Handles of destroyed instances become invalid and may be reused, so the ids
     and the profile are read again at every poll.
     """
-    probe = NvmlDevice(
-        card.nvml, handle, card.key, card.busid, card.name, is_mig_instance=True, said=card.said, watch=card.watch,
-        times=card.times,
-    )
+    probe = card.mig_state.probe
+    if probe is None:
+        probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)
+    else:
+        probe.handle = handle
+        probe.forget_support()
+        probe.missing.clear()
     gpu_instance = int(probe.call("nvmlDeviceGetGpuInstanceId"))
     compute_instance = int(probe.call("nvmlDeviceGetComputeInstanceId"))
     profile = mig_profile(as_text(probe.call("nvmlDeviceGetName")))
@@ -197,10 +187,7 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
     instance = card.mig_state.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
-        instance = NvmlDevice(
-            card.nvml, handle, key, busid, profile, is_mig_instance=True, said=card.said, watch=card.watch,
-            times=card.times,
-        )
+        instance = card.instance(handle, key, busid, profile)
         instance.task_support = probe_support(instance)
         instance.info = replace(card.info, uuid=_instance_uuid(probe), mig_profile=profile)
     instance.handle = handle
@@ -211,8 +198,6 @@ def _instance_uuid(probe: NvmlDevice) -> str:
     """A MIG instance's own ``MIG-...`` UUID; "" where it cannot be read (an inventory label)."""
     try:
         return as_text(probe.call("nvmlDeviceGetUUID")).strip()
-    except (DeviceLost, Reinitialise):
-        raise
     except (Failed, Unsupported, NotFound):
         return ""
 

@@ -28,19 +28,13 @@ from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
 from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
+from atopgpud_tw.readers.nvml.calls import DeviceLost, NvmlSession, Reinitialise, as_text, error_name
 from atopgpud_tw.readers.nvml.device import (
-    BACKOFF,
     FUNCTION_NOT_FOUND,
     NO_PERMISSION,
     NOT_SUPPORTED,
-    Backoff,
-    DeviceLost,
     DevicePoll,
     NvmlDevice,
-    PollTime,
-    Reinitialise,
-    as_text,
-    error_name,
     placeholder,
     probe_support,
 )
@@ -56,6 +50,9 @@ from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceInfo, Device
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
 
+#: seconds between attempts to set NVML up again, doubling up to the last
+BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5
 #: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
@@ -65,6 +62,26 @@ WAIT_FOR_DRIVER = (CODES["DRIVER_NOT_LOADED"], CODES["LIB_RM_VERSION_MISMATCH"])
 #: how often a driver not loaded at start-up is looked for: every second for the
 #: first minute (a boot), then backing off as any re-initialisation does
 STARTUP_RETRY = (1.0,) * 60 + BACKOFF
+
+
+class Backoff:
+    """When to try something that failed again: the next delay of `BACKOFF` after
+    each failure (the last one kept), from the first again once it worked."""
+
+    def __init__(self, delays: tuple[float, ...] = BACKOFF) -> None:
+        self.delays = delays
+        self.at = 0.0
+        self.failures = 0
+
+    def due(self, now: float) -> bool:
+        return now >= self.at
+
+    def failed(self, now: float) -> None:
+        self.at = now + self.delays[min(self.failures, len(self.delays) - 1)]
+        self.failures += 1
+
+    def succeeded(self) -> None:
+        self.failures = 0
 
 
 @implementer(IReader)
@@ -121,8 +138,9 @@ class NvmlReader:
         #: why each card that was lost was (its problem stands while it is missing)
         self._gone: dict[str, str] = {}
         self._announced: set[str] = set()
-        #: what the devices said once (a driver without a function), shared by all of them
-        self._said: set[str] = set()
+        #: what all the devices share: the binding, the poll's time (which their `Support`
+        #: spells are held to), the hang watch, what was said once
+        self.session = NvmlSession(nvml, watch=self.calls)
         #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents()
         #: GPU Performance Monitoring's sample buffers and figures, per card (readers/nvml/gpm.py)
@@ -130,8 +148,6 @@ class NvmlReader:
         #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
         self._starts = start_times(nvml)
         self.contexts = Contexts()
-        #: the time of the poll in progress, which the devices' `Support` spells are held to
-        self._times = PollTime()
         #: while NVML cannot be used because of the driver's lifecycle: (its NVML code,
         #: since when, whether since start-up); None while it can
         self._down: tuple[int, float | None, bool] | None = None
@@ -208,9 +224,7 @@ class NvmlReader:
         devices = []
         versions = self._versions() if found else ("", "")
         for (handle, uuid, busid, name), key in zip(found, keys):
-            device = NvmlDevice(
-                self.nvml, handle, key, busid, name, said=self._said, watch=self.calls, times=self._times
-            )
+            device = NvmlDevice(self.session, handle, key, busid, name)
             device.info = self._card_info(key, handle, uuid, versions, f"GPU {busid}")
             device.task_support = probe_support(device)
             devices.append(device)
@@ -334,7 +348,7 @@ class NvmlReader:
 
     def _read(self, now: float) -> tuple[Snapshot, Problems]:
         problems = Problems()
-        self._times.now = now
+        self.session.now = now
         if not self._initialised or not (self._devices or self._unusable):
             if not self._retry.due(now):
                 if self._down is None:

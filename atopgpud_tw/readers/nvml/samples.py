@@ -11,7 +11,7 @@ instead, and copes with what real drivers do to it (docs/fidelity.md):
   the mean over a window of the driver's time; the windows tile that time;
 - `ProcessStream`: one device's per-process samples, listed per busy period or
   once per call, whichever the driver does;
-- the pure functions they use (`fold_device_samples` for the first read,
+- the pure functions they use (`fold_first_read` for the first read,
   `fold_process_samples`, `windowed_process_figures`, ...).
 
 Samples no newer than the timestamp asked with, or above 100 %, are dropped
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from atopgpud_tw.snapshot import clamp_percent
 
@@ -42,41 +42,28 @@ DRY_GAP_KNOWN = 1.5
 KNOWN_DRY = 3
 
 
-def fold_device_samples(
-    samples: Iterable[tuple[int, float]],
-    since: int,
-    begin: int | None = None,
-    period: int | None = None,
-    now: int | None = None,
-) -> tuple[int | None, int, int]:
-    """(percent or None when nothing usable, the newest timestamp, where this poll's
-    accounting ends) from (stamp, value) pairs.
+def fold_first_read(samples: Iterable[tuple[int, float]], period: int | None = None) -> tuple[int | None, int]:
+    """(percent or None when nothing usable, the newest timestamp) of the first read of a
+    buffer, from (stamp, value) pairs: its whole past, of which the last second
+    (`FIRST_WINDOW_US`) stands for the poll.
 
-    The time-weighted mean over the poll's share of the driver's time: each sample
-    weighs the time since the one before it, so jittered or late stamps move
-    weight between samples but never lose any.  Once the driver's sample
-    `period` is known, a gap longer than `DRY_GAP` periods is a spell in which
-    the buffer ran dry (the GPU was idle): the sample after it weighs one
-    period and the rest of the gap counts as idle; a shorter gap (a sample the
-    driver skipped) is weighed whole.  The share starts at `begin`, where the
-    previous poll's accounting ended (later than `since` after a poll whose
-    tail was dry), and ends at the newest sample, or, when at least
-    `DRY_TAIL` periods have passed since it by the driver's clock `now`, after
-    the whole periods since it: those were dry too.
+    The time-weighted mean over that second: each sample weighs the time since
+    the one before it, so jittered or late stamps move weight between samples
+    but never lose any.  Once the driver's sample `period` is known, a gap
+    longer than `DRY_GAP` periods is a spell in which the buffer ran dry (the
+    GPU was idle): the sample after it weighs one period and the rest of the
+    gap counts as idle; a shorter gap (a sample the driver skipped) is weighed
+    whole.  Samples above 100 % are dropped.
     """
-    usable = sorted((stamp, value) for stamp, value in samples if stamp > since and 0 <= value <= 100)
+    usable = sorted((stamp, value) for stamp, value in samples if stamp > 0 and 0 <= value <= 100)
     if not usable:
-        return None, since, since if begin is None else begin
+        return None, 0
     newest = usable[-1][0]
-    if since == 0:
-        # the first read brings the buffer's whole past: take its last second
-        since = max(0, newest - FIRST_WINDOW_US)
-        usable = [(stamp, value) for stamp, value in usable if stamp > since] if len(usable) > 1 else usable
-        if len(usable) == 1:
-            return clamp_percent(usable[0][1]), newest, newest
-        since = usable[0][0] - (period or (usable[1][0] - usable[0][0]))
-        begin = None
-    previous = since if begin is None else max(since, begin)
+    since = max(0, newest - FIRST_WINDOW_US)
+    usable = [(stamp, value) for stamp, value in usable if stamp > since] if len(usable) > 1 else usable
+    if len(usable) == 1:
+        return clamp_percent(usable[0][1]), newest
+    previous = usable[0][0] - (period or (usable[1][0] - usable[0][0]))
     total = weight = idle = 0.0
     for stamp, value in usable:
         gap = max(0, stamp - previous)
@@ -86,16 +73,10 @@ def fold_device_samples(
         total += value * gap
         weight += gap
         previous = max(previous, stamp)
-    end = newest
-    if period and now is not None and now - newest >= DRY_TAIL * period:
-        # whole periods (the driver's period is known to a microsecond or so)
-        tail = (now - newest + period // 8) // period * period
-        idle += tail
-        end = newest + tail
     if weight + idle <= 0:
         # every sample at one instant: their plain mean
-        return clamp_percent(sum(value for _, value in usable) / len(usable)), newest, end
-    return clamp_percent(total / (weight + idle)), newest, end
+        return clamp_percent(sum(value for _, value in usable) / len(usable)), newest
+    return clamp_percent(total / (weight + idle)), newest
 
 
 def fold_process_samples(
@@ -328,7 +309,7 @@ class SampleStream:
             return None, 0
         if since == 0:
             # the first read brings the buffer's whole past: its last second stands for the poll
-            value, newest, _ = fold_device_samples(fresh, 0, None, period, None)
+            value, newest = fold_first_read(fresh, period)
             self.since = self.covered_to = newest
             self.window_end = newest
             self.lags.append(now_us - newest)
@@ -432,6 +413,15 @@ def skipped_periods(stamps: list[int], period: int | None) -> int:
     return skipped
 
 
+class UtilSample(NamedTuple):
+    """One entry of ``nvmlDeviceGetProcessUtilization``, its stamp on the steady clock."""
+
+    pid: int
+    timeStamp: int  # noqa: N815 - the structure's own names, which the folds read
+    smUtil: int  # noqa: N815
+    memUtil: int  # noqa: N815
+
+
 @dataclass(eq=False)
 class ProcessStream:
     """What the reader knows of one device's per-process utilization samples.
@@ -470,6 +460,138 @@ class ProcessStream:
     #: the reader's time of the previous poll, µs
     polled_us: int | None = None
 
+    def busy(
+        self,
+        gpu: SampleStream | None,
+        fetch: Callable[[int], list[UtilSample]],
+        probe: Callable[[int], list[UtilSample]],
+        *,
+        now_us: int,
+        periods: int | None,
+        busy: int | None,
+        samples_failed: bool,
+    ) -> dict[int, tuple[int, int]] | None:
+        """Per-pid busy percentages of this poll, from the samples newer than `since`.
+
+        `gpu` is the device's own GPU sample stream; `fetch(since)` reads the process
+        samples of this poll (on the steady clock), `probe(since)` reads them again to
+        learn the driver's way (`learn_mode`); `periods` is how many GPU samples the
+        poll brought and `busy` its GPU figure (None: not known); `samples_failed`,
+        whether the device's own samples call failed in this poll.  ``None``: not
+        asked in this poll.
+
+        A poll that brings no new process sample while the device's own buffer had
+        no new period either, yet the GPU is busy, carries the last figures on: the
+        next sample is not due yet, which is not idleness.
+        """
+        if (
+            samples_failed and self.mode != PER_CALL and self.same_stamps is not False
+            and gpu is not None and gpu.recent
+        ):
+            # the device's own samples failed: no window of the device's in this poll, which
+            # process samples on its stamps are shown over.  Not asked now, the processes count
+            # no sample in this poll, as the device does not; the next poll's window and
+            # process samples cover this poll's time too.  (Where the device has never had a
+            # sample, no buffer or none yet, its processes are counted by time, on no window of
+            # the device's: read as in any poll, lest a long spell outlast the driver's buffer
+            # of process samples and its lost time be counted as idle.)
+            return None
+        since = self.since
+        if self.mode == PER_CALL and since and gpu is not None and abs(gpu.before - since) < SAME_CLOCK_US:
+            # a driver that averages over the window asked for: ask for this poll's,
+            # from the device's newest sample of the previous poll, on the same clock
+            # (polls that listed nobody would leave `since` behind)
+            since = max(since, gpu.before)
+        elapsed = None if self.polled_us is None else now_us - self.polled_us
+        self.polled_us = now_us
+        samples = fetch(since)
+        if samples:
+            self.learn_mode(samples, probe)
+        if self.mode == PER_CALL:
+            figures, newest = latest_process_figures(samples, since)
+        elif since and gpu is not None and self._on_device_stamps(gpu, samples, since):
+            # stamped as the device's samples: shown over the device's own windows
+            newest = max([since, *self.pending])
+            if gpu.shown:
+                self.figures = windowed_process_figures(self.pending, gpu.shown, {
+                    pid for stamp in self.pending for pid in self.pending[stamp]
+                })
+                end = gpu.window_end or 0  # set whenever figures are shown
+                self.pending = {stamp: found for stamp, found in self.pending.items() if stamp > end}
+            self.previous_since, self.since = since, newest
+            self.listed = set(self.figures)
+            return self.figures
+        else:
+            learnt = self.learn_period(samples, since)
+            period = (gpu.period_us if gpu else None) or learnt
+            counted = periods
+            if gpu is not None and gpu.before == 0 and since:
+                # the device's first samples (after its calls failed): their periods are of the
+                # buffer's past, not of this poll's process samples, which are counted by time
+                counted = None
+            if counted is not None and since:
+                # a skipped sample is a period nobody knows of: not an idle one
+                counted = max(0, counted - (gpu.skipped if gpu else 0) - self.credit)
+                self.credit = max(0, samples_per_pid(samples, since) - counted)
+            figures, newest = fold_process_samples(samples, since, counted or None, period, elapsed)
+            if not since and gpu is not None:
+                # the first read: what comes after the device's first window is shown in the next
+                # (if these samples turn out to carry the device's stamps)
+                for (pid, stamp), found in fresh_process_samples(samples, gpu.since).items():
+                    self.pending.setdefault(stamp, {})[pid] = found
+                if period and abs(newest - gpu.since) < SAME_CLOCK_US:
+                    # periods that ended between the device's call and this one
+                    self.credit = max(0, round((newest - gpu.since) / period))
+        if newest <= since:
+            if periods == 0 and busy:
+                return self.figures  # no new period yet: the load goes on
+            self.figures = {}
+            return {}
+        self.previous_since, self.since = since, newest
+        self.figures = figures
+        self.listed = set(figures)
+        return figures
+
+    def _on_device_stamps(self, gpu: SampleStream, samples: list[UtilSample], since: int) -> bool:
+        """Whether the driver stamps its process samples as its device samples
+        (decided on the first few, then kept); the samples are kept by stamp
+        until the device's windows have shown them."""
+        if self.same_stamps is False or not gpu.recent:
+            return False  # (a device whose own samples never came, so far: nothing to tell by)
+        for (pid, stamp), figures in fresh_process_samples(samples, since).items():
+            self.pending.setdefault(stamp, {})[pid] = figures
+            if self.same_stamps is None:
+                self.stamps_seen.add(stamp)
+        if self.same_stamps is None and len(self.stamps_seen) >= 3:
+            self.same_stamps = self.stamps_seen <= set(gpu.recent)
+            self.stamps_seen = set()  # decided: kept no longer
+            if not self.same_stamps:
+                self.pending = {}  # on a clock of their own: never shown over the device's windows
+        return bool(self.same_stamps)
+
+    def learn_mode(self, samples: list[UtilSample], probe: Callable[[int], list[UtilSample]]) -> None:
+        """Which way the driver reports process utilization (`mode`).
+
+        The first answer that lists a process decides for now, asked with 0 (the
+        whole buffer, read by `probe`): a pid at two timestamps means periods,
+        else calls.  "Calls" is then put to the test once a pid is listed in two
+        polls running: asked for both polls' window, a driver that lists periods
+        lists that pid twice.
+        """
+        if self.mode == PER_PERIOD:
+            return  # settled for good: nothing below would change it
+        since = self.since
+        if self.mode is None:
+            found = samples if since == 0 else probe(0)
+            self.mode = PER_PERIOD if lists_busy_periods(found) else PER_CALL
+            self.settled = self.mode == PER_PERIOD
+        elif lists_busy_periods(samples, since):
+            self.mode, self.settled = PER_PERIOD, True
+        elif not self.settled and self.listed & {s.pid for s in samples if s.timeStamp > since}:
+            found = probe(self.previous_since)
+            self.mode = PER_PERIOD if lists_busy_periods(found, self.previous_since) else PER_CALL
+            self.settled = True
+
     def learn_period(self, samples: Iterable[Any], since: int) -> int | None:
         """The driver's sample period as the process samples show it (`period_from_gaps`)."""
         by_pid: dict[int, set[int]] = {}
@@ -485,6 +607,8 @@ class ProcessStream:
 
 PER_PERIOD = "per-period"
 PER_CALL = "per-call"
+#: process and device samples stamped this close are on one clock
+SAME_CLOCK_US = 5_000_000
 #: polls whose lags the driver's clock offset is learnt from
 LAG_WINDOW = 16
 #: recent gaps the sample period is learnt from

@@ -1,0 +1,175 @@
+"""What an NVML call's answer means, one place for it: the outcomes of a call, what a
+reader's devices share (`NvmlSession`), and the adapter that turns a call into a
+reading or a recorded problem (`Attempt`).
+
+A device's choke point (`device.NvmlDevice.call`) raises one of the outcomes
+below for anything but an answer.  Two of them are not about the reading at all,
+and are no kind of `Failed`: `DeviceLost` (the device cannot be read in this
+poll) and `Reinitialise` (NVML itself has to be set up again).  They pass
+through `Attempt` untouched, up to the poll of the card or of the reader.
+
+`Attempt` is the one place where the others become values: the reading, what
+the device cannot do (`Unsupported`: a given value, and a standing problem
+while a figure that had answered is given up), or ``None`` with a problem
+recorded in the poll's `Problems`.  Every problem of a device is keyed
+``"<device key> <cause>"`` and says ``"GPU <bus id>: <cause>"`` (`Attempt.note`).
+Everything here runs in the reader's worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from twisted.logger import Logger
+
+from atopgpud_tw.nvml_codes import NAMES
+from atopgpud_tw.problems import Problems
+from atopgpud_tw.readers.nvml.watchdog import CallWatch
+from atopgpud_tw.snapshot import UNSUPPORTED
+
+log = Logger(namespace="atopgpud_tw.readers.nvml_device")
+
+class Unsupported(Exception):
+    """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
+
+
+class Missing(Unsupported):
+    """The binding or the driver's library lacks the function: a fallback may have it."""
+
+
+class NotFound(Exception):
+    """NVML_ERROR_NOT_FOUND: nothing there (no samples since the last read of an idle
+    device, an empty MIG slot, no such instance)."""
+
+
+class Failed(Exception):
+    """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
+
+    def __init__(self, cause: str, value: int | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.value = value
+
+
+class Interrupted(Exception):
+    """Not a reading that failed: the poll of the device, or of every device, stops here.
+    `cause` says why (``"<function>: <error>"``), `value` is the NVML code."""
+
+    def __init__(self, cause: str, value: int | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.value = value
+
+
+class DeviceLost(Interrupted):
+    """The device cannot be read at all in this poll."""
+
+
+class Reinitialise(Interrupted):
+    """NVML itself has to be set up again."""
+
+
+def error_name(error: BaseException) -> str:
+    """A short stable name for an NVML error (also the key of a logged problem)."""
+    value = getattr(error, "value", None)
+    if isinstance(value, int):
+        return "NVML_ERROR_" + NAMES.get(value, str(value))
+    return type(error).__name__
+
+
+def as_text(value: Any) -> str:
+    """Names and bus ids as str, whether the binding returns bytes or str."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\0")
+    return str(value)
+
+
+@dataclass(eq=False)
+class NvmlSession:
+    """What every device of one reader shares, for the reader's life: the binding, the
+    poll's time, the hang watch and what was said once."""
+
+    nvml: Any
+    #: where the reader's thread notes the call in progress, for the hang watchdog
+    watch: CallWatch | None = None
+    #: the reader's time of the poll in progress (what `Support` spells are held to)
+    now: float = 0.0
+    #: what was said once per reader
+    said: set[str] = field(default_factory=set)
+    #: the binding's functions by name, looked up once (None: the binding lacks it)
+    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def function(self, name: str) -> Any:
+        """The binding's function `name`, or None where this binding has none."""
+        try:
+            return self._bound[name]
+        except KeyError:
+            found = self._bound[name] = getattr(self.nvml, name, None)
+            return found
+
+    def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
+        """Log `message` the first time this reader meets `what`."""
+        if what in self.said:
+            return
+        self.said.add(what)
+        (log.warn if warn else log.info)(message, **fields)
+
+
+#: `Attempt`'s `idle` default: NOT_FOUND where a value was expected is a problem
+NOTED: Any = object()
+
+
+class Attempt:
+    """One poll's readings of one device: ``attempt(read)`` is the reading `read()`
+    returns, or what its outcome means, with the problem recorded in `problems`.
+
+    - `Unsupported`: `unsupported` (``UNSUPPORTED`` unless said); while a figure
+      that had answered is given up (`device.given_up`), its problem stands;
+    - `Failed`: ``None``, and the problem ``failure.cause``;
+    - `NotFound`: ``None`` and the problem ``"<function>: NVML_ERROR_NOT_FOUND"``
+      (keyed ``"<function> not found"``), or `idle` where one is given (then no
+      problem: nothing there is the answer);
+    - `DeviceLost` and `Reinitialise` are let through: they are no reading's.
+
+    `device` is anything with ``key``, ``busid`` and ``given_up(key)`` (an `NvmlDevice`).
+    """
+
+    __slots__ = ("device", "problems", "subject")
+
+    def __init__(self, device: Any, problems: Problems) -> None:
+        self.device = device
+        self.problems = problems
+        self.subject = f"GPU {device.busid}"
+
+    def __call__(self, read: Callable[[], Any], unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
+        try:
+            return read()
+        except Unsupported as refused:
+            cause = self.device.given_up(str(refused))
+            if cause:
+                self.note(cause)
+            return unsupported
+        except Failed as failure:
+            self.note(failure.cause)
+            return None
+        except NotFound as absent:
+            if idle is not NOTED:
+                return idle
+            # NOT_FOUND where a value was expected: nothing to count in this poll
+            self.note(f"{absent}: NVML_ERROR_NOT_FOUND", key=f"{absent} not found")
+            return None
+
+    def call(self, function: str, *args: Any, unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
+        """``attempt(lambda: device.call(function, *args))``."""
+        return self(lambda: self.device.call(function, *args), unsupported, idle)
+
+    def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
+        """Record a problem of the device: keyed ``"<device key> <key or cause>"``, saying
+        ``"GPU <bus id>: <cause>"``; of a `part` of it (its key words and its words, such
+        as a MIG slot's), keyed ``"<device key> <part key> <cause>"``, saying
+        ``"GPU <bus id>: <part words>: <cause>"``."""
+        if part is None:
+            self.problems.add(f"{self.device.key} {key or cause}", f"{self.subject}: {cause}")
+        else:
+            self.problems.add(f"{self.device.key} {part[0]} {cause}", f"{self.subject}: {part[1]}: {cause}")

@@ -1,0 +1,225 @@
+"""The calls every poll makes per GPU, straight through nvidia-ml-py's function table.
+
+`DirectCalls` makes ``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``
+and the running-process lists (compute and graphics, ``_v3`` and ``_v2``) for one
+device.  It takes each C function from the binding's own table
+(``pynvml._nvmlGetFunctionPointer``: the library nvidia-ml-py loaded, its
+symbol lookup and its cache), fills arrays of the binding's own structure types
+(``c_nvmlSample_t``, ``c_nvmlProcessUtilizationSample_t``,
+``c_nvmlProcessInfo_v2_t``, which ``_v3`` shares) and raises the binding's own
+``NVMLError`` for a return code that is not NVML_SUCCESS, so the device's choke
+point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
+
+Why not the binding's wrappers for these: they are most of a poll's cost, for
+things that need not be done per call.  Each wrapper asks the size with a NULL
+buffer first (two C calls where one does), allocates a new array per call,
+slices it into Python copies of the structures, and turns every process entry
+into an object field by field through ``_PrintableStructure.__getattribute__``.
+Here an array is kept from poll to poll per call and device: the call is made
+once, with the array's capacity as the count, and the fields are read straight
+from the C memory (one slice of a ``c_uint32`` or ``c_uint64`` view of the
+array per field).
+
+What the wrappers did that is kept:
+
+- INSUFFICIENT_SIZE (the list or buffer grew past the array): the array grows
+  to the count the driver says it needs, with room to spare (``2 * n + 5``, as
+  the binding sizes process lists), and the error goes up, so that the caller's
+  retry (`device.call_sized`) asks again; after a burst (a run of calls that
+  needed less than a quarter of it) the array is shrunk back.
+  ``nvmlDeviceGetSamples`` "fetches the number of entries which can be
+  accommodated in the provided samples array" (NVIDIA's reference for
+  nvmlDeviceGetSamples, https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html),
+  so a full array is taken as a buffer that may hold more, and asked again
+  larger in the same way;
+- a function the library lacks: the table raises FUNCTION_NOT_FOUND (the
+  versioned fallbacks of `device.list_processes` go on from there);
+  UNINITIALIZED while the library is not loaded;
+- ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``;
+- a count larger than the array the driver was given (a reply that cannot be
+  true) raises IndexError for a process list, as the binding's copy loop does,
+  and reads the array's entries for the process samples, as its slice does.
+
+Calls made once at start-up, or when the metrics page is read, keep the
+binding's wrappers.  Everything here runs in the reader's worker thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+from atopgpud_tw.nvml_codes import CODES
+
+SUCCESS = 0
+INSUFFICIENT_SIZE = CODES["INSUFFICIENT_SIZE"]
+#: nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization, by the names the reader calls them
+SAMPLES = "nvmlDeviceGetSamples"
+PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"
+#: the process lists, by the reader's name (the binding's unversioned name is its _v3 function): C symbol
+LISTS = {
+    "nvmlDeviceGetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2": "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses": "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": "nvmlDeviceGetGraphicsRunningProcesses_v2",
+}
+#: every function `DirectCalls` makes, by the reader's name
+NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, *LISTS})
+#: entries an array starts with: a second of samples at the shortest period (1/6 s) twice
+#: over, and a few processes
+FIRST = {SAMPLES: 16, PROCESS_UTILIZATION: 32, "lists": 16}
+#: calls after which an array more than four times as large as any of them needed is shrunk
+SHRINK_AFTER = 60
+#: usedGpuMemory when NVML cannot tell
+NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class Array:
+    """An array of one of the binding's structures, kept from call to call, with
+    views of its memory as 32- and 64-bit words to read fields from."""
+
+    __slots__ = ("struct", "first", "capacity", "data", "u32", "u64", "peak", "calls")
+
+    def __init__(self, struct: Any, first: int) -> None:
+        self.struct = struct
+        self.first = first
+        self.peak = 0
+        self.calls = 0
+        self.allocate(first)
+
+    def allocate(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.data = (self.struct * capacity)()
+        size = ctypes.sizeof(self.data)
+        self.u32 = (ctypes.c_uint32 * (size // 4)).from_buffer(self.data)
+        self.u64 = (ctypes.c_uint64 * (size // 8)).from_buffer(self.data)
+
+    def grow(self, needed: int) -> None:
+        """Room for `needed` entries and more (the list may grow again before the next call)."""
+        self.allocate(max(2 * self.capacity, 2 * needed + 5))
+        self.peak, self.calls = 0, 0
+
+    def used(self, count: int) -> None:
+        """A call filled `count` entries: after a burst, the array is made small again."""
+        if count > self.peak:
+            self.peak = count
+        self.calls += 1
+        if self.calls >= SHRINK_AFTER:
+            if self.capacity > max(self.first, 4 * self.peak):
+                self.allocate(max(self.first, 2 * self.peak + 5))
+            self.peak, self.calls = 0, 0
+
+
+def _words(struct: Any, name: str, size: int) -> tuple[int, int]:
+    """Where field `name` of `struct` is, as (first index, stride) in words of `size` bytes."""
+    offset = getattr(struct, name).offset
+    assert offset % size == 0 and ctypes.sizeof(struct) % size == 0, (struct, name)
+    return offset // size, ctypes.sizeof(struct) // size
+
+
+class DirectCalls:
+    """One device's hot calls, each as the reader calls it: ``functions()[name](handle, *args)``.
+
+    - ``nvmlDeviceGetSamples(handle, kind, since)``: ``[(stamp, value), ...]``
+      (the value as ``uiVal``: utilization samples are unsigned ints);
+    - ``nvmlDeviceGetProcessUtilization(handle, since)``: ``(pids, stamps,
+      sm, mem)``, four lists of one length;
+    - a process list: ``[(pid, used bytes or None), ...]``.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._error = nvml.NVMLError
+        self._table: Callable[[str], Any] = nvml._nvmlGetFunctionPointer
+        self._pointers: dict[str, Any] = {}
+        self._count = ctypes.c_uint(0)
+        self._count_ref = ctypes.byref(self._count)
+        self._value_type = ctypes.c_uint(0)
+        self._value_type_ref = ctypes.byref(self._value_type)
+        self._arrays: dict[str, Array] = {}
+        sample, utilization = nvml.c_nvmlSample_t, nvml.c_nvmlProcessUtilizationSample_t
+        process = nvml.c_nvmlProcessInfo_v2_t
+        self._structs = {SAMPLES: sample, PROCESS_UTILIZATION: utilization} | {name: process for name in LISTS}
+        self._stamp64 = _words(sample, "timeStamp", 8)
+        self._value32 = (sample.sampleValue.offset // 4, ctypes.sizeof(sample) // 4)
+        self._util = (
+            _words(utilization, "pid", 4), _words(utilization, "timeStamp", 8),
+            _words(utilization, "smUtil", 4), _words(utilization, "memUtil", 4),
+        )
+        self._process = (_words(process, "pid", 4), _words(process, "usedGpuMemory", 8))
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """The hot functions by the names the reader calls them."""
+        found: dict[str, Callable[..., Any]] = {SAMPLES: self.samples, PROCESS_UTILIZATION: self.process_utilization}
+        for name in LISTS:
+            found[name] = lambda handle, name=name: self.processes(name, handle)
+        return found
+
+    def _pointer(self, symbol: str) -> Any:
+        pointer = self._pointers.get(symbol)
+        if pointer is None:
+            # raises the binding's NVMLError: FUNCTION_NOT_FOUND, or UNINITIALIZED
+            pointer = self._pointers[symbol] = self._table(symbol)
+        return pointer
+
+    def _array(self, name: str) -> Array:
+        array = self._arrays.get(name)
+        if array is None:
+            first = FIRST.get(name, FIRST["lists"])
+            array = self._arrays[name] = Array(self._structs[name], first)
+        return array
+
+    def _filled(self, array: Array, ret: int, full_is_short: bool = False, lists: bool = False) -> int:
+        """The entries a call filled, or the binding's NVMLError (the array grown first where it was short)."""
+        count = self._count.value
+        if ret == INSUFFICIENT_SIZE or (full_is_short and ret == SUCCESS and count >= array.capacity):
+            array.grow(count)
+            raise self._error(INSUFFICIENT_SIZE)
+        if ret != SUCCESS:
+            raise self._error(ret)
+        if count > array.capacity:
+            if lists:
+                raise IndexError("invalid index")  # as the binding's copy loop would, past its array
+            count = array.capacity  # as the binding's slice of its array would
+        array.used(count)
+        return count
+
+    def samples(self, handle: Any, kind: int, since: int) -> list[tuple[int, int]]:
+        array = self._array(SAMPLES)
+        self._count.value = array.capacity
+        ret = self._pointer(SAMPLES)(
+            handle, ctypes.c_uint(kind), ctypes.c_ulonglong(since), self._value_type_ref, self._count_ref, array.data
+        )
+        count = self._filled(array, ret, full_is_short=True)
+        if not count:
+            return []
+        (stamp, step), (value, vstep) = self._stamp64, self._value32
+        return list(zip(
+            array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
+        ))
+
+    def process_utilization(self, handle: Any, since: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        array = self._array(PROCESS_UTILIZATION)
+        self._count.value = array.capacity
+        ret = self._pointer(PROCESS_UTILIZATION)(handle, array.data, self._count_ref, ctypes.c_ulonglong(since))
+        count = self._filled(array, ret)
+        if not count:
+            return [], [], [], []
+        u32, u64 = array.u32, array.u64
+        (pid, ps), (stamp, ss), (sm, ms), (mem, es) = self._util
+        return (
+            u32[pid:pid + count * ps:ps], u64[stamp:stamp + count * ss:ss],
+            u32[sm:sm + count * ms:ms], u32[mem:mem + count * es:es],
+        )
+
+    def processes(self, name: str, handle: Any) -> list[tuple[int, int | None]]:
+        array = self._array(name)
+        self._count.value = array.capacity
+        ret = self._pointer(LISTS[name])(handle, self._count_ref, array.data)
+        count = self._filled(array, ret, lists=True)
+        if not count:
+            return []
+        (pid, ps), (memory, ms) = self._process
+        pids = array.u32[pid:pid + count * ps:ps]
+        used = array.u64[memory:memory + count * ms:ms]
+        return [(p, None if m == NOT_AVAILABLE else m) for p, m in zip(pids, used)]
