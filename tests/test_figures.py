@@ -30,10 +30,10 @@ from atopgpud_tw.atopgpu.health import health_report, render_health
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.gpm_counters import RATES
 from atopgpud_tw.health import CardHealth
-from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.nvml.gpm import METRICS
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
+from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
