@@ -21,7 +21,6 @@ before any of the daemon's code runs, so there nothing is deferred.
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import importlib.util
 import sys
 import threading
@@ -61,8 +60,8 @@ def defer(name: str, early: dict[str, str]) -> bool:
     False where it is not a Python module (not found, built in, an extension): left alone."""
     spec = importlib.util.find_spec(name)
     loader = spec.loader if spec is not None else None
-    if spec is None or not isinstance(loader, (importlib.machinery.SourceFileLoader,
-                                               importlib.machinery.SourcelessFileLoader)):
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if spec is None or loader is None or not (origin or "").endswith((".py", ".pyc")):
         return False  # an extension module's body runs as its module object is made
     run = loader.exec_module
     module = importlib.util.module_from_spec(spec)
