@@ -66,22 +66,25 @@ def defer(name: str, early: dict[str, str]) -> bool:
     run = loader.exec_module
     module = importlib.util.module_from_spec(spec)
     lock = threading.RLock()
-    state = {"ran": False, "early": False}
+    state = {"ran": False}
+    prefix = name + "."
+
+    def importing_submodule() -> bool:
+        # the import system marks a module whose body is running (``_initializing``,
+        # as importlib's own _find_and_load reads it)
+        return any(key.startswith(prefix) and getattr(getattr(value, "__spec__", None), "_initializing", False)
+                   for key, value in list(sys.modules.items()))
 
     def __getattr__(attribute: str) -> object:
         with lock:
-            if not state["ran"] and attribute in early and not state["early"]:
-                # while the submodule is imported the package is as one being initialised:
-                # what the submodule asks of it (its siblings, ``from . import events``)
-                # is imported as a submodule, or missing, and does not run the body
-                state["early"] = True
-                try:
-                    value = getattr(importlib.import_module(early[attribute]), attribute)
-                finally:
-                    state["early"] = False
+            if not state["ran"] and attribute in early:
+                value = getattr(importlib.import_module(early[attribute]), attribute)
                 module.__dict__[attribute] = value  # the body binds the same object again
                 return value
-            if not state["ran"] and not state["early"]:
+            # while one of its submodules is imported, the package is as one being
+            # initialised: what the submodule asks of it (its siblings, ``from . import
+            # events``) is imported as a submodule, or missing, and does not run the body
+            if not state["ran"] and not importing_submodule():
                 # a lookup from the body itself finds what it has made so far (as in a
                 # module being imported); another thread's waits on the lock
                 state["ran"] = True

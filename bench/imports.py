@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What each part of the daemon's import graph costs at start-up: milliseconds and RSS.
 
-    .venv/bin/python bench/imports.py [--twistd] [--seconds 3] [--modules 25] [-- DAEMON OPTIONS]
+    .venv/bin/python bench/imports.py [--twistd] [--seconds 3] [--modules 25] [--beside FILE]
+                                      [-- DAEMON OPTIONS]
 
 Runs the daemon in this process (the ``atopgpud`` command, or ``twistd -n
 atopgpud`` with ``--twistd``; default options ``--reader sim --listen
@@ -14,7 +15,9 @@ milliseconds and the KiB of RSS the part's modules added, then the RSS and peak
 RSS (VmHWM) of the whole process; the difference between the sum of the parts
 and the RSS is the interpreter before the first import, the finder's own few
 hundred KiB, and what the daemon allocates once it runs.  ``--modules N`` also
-lists the N costliest modules.  Then it stops the daemon (SIGTERM).
+lists the N costliest modules.  ``--beside FILE`` (module names, one a line: another
+process's ``sys.modules``) adds a column, the KiB of the modules that process has
+not loaded (what this one pays beyond it).  Then it stops the daemon (SIGTERM).
 
 RSS is counted in pages where they are first touched: a shared library mapped
 by one module (OpenSSL's by ``_ssl`` or ``_hashlib``) counts where it is first
@@ -147,22 +150,27 @@ class TimingFinder:
         return None
 
 
-def table(costs: Costs, modules: int) -> list[str]:
+def table(costs: Costs, modules: int, beside: set[str] | None = None) -> list[str]:
+    """Modules, ms and KiB per part; with `beside` (another process's modules) also the
+    KiB of the modules that process has not loaded."""
     with costs.lock:
         own = dict(costs.own)
     parts: dict[str, list[float]] = {}
     for name, (took, grew) in own.items():
-        entry = parts.setdefault(part_of(name), [0, 0.0, 0.0])
+        entry = parts.setdefault(part_of(name), [0, 0.0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += took
         entry[2] += grew
-    lines = [f"{'part':<52}{'modules':>8}{'ms':>8}{'KiB':>8}"]
+        entry[3] += grew if beside is not None and name not in beside else 0.0
+    extra = f"{'KiB not beside':>16}" if beside is not None else ""
+    lines = [f"{'part':<52}{'modules':>8}{'ms':>8}{'KiB':>8}{extra}"]
     order = [p for p, _ in PARTS if p in parts]
     for part in order:
-        count, took, grew = parts[part]
-        lines.append(f"{part:<52}{count:>8}{took:>8.1f}{grew:>8.0f}")
-    total = [sum(parts[p][i] for p in order) for i in range(3)]
-    lines.append(f"{'all imports':<52}{total[0]:>8.0f}{total[1]:>8.1f}{total[2]:>8.0f}")
+        count, took, grew, beyond = parts[part]
+        lines.append(f"{part:<52}{count:>8}{took:>8.1f}{grew:>8.0f}" + (f"{beyond:>16.0f}" if extra else ""))
+    total = [sum(parts[p][i] for p in order) for i in range(4)]
+    lines.append(f"{'all imports':<52}{total[0]:>8.0f}{total[1]:>8.1f}{total[2]:>8.0f}"
+                 + (f"{total[3]:>16.0f}" if extra else ""))
     if modules:
         lines.append("")
         lines.append(f"the {modules} costliest modules (own KiB, own ms, imported by):")
@@ -177,13 +185,17 @@ def main() -> None:
     if "--" in argv:
         at = argv.index("--")
         argv, daemon_args = argv[:at], argv[at + 1:]
-    options = {"--twistd": False, "--seconds": 3.0, "--modules": 25}
+    options = {"--twistd": False, "--seconds": 3.0, "--modules": 25, "--beside": ""}
     while argv:
         flag = argv.pop(0)
         if flag not in options or (flag != "--twistd" and not argv):
             raise SystemExit(__doc__.split("\n\n")[1])
         options[flag] = True if flag == "--twistd" else type(options[flag])(argv.pop(0))
     twistd, seconds, modules = bool(options["--twistd"]), float(options["--seconds"]), int(options["--modules"])
+    beside = None
+    if options["--beside"]:
+        with open(str(options["--beside"])) as listing:
+            beside = set(listing.read().split())
     if not daemon_args:
         daemon_args = ["--reader", "sim", "--listen", f"unix:@atopgpud-imports-{os.getpid()}"]
     interpreter = rss_kib()
@@ -194,7 +206,7 @@ def main() -> None:
         time.sleep(seconds)
         lines = [f"# {time.strftime('%Y-%m-%d %H:%M %Z')}, load average {os.getloadavg()[0]:.2f}; "
                  f"{'twistd -n atopgpud' if twistd else 'atopgpud'} {' '.join(daemon_args)}",
-                 f"RSS before the first import: {interpreter} KiB", *table(costs, modules),
+                 f"RSS before the first import: {interpreter} KiB", *table(costs, modules, beside),
                  f"RSS now {status_kib('VmRSS')} KiB, peak {status_kib('VmHWM')} KiB, "
                  f"{len(sys.modules)} modules in sys.modules"]
         sys.__stdout__.write("\n".join(lines) + "\n")

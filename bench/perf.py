@@ -266,7 +266,7 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 (ours, lambda path=path: Ours(path, work, args.ours_path, twistd=args.twistd))
             ]
             if script is not None:
-                makers.append((ref, lambda path=path: Reference(path, work, script)))
+                makers.append((ref, lambda path=path: Reference(path, work, script, args.reference_wait)))
             if args.before:
                 makers.append((before, lambda path=path: Ours(path, work, args.before, twistd=args.twistd,
                                                               label="before")))
@@ -339,6 +339,9 @@ def main() -> int:
                         "source tree (github.com/Atoptool/atop, 2.13 or later; its make install copies it to "
                         "/usr/sbin/atopgpud; Debian 12's atop package does not ship it); lines before '#!' "
                         "are dropped")
+    parser.add_argument("--reference-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to this long for @atopgpud_nvidia to be free before each start of the "
+                        "reference (another run's reference there; default: stop at once)")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="repeatable (default: all)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each daemon per case (default 3)")
     parser.add_argument("--seconds", type=float, default=10.0, help="load per run (default 10)")

@@ -138,6 +138,8 @@ def test_deferred_modules_work_when_used():
         results = []
         defer.ensureDeferred(three()).addCallback(results.append)
         assert results == [3] and "asyncio.base_events" not in sys.modules
+        import asyncio.base_events  # a submodule first: its siblings come, the package's body waits
+        assert lazy.is_deferred(sys.modules["asyncio"])
         assert asyncio.run(asyncio.sleep(0, "slept")) == "slept"
         assert defer.Future is asyncio.Future is asyncio.futures.Future
         assert http.cookiejar.CookieJar() is not None and "http.client" in sys.modules
@@ -193,6 +195,17 @@ def test_defer_runs_the_body_at_first_use(probe_package):
     with pytest.raises(AttributeError):
         module.missing  # noqa: B018
     assert sys.deferprobe_runs == 1
+
+
+def test_a_submodule_imported_first_leaves_the_body_for_later(probe_package):
+    """Importing a submodule (which imports a sibling from its package) does not run the
+    package's body; the first lookup after it does."""
+    assert lazy.defer("deferprobe", {})
+    import deferprobe.parts
+
+    assert getattr(sys, "deferprobe_runs", 0) == 0 and "deferprobe.other" in sys.modules
+    assert deferprobe.answer == 42 and sys.deferprobe_runs == 1
+    assert deferprobe.Thing is deferprobe.parts.Thing
 
 
 def test_a_failing_body_is_a_failed_import(probe_package):
