@@ -78,9 +78,13 @@ def defer(name: str, early: dict[str, str]) -> bool:
     def __getattr__(attribute: str) -> object:
         with lock:
             if not state["ran"] and attribute in early:
-                value = getattr(importlib.import_module(early[attribute]), attribute)
-                module.__dict__[attribute] = value  # the body binds the same object again
-                return value
+                try:
+                    value = getattr(importlib.import_module(early[attribute]), attribute)
+                except (ImportError, AttributeError):
+                    pass  # another Python's layout: the body runs, as below
+                else:
+                    module.__dict__[attribute] = value  # the body binds the same object again
+                    return value
             # while one of its submodules is imported, the package is as one being
             # initialised: what the submodule asks of it (its siblings, ``from . import
             # events``) is imported as a submodule, or missing, and does not run the body

@@ -208,6 +208,14 @@ def test_a_submodule_imported_first_leaves_the_body_for_later(probe_package):
     assert deferprobe.Thing is deferprobe.parts.Thing
 
 
+def test_an_early_name_not_where_it_is_said_runs_the_body(probe_package):
+    """An early name its module does not define (another Python's layout) runs the body instead."""
+    assert lazy.defer("deferprobe", {"Thing": "deferprobe.other", "answer": "no_such_module_here"})
+    from deferprobe import Thing, answer
+
+    assert sys.deferprobe_runs == 1 and answer == 42 and Thing is sys.modules["deferprobe.parts"].Thing
+
+
 def test_a_failing_body_is_a_failed_import(probe_package):
     """A body that raises leaves no module behind: the next import starts afresh."""
     sys.deferprobe_fail = True
