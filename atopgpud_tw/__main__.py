@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
-from twisted.python import usage
-from twisted.scripts import twistd
+from atopgpud_tw.lazy import defer_unused
 
-from atopgpud_tw.plugin import atopgpud
+defer_unused()  # before Twisted is imported: what its imports bring and the daemon never uses
+
+from twisted.python import usage  # noqa: E402
+from twisted.scripts import twistd  # noqa: E402
+
+from atopgpud_tw.plugin import atopgpud  # noqa: E402
 
 
 def _only_atopgpud(interface: object, package: object = None) -> list[object]:

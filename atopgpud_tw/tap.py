@@ -6,7 +6,6 @@ import grp
 import os
 import pwd
 import sys
-from importlib import metadata
 from typing import Any, Callable
 
 from twisted.application.service import IService, MultiService
@@ -105,6 +104,8 @@ def _choice(option: str, *allowed: str) -> Any:
 
 
 def _distribution_version(name: str) -> str:
+    from importlib import metadata  # for --version alone: it brings email, zipfile and csv (1 MB)
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -1,7 +1,7 @@
 """Start, watch and stop the daemons bench/perf.py compares: ours and the reference.
 
-Both run on the simulator, from the same scenario file.  Ours is ``twistd -n
-atopgpud --reader sim`` on a unique abstract socket.  The reference is atop's
+Both run on the simulator, from the same scenario file.  Ours is ``atopgpud
+--reader sim`` (or ``twistd -n atopgpud``) on a unique abstract socket.  The reference is atop's
 Python ``atopgpud`` on nvidia-ml-py's real ``pynvml`` over the simulated
 libnvidia-ml (``atopgpud_tw/sim/shim`` first on PYTHONPATH); it always listens on the abstract
 socket ``atopgpud_nvidia``, so it is started only when nothing else answers there.
@@ -244,25 +244,38 @@ class Daemon:
 
 
 class Ours(Daemon):
-    """``twistd -n atopgpud --reader sim`` on a unique abstract socket."""
+    """``atopgpud --reader sim`` (the command the shipped unit runs), or ``twistd -n
+    atopgpud --reader sim`` with `twistd`, on a unique abstract socket.
+
+    `source` is a copy of the source tree put first on PYTHONPATH (an older
+    version, to compare before and after); `label` names the run in reports.
+    """
 
     label = "ours"
 
-    def __init__(self, scenario: Path, workdir: Path, source: str | None = None, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, scenario: Path, workdir: Path, source: str | None = None, options: tuple[str, ...] = (),
+                 twistd: bool = False, label: str | None = None) -> None:
+        if label:
+            self.label = label
         super().__init__(scenario, workdir)
         self.options = options
         self.name = f"atopgpud-bench-{uuid.uuid4().hex[:12]}"
         self.address = b"\0" + self.name.encode()
         self.source = source
+        self.twistd = twistd
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        twistd = Path(sys.executable).with_name("twistd")
         env = dict(os.environ)
         if self.source:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.source, env.get("PYTHONPATH")]))
+        if self.twistd:
+            start = [str(Path(sys.executable).with_name("twistd")), "-n", "--pidfile=", "atopgpud"]
+        else:
+            # the console script imports atopgpud_tw.__main__ from PYTHONPATH first, as twistd does the plugin
+            start = [str(Path(sys.executable).with_name("atopgpud"))]
         return [
-            str(twistd), "-n", "--pidfile=", "atopgpud", "--reader", "sim",
-            "--scenario", str(self.scenario), "--listen", f"unix:@{self.name}", *self.options,
+            *start, "--reader", "sim", "--scenario", str(self.scenario), "--listen", f"unix:@{self.name}",
+            *self.options,
         ], self._timed(env)
 
 
@@ -272,9 +285,11 @@ class Reference(Daemon):
     label = "reference"
     address = REFERENCE_ADDRESS
 
-    def __init__(self, scenario: Path, workdir: Path, script: Path) -> None:
+    def __init__(self, scenario: Path, workdir: Path, script: Path, wait: float = 0.0) -> None:
         super().__init__(scenario, workdir)
         self.script = script
+        #: seconds to wait for the abstract socket to be free (another benchmark's reference)
+        self.wait = wait
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ)
@@ -284,6 +299,9 @@ class Reference(Daemon):
         return [sys.executable, "-s", str(self.script), "-f"], self._timed(env)
 
     def start(self, min_samples: int = 2, timeout: float = 60.0) -> None:
+        free_by = time.monotonic() + self.wait
+        while answers(REFERENCE_ADDRESS) and time.monotonic() < free_by:
+            time.sleep(0.5)
         if answers(REFERENCE_ADDRESS):
             raise BenchError(
                 "something already listens on the abstract socket @atopgpud_nvidia (an atopgpud?); "

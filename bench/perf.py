@@ -24,6 +24,12 @@ later: the version that listens on the abstract socket ``@atopgpud_nvidia``;
 atop's ``make install`` copies it to /usr/sbin/atopgpud).  Debian 12's atop
 package (2.8.1) does not ship it (``dpkg -L atop | grep -i gpu`` lists nothing).
 
+Our daemon runs as the ``atopgpud`` command, which the shipped unit runs
+(``--twistd``: as ``twistd -n atopgpud``, which imports all of twistd's graph
+before the plugin is found).  ``--before DIR`` also runs our daemon from another
+copy of the source tree in the same rounds (each daemon first in turn), for a
+before-and-after comparison in one run.
+
 ``--memory-run SECONDS`` instead runs our daemon for that long on a host where
 100 processes start and 100 end every second, with 32 clients (one of which
 never sends ``S``), and samples its RSS every second.
@@ -120,7 +126,7 @@ CASES: dict[str, tuple[str, dict[str, Any], int]] = {
 def one_run(daemon: Daemon, clients: int, seconds: float, idle: float, profile_to: Path | None = None) -> dict:
     """Start a daemon, measure it idle (beside the reactor floor), then under load (sampled by
     py-spy into `profile_to`), stop it."""
-    floor = Floor(daemon.workdir) if daemon.label == "ours" else None
+    floor = Floor(daemon.workdir) if isinstance(daemon, Ours) else None
     daemon.start()
     try:
         if floor is not None:
@@ -200,6 +206,7 @@ def _own_within_reference_poll(ours: dict, ref: dict | None) -> bool | None:
 TARGETS: dict[str, list[tuple[str, Callable[[dict, dict | None], bool | None]]]] = {
     "tiny-1": [
         ("own work per poll <= reference's poll", _own_within_reference_poll),
+        ("peak RSS <= 1.3x reference", _against("rss_peak_kib", 1.3, "low")),
     ],
     "large-32": [
         ("own work per poll <= reference's poll", _own_within_reference_poll),
@@ -210,7 +217,10 @@ TARGETS: dict[str, list[tuple[str, Callable[[dict, dict | None], bool | None]]]]
         ("latency max < 20 ms", lambda o, r: o["max_ms"] < 20),
         ("latency p99 < 5 ms", lambda o, r: o["p99_ms"] < 5),
     ],
-    "huge-32": [("every reply within 8192 bytes", lambda o, r: o["reply_bytes"] <= 8192)],
+    "huge-32": [
+        ("every reply within 8192 bytes", lambda o, r: o["reply_bytes"] <= 8192),
+        ("peak RSS <= 1.3x reference", _against("rss_peak_kib", 1.3, "low")),
+    ],
     "mig-32": [("every reply within 8192 bytes", lambda o, r: o["reply_bytes"] <= 8192)],
 }
 
@@ -219,16 +229,22 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def report(case: str, ours: list[dict], ref: list[dict]) -> list[str]:
-    """The table of one case, and its target lines."""
+def report(case: str, ours: list[dict], ref: list[dict], before: list[dict] | None = None) -> list[str]:
+    """The table of one case (with a column for `before`, our daemon from --before, if run),
+    and its target lines."""
     what, _, _ = CASES[case]
     mo, mr = medians(ours), medians(ref) if ref else None
+    mb = medians(before) if before else None
     lines = [f"== {case}: {what} (median of {len(ours)} rounds; {time.strftime('%H:%M %Z')})"]
-    lines.append(f"{'metric':<24}{'ours':>12}{'reference':>12}{'ours/ref':>10}")
+    head = f"{'metric':<24}{'ours':>12}{'reference':>12}{'ours/ref':>10}"
+    lines.append(head + (f"{'before':>12}{'before/ref':>12}" if mb else ""))
     for key, label, fmt, _ in METRICS:
         theirs = fmt.format(mr[key]) if mr else "-"
         ratio = f"{mo[key] / mr[key]:.2f}" if mr and mr[key] else "-"
-        lines.append(f"{label:<24}{fmt.format(mo[key]):>12}{theirs:>12}{ratio:>10}")
+        line = f"{label:<24}{fmt.format(mo[key]):>12}{theirs:>12}{ratio:>10}"
+        if mb:
+            line += f"{fmt.format(mb[key]):>12}" + (f"{mb[key] / mr[key]:>12.2f}" if mr and mr[key] else f"{'-':>12}")
+        lines.append(line)
     for text, check in TARGETS.get(case, []):
         verdict = check(mo, mr)
         lines.append(f"target: {text:<36} {'-' if verdict is None else 'met' if verdict else 'MISSED'}")
@@ -244,14 +260,19 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         path.write_text(json.dumps(scenario))
         ours: list[dict] = []
         ref: list[dict] = []
+        before: list[dict] = []
         for round_ in range(args.rounds):
             makers: list[tuple[list[dict], Callable[[], Daemon]]] = [
-                (ours, lambda path=path: Ours(path, work, args.ours_path))
+                (ours, lambda path=path: Ours(path, work, args.ours_path, twistd=args.twistd))
             ]
             if script is not None:
-                makers.append((ref, lambda path=path: Reference(path, work, script)))
-                if round_ % 2:
-                    makers.reverse()
+                makers.append((ref, lambda path=path: Reference(path, work, script, args.reference_wait)))
+            if args.before:
+                makers.append((before, lambda path=path: Ours(path, work, args.before, twistd=args.twistd,
+                                                              label="before")))
+            # each daemon first in turn: with two, ours first in odd rounds, the other in even ones
+            shift = round_ % len(makers)
+            makers = makers[shift:] + makers[:shift]
             for runs, make in makers:
                 daemon = make()
                 spied = None
@@ -259,8 +280,8 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     spied = Path(args.profile) / f"{case}-{daemon.label}.raw"
                 runs.append(one_run(daemon, clients, args.seconds, args.idle, spied))
                 print(f"  {case} round {round_ + 1} {daemon.label}: {runs[-1]['rate']:.0f} req/s", file=sys.stderr)
-        results[case] = {"what": what, "ours": ours, "reference": ref}
-        print("\n".join(report(case, ours, ref)) + "\n", flush=True)
+        results[case] = {"what": what, "ours": ours, "reference": ref, "before": before}
+        print("\n".join(report(case, ours, ref, before)) + "\n", flush=True)
     return results
 
 
@@ -268,7 +289,7 @@ def memory_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Our daemon under process churn and 32 clients for a long time; RSS every second."""
     path = work / "churn.json"
     path.write_text(json.dumps(churn()))
-    daemon = Ours(path, work, args.ours_path)
+    daemon = Ours(path, work, args.ours_path, twistd=args.twistd)
     daemon.start()
     series: list[tuple[float, float, float, float]] = []
     outcome: dict[str, Any] = {}
@@ -318,6 +339,9 @@ def main() -> int:
                         "source tree (github.com/Atoptool/atop, 2.13 or later; its make install copies it to "
                         "/usr/sbin/atopgpud; Debian 12's atop package does not ship it); lines before '#!' "
                         "are dropped")
+    parser.add_argument("--reference-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to this long for @atopgpud_nvidia to be free before each start of the "
+                        "reference (another run's reference there; default: stop at once)")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="repeatable (default: all)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each daemon per case (default 3)")
     parser.add_argument("--seconds", type=float, default=10.0, help="load per run (default 10)")
@@ -329,6 +353,10 @@ def main() -> int:
                         "round: DIR/<case>-<daemon>.raw, and a summary on stderr")
     parser.add_argument("--ours-path", metavar="DIR", help="run our daemon from this copy of the source tree "
                         "(put first on PYTHONPATH), e.g. an older version, to compare before and after")
+    parser.add_argument("--before", metavar="DIR", help="also run our daemon from this copy of the source tree "
+                        "(e.g. git archive of an older commit), as 'before', in the same rounds, in turn")
+    parser.add_argument("--twistd", action="store_true", help="run our daemon as twistd -n atopgpud (the plugin) "
+                        "instead of the atopgpud command the shipped unit runs")
     args = parser.parse_args()
     args.case = args.case or list(CASES)
     print(f"$ {shlex.join(['python', *sys.argv])}\n# {time.strftime('%Y-%m-%d %H:%M %Z')}\n", flush=True)

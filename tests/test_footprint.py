@@ -1,0 +1,242 @@
+"""What start-up imports: a configuration loads only what it uses (the web stack with
+--metrics, the simulator with --reader sim), and the modules `atopgpud_tw.lazy` defers
+run when first used, as the real modules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from daemon import Client, env_without_gpu, stop_process, unique_name
+
+from atopgpud_tw import lazy
+
+#: the web stack: --metrics alone loads it
+WEB = ("twisted.web", "prometheus_client", "atopgpud_tw.server.web")
+#: the simulator: --reader sim alone
+SIMULATOR = ("atopgpud_tw.sim",)
+#: what the deferred modules would bring were their bodies run (docs/PERFORMANCE.md)
+DEFERRED_WEIGHT = ("ssl", "_ssl", "_hashlib", "hashlib", "http.client", "email", "urllib.request",
+                   "asyncio.base_events", "asyncio.unix_events", "pdb", "importlib.metadata")
+
+#: runs the atopgpud command in this process and writes the modules (their bodies run) to argv[1] as it exits
+PROBE = textwrap.dedent("""
+    import atexit, sys
+
+    def dump(path=sys.argv[1]):
+        from atopgpud_tw.lazy import is_deferred
+
+        with open(path, "w") as out:
+            out.write("\\n".join(sorted(name for name, module in sys.modules.items()
+                                        if module is not None and not is_deferred(module))))
+
+    atexit.register(dump)  # start-up ended
+    from atopgpud_tw.__main__ import main  # first, as in the command: before Twisted is imported
+    from twisted.internet import reactor
+
+    reactor.addSystemEventTrigger("after", "shutdown", dump)  # SIGTERM: twistd ends by the signal, no atexit
+    sys.argv = ["atopgpud", *sys.argv[2:]]
+    main()
+""")
+
+
+def loaded(names: list[str], parts: tuple[str, ...]) -> list[str]:
+    return [name for name in names if any(name == part or name.startswith(part + ".") for part in parts)]
+
+
+def start_up_modules(tmp_path: Path, *args: str, serve: bool) -> list[str]:
+    """The modules (their bodies run) of an atopgpud command started with `args`, as it exits:
+    once it has answered T if `serve`, else once start-up has ended by itself."""
+    dump = tmp_path / "modules.txt"
+    name = unique_name()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(dump), "--listen", f"unix:@{name}", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env_without_gpu(),
+    )
+    try:
+        if serve:
+            wait_for_t(proc, name)
+        else:
+            proc.wait(60)
+    finally:
+        stop_process(proc)
+    assert proc.stderr is not None
+    errors = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    assert dump.exists(), errors
+    return dump.read_text().split()
+
+
+def wait_for_t(proc: subprocess.Popen[bytes], name: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the daemon exited"
+        try:
+            client = Client(b"\0" + name.encode())
+            try:
+                client.ask("T")
+                return
+            finally:
+                client.close()
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("no T reply")
+
+
+@pytest.mark.e2e
+def test_nvml_start_up_loads_neither_web_stack_nor_simulator(tmp_path):
+    """--reader nvml (here it finds no GPU and ends start-up): no web stack, simulator or
+    nvidia-smi reader, none of what the deferred modules would bring."""
+    modules = start_up_modules(tmp_path, "--reader", "nvml", serve=False)
+    assert "atopgpud_tw.readers.nvml.reader" in modules and "atopgpud_tw.tap" in modules
+    assert loaded(modules, WEB + SIMULATOR + ("atopgpud_tw.readers.smi",) + DEFERRED_WEIGHT) == []
+
+
+@pytest.mark.e2e
+def test_default_start_up_loads_neither_web_stack_nor_simulator(tmp_path):
+    """The default reader (auto: nvml, then nvidia-smi) loads no web stack and no simulator."""
+    modules = start_up_modules(tmp_path, "--nvidia-smi", str(tmp_path / "absent"), serve=False)
+    assert "atopgpud_tw.readers.nvml.reader" in modules
+    assert loaded(modules, WEB + SIMULATOR + DEFERRED_WEIGHT) == []
+
+
+@pytest.mark.e2e
+def test_a_serving_daemon_loads_no_web_stack(tmp_path):
+    """A daemon that has polled and answered T (the simulator's reader, so that it runs
+    here) has loaded no web stack, no nvidia-smi reader, none of what deferring saves."""
+    modules = start_up_modules(tmp_path, "--reader", "sim", serve=True)
+    assert "atopgpud_tw.sim" in modules and "twisted.internet.epollreactor" in modules
+    assert loaded(modules, WEB + ("atopgpud_tw.readers.smi",) + DEFERRED_WEIGHT) == []
+
+
+@pytest.mark.e2e
+def test_metrics_loads_the_web_stack(tmp_path):
+    """--metrics loads the web stack (and what prometheus_client imports) when asked for."""
+    modules = start_up_modules(tmp_path, "--reader", "sim", "--metrics", f"unix:@{unique_name()}", serve=True)
+    assert loaded(modules, ("twisted.web.server", "prometheus_client", "atopgpud_tw.server.web.metrics"))
+    assert "ssl" in modules  # prometheus_client's own import
+
+
+@pytest.mark.e2e
+def test_deferred_modules_work_when_used():
+    """Twisted over the deferred modules: coroutines through Deferreds, asyncio, cookies
+    and pdb as the real modules, each one object."""
+    code = textwrap.dedent("""
+        import sys
+        from atopgpud_tw import lazy
+        deferred = lazy.defer_unused()
+        from twisted.internet import defer
+        import asyncio, http.cookiejar, pdb, getpass
+        assert all(lazy.is_deferred(sys.modules[name]) for name in deferred), deferred
+        async def three():
+            return 3
+        results = []
+        defer.ensureDeferred(three()).addCallback(results.append)
+        assert results == [3] and "asyncio.base_events" not in sys.modules
+        import asyncio.base_events  # a submodule first: its siblings come, the package's body waits
+        assert lazy.is_deferred(sys.modules["asyncio"])
+        assert asyncio.run(asyncio.sleep(0, "slept")) == "slept"
+        assert defer.Future is asyncio.Future is asyncio.futures.Future
+        assert http.cookiejar.CookieJar() is not None and "http.client" in sys.modules
+        assert callable(pdb.Pdb) and callable(getpass.getpass)
+        assert not any(lazy.is_deferred(sys.modules[name]) for name in deferred)
+        print(" ".join(deferred))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == list(lazy.DEFERRED)
+
+
+def write_package(root: Path) -> None:
+    """A package whose body counts its runs (in `sys`) and takes `Thing` from a submodule."""
+    package = root / "deferprobe"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent("""
+        import sys
+        sys.deferprobe_runs = getattr(sys, "deferprobe_runs", 0) + 1
+        from deferprobe.parts import Thing
+        from deferprobe import other
+        if getattr(sys, "deferprobe_fail", False):
+            raise RuntimeError("the body fails")
+        answer = 42
+    """))
+    (package / "parts.py").write_text("from . import other\n\nclass Thing:\n    pass\n")
+    (package / "other.py").write_text("value = 1\n")
+
+
+@pytest.fixture
+def probe_package(tmp_path, monkeypatch):
+    write_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in [n for n in sys.modules if n == "deferprobe" or n.startswith("deferprobe.")]:
+        del sys.modules[name]
+    for attribute in ("deferprobe_runs", "deferprobe_fail"):
+        if hasattr(sys, attribute):
+            delattr(sys, attribute)
+
+
+def test_defer_runs_the_body_at_first_use(probe_package):
+    """A deferred package is in sys.modules unrun; the early name comes from its submodule
+    (whose own imports of siblings do not run it), the next lookup runs it, once."""
+    assert lazy.defer("deferprobe", {"Thing": "deferprobe.parts"})
+    module = sys.modules["deferprobe"]
+    from deferprobe import Thing
+
+    assert getattr(sys, "deferprobe_runs", 0) == 0 and lazy.is_deferred(module)
+    assert module.answer == 42 and sys.deferprobe_runs == 1
+    assert module.Thing is Thing is sys.modules["deferprobe.parts"].Thing
+    assert not lazy.is_deferred(module) and sys.modules["deferprobe"] is module
+    with pytest.raises(AttributeError):
+        module.missing  # noqa: B018
+    assert sys.deferprobe_runs == 1
+
+
+def test_a_submodule_imported_first_leaves_the_body_for_later(probe_package):
+    """Importing a submodule (which imports a sibling from its package) does not run the
+    package's body; the first lookup after it does."""
+    assert lazy.defer("deferprobe", {})
+    import deferprobe.parts
+
+    assert getattr(sys, "deferprobe_runs", 0) == 0 and "deferprobe.other" in sys.modules
+    assert deferprobe.answer == 42 and sys.deferprobe_runs == 1
+    assert deferprobe.Thing is deferprobe.parts.Thing
+
+
+def test_an_early_name_not_where_it_is_said_runs_the_body(probe_package):
+    """An early name its module does not define (another Python's layout) runs the body instead."""
+    assert lazy.defer("deferprobe", {"Thing": "deferprobe.other", "answer": "no_such_module_here"})
+    from deferprobe import Thing, answer
+
+    assert sys.deferprobe_runs == 1 and answer == 42 and Thing is sys.modules["deferprobe.parts"].Thing
+
+
+def test_a_failing_body_is_a_failed_import(probe_package):
+    """A body that raises leaves no module behind: the next import starts afresh."""
+    sys.deferprobe_fail = True
+    assert lazy.defer("deferprobe", {})
+    module = sys.modules["deferprobe"]
+    with pytest.raises(RuntimeError):
+        module.answer  # noqa: B018
+    assert "deferprobe" not in sys.modules
+    sys.deferprobe_fail = False
+    import deferprobe
+
+    assert deferprobe.answer == 42 and deferprobe is not module
+
+
+def test_imported_or_built_in_modules_are_left_alone():
+    """defer_unused skips what is imported already; a built-in module has no body to defer."""
+    assert lazy.defer_unused({"sys": "", "os": ""}) == []
+    assert lazy.defer("sys", {}) is False and lazy.defer("no_such_module_here", {}) is False
+
+
+def test_docs_give_the_import_costs():
+    """docs/PERFORMANCE.md names every deferred module."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
+    assert all(f"`{name}`" in text for name in lazy.DEFERRED)
