@@ -53,6 +53,26 @@ def defer_unused(names: dict[str, str] | None = None) -> list[str]:
     return deferred
 
 
+#: what makes the daemon serve TLS: the metrics listener's web configuration, or a
+#: Twisted ``ssl:`` endpoint string
+TLS_WANTED = ("--web-config", "ssl:")
+
+
+def without_tls_unless_asked(argv: list[str]) -> bool:
+    """Keep pyOpenSSL out of a daemon whose command line asks for no TLS; whether it was.
+
+    Twisted's ``tcp`` module imports its TLS mixins (``twisted.internet._newtls``,
+    pyOpenSSL, ``cryptography``: some 8 MB) whenever pyOpenSSL is installed, by
+    name at its import, so they cannot be deferred.  With ``OpenSSL`` marked absent
+    (None in ``sys.modules``) Twisted takes the branch it has for a host without
+    pyOpenSSL.  A command line with ``--web-config`` or an ``ssl:`` endpoint keeps it.
+    """
+    if "OpenSSL" in sys.modules or any(word in arg for arg in argv for word in TLS_WANTED):
+        return False
+    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    return True
+
+
 def defer(name: str, early: dict[str, str]) -> bool:
     """Put module `name` in sys.modules, its body to run at the first attribute looked up
     on it; the attributes of `early` are taken from the modules named (a package's own

@@ -24,9 +24,9 @@ from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, 
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.server.web.workloads import DEFAULT_EXPIRY, WorkloadBook
-from atopgpud_tw.server.web.workloads import DEFAULT_LIMIT as DEFAULT_WORKLOAD_LIMIT
 from atopgpud_tw.snapshot import GROUPINGS, MIG_MODES
+from atopgpud_tw.workloads import DEFAULT_EXPIRY, WorkloadBook
+from atopgpud_tw.workloads import DEFAULT_LIMIT as DEFAULT_WORKLOAD_LIMIT
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 

@@ -67,10 +67,10 @@ def run(args: argparse.Namespace, limit: int, expiry: float) -> list[str]:
     from atopgpud_tw.readers.nvml.reader import NvmlReader
     from atopgpud_tw.readers.procinfo import Contexts
     from atopgpud_tw.server.atop.board import Board
-    from atopgpud_tw.server.web.workloads import WorkloadBook
     from atopgpud_tw.sim import simulated_binding
     from atopgpud_tw.sim.scenario import parse_scenario
     from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
+    from atopgpud_tw.workloads import WorkloadBook
 
     failures: list[str] = []
     spec = scenario(args.gpus, args.processes)

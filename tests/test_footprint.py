@@ -19,7 +19,8 @@ WEB = ("twisted.web", "prometheus_client", "atopgpud_tw.server.web")
 #: the simulator: --reader sim alone
 SIMULATOR = ("atopgpud_tw.sim",)
 #: what the deferred modules would bring were their bodies run (docs/PERFORMANCE.md)
-DEFERRED_WEIGHT = ("ssl", "_ssl", "_hashlib", "hashlib", "http.client", "email", "urllib.request",
+DEFERRED_WEIGHT = ("OpenSSL", "cryptography",
+                   "ssl", "_ssl", "_hashlib", "hashlib", "http.client", "email", "urllib.request",
                    "asyncio.base_events", "asyncio.unix_events", "pdb", "importlib.metadata")
 
 #: runs the atopgpud command in this process and writes the modules (their bodies run) to argv[1] as it exits
@@ -240,3 +241,31 @@ def test_docs_give_the_import_costs():
     """docs/PERFORMANCE.md names every deferred module."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md").read_text()
     assert all(f"`{name}`" in text for name in lazy.DEFERRED)
+
+
+TLS_PROBE = textwrap.dedent("""
+    import sys
+    from atopgpud_tw.lazy import without_tls_unless_asked
+    hidden = without_tls_unless_asked(sys.argv[1:])
+    from twisted.internet import tcp, unix  # Twisted's branch for a host without pyOpenSSL when hidden
+    try:
+        import OpenSSL  # noqa: F401
+        available = True
+    except ImportError:
+        available = False
+    print(hidden, available, "twisted.internet._newtls" in sys.modules)
+""")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("argv, expected", [
+    ((), "True False False"),
+    (("--reader", "sim", "--metrics", "tcp:0"), "True False False"),
+    (("--web-config", "web.yml", "--metrics", "tcp:0"), "False True True"),
+    (("--web-config=web.yml",), "False True True"),
+    (("--metrics", "ssl:9445:privateKey=k.pem"), "False True True"),
+])
+def test_pyopenssl_only_for_a_command_line_that_serves_tls(argv: tuple[str, ...], expected: str) -> None:
+    """The command keeps pyOpenSSL (and Twisted's TLS mixins) out unless TLS is asked for."""
+    out = subprocess.run([sys.executable, "-c", TLS_PROBE, *argv], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == expected.split()

@@ -25,6 +25,7 @@ ALLOWED = {
     "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes", "figures"},
     "server": {
         "snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base", "figures",
+        "workloads",
     },
 }
 

@@ -11,7 +11,7 @@ import pytest
 
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
-from atopgpud_tw.server.web.workloads import WorkloadBook
+from atopgpud_tw.workloads import WorkloadBook
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "etc" / "prometheus" / "atopgpud-workload-rules.yml"

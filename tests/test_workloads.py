@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.cgroups import workload_of
 from atopgpud_tw.readers.procinfo import Contexts, read_context
-from atopgpud_tw.server.web.workloads import WorkloadBook
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, DeviceSample, ProcessContext, ProcessSample, Snapshot
+from atopgpud_tw.workloads import WorkloadBook
 
 CID = "0123456789abcdef" * 4
 POD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"

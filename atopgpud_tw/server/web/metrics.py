@@ -45,8 +45,8 @@ from atopgpud_tw.server.web.metrics_web import make_root
 from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
 from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
-from atopgpud_tw.server.web.workloads import WorkloadBook
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
+from atopgpud_tw.workloads import WorkloadBook
 
 KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series

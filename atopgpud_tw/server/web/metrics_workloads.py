@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.server.web.metrics_health import HealthCache
-from atopgpud_tw.server.web.workloads import WorkloadBook
+from atopgpud_tw.workloads import WorkloadBook
 
 KIB = 1024
 WORKLOAD_LABELS = ["index", "busid", "uuid", "kind", "workload"]
