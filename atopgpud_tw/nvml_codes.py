@@ -1,27 +1,51 @@
-"""NVML's return codes (nvml.h), one table for the readers and the simulator alike."""
+"""NVML's return codes (nvml.h), one table for the readers and the simulator alike.
+
+Every module names a code from here; none types one as a number (tests/test_layout.py).
+"""
 
 from __future__ import annotations
 
-#: each code by its name without the ``NVML_ERROR_`` prefix
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+OPERATING_SYSTEM = 17
+LIB_RM_VERSION_MISMATCH = 18
+#: a structure of a version the library does not know (the simulator answers it to one)
+ARGUMENT_VERSION_MISMATCH = 25
+GPU_NOT_FOUND = 28
+UNKNOWN = 999
+
+#: the errors the daemon names (``NVML_ERROR_<name>`` in problems and log lines, else the
+#: number) and a simulated fault may return, each by its name without the prefix
 CODES = {
-    "UNINITIALIZED": 1,
-    "INVALID_ARGUMENT": 2,
-    "NOT_SUPPORTED": 3,
-    "NO_PERMISSION": 4,
-    "NOT_FOUND": 6,
-    "INSUFFICIENT_SIZE": 7,
-    "DRIVER_NOT_LOADED": 9,
-    "TIMEOUT": 10,
-    "LIBRARY_NOT_FOUND": 12,
-    "FUNCTION_NOT_FOUND": 13,
-    "GPU_IS_LOST": 15,
-    "OPERATING_SYSTEM": 17,
-    "LIB_RM_VERSION_MISMATCH": 18,
-    "GPU_NOT_FOUND": 28,
-    "UNKNOWN": 999,
+    "UNINITIALIZED": UNINITIALIZED,
+    "INVALID_ARGUMENT": INVALID_ARGUMENT,
+    "NOT_SUPPORTED": NOT_SUPPORTED,
+    "NO_PERMISSION": NO_PERMISSION,
+    "NOT_FOUND": NOT_FOUND,
+    "INSUFFICIENT_SIZE": INSUFFICIENT_SIZE,
+    "DRIVER_NOT_LOADED": DRIVER_NOT_LOADED,
+    "TIMEOUT": TIMEOUT,
+    "LIBRARY_NOT_FOUND": LIBRARY_NOT_FOUND,
+    "FUNCTION_NOT_FOUND": FUNCTION_NOT_FOUND,
+    "GPU_IS_LOST": GPU_IS_LOST,
+    "OPERATING_SYSTEM": OPERATING_SYSTEM,
+    "LIB_RM_VERSION_MISMATCH": LIB_RM_VERSION_MISMATCH,
+    "GPU_NOT_FOUND": GPU_NOT_FOUND,
+    "UNKNOWN": UNKNOWN,
 }
 #: each name by its code
 NAMES = {code: name for name, code in CODES.items()}
 #: the codes after which NVML has to be initialised again
-LIFECYCLE = {code: NAMES[code] for code in (CODES["UNINITIALIZED"], CODES["DRIVER_NOT_LOADED"],
-                                            CODES["LIB_RM_VERSION_MISMATCH"])}
+LIFECYCLE = {code: NAMES[code] for code in (UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)}
+#: the codes that make a device absent for the poll
+LOST = (GPU_IS_LOST, GPU_NOT_FOUND)

@@ -151,14 +151,14 @@ def test_xid_events_are_counted_from_registration_on():
     """Events due after registration are counted by card and XID; earlier ones are not delivered."""
     t = [2.0]
     reader = reader_at(t)
-    counts, cards = reader._xid.drain(reader.nvml, reader._devices)
+    counts, cards = reader._xid.drain(reader._devices)
     assert counts == {}  # the XID 13 at 1 s came before anyone registered
     assert cards == {reader._devices[0].key}  # the RTX cannot report XIDs
     t[0] = 6.5
-    counts, _ = reader._xid.drain(reader.nvml, reader._devices)
+    counts, _ = reader._xid.drain(reader._devices)
     assert counts == {(reader._devices[0].key, 79): 1}
     t[0] = 9.0
-    counts, _ = reader._xid.drain(reader.nvml, reader._devices)
+    counts, _ = reader._xid.drain(reader._devices)
     assert counts == {(reader._devices[0].key, 79): 2}
 
 

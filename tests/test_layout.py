@@ -155,3 +155,74 @@ def test_a_class_logger_names_its_events_source() -> None:
     assert thing.log.namespace == "atopgpud_tw.thing.Thing"
     assert thing.log.source is thing
     assert Thing.log.source is Thing
+
+
+def _code_names() -> set[str]:
+    from atopgpud_tw import nvml_codes
+
+    return {name for name, value in vars(nvml_codes).items() if name.isupper() and isinstance(value, int)}
+
+
+#: how a module may spell a code's name: ``NVML_ERROR_NOT_FOUND``, ``FIELD_NOT_SUPPORTED``, ``_TIMEOUT``
+_CODE_PREFIXES = ("_", "NVML_ERROR_", "NVML_", "FIELD_")
+#: what an NVML return code is read from: ``error.value``, ``entry.nvmlReturn``, ``getattr(error, "value")``
+_CODE_FIELDS = {"value", "nvmlReturn"}
+
+
+def _bare(name: str) -> str:
+    for prefix in _CODE_PREFIXES:
+        name = name.removeprefix(prefix)
+    return name
+
+
+def _literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _reads_code(node: ast.AST, held: frozenset[str] | set[str] = frozenset()) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in held  # a name the function set from a code: ``value = getattr(error, "value")``
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "int" and node.args:
+        node = node.args[0]  # int(entry.nvmlReturn)
+    if isinstance(node, ast.Attribute):
+        return node.attr in _CODE_FIELDS
+    return (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant) and node.args[1].value in _CODE_FIELDS)
+
+
+def test_nvml_codes_are_named_from_nvml_codes_only() -> None:
+    """No module but nvml_codes.py types an NVML return code as a number: neither a constant of a
+    code's name (``INVALID_ARGUMENT = 2``) nor a code read from an error or an entry compared with
+    one (``error.value == 13``, ``int(entry.nvmlReturn) == 0``)."""
+    from atopgpud_tw import nvml_codes
+
+    codes = _code_names()
+    assert nvml_codes.CODES == {name: getattr(nvml_codes, name) for name in nvml_codes.CODES}
+    assert {"SUCCESS", "NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "UNKNOWN"} <= codes
+    typed = []
+    names = [*modules(), "atopgpud_tw.sim.shim.pynvml"]
+    for name in names:
+        if name == "atopgpud_tw.nvml_codes":
+            continue
+        tree = ast.parse(source(name).read_text())
+        held: dict[ast.AST, set[str]] = {}
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) and _reads_code(n.value)
+                         for t in n.targets if isinstance(t, ast.Name)}
+                held.update((n, names) for n in ast.walk(function) if isinstance(n, ast.Compare) and names)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _literal(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                typed += [f"{name}:{node.lineno} {t.id}" for t in targets
+                          if isinstance(t, ast.Name) and _bare(t.id) in codes]
+            elif isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_reads_code(side, held.get(node, set())) for side in sides):
+                    numbers = [side for side in sides if _literal(side)]
+                    numbers += [e for side in sides if isinstance(side, (ast.Tuple, ast.Set, ast.List))
+                                for e in side.elts if _literal(e)]
+                    typed += [f"{name}:{node.lineno} compares a code with {ast.unparse(n)}" for n in numbers]
+    assert not typed, f"NVML codes typed as numbers (name them from atopgpud_tw.nvml_codes): {typed}"

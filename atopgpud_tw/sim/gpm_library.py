@@ -19,12 +19,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
+from atopgpud_tw.nvml_codes import ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT, SUCCESS
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
 from atopgpud_tw.sim.nvml import NVMLError
 
-SUCCESS = 0
-INVALID_ARGUMENT = 2
-ARGUMENT_VERSION_MISMATCH = 25
 #: where the opaque sample pointers the library gives out start
 _SAMPLE_BASE = 0x5300_0000
 _SAMPLE_STEP = 0x100

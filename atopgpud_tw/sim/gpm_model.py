@@ -31,11 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from atopgpud_tw.figures import GPM_FIGURES
-from atopgpud_tw.sim.scenario import NVML_ERRORS, GpuSpec, MigSpec, Timeline, cycled
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS
+from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, Timeline, cycled
 
-NOT_SUPPORTED = NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"]
-INVALID_ARGUMENT = NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"]
-NOT_FOUND = NVML_ERRORS["NVML_ERROR_NOT_FOUND"]
 MIB = 1048576
 #: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
 #: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
@@ -163,7 +161,7 @@ class GpmDriver:
                 continue
             change = after[metric] - before[metric]
             kind = PLAYED[metric][0]
-            out.append((0, change / span if kind == "rate" else 100.0 * change / span))
+            out.append((SUCCESS, change / span if kind == "rate" else 100.0 * change / span))
         return out
 
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.sim.health_model import ENGINES, NOT_SUPPORTED, PLAIN
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS
+from atopgpud_tw.sim.health_model import ENGINES, PLAIN
 from atopgpud_tw.sim.nvml import Handle, NVMLError
 
-SUCCESS = 0
-INVALID_ARGUMENT = 2
 _int = ctypes.c_int
 _uint = ctypes.c_uint
 _ull = ctypes.c_ulonglong

@@ -21,12 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atopgpud_tw.figures import FIGURES, Figure, Play
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, TIMEOUT
 from atopgpud_tw.sim.health_scenario import LinkSpec, Played
-from atopgpud_tw.sim.scenario import NVML_ERRORS
 
-NOT_SUPPORTED = NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"]
-INVALID_ARGUMENT = NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"]
-TIMEOUT = NVML_ERRORS["NVML_ERROR_TIMEOUT"]
 #: nvmlEventTypeXidCriticalError
 EVENT_XID = 0x8
 TEMPERATURE_GPU = 0

@@ -46,6 +46,14 @@ from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Sequence
 
+from atopgpud_tw.nvml_codes import (
+    ARGUMENT_VERSION_MISMATCH,
+    FUNCTION_NOT_FOUND,
+    INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT,
+    SUCCESS,
+    UNKNOWN,
+)
 from atopgpud_tw.sim.gpm_library import gpm_table
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.nvml import (
@@ -58,12 +66,6 @@ from atopgpud_tw.sim.nvml import (
 )
 from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
 
-SUCCESS = 0
-INVALID_ARGUMENT = 2
-INSUFFICIENT_SIZE = 7
-FUNCTION_NOT_FOUND = 13
-ARGUMENT_VERSION_MISMATCH = 25
-UNKNOWN = 999
 #: usedGpuMemory when the driver cannot tell (WDDM, vGPU guests)
 VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 #: pids of the processes a list gains between its size query and its fill

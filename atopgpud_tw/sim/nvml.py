@@ -47,7 +47,6 @@ from atopgpud_tw.sim.scenario import (
     cycled,
 )
 
-NVML_SUCCESS = 0
 _ERROR_TEXT = {
     value: name[len("NVML_ERROR_"):].replace("_", " ").title() for name, value in NVML_ERRORS.items()
 }

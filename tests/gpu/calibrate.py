@@ -70,7 +70,7 @@ except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, str(ROOT))
 
 from atopgpud_tw.atopgpu import connection as client  # noqa: E402
-from atopgpud_tw.readers.nvml.device import error_name  # noqa: E402
+from atopgpud_tw.readers.nvml.calls import error_name  # noqa: E402
 from atopgpud_tw.sim.replay import FORMAT, driver_offset_us  # noqa: E402
 
 #: seconds between the recorder's ticks (the rates call and the 0.2 s windows)

@@ -2,11 +2,14 @@
 reader's devices share (`NvmlSession`), and the adapter that turns a call into a
 reading or a recorded problem (`Attempt`).
 
-A device's choke point (`device.NvmlDevice.call`) raises one of the outcomes
-below for anything but an answer.  Two of them are not about the reading at all,
-and are no kind of `Failed`: `DeviceLost` (the device cannot be read in this
-poll) and `Reinitialise` (NVML itself has to be set up again).  They pass
-through `Attempt` untouched, up to the poll of the card or of the reader.
+One mapping turns what the binding raises into one of the outcomes below
+(`outcome`): a device's choke point (`device.NvmlDevice.call`) raises it, with
+what the device remembers of its calls, and so do the calls that take no
+device's memory along (`NvmlSession.call`: GPM's sample buffers, XID events).
+Two of them are not about the reading at all, and are no kind of `Failed`:
+`DeviceLost` (the device cannot be read in this poll) and `Reinitialise` (NVML
+itself has to be set up again).  They pass through `Attempt` untouched, up to
+the poll of the card or of the reader.
 
 `Attempt` is the one place where the others become values: the reading, what
 the device cannot do (`Unsupported`: a given value, and a standing problem
@@ -23,14 +26,18 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import NAMES
+from atopgpud_tw.nvml_codes import FUNCTION_NOT_FOUND, LIFECYCLE, LOST, NAMES, NOT_FOUND, NOT_SUPPORTED
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
-class Unsupported(Exception):
+class Outcome(Exception):
+    """What a call gave instead of an answer (each kind below)."""
+
+
+class Unsupported(Outcome):
     """The device cannot do this; the call is not made again (but at `Support`'s backoff)."""
 
 
@@ -38,12 +45,12 @@ class Missing(Unsupported):
     """The binding or the driver's library lacks the function: a fallback may have it."""
 
 
-class NotFound(Exception):
+class NotFound(Outcome):
     """NVML_ERROR_NOT_FOUND: nothing there (no samples since the last read of an idle
     device, an empty MIG slot, no such instance)."""
 
 
-class Failed(Exception):
+class Failed(Outcome):
     """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
 
     def __init__(self, cause: str, value: int | None = None) -> None:
@@ -52,7 +59,7 @@ class Failed(Exception):
         self.value = value
 
 
-class Interrupted(Exception):
+class Interrupted(Outcome):
     """Not a reading that failed: the poll of the device, or of every device, stops here.
     `cause` says why (``"<function>: <error>"``), `value` is the NVML code."""
 
@@ -76,6 +83,39 @@ def error_name(error: BaseException) -> str:
     if isinstance(value, int):
         return "NVML_ERROR_" + NAMES.get(value, str(value))
     return type(error).__name__
+
+
+def outcome(error: Exception, nvml: Any, function: str, key: str | None = None) -> Outcome:
+    """The outcome of `error`, raised by the binding's `function` (`key`: what a device
+    remembers of it, the function unless said):
+
+    - FUNCTION_NOT_FOUND and ``NVMLLibraryMismatchError`` (the binding wants a symbol
+      the installed driver lacks): `Missing`, never to work with this library;
+    - NOT_SUPPORTED: `Unsupported` (a device believes it or not, `NvmlDevice.call`);
+    - NOT_FOUND: `NotFound`;
+    - UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH: `Reinitialise`;
+    - GPU_IS_LOST, GPU_NOT_FOUND: `DeviceLost`;
+    - any other code: `Failed`, ``"<function>: NVML_ERROR_<name>"``; any other exception
+      (a binding or driver bug): `Failed`, ``"<function>: <type>: <text>"``, no code.
+    """
+    key = key or function
+    if isinstance(error, nvml.NVMLError):
+        value = getattr(error, "value", None)
+        if value == FUNCTION_NOT_FOUND:
+            return Missing(key)
+        if value == NOT_SUPPORTED:
+            return Unsupported(key)
+        if value == NOT_FOUND:
+            return NotFound(function)
+        cause = f"{function}: {error_name(error)}"
+        if value in LIFECYCLE:
+            return Reinitialise(cause, value)
+        if value in LOST:
+            return DeviceLost(cause, value)
+        return Failed(cause, value)
+    if isinstance(error, getattr(nvml, "NVMLLibraryMismatchError", ())):
+        return Missing(f"{key}: {error}")
+    return Failed(f"{function}: {type(error).__name__}: {error}")
 
 
 def as_text(value: Any) -> str:
@@ -108,6 +148,24 @@ class NvmlSession:
             found = self._bound[name] = getattr(self.nvml, name, None)
             return found
 
+    def call(self, function: str, *args: Any, where: str | None = None) -> Any:
+        """``nvml.<function>(*args)`` for a call no device remembers (one without a device
+        handle, or one asked once): what it raises is its `outcome`, NOT_SUPPORTED
+        `Unsupported` at once; `where` is what the hang watch says it is on."""
+        bound = self.function(function)
+        if bound is None:
+            raise Missing(function)
+        watch = self.watch
+        if watch is not None:
+            watch.begin(function, where)
+        try:
+            return bound(*args)
+        except Exception as error:
+            raise outcome(error, self.nvml, function) from None
+        finally:
+            if watch is not None:
+                watch.end()
+
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
         if what in self.said:
@@ -132,17 +190,21 @@ class Attempt:
       problem: nothing there is the answer);
     - `DeviceLost` and `Reinitialise` are let through: they are no reading's.
 
-    `device` is anything with ``key``, ``busid`` and ``given_up(key)`` (an `NvmlDevice`).
+    The problem of a failure is keyed by its cause, or by `key` where one is given,
+    and is a `part`'s where one is given (`note`).  `device` is anything with
+    ``key``, ``busid`` and ``given_up(key)`` (an `NvmlDevice`); `subject` is what
+    its problems say it is (``"GPU <bus id>"`` unless said).
     """
 
     __slots__ = ("device", "problems", "subject")
 
-    def __init__(self, device: Any, problems: Problems) -> None:
+    def __init__(self, device: Any, problems: Problems, subject: str | None = None) -> None:
         self.device = device
         self.problems = problems
-        self.subject = f"GPU {device.busid}"
+        self.subject = subject or f"GPU {device.busid}"
 
-    def __call__(self, read: Callable[[], Any], unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
+    def __call__(self, read: Callable[[], Any], unsupported: Any = UNSUPPORTED, idle: Any = NOTED, *,
+                 key: str | None = None, part: tuple[str, str] | None = None) -> Any:
         try:
             return read()
         except Unsupported as refused:
@@ -151,24 +213,25 @@ class Attempt:
                 self.note(cause)
             return unsupported
         except Failed as failure:
-            self.note(failure.cause)
+            self.note(failure.cause, key=key, part=part)
             return None
         except NotFound as absent:
             if idle is not NOTED:
                 return idle
             # NOT_FOUND where a value was expected: nothing to count in this poll
-            self.note(f"{absent}: NVML_ERROR_NOT_FOUND", key=f"{absent} not found")
+            self.note(f"{absent}: NVML_ERROR_NOT_FOUND", key=key or f"{absent} not found", part=part)
             return None
 
-    def call(self, function: str, *args: Any, unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
-        """``attempt(lambda: device.call(function, *args))``."""
-        return self(lambda: self.device.call(function, *args), unsupported, idle)
+    def call(self, function: str, *args: Any, variant: str | None = None, unsupported: Any = UNSUPPORTED,
+             idle: Any = NOTED) -> Any:
+        """``attempt(lambda: device.call(function, *args, variant=variant))``."""
+        return self(lambda: self.device.call(function, *args, variant=variant), unsupported, idle)
 
     def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
         """Record a problem of the device: keyed ``"<device key> <key or cause>"``, saying
-        ``"GPU <bus id>: <cause>"``; of a `part` of it (its key words and its words, such
-        as a MIG slot's), keyed ``"<device key> <part key> <cause>"``, saying
-        ``"GPU <bus id>: <part words>: <cause>"``."""
+        ``"<subject>: <cause>"`` (``"GPU <bus id>: <cause>"``); of a `part` of it (its key
+        words and its words, such as a MIG slot's), keyed ``"<device key> <part key> <cause>"``,
+        saying ``"<subject>: <part words>: <cause>"``."""
         if part is None:
             self.problems.add(f"{self.device.key} {key or cause}", f"{self.subject}: {cause}")
         else:

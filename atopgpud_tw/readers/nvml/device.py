@@ -1,12 +1,13 @@
 """One NVML device: the choke point every call goes through, and one poll of it.
 
-`NvmlDevice.call` maps NVML's errors to the outcomes of `calls`: NOT_SUPPORTED
-(and a function the binding or the driver lacks, `NVMLLibraryMismatchError`
-included) is remembered per device and not asked again (`support.Support`);
-NOT_FOUND is the idle case; GPU_IS_LOST makes the device absent for the poll;
-UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH mean NVML must be
-set up again; anything else, an unexpected exception included, fails that one
-reading for this poll.  `calls.Attempt` turns those into readings and problems.
+`NvmlDevice.call` maps NVML's errors to the outcomes of `calls` (`calls.outcome`),
+with what the device remembers: NOT_SUPPORTED (and a function the binding or
+the driver lacks, `NVMLLibraryMismatchError` included) is remembered per device
+and not asked again (`support.Support`); NOT_FOUND is the idle case;
+GPU_IS_LOST makes the device absent for the poll; UNINITIALIZED,
+DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH mean NVML must be set up again;
+anything else, an unexpected exception included, fails that one reading for
+this poll.  `calls.Attempt` turns those into readings and problems.
 The calls of every poll (samples, process utilization, process lists) go
 through the function table with arrays kept from poll to poll (`direct`).
 Everything here runs in the reader's worker thread.
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import CODES, LIFECYCLE
+from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, NOT_SUPPORTED
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
@@ -29,9 +30,10 @@ from atopgpud_tw.readers.nvml.calls import (
     Missing,
     NotFound,
     NvmlSession,
+    Outcome,
     Reinitialise,
     Unsupported,
-    error_name,
+    outcome,
 )
 from atopgpud_tw.readers.nvml.direct import NAMES as DIRECT
 from atopgpud_tw.readers.nvml.direct import PROCESS_UTILIZATION, SAMPLES, DirectCalls
@@ -58,14 +60,6 @@ from atopgpud_tw.snapshot import (
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
-INVALID_ARGUMENT = CODES["INVALID_ARGUMENT"]
-NOT_SUPPORTED = CODES["NOT_SUPPORTED"]
-NO_PERMISSION = CODES["NO_PERMISSION"]
-NOT_FOUND = CODES["NOT_FOUND"]
-INSUFFICIENT_SIZE = CODES["INSUFFICIENT_SIZE"]
-FUNCTION_NOT_FOUND = CODES["FUNCTION_NOT_FOUND"]
-GPU_IS_LOST = CODES["GPU_IS_LOST"]
-GPU_NOT_FOUND = CODES["GPU_NOT_FOUND"]
 #: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
 MIG_ENABLED = 1
 #: nvmlDeviceGetSamples sample types
@@ -171,31 +165,8 @@ class NvmlDevice:
             watch.begin(function, self.where)
         try:
             result = bound(self.handle, *args)
-        except session.nvml.NVMLError as error:
-            value = getattr(error, "value", None)
-            if value == FUNCTION_NOT_FOUND:
-                self.missing.add(key)
-                raise Missing(key) from None
-            if value == NOT_SUPPORTED:
-                if self._refused(key, function):
-                    raise Unsupported(key) from None
-                raise Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", value) from None
-            if value == NOT_FOUND:
-                raise NotFound(function) from None
-            cause = f"{function}: {error_name(error)}"
-            if value in LIFECYCLE:
-                raise Reinitialise(cause, value) from None
-            if value in (GPU_IS_LOST, GPU_NOT_FOUND):
-                raise DeviceLost(cause, value) from None
-            raise Failed(cause, value) from None
-        except getattr(session.nvml, "NVMLLibraryMismatchError", ()) as error:
-            # the binding wants a symbol the installed driver lacks: the call can
-            # never work with this library
-            self.missing.add(key)
-            raise Missing(f"{key}: {error}") from None
         except Exception as error:
-            # a binding or driver bug: this reading fails, the rest of the poll goes on
-            raise Failed(f"{function}: {type(error).__name__}: {error}") from None
+            raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
         finally:
             if watch is not None:
                 watch.end()
@@ -205,6 +176,15 @@ class NvmlDevice:
             del self.support[key]
         self.answered.add(key)
         return result
+
+    def _outcome(self, found: Outcome, key: str, function: str) -> Outcome:
+        """What this device makes of an outcome of `key`: a function missing is remembered,
+        and NOT_SUPPORTED is a failed reading until it is believed (`_refused`)."""
+        if isinstance(found, Missing):
+            self.missing.add(key)
+        elif isinstance(found, Unsupported) and not self._refused(key, function):
+            return Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", NOT_SUPPORTED)
+        return found
 
     def _refused(self, key: str, function: str) -> bool:
         """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""

@@ -49,10 +49,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS
 
-SUCCESS = 0
-INSUFFICIENT_SIZE = CODES["INSUFFICIENT_SIZE"]
 #: nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization, by the names the reader calls them
 SAMPLES = "nvmlDeviceGetSamples"
 PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"

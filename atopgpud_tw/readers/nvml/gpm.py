@@ -17,7 +17,11 @@ figures cover exactly the time since the poll before:
 - samples closer than `MIN_SPAN` (the NVML reference asks for more than
   100 ms between them) give no new figures: the last ones stand, over 0 seconds;
 - a GPM call that fails fails GPM alone, for that source and poll: the
-  previous sample is kept, so the next poll's figures cover both polls.
+  previous sample is kept, so the next poll's figures cover both polls;
+  the calls without a device handle (``nvmlGpmSampleAlloc``,
+  ``nvmlGpmMetricsGet``, ``nvmlGpmSampleFree``) have their errors mapped
+  as every call's are (`calls.NvmlSession.call`), and what each outcome means
+  here is `calls.Attempt`'s.
 
 What it gives: `GpmFigures` on each device's sample, and the busy figure atop
 gets, with `TASK_BUSY_GPM` in the task-support digit: for a MIG instance (or a
@@ -37,18 +41,11 @@ from typing import Any, Callable
 from twisted.logger import Logger
 
 from atopgpud_tw.figures import GPM_FIGURES
+from atopgpud_tw.nvml_codes import SUCCESS
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
-from atopgpud_tw.readers.nvml.device import (
-    FUNCTION_NOT_FOUND,
-    NOT_SUPPORTED,
-    Failed,
-    Missing,
-    NotFound,
-    NvmlDevice,
-    Unsupported,
-    error_name,
-)
+from atopgpud_tw.readers.nvml.calls import Attempt, NvmlSession, Outcome, Unsupported
+from atopgpud_tw.readers.nvml.device import NvmlDevice
 from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFigures, clamp_percent
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
@@ -103,8 +100,10 @@ class CardGpm:
 class GpmReader:
     """The GPM of every card of one reader (all of it runs in the reader's worker thread)."""
 
-    def __init__(self, nvml: Any, clock: Callable[[], float] | None = None) -> None:
-        self.nvml = nvml
+    def __init__(self, session: NvmlSession, clock: Callable[[], float] | None = None) -> None:
+        #: the reader's session, whose binding makes the calls that take no device handle
+        self.session = session
+        self.nvml = session.nvml
         #: the time of a sample, read when it is taken (None: the poll's time)
         self._clock = clock
         self._cards: dict[str, CardGpm] = {}
@@ -178,15 +177,13 @@ class GpmReader:
         if state is None:
             state = self._cards[card.key] = CardGpm()
         if state.supported is None:
-            try:
-                answer = card.call("nvmlGpmQueryDeviceSupport")
-            except (Unsupported, Missing, NotFound):
-                state.supported = False
-            except Failed as failure:
-                problems.add(f"{card.key} gpm support", f"GPU {card.busid}: {failure.cause}")
-                return False  # asked again at the next poll
-            else:
-                state.supported = bool(int(getattr(answer, "isSupportedDevice", 0)))
+            # not supported, or nothing there: no GPM; a failure: asked again at the next poll
+            answer = Attempt(card, problems)(
+                lambda: card.call("nvmlGpmQueryDeviceSupport"), unsupported=False, idle=False, key="gpm support"
+            )
+            if answer is None:
+                return False
+            state.supported = answer is not False and bool(int(getattr(answer, "isSupportedDevice", 0)))
             if state.supported:
                 card.session.say_once(
                     f"gpm {card.key}",
@@ -204,32 +201,38 @@ class GpmReader:
         """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
         what = "nvmlGpmSampleGet" if gpu_instance is None else "nvmlGpmMigSampleGet"
         where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
-        try:
-            if stream.spare is None:
-                stream.spare = self._plain(card, "nvmlGpmSampleAlloc")
-            if gpu_instance is None:
-                card.call("nvmlGpmSampleGet", stream.spare)
-            else:
-                card.call("nvmlGpmMigSampleGet", gpu_instance, stream.spare)
-            at = now if self._clock is None else self._clock()
-            if stream.previous is None:
-                stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-                return PENDING
-            if at - stream.at < MIN_SPAN:
-                # too soon for figures of their own: the last ones stand, over no time (counted once)
-                return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
-            figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
+        attempt = Attempt(card, problems, subject=where)
+
+        def take() -> GpmFigures | str:
+            try:
+                return self._sample(card, stream, gpu_instance, now)
+            except Unsupported as refused:
+                attempt.note(f"{refused}: not supported", key=f"gpm {gpu_instance}")
+                return NO_GPM
+
+        # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it); a
+        # failure: no figures in this poll
+        taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", what))
+        return PENDING if taken is None else taken
+
+    def _sample(self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, now: float) -> GpmFigures | str:
+        if stream.spare is None:
+            stream.spare = self.session.call("nvmlGpmSampleAlloc", where=card.where)
+        if gpu_instance is None:
+            card.call("nvmlGpmSampleGet", stream.spare)
+        else:
+            card.call("nvmlGpmMigSampleGet", gpu_instance, stream.spare)
+        at = now if self._clock is None else self._clock()
+        if stream.previous is None:
             stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-            stream.last = figures
-            return figures
-        except NotFound:
-            return PENDING  # a GPU instance destroyed since it was listed: the next poll drops it
-        except Unsupported as refused:
-            problems.add(f"{card.key} gpm {gpu_instance}", f"{where}: {refused}: not supported")
-            return NO_GPM
-        except Failed as failure:
-            problems.add(f"{card.key} gpm {gpu_instance} {failure.cause}", f"{where}: {what}: {failure.cause}")
             return PENDING
+        if at - stream.at < MIN_SPAN:
+            # too soon for figures of their own: the last ones stand, over no time (counted once)
+            return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
+        figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
+        stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
+        stream.last = figures
+        return figures
 
     def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
         request = self._request
@@ -240,47 +243,23 @@ class GpmReader:
             for index, (_, metric, _) in enumerate(METRICS):
                 request.metrics[index].metricId = metric
         request.sample1, request.sample2 = first, second
-        self._plain(card, "nvmlGpmMetricsGet", request)
+        self.session.call("nvmlGpmMetricsGet", request, where=card.where)
         values = []
         for index, (name, _, _) in enumerate(METRICS):
             entry = request.metrics[index]
-            if int(entry.nvmlReturn) == 0:
+            if int(entry.nvmlReturn) == SUCCESS:
                 values.append((name, max(0.0, float(entry.value))))
         return GpmFigures(seconds, tuple(values))
 
     def _free(self, card: NvmlDevice | None, streams: list[GpmStream]) -> None:
+        where = None if card is None else card.where
         for stream in streams:
             for buffer in stream.buffers():
                 try:
-                    self._plain(card, "nvmlGpmSampleFree", buffer)
-                except (Failed, Unsupported):
+                    self.session.call("nvmlGpmSampleFree", buffer, where=where)
+                except Outcome:
                     pass  # a buffer of a library shut down beneath us: nothing more to give back
             stream.previous = stream.spare = None
-
-    def _plain(self, card: NvmlDevice | None, function: str, *args: Any) -> Any:
-        """A GPM call that takes no device handle, its errors mapped as `NvmlDevice.call` maps them."""
-        bound = getattr(self.nvml, function, None)
-        if bound is None:
-            raise Missing(function)
-        watch = None if card is None else card.session.watch
-        if watch is not None:
-            watch.begin(function, card.where if card is not None else None)
-        try:
-            return bound(*args)
-        except self.nvml.NVMLError as error:
-            value = getattr(error, "value", None)
-            if value == FUNCTION_NOT_FOUND:
-                raise Missing(function) from None
-            if value == NOT_SUPPORTED:
-                raise Unsupported(function) from None
-            raise Failed(f"{function}: {error_name(error)}", value) from None
-        except getattr(self.nvml, "NVMLLibraryMismatchError", ()) as error:
-            raise Missing(f"{function}: {error}") from None
-        except Exception as error:
-            raise Failed(f"{function}: {type(error).__name__}: {error}") from None
-        finally:
-            if watch is not None:
-                watch.end()
 
 
 def _busy_flag(sample: DeviceSample) -> DeviceSample:

@@ -12,30 +12,34 @@ page is fetched: the figures cost no NVML call per poll.
 `XidEvents` keeps one NVML event set for XID critical errors, registers every
 card with it, and drains it without waiting (timeout 0) whenever the figures
 are read, counting the events by card and XID code; the counts are the
-daemon's own and never go back.  Everything here runs in the worker thread.
+daemon's own and never go back.  Its calls are the session's
+(`calls.NvmlSession.call`): no device remembers them.  A failure of a figure's
+call is what `calls.Attempt` makes of it.  Everything here runs in the worker
+thread.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from atopgpud_tw.figures import FIGURES, NVLINK_MAX_LINKS, Ask, Figure, Labels
 from atopgpud_tw.health import CardHealth, Series
-from atopgpud_tw.readers.nvml.device import (
-    DeviceLost,
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, TIMEOUT
+from atopgpud_tw.readers.nvml.calls import (
+    Attempt,
     Failed,
-    NotFound,
-    NvmlDevice,
-    Reinitialise,
+    Interrupted,
+    Missing,
+    NvmlSession,
+    Outcome,
     Unsupported,
 )
+from atopgpud_tw.readers.nvml.device import NvmlDevice
 
-FIELD_NOT_SUPPORTED = 3
-INVALID_ARGUMENT = 2
 EVENT_XID = 0x8
-TIMEOUT = 10
 #: events taken from the set per reading at most (a storm is counted over later readings)
 MAX_EVENTS = 1000
 #: the figures NVML is asked for: the rows of the table of figures that have an NVML call
@@ -48,24 +52,12 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     """Every health figure of one card, as it is now (runs in the worker thread)."""
     reading = CardHealth(device.key, device.busid, device.name, uuid=device.info.uuid)
     values = reading.values
+    attempt = Attempt(device, reading.problems)
 
-    def ask(series: Series, scale: float, function: str, *args: Any, variant: str | None = None) -> Any:
-        try:
-            value = device.call(function, *args, variant=variant)
-        except Unsupported as refused:
-            cause = device.given_up(str(refused))
-            if cause:  # given up after it had answered: a problem until it answers again
-                reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
-            return None
-        except (DeviceLost, Reinitialise):
-            raise
-        except (Failed, NotFound) as failure:
-            cause = getattr(failure, "cause", str(failure))
-            reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
-            return None
-        if series[0]:
-            values[series] = float(value) * scale
-        return value
+    def ask(function: str, *args: Any, variant: str | None = None) -> Any:
+        """The answer, or None: not supported (a problem while given up after it had
+        answered), or failed in this reading (a problem)."""
+        return attempt.call(function, *args, variant=variant, unsupported=None)
 
     try:
         answers: dict[tuple[Any, ...], Any] = {}
@@ -80,7 +72,7 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
             else:
                 _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
         if any(figure.nvml and figure.nvml.per_link for figure in ASKED):
-            for link in _active_links(device, reading):
+            for link in _active_links(device, attempt):
                 for figure in ASKED:
                     how = figure.nvml
                     if how is None or not how.per_link:
@@ -91,10 +83,10 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
                     else:
                         _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
         _field_values(device, values, ask, fields)
-    except (DeviceLost, Reinitialise) as failure:
+    except Interrupted as failure:  # the card lost, or NVML to be set up again
         reading.values = {}
         reading.lost = True
-        reading.problems.add(f"{device.key} health lost", f"GPU {device.busid}: {failure.cause}")
+        attempt.note(failure.cause, key="health lost")
     return reading
 
 
@@ -107,7 +99,7 @@ def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], h
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
         for function in (how.function, *how.older):
             named = variant if function == how.function else None
-            answer = ask(("", ()), 1, function, *link, *how.args, variant=named)
+            answer = ask(function, *link, *how.args, variant=named)
             if answer is not None or (named or function) not in device.missing:
                 break
         answers[key] = answer
@@ -134,22 +126,28 @@ def _store(values: dict[Series, float], figure: Figure, labels: Labels, answer: 
     values[(figure.family.name, labels)] = value
 
 
-def _active_links(device: NvmlDevice, reading: CardHealth) -> list[int]:
+#: what `_active_links` is given for a link past the card's last (or a card without NVLink)
+_NO_LINK = object()
+
+
+def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
     """The card's active NVLinks: links are asked in order until one the card does not have."""
+
+    def state(link: int) -> Any:
+        try:
+            return device.call("nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
+        except Failed as failure:
+            if failure.value == INVALID_ARGUMENT:
+                return _NO_LINK  # past the last link: not a problem
+            raise
+
     active = []
     for link in range(NVLINK_MAX_LINKS):
-        try:
-            state = device.call("nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
-        except Unsupported:
-            break  # no NVLink at all (link 0), or no more links; not asked again but at its backoff
-        except (DeviceLost, Reinitialise):
-            raise
-        except (Failed, NotFound) as failure:
-            if getattr(failure, "value", None) != INVALID_ARGUMENT:  # past the last link: not a problem
-                cause = getattr(failure, "cause", str(failure))
-                reading.problems.add(f"{device.key} {cause}", f"GPU {device.busid}: {cause}")
+        # not supported: no NVLink at all (link 0), or no more links; not asked again but at its backoff
+        found = attempt(partial(state, link), unsupported=_NO_LINK)
+        if found is None or found is _NO_LINK:
             break
-        if state:
+        if found:
             active.append(link)
     return active
 
@@ -170,14 +168,14 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], ask: Any,
     # a per-link field is asked with the link as its scope
     ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
            for figure, link, _ in wanted]
-    found = ask(("", ()), 1, "nvmlDeviceGetFieldValues", ids, variant="nvmlDeviceGetFieldValues")
+    found = ask("nvmlDeviceGetFieldValues", ids, variant="nvmlDeviceGetFieldValues")
     if found is None:
         return
     for index, (figure, link, variant) in enumerate(wanted):
         entry = found[index]
-        if int(entry.nvmlReturn) == FIELD_NOT_SUPPORTED:
+        if int(entry.nvmlReturn) == NOT_SUPPORTED:
             device.unsupported.add(variant)
-        elif int(entry.nvmlReturn) == 0:
+        elif int(entry.nvmlReturn) == SUCCESS:
             member = VALUE_MEMBERS.get(int(entry.valueType), "uiVal")
             labels = figure.labels if link is None else (*figure.labels, ("link", str(link)))
             values[(figure.family.name, labels)] = float(getattr(entry.value, member)) * figure.nvml.scale  # type: ignore[union-attr]
@@ -192,6 +190,8 @@ def _field_variant(how: Ask, link: int | None) -> str:
 class XidEvents:
     """XID critical errors from one NVML event set, counted by card key and XID code."""
 
+    #: the reader's session, whose binding makes the calls
+    session: NvmlSession
     counts: dict[tuple[str, int], int] = field(default_factory=dict)
     #: the cards that report XIDs (their keys), and whether any can
     supported: set[str] = field(default_factory=set)
@@ -200,48 +200,50 @@ class XidEvents:
     _refused: set[str] = field(default_factory=set)
     _unavailable: bool = False
 
-    def drain(self, nvml: Any, devices: list[NvmlDevice]) -> tuple[dict[tuple[str, int], int], set[str]]:
+    def drain(self, devices: list[NvmlDevice]) -> tuple[dict[tuple[str, int], int], set[str]]:
         """Register the cards not yet registered, take every event due, and return the
         counts and the cards that report XIDs."""
         if self._unavailable or not devices:
             return dict(self.counts), set(self.supported)
         try:
             if self._set is None:
-                self._set = nvml.nvmlEventSetCreate()
+                self._set = self.session.call("nvmlEventSetCreate")
                 self._registered = {}
-            self._register(nvml, devices)
+            self._register(devices)
             if self._registered:
-                self._take(nvml)
-        except nvml.NVMLError as error:
-            if getattr(error, "value", None) in (FIELD_NOT_SUPPORTED, 13):
-                self._unavailable = True
+                self._take()
+        except Unsupported:
+            self._unavailable = True  # a driver or a binding without events (or without XID events)
+        except Failed as failure:
             self._set = None  # NVML set up again, or the set gone: a new one next time
-        except Exception:
-            self._unavailable = True  # a binding without events
+            self._unavailable = failure.value is None  # no NVML error: a binding that cannot do events
+        except Outcome:
+            self._set = None
         return dict(self.counts), set(self.supported)
 
-    def _register(self, nvml: Any, devices: list[NvmlDevice]) -> None:
+    def _register(self, devices: list[NvmlDevice]) -> None:
         for device in devices:
             pointer = _pointer(device.handle)
             if pointer in self._registered or device.key in self._refused:
                 continue
             try:
-                nvml.nvmlDeviceRegisterEvents(device.handle, EVENT_XID, self._set)
-            except nvml.NVMLError as error:
-                if getattr(error, "value", None) == FIELD_NOT_SUPPORTED:
-                    self._refused.add(device.key)
-                    continue
+                self.session.call("nvmlDeviceRegisterEvents", device.handle, EVENT_XID, self._set,
+                                  where=device.where)
+            except Missing:
                 raise
+            except Unsupported:
+                self._refused.add(device.key)  # this card reports no XIDs
+                continue
             self._registered[pointer] = device.key
             self.supported.add(device.key)
 
-    def _take(self, nvml: Any) -> None:
+    def _take(self) -> None:
         for _ in range(MAX_EVENTS):
             try:
-                event = nvml.nvmlEventSetWait_v2(self._set, 0)
-            except nvml.NVMLError as error:
-                if getattr(error, "value", None) == TIMEOUT:
-                    return
+                event = self.session.call("nvmlEventSetWait_v2", self._set, 0)
+            except Failed as failure:
+                if failure.value == TIMEOUT:
+                    return  # none due
                 raise
             key = self._registered.get(_pointer(event.device))
             if key is not None and int(event.eventType) & EVENT_XID:

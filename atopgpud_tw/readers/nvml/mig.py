@@ -14,11 +14,11 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml.calls import Attempt, DeviceLost, Failed, NotFound, Unsupported, as_text
 from atopgpud_tw.readers.nvml.device import (
-    INVALID_ARGUMENT,
     MIG_ENABLED,
     DevicePoll,
     MigState,

@@ -24,15 +24,21 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from atopgpud_tw.nvml_codes import CODES, LIFECYCLE, NAMES
+from atopgpud_tw.nvml_codes import (
+    DRIVER_NOT_LOADED,
+    FUNCTION_NOT_FOUND,
+    LIB_RM_VERSION_MISMATCH,
+    LIBRARY_NOT_FOUND,
+    LIFECYCLE,
+    NAMES,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+)
 from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.nvml.calls import DeviceLost, NvmlSession, Reinitialise, as_text, error_name
 from atopgpud_tw.readers.nvml.device import (
-    FUNCTION_NOT_FOUND,
-    NO_PERMISSION,
-    NOT_SUPPORTED,
     DevicePoll,
     NvmlDevice,
     placeholder,
@@ -58,7 +64,7 @@ CLOSE_TIMEOUT = 0.5
 #: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
 #: (a boot where the daemon starts before the kernel module; a driver upgraded, its
 #: module not yet reloaded)
-WAIT_FOR_DRIVER = (CODES["DRIVER_NOT_LOADED"], CODES["LIB_RM_VERSION_MISMATCH"])
+WAIT_FOR_DRIVER = (DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)
 #: how often a driver not loaded at start-up is looked for: every second for the
 #: first minute (a boot), then backing off as any re-initialisation does
 STARTUP_RETRY = (1.0,) * 60 + BACKOFF
@@ -142,9 +148,9 @@ class NvmlReader:
         #: spells are held to), the hang watch, what was said once
         self.session = NvmlSession(nvml, watch=self.calls)
         #: XID errors counted from NVML events, read with the health figures
-        self._xid = XidEvents()
+        self._xid = XidEvents(self.session)
         #: GPU Performance Monitoring's sample buffers and figures, per card (readers/nvml/gpm.py)
-        self._gpm = GpmReader(nvml, self._call_clock)
+        self._gpm = GpmReader(self.session, self._call_clock)
         #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
         self._starts = start_times(nvml)
         self.contexts = Contexts()
@@ -178,7 +184,7 @@ class NvmlReader:
             return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before
-        self._xid.drain(self.nvml, self._devices)
+        self._xid.drain(self._devices)
         if not self._devices and not self._unusable:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
@@ -533,7 +539,7 @@ class NvmlReader:
         the worker thread; None while NVML is not set up."""
         if self._reactor is None or not self._initialised:
             return None
-        return self._worker.submit(self._xid.drain, self.nvml, list(self._devices))
+        return self._worker.submit(self._xid.drain, list(self._devices))
 
     def _close_nvml(self) -> None:
         was_initialised = self._initialised
@@ -559,16 +565,16 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
     """What a lifecycle answer means and what the operator can do, in one line."""
     answered = f"{where} answered {_code_name(value)}"
     looking = "every GPU shows as absent meanwhile, and the daemon keeps looking (backing off to once a minute)"
-    if value == CODES["LIB_RM_VERSION_MISMATCH"]:
+    if value == LIB_RM_VERSION_MISMATCH:
         return (f"{answered}: the NVML library does not match the NVIDIA kernel module that is loaded, "
                 "usually because the driver was upgraded and its module not yet reloaded (reboot, or "
                 f"unload and load the nvidia modules); {looking}")
-    if value == CODES["DRIVER_NOT_LOADED"] and at_start:
+    if value == DRIVER_NOT_LOADED and at_start:
         return (f"{answered}: the NVIDIA driver is not loaded (at boot the daemon may start before it; "
                 "otherwise load it: modprobe nvidia, and see dmesg); no GPU is served until it is, "
                 "and the daemon keeps looking for it (every second for a minute, then backing off to "
                 "once a minute)")
-    if value == CODES["DRIVER_NOT_LOADED"]:
+    if value == DRIVER_NOT_LOADED:
         return (f"{answered}: the NVIDIA kernel module is not loaded any more (a driver being reloaded "
                 f"or upgraded; load it: modprobe nvidia); {looking}")
     return f"{answered}: NVML was shut down beneath the daemon and is set up again; {looking}"
@@ -576,11 +582,11 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
 
 def _describe_init_failure(error: BaseException) -> str:
     value = getattr(error, "value", None)
-    if value == 12:
+    if value == LIBRARY_NOT_FOUND:
         return "the NVML library (libnvidia-ml.so.1) is not installed"
-    if value == 9:
+    if value == DRIVER_NOT_LOADED:
         return "the NVIDIA driver is not loaded"
-    if value == 18:
+    if value == LIB_RM_VERSION_MISMATCH:
         return "the NVML library does not match the loaded driver (reboot or reload the module)"
     if value == NO_PERMISSION:
         return "no permission to use the GPUs"
