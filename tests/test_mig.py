@@ -21,7 +21,7 @@ from atopgpud_tw.problems import ProblemLog
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario
+from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import UNSUPPORTED
 
 CARD_UUID = "GPU-5111a7ed-0000-4000-8000-0000000000a1"
@@ -377,3 +377,66 @@ def test_daemon_with_mig_card_serves_one_device_per_card(mig_card_daemon):
     card, whole = mig_card_daemon.wait_samples(1)
     assert sorted(p.pid for p in card.processes) == [101, 102, 104]
     assert card.memory_used_kib == 1300 * MIB and card.gpu_busy_now == UNSUPPORTED
+
+
+def test_an_instance_is_identified_once_then_known_by_its_handle_and_uuid():
+    """After the first poll a MIG handle's ids and name are not asked again; its UUID is, once a poll."""
+    clock = [0.0]
+    reader, nvml = make_reader(mixed(), clock)
+    poll(reader, clock, 0.0)
+    first = dict(nvml.calls)
+    for second in range(1, 4):
+        poll(reader, clock, float(second))
+    asked = {name: nvml.calls[name] - first.get(name, 0) for name in nvml.calls}
+    for name in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+        assert asked.get(name, 0) == 0
+    # the A10 asks its name of nobody at poll time either; the three instances their UUIDs
+    assert asked.get("nvmlDeviceGetName", 0) == 0
+    assert asked["nvmlDeviceGetUUID"] == 3 * 3
+    assert asked["nvmlDeviceGetMigDeviceHandleByIndex"] == 3 * 7
+
+
+def _reuse_handles_by_slot(nvml: Any) -> None:
+    """A driver that gives a slot's next instance the pointer its last one had."""
+    library = nvml.nvmlLib
+    by_slot: dict[Any, int] = {}
+    given = library.handle_id
+
+    def handle_id(handle: Any) -> int:
+        if handle.instance is None:
+            return given(handle)
+        ident = by_slot.setdefault((handle.gpu, handle.instance.slot), 0x7F00_0000 + 0x100 * len(by_slot))
+        library._handles[ident] = handle
+        return ident
+
+    library.handle_id = handle_id
+
+
+@pytest.mark.parametrize("memory", [40192, 19968], ids=["same-memory", "other-memory"])
+def test_a_reused_handle_of_a_new_instance_is_noticed(memory):
+    """Slot 0 carved again between two polls, its handle the same pointer: the new instance is seen."""
+    carving = [
+        instance("3g.40gb", 1, 40192, 1000, [(101, 500)], stop=2.5, slot=0),
+        instance("4g.40gb" if memory == 40192 else "2g.20gb", 2, memory, 10, [(103, 5)], start=2.5, slot=0),
+        instance("1g.10gb", 13, 9728, 0, [], slot=1),
+    ]
+    clock = [0.0]
+    nvml = simulated_binding(parse_scenario(mixed(*carving)), clock=lambda: clock[0])
+    _reuse_handles_by_slot(nvml)
+    reader = NvmlReader(nvml, reactor=None, mig="instances")
+    reader.open()
+    board = Board()
+    for second in range(5):
+        snapshot, problems = poll(reader, clock, float(second))
+        board.fold(snapshot)
+        devices = {d.key.rsplit("/", 1)[-1]: d for d in snapshot.devices if "/" in d.key and d.present}
+        if second < 3:
+            assert sorted(devices) == ["1.0", "13.0"]
+        else:
+            assert sorted(devices) == ["13.0", "2.0"], second
+            assert devices["2.0"].name == ("4g.40gb" if memory == 40192 else "2g.20gb")
+            assert [p.pid for p in devices["2.0"].processes] == [103]
+            assert devices["2.0"].info.uuid.endswith("002000")
+    busids = [t.busid for t in codec.parse_types(board.types_body())]
+    assert busids[:3] == ["00000000:17:00.0/1.0", "00000000:17:00.0/13.0", "00000000:65:00.0"]
+    assert busids[3:] == ["00000000:17:00.0/2.0"]

@@ -83,6 +83,9 @@ class MigState:
     #: what asks a fresh MIG handle which instance it is (one per card, its memory of
     #: what it cannot do cleared for each handle, as a new device's would be)
     probe: NvmlDevice | None = None
+    #: by slot, the instance its handle was last found to be: (the handle's value, the
+    #: instance, its ``MIG-`` UUID); `mig._known` says what makes one stale
+    identified: dict[int, tuple[int, NvmlDevice, str]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

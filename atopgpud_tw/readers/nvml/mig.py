@@ -2,13 +2,15 @@
 
 Each instance is a device named by `atopgpud_tw.readers.identity`, with its own memory
 and processes and no utilization (NVML has none under MIG).  The mode and the
-instances are looked up again at every poll, a few cheap calls, so instances
-created or destroyed while the daemon runs are picked up.  With ``mig="card"``
+slots' handles are looked up again at every poll, a few cheap calls, so instances
+created or destroyed while the daemon runs are picked up; a handle its slot gave
+before is known again by its UUID (`_known`).  With ``mig="card"``
 the instances are summed into one device for the card.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 from typing import Any
 
@@ -115,32 +117,45 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         state.slots = int(slots)
     found: dict[str, NvmlDevice] = {}
     complete = True
+    identified = state.identified
     for slot in range(state.slots):
         try:
             handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
         except (NotFound, Unsupported):
+            identified.pop(slot, None)
             continue
         except Failed as failure:
+            identified.pop(slot, None)
             complete &= _empty_slot(slot, failure, attempt)
             continue
         try:
-            instance = _identify(card, handle)
+            instance = _known(identified, slot, handle) or _identify(card, handle, slot)
         except NotFound:
+            identified.pop(slot, None)
             complete = False  # destroyed while looked at, or a passing fault: the next poll tells
             continue
         except Unsupported as unsupported:
             # a driver that cannot say which instance this is: said once, not guessed; the
             # instances known are not taken for gone on it
             attempt.note(f"MIG device {slot} left out: {unsupported} is not supported", key="mig identity")
+            identified.pop(slot, None)
             complete = False
             continue
         except (Failed, DeviceLost) as failure:
             # (an instance's handle lost while it is looked at is no loss of the card)
+            identified.pop(slot, None)
             complete &= _empty_slot(slot, failure, attempt)
             continue
         found.setdefault(instance.key, instance)
-    if complete and any(key not in found and _still_there(i) for key, i in state.instances.items()):
-        complete = False  # a slot's answer was a passing fault: the instance's own handle works
+    if complete:
+        # a handle that a slot gave another instance now is no sign of life (a driver may
+        # give a destroyed instance's pointer to the next one in its slot)
+        taken = {_handle_value(instance.handle) for instance in found.values()}
+        if any(
+            key not in found and _handle_value(i.handle) not in taken and _still_there(i)
+            for key, i in state.instances.items()
+        ):
+            complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
 
@@ -167,11 +182,57 @@ def _empty_slot(slot: int, failure: Failed | DeviceLost, attempt: Attempt) -> bo
     return False
 
 
-def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
-    """The instance behind a fresh MIG handle: one already known by its ids, or a new one.
+def _handle_value(handle: Any) -> int | None:
+    """A handle's pointer value; None for one that is no pointer (then it is never taken as known)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, handle: Any) -> NvmlDevice | None:
+    """The instance a slot's handle was found to be at an earlier poll, if it still is.
+
+    Identifying an instance takes three calls (its GPU and compute instance ids
+    and its name); at every poll that was most of a MIG card's calls.  The slot
+    gives a handle at every poll all the same (that is how instances created
+    meanwhile are seen), so an instance is known again by it: the same slot,
+    the same pointer value as before, and one call, ``nvmlDeviceGetUUID``, that
+    gives the same ``MIG-`` UUID.  Handles of destroyed instances become invalid,
+    and a driver may give the same pointer to an instance created later in the
+    same slot; such an instance has a UUID of its own, so the UUID tells it (a
+    carving changed between two polls).  NVIDIA's reference of
+    nvmlDeviceGetUUID: "When used with MIG device handles the API returns
+    globally unique UUIDs ... UUIDs are immutable for the lifetime of a MIG
+    device" (https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html).
+    Neither the ids nor the name would do alone: an instance carved again
+    may have the same ids and another profile, or the same profile and other
+    ids.  What the slot
+    remembers is dropped when the slot is empty or fails, when the handle
+    fails (INVALID_ARGUMENT or NOT_FOUND from the UUID call too), when the card
+    leaves or enters MIG mode (a new `MigState`), and with the card itself on a
+    reinit.  Where the UUID cannot be read, the instance is identified afresh
+    at every poll, as before.  A slot's answer is trusted no further than
+    before: a known instance no slot shows is still asked on its own handle.
+    """
+    known = identified.get(slot)
+    if known is None:
+        return None
+    value, instance, uuid = known
+    if value != _handle_value(handle):
+        return None
+    instance.handle = handle
+    if as_text(instance.call("nvmlDeviceGetUUID")).strip() != uuid:
+        return None
+    return instance
+
+
+def _identify(card: NvmlDevice, handle: Any, slot: int) -> NvmlDevice:
+    """The instance behind a MIG handle not known at its slot: one already known by its ids, or a new one.
 
     Handles of destroyed instances become invalid and may be reused, so the ids
-    and the profile are read again at every poll.
+    and the profile are read again for a handle the slot did not give before
+    (`_known`).
     """
     probe = card.mig_state.probe
     if probe is None:
@@ -190,7 +251,14 @@ def _identify(card: NvmlDevice, handle: Any) -> NvmlDevice:
         instance = card.instance(handle, key, busid, profile)
         instance.task_support = probe_support(instance)
         instance.info = replace(card.info, uuid=_instance_uuid(probe), mig_profile=profile)
+        uuid = instance.info.uuid
+    else:
+        uuid = _instance_uuid(probe)
     instance.handle = handle
+    value = _handle_value(handle)
+    if value is not None and uuid:
+        # (where the UUID cannot be read, the instance is identified afresh at every poll)
+        card.mig_state.identified[slot] = (value, instance, uuid)
     return instance
 
 
