@@ -19,8 +19,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
+from atopgpud_tw.sim.faults import NvmlFault
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
-from atopgpud_tw.sim.nvml import NVMLError
 
 SUCCESS = 0
 INVALID_ARGUMENT = 2
@@ -34,7 +34,7 @@ def _sample_id(pointer: int | None) -> int:
     """The model's buffer behind a sample pointer the library gave out."""
     value = pointer or 0
     if value <= _SAMPLE_BASE or (value - _SAMPLE_BASE) % _SAMPLE_STEP:
-        raise NVMLError(INVALID_ARGUMENT)
+        raise NvmlFault(INVALID_ARGUMENT)
     return (value - _SAMPLE_BASE) // _SAMPLE_STEP
 
 
