@@ -26,8 +26,8 @@ from atopgpud_tw.sim import (
     simulated_binding,
 )
 from atopgpud_tw.sim.faults import NvmlFault
-from atopgpud_tw.sim.gpm_scenario import GPM_SYMBOLS
-from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS, NVML_ERRORS
+from atopgpud_tw.sim.library_symbols import GPM_SYMBOLS, LIBRARY_SYMBOLS
+from atopgpud_tw.sim.scenario import NVML_ERRORS
 
 pynvml = pytest.importorskip("pynvml")
 

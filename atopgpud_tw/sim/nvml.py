@@ -36,9 +36,8 @@ from atopgpud_tw.sim.faults import NvmlFault, raise_fault
 from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
+from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
 from atopgpud_tw.sim.scenario import (
-    CUDA_VERSIONS,
-    DRIVERS,
     Fault,
     GpuSpec,
     MigSpec,

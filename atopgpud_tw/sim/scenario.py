@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim.gpm_scenario import GPM_SYMBOLS, GpmSpec, parse_gpm
-from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS, HealthSpec, default_health, parse_health
+from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
+from atopgpud_tw.sim.health_scenario import HealthSpec, default_health, parse_health
 from atopgpud_tw.sim.jsonfile import read_json
+from atopgpud_tw.sim.library_symbols import DRIVERS, LIBRARY_SYMBOLS
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
 
 Number = float | int
@@ -31,52 +32,6 @@ NVML_ERRORS = {f"NVML_ERROR_{name}": code for name, code in CODES.items()}
 #: faults that are not NVML error codes
 OTHER_FAULTS = ("NVMLLibraryMismatchError", "RuntimeError", "hang")
 PROCESS_TYPES = ("C", "G", "C+G")
-#: the C symbols of libnvidia-ml the simulated library has (atopgpud_tw/sim/library.py)
-LIBRARY_SYMBOLS = (
-    "nvmlInit_v2",
-    "nvmlInitWithFlags",
-    "nvmlShutdown",
-    "nvmlErrorString",
-    "nvmlSystemGetDriverVersion",
-    "nvmlDeviceGetCount_v2",
-    "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetSamples",
-    "nvmlDeviceGetProcessUtilization",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2",
-    "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetMaxMigDeviceCount",
-    "nvmlDeviceGetMigDeviceHandleByIndex",
-    "nvmlDeviceIsMigDeviceHandle",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-    "nvmlDeviceGetGpuInstanceId",
-    "nvmlDeviceGetComputeInstanceId",
-    "nvmlDeviceGetSerial",
-    "nvmlDeviceGetVbiosVersion",
-    "nvmlSystemGetCudaDriverVersion",
-    "nvmlSystemGetCudaDriverVersion_v2",
-) + HEALTH_SYMBOLS + GPM_SYMBOLS
-_V3_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3")
-_V2_LISTS = ("nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2")
-#: driver branches: the version the library reports and the symbols its libnvidia-ml lacks
-DRIVERS = {
-    "current": ("999.99.99-sim", ()),
-    # 510.39.01 brought the _v3 process lists and nvmlDeviceGetMemoryInfo_v2
-    # GPM is in the R525 NVML reference (Hopper); these older libraries lack its functions
-    "470": ("470.256.02", _V3_LISTS + ("nvmlDeviceGetMemoryInfo_v2",) + GPM_SYMBOLS),
-    # the _v2 process lists need 450.66: an early R450 has only the unversioned (v1) ones
-    "450": ("450.51.06", _V3_LISTS + _V2_LISTS + ("nvmlDeviceGetMemoryInfo_v2",) + GPM_SYMBOLS),
-}
-#: the CUDA version each driver branch supports, as nvmlSystemGetCudaDriverVersion answers it (12080: 12.8)
-CUDA_VERSIONS = {"current": 12080, "470": 11040, "450": 11000}
 #: the lists a caller sizes first (a NULL buffer), by their name in grow_between_calls
 GROWING_LISTS = ("process_lists", "samples", "process_utilization")
 #: calls whose reply the binding itself decodes, so a reply it fails on can be had (fault "RuntimeError")
