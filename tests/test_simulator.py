@@ -25,7 +25,7 @@ from atopgpud_tw.sim import (
     pynvml_origin,
     simulated_binding,
 )
-from atopgpud_tw.sim.faults import NvmlFault
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.library_symbols import GPM_SYMBOLS, LIBRARY_SYMBOLS
 from atopgpud_tw.sim.scenario import NVML_ERRORS
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.sim.faults import NvmlFault
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
 
 SUCCESS = 0

@@ -32,7 +32,7 @@ from typing import Any
 
 from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim.faults import NvmlFault, raise_fault
+from atopgpud_tw.sim.answers import NvmlFault, raise_fault
 from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, Timeline, cycled
 
 NOT_SUPPORTED = CODES["NOT_SUPPORTED"]

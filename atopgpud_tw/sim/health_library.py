@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.sim.faults import NvmlFault
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_model import ENGINES, NOT_SUPPORTED, PLAIN
 from atopgpud_tw.sim.nvml import Handle
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from atopgpud_tw.figures import FIGURES, Figure, Play
 from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim.faults import NvmlFault
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_scenario import LinkSpec, Played
 
 NOT_SUPPORTED = CODES["NOT_SUPPORTED"]

@@ -47,11 +47,11 @@ from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from atopgpud_tw.nvml_codes import NAMES
-from atopgpud_tw.sim.faults import NvmlFault, SymbolMismatch
+from atopgpud_tw.sim.answers import NvmlFault, ProcessSample, RunningProcess, SymbolMismatch
 from atopgpud_tw.sim.gpm_library import gpm_table
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.library_symbols import LIBRARY_SYMBOLS
-from atopgpud_tw.sim.nvml import Handle, ProcessSample, RunningProcess, SimulatedNvml
+from atopgpud_tw.sim.nvml import Handle, SimulatedNvml
 
 SUCCESS = 0
 INVALID_ARGUMENT = 2

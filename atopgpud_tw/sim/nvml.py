@@ -31,12 +31,23 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim import replay
-from atopgpud_tw.sim.faults import NvmlFault, raise_fault
+from atopgpud_tw.sim.answers import (
+    NO_INSTANCE,
+    Answers,
+    Memory,
+    NvmlFault,
+    PciInfo,
+    ProcessSample,
+    Rates,
+    RunningProcess,
+    Sample,
+    raise_fault,
+)
 from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
+from atopgpud_tw.sim.replay import Replayed
 from atopgpud_tw.sim.scenario import (
     Fault,
     GpuSpec,
@@ -46,7 +57,6 @@ from atopgpud_tw.sim.scenario import (
     cycled,
 )
 
-NO_INSTANCE = 0xFFFFFFFF
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_MEMORY_UTILIZATION_SAMPLES = 2
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
@@ -57,55 +67,6 @@ NVML_DEVICE_MIG_ENABLE = 1
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
 INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND = (CODES[n] for n in ("INVALID_ARGUMENT", "NOT_SUPPORTED", "NOT_FOUND"))
-
-
-# -- what the calls answer: plain data, which the library writes into the caller's C structures
-# (not frozen: a test's model may shift what its parent answered) --
-
-
-@dataclass(slots=True)
-class Rates:
-    gpu: int
-    memory: int
-
-
-@dataclass(slots=True)
-class Memory:
-    total: int
-    used: int
-    free: int
-    reserved: int = 0
-
-
-@dataclass(slots=True)
-class PciInfo:
-    busId: bytes
-    busIdLegacy: bytes
-
-
-@dataclass(slots=True)
-class RunningProcess:
-    pid: int
-    #: bytes; None: "not available" (WDDM, some vGPU guests)
-    usedGpuMemory: int | None
-    gpuInstanceId: int = NO_INSTANCE
-    computeInstanceId: int = NO_INSTANCE
-
-
-@dataclass(slots=True)
-class ProcessSample:
-    pid: int
-    timeStamp: int
-    smUtil: int
-    memUtil: int
-    encUtil: int = 0
-    decUtil: int = 0
-
-
-@dataclass(slots=True)
-class Sample:
-    timeStamp: int
-    value: int
 
 
 @dataclass(frozen=True)
@@ -141,6 +102,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._event_sets: dict[int, EventSet] = {}
         #: by id() of a GpuSpec of the scenario (which keeps them)
         self._shift_tables: dict[int, _StampShifts] = {}
+        #: by id() of a replayed GpuSpec: what answers for it
+        self._replayed: dict[int, Replayed] = {}
         self._event_lock = threading.Lock()
         #: by pid, when its processes ran (`process_start_time`), made when first asked
         self._runs: dict[int, list[tuple[float, float | None]]] | None = None
@@ -395,7 +358,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._check_instance(device, now)
         return device.instance.compute_instance
 
-    # -- readings --
+    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`):
+    # the scenario's values (this model's `rates`, `samples`, `memory`, `running`,
+    # `process_samples`) or a recording (`replay.Replayed`) --
 
     def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Rates:
         now = self._enter("nvmlDeviceGetUtilizationRates", handle)
@@ -403,9 +368,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NvmlFault(NOT_SUPPORTED)
-        if gpu.replay is not None:
-            return self._replay_rates(gpu)
-        # like the driver: the busy share of its last sample period only
+        return self._answers(gpu).rates(handle, gpu)
+
+    def rates(self, handle: Handle, gpu: GpuSpec) -> Rates:
+        """The rates call: like the driver, the busy share of its last sample period only."""
         last = self._periods(gpu, newest_only=True)
         return Rates(
             gpu=self._util(handle, gpu, "gpu", last),
@@ -424,8 +390,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             raise NvmlFault(NOT_SUPPORTED)
         if gpu.samples_not_found:
             raise NvmlFault(NOT_FOUND)
-        if gpu.replay is not None:
-            return self._replay_samples(gpu, field, timeStamp)
+        return self._answers(gpu).samples(device, gpu, field, timeStamp)
+
+    def samples(self, device: Handle, gpu: GpuSpec, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
+        """The samples call's buffer of `field` ("gpu" or "mem") samples newer than `timeStamp`."""
         if _per_call(gpu, field):
             # a list of values: one new sample per call, the next of the cycled values
             stamp = self._stamp_us()
@@ -505,8 +473,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> Memory:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
         gpu = self._gpu(handle)
-        if gpu.replay is not None:
-            return self._replay_memory(gpu, version)
+        return self._answers(gpu).memory(handle, gpu, version, now)
+
+    def memory(self, handle: Handle, gpu: GpuSpec, version: Any, now: float) -> Memory:
+        """Memory info, v1 (`version` None) or v2."""
         if handle.instance is not None:
             self._check_instance(handle, now)
             parts = [handle.instance]
@@ -533,8 +503,12 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         gpu = self._gpu(handle)
         if not listed:
             raise NvmlFault(NOT_SUPPORTED)
-        if gpu.replay is not None:
-            return self._replay_running(gpu, "compute" if "C" in kinds else "graphics")
+        return self._answers(gpu).running(handle, gpu, call, kinds, now)
+
+    def running(
+        self, handle: Handle, gpu: GpuSpec, call: str, kinds: tuple[str, ...], now: float
+    ) -> list[RunningProcess]:
+        """A process list: the processes of one of the `kinds` running now."""
         if handle.instance is not None:
             self._check_instance(handle, now)
             owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [
@@ -574,8 +548,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         now = self._enter("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
         self._check_instance(handle, now)
-        if gpu.replay is not None:
-            return self._replay_processes(gpu, timeStamp)
+        return self._answers(gpu).process_samples(handle, gpu, timeStamp, now)
+
+    def process_samples(self, handle: Handle, gpu: GpuSpec, timeStamp: int, now: float) -> list[ProcessSample]:
+        """Process utilization: the processes' samples newer than `timeStamp`."""
         if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
             raise NvmlFault(NOT_SUPPORTED)
         stamp = self._stamp_us()
@@ -602,48 +578,15 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             raise NvmlFault(NOT_FOUND)
         return out
 
-    # -- a replayed recording (sim/replay.py), in simulated time --
-
-    def _replay_rates(self, gpu: GpuSpec) -> Rates:
-        found = replay.rates(_recording(gpu), self._clock())
-        if found is None:
-            raise NvmlFault(NOT_SUPPORTED)
-        return Rates(gpu=found[0], memory=found[1])
-
-    def _replay_samples(self, gpu: GpuSpec, field: str, since: int) -> tuple[int, list[Sample]]:
-        out = [_sample(stamp, value) for stamp, value in
-               replay.samples(_recording(gpu), field, self._clock(), self._sample_base_us(gpu), since)]
-        if not out:
-            raise NvmlFault(NOT_FOUND)
-        return NVML_VALUE_TYPE_UNSIGNED_INT, out
-
-    def _replay_memory(self, gpu: GpuSpec, version: Any) -> Memory:
-        found = replay.memory(_recording(gpu), self._clock(), v2=version is not None)
-        if version is None:
-            return Memory(total=found[0], used=found[1], free=found[2])
-        return Memory(total=found[0], used=found[1], free=found[2], reserved=found[3])
-
-    def _replay_running(self, gpu: GpuSpec, kind: str) -> list[RunningProcess]:
-        listed = replay.running(_recording(gpu), kind, self._clock())
-        if listed is None:
-            raise NvmlFault(NOT_SUPPORTED)
-        return [
-            RunningProcess(pid, used)
-            for pid, used in listed
-        ]
-
-    def _replay_processes(self, gpu: GpuSpec, since: int) -> list[ProcessSample]:
-        out = [
-            ProcessSample(
-                pid=pid, timeStamp=stamp, smUtil=sm, memUtil=mem, encUtil=enc, decUtil=dec
-            )
-            for stamp, pid, sm, mem, enc, dec in replay.process_samples(
-                _recording(gpu), self._clock(), self._sample_base_us(gpu), since
-            )
-        ]
-        if not out:
-            raise NvmlFault(NOT_FOUND)
-        return out
+    def _answers(self, gpu: GpuSpec) -> Answers:
+        """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
+        if gpu.replay is None:
+            return self
+        with self._lock:
+            found = self._replayed.get(id(gpu))
+            if found is None:
+                found = self._replayed[id(gpu)] = Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
+        return found
 
 
 def _per_call(gpu: GpuSpec, field: str) -> bool:
@@ -656,12 +599,6 @@ def _process_per_call(proc: ProcessSpec) -> bool:
     if proc.sm_timeline is not None or proc.mem_timeline is not None:
         return False
     return isinstance(proc.sm_util, (list, tuple)) or isinstance(proc.mem_util, (list, tuple))
-
-
-def _recording(gpu: GpuSpec) -> replay.Recording:
-    """The recording a replayed GPU plays (asked for only when there is one)."""
-    assert gpu.replay is not None
-    return gpu.replay
 
 
 def _period_level(gpu: GpuSpec, field: str) -> Callable[[float, float], int]:

@@ -25,12 +25,16 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.sim.answers import Memory, NvmlFault, ProcessSample, Rates, RunningProcess, Sample
 from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
+#: nvmlValueType_t of the utilization samples: unsigned int
+VALUE_TYPE_UNSIGNED_INT = 1
 #: utilization samples the simulated driver keeps per device (as SimulatedNvml)
 SAMPLE_BUFFER = 100
 
@@ -218,3 +222,45 @@ def running(recording: Recording, kind: str, now: float) -> tuple[tuple[int, int
     """(pid, usedGpuMemory bytes) of the compute or graphics list; None when not recorded."""
     entry = _at(recording.compute if kind == "compute" else recording.graphics, now)
     return None if entry is None else entry[1]
+
+
+class Replayed:
+    """A replayed GPU's answers (`answers.Answers`), from its recording in simulated time.
+
+    `clock` gives simulated seconds, unwrapped; `base_us` is what the GPU's
+    sample clock reads at simulated time 0.
+    """
+
+    def __init__(self, recording: Recording, clock: Callable[[], float], base_us: int) -> None:
+        self.recording = recording
+        self._clock = clock
+        self._base_us = base_us
+
+    def rates(self, handle: Any, gpu: Any) -> Rates:
+        found = rates(self.recording, self._clock())
+        if found is None:
+            raise NvmlFault(CODES["NOT_SUPPORTED"])
+        return Rates(*found)
+
+    def samples(self, device: Any, gpu: Any, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
+        out = [Sample(*found) for found in samples(self.recording, field, self._clock(), self._base_us, timeStamp)]
+        if not out:
+            raise NvmlFault(CODES["NOT_FOUND"])
+        return VALUE_TYPE_UNSIGNED_INT, out
+
+    def memory(self, handle: Any, gpu: Any, version: Any, now: float) -> Memory:
+        total, used, free, reserved = memory(self.recording, self._clock(), v2=version is not None)
+        return Memory(total, used, free, 0 if version is None else reserved)
+
+    def running(self, handle: Any, gpu: Any, call: str, kinds: tuple[str, ...], now: float) -> list[RunningProcess]:
+        listed = running(self.recording, "compute" if "C" in kinds else "graphics", self._clock())
+        if listed is None:
+            raise NvmlFault(CODES["NOT_SUPPORTED"])
+        return [RunningProcess(pid, used) for pid, used in listed]
+
+    def process_samples(self, handle: Any, gpu: Any, timeStamp: int, now: float) -> list[ProcessSample]:
+        found = process_samples(self.recording, self._clock(), self._base_us, timeStamp)
+        out = [ProcessSample(pid, stamp, sm, mem, enc, dec) for stamp, pid, sm, mem, enc, dec in found]
+        if not out:
+            raise NvmlFault(CODES["NOT_FOUND"])
+        return out
