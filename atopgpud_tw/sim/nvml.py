@@ -103,7 +103,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         #: by id() of a GpuSpec of the scenario (which keeps them)
         self._shift_tables: dict[int, _StampShifts] = {}
         #: by id() of a replayed GpuSpec: what answers for it
-        self._replayed: dict[int, Replayed] = {}
+        self._replayed = {
+            id(gpu): Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
+            for gpu in scenario.gpus if gpu.replay is not None
+        }
         self._event_lock = threading.Lock()
         #: by pid, when its processes ran (`process_start_time`), made when first asked
         self._runs: dict[int, list[tuple[float, float | None]]] | None = None
@@ -580,13 +583,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     def _answers(self, gpu: GpuSpec) -> Answers:
         """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
-        if gpu.replay is None:
-            return self
-        with self._lock:
-            found = self._replayed.get(id(gpu))
-            if found is None:
-                found = self._replayed[id(gpu)] = Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
-        return found
+        return self._replayed.get(id(gpu), self)
 
 
 def _per_call(gpu: GpuSpec, field: str) -> bool:
