@@ -78,7 +78,8 @@ class Handle:
 
 
 class SimulatedNvml(HealthDriver, GpmDriver):
-    """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
+    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`
+    (the library writes both into C)."""
 
     NVML_GPU_UTILIZATION_SAMPLES = NVML_GPU_UTILIZATION_SAMPLES
     NVML_MEMORY_UTILIZATION_SAMPLES = NVML_MEMORY_UTILIZATION_SAMPLES
@@ -403,10 +404,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             if stamp <= timeStamp:
                 raise NvmlFault(NOT_FOUND)
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
-            return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
+            return NVML_VALUE_TYPE_UNSIGNED_INT, [Sample(stamp, int(value))]
         level = _period_level(gpu, field)
         periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
-        out = [_sample(stamp, level(start, end)) for stamp, start, end in periods]
+        out = [Sample(stamp, level(start, end)) for stamp, start, end in periods]
         if not gpu.idle_samples:
             out = [s for s in out if s.value]
         if not out:
@@ -685,10 +686,6 @@ class _StampShifts:
         for late in self._late.get(k, ()):
             shift += late
         return shift
-
-
-def _sample(stamp: int, value: int) -> Sample:
-    return Sample(stamp, value)
 
 
 def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:
