@@ -81,11 +81,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`
     (the library writes both into C)."""
 
-    NVML_GPU_UTILIZATION_SAMPLES = NVML_GPU_UTILIZATION_SAMPLES
-    NVML_MEMORY_UTILIZATION_SAMPLES = NVML_MEMORY_UTILIZATION_SAMPLES
-    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
-    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
-
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
         origin = time.monotonic()
