@@ -43,7 +43,8 @@ from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.gpm_model import PLAYED
 from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
 from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
-from atopgpud_tw.sim.health_scenario import FIELDS, HEALTH_SYMBOLS
+from atopgpud_tw.sim.health_scenario import FIELDS
+from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
 from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"

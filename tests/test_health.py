@@ -19,7 +19,7 @@ from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.server.web.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
-from atopgpud_tw.sim.health_scenario import HEALTH_SYMBOLS
+from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
 
 UNSUPPORTED_ALL = {
     "ecc_corrected_volatile": None, "ecc_corrected_aggregate": None,

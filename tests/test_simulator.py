@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -24,9 +25,9 @@ from atopgpud_tw.sim import (
     pynvml_origin,
     simulated_binding,
 )
-from atopgpud_tw.sim import nvml as sim_module
-from atopgpud_tw.sim.gpm_scenario import GPM_SYMBOLS
-from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
+from atopgpud_tw.sim.answers import NvmlFault
+from atopgpud_tw.sim.library_symbols import GPM_SYMBOLS, LIBRARY_SYMBOLS
+from atopgpud_tw.sim.scenario import NVML_ERRORS
 
 pynvml = pytest.importorskip("pynvml")
 
@@ -110,14 +111,19 @@ def test_each_simulated_host_has_its_own_binding():
     assert "nvmlLib" not in vars(pynvml) or pynvml.nvmlLib is None
 
 
-def test_error_classes_carry_pynvml_names_and_codes():
-    """NVMLError(code) is the subclass pynvml would raise, under the same name and code."""
-    for name, cls in sim_module.ERROR_CLASSES.items():
-        value = getattr(pynvml, name)
-        assert hasattr(pynvml, cls.__name__)
-        error = sim_module.NVMLError(value)
-        assert type(error) is cls and error.value == value
-        assert isinstance(cls(), sim_module.NVMLError)
+def test_model_faults_reach_the_binding_as_its_own_error_classes():
+    """A fault of every NVML code the scenario may name comes out of the real binding as the
+    subclass pynvml raises for that code, under its name, with that code."""
+    for name, value in NVML_ERRORS.items():
+        assert getattr(pynvml, name) == value
+        nvml = simulated_binding(parse_scenario(
+            {"gpus": [{"faults": [{"call": "nvmlDeviceGetUUID", "error": name}]}]}))
+        nvml.nvmlInit()
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(nvml.NVMLError) as raised:
+            nvml.nvmlDeviceGetUUID(handle)
+        assert type(raised.value) is nvml.NVMLError._valClassMapping[value]
+        assert type(raised.value).__name__.startswith("NVMLError_") and raised.value.value == value
 
 
 # -- scenario errors ----------------------------------------------------------------
@@ -199,6 +205,11 @@ def test_carving_may_reuse_ids_and_slots_over_time_and_take_comments():
 # -- MIG behaviour ---------------------------------------------------------------------
 
 
+def fails_with(name: str) -> Any:
+    """The driver model fails the call with NVML_ERROR_<name>."""
+    return pytest.raises(NvmlFault, match=f"^NVML_ERROR_{name}$")
+
+
 def mig_host(clock: list[float]) -> SimulatedNvml:
     sim = SimulatedNvml(
         parse_scenario({"gpus": [
@@ -224,12 +235,12 @@ def test_mig_mode_and_sparse_slots_behave_like_nvml():
     card, plain, capable = (sim.nvmlDeviceGetHandleByIndex(i) for i in range(3))
     assert sim.nvmlDeviceGetMigMode(card) == [1, 1]
     assert sim.nvmlDeviceGetMigMode(capable) == [0, 0]
-    with pytest.raises(sim.NVMLError_NotSupported):
+    with fails_with("NOT_SUPPORTED"):
         sim.nvmlDeviceGetMigMode(plain)
     assert [sim.nvmlDeviceGetMaxMigDeviceCount(h) for h in (card, plain, capable)] == [7, 0, 0]
-    with pytest.raises(sim.NVMLError_NotFound):
+    with fails_with("NOT_FOUND"):
         sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 0)
-    with pytest.raises(sim.NVMLError_InvalidArgument):
+    with fails_with("INVALID_ARGUMENT"):
         sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 7)
     handle = sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 1)
     assert bool(sim.nvmlDeviceIsMigDeviceHandle(handle)) and not bool(sim.nvmlDeviceIsMigDeviceHandle(card))
@@ -254,11 +265,11 @@ def test_mig_handles_have_their_own_memory_and_processes_and_no_utilization():
     assert [(p.pid, p.usedGpuMemory, p.gpuInstanceId) for p in listed] == [(11, 60 << 20, 2)]
     assert sorted(p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)) == [11, 12]
     for handle in (card, first, second):
-        with pytest.raises(sim.NVMLError_NotSupported):
+        with fails_with("NOT_SUPPORTED"):
             sim.nvmlDeviceGetUtilizationRates(handle)
-        with pytest.raises(sim.NVMLError_NotSupported):
+        with fails_with("NOT_SUPPORTED"):
             sim.nvmlDeviceGetProcessUtilization(handle, 0)
-    with pytest.raises(sim.NVMLError_Unknown):
+    with fails_with("UNKNOWN"):
         sim.nvmlDeviceGetUUID(second)  # a fault of that instance only
     assert sim.nvmlDeviceGetUUID(first).startswith("MIG-")
 
@@ -271,9 +282,9 @@ def test_a_destroyed_instance_handle_is_invalid():
     handle = sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 4)
     clock[0] = 5.0
     for call in ("nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses"):
-        with pytest.raises(sim.NVMLError_InvalidArgument):
+        with fails_with("INVALID_ARGUMENT"):
             getattr(sim, call)(handle)
-    with pytest.raises(sim.NVMLError_NotFound):
+    with fails_with("NOT_FOUND"):
         sim.nvmlDeviceGetMigDeviceHandleByIndex(card, 4)
     assert [p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(card)] == [11]
 

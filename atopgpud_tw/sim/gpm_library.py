@@ -20,8 +20,8 @@ import ctypes
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT, SUCCESS
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
-from atopgpud_tw.sim.nvml import NVMLError
 
 #: where the opaque sample pointers the library gives out start
 _SAMPLE_BASE = 0x5300_0000
@@ -32,7 +32,7 @@ def _sample_id(pointer: int | None) -> int:
     """The model's buffer behind a sample pointer the library gave out."""
     value = pointer or 0
     if value <= _SAMPLE_BASE or (value - _SAMPLE_BASE) % _SAMPLE_STEP:
-        raise NVMLError(INVALID_ARGUMENT)
+        raise NvmlFault(INVALID_ARGUMENT)
     return (value - _SAMPLE_BASE) // _SAMPLE_STEP
 
 

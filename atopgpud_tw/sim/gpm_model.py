@@ -32,6 +32,7 @@ from typing import Any
 
 from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS
+from atopgpud_tw.sim.answers import NvmlFault, raise_fault
 from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, Timeline, cycled
 
 MIB = 1048576
@@ -72,8 +73,6 @@ class GpmDriver:
     _gpu: Any
     _clock: Any
     _instances: Any
-    _raise_fault: Any
-    NVMLError: Any
 
     def _gpm_setup(self) -> None:
         self._gpm_lock = threading.Lock()
@@ -102,12 +101,12 @@ class GpmDriver:
         self._enter("nvmlGpmSampleFree")
         with self._gpm_lock:
             if self._gpm_buffers.pop(buffer, _MISSING) is _MISSING:
-                raise self.NVMLError(INVALID_ARGUMENT)
+                raise NvmlFault(INVALID_ARGUMENT)
 
     def _gpm_fill(self, buffer: int, record: GpmRecord) -> None:
         with self._gpm_lock:
             if buffer not in self._gpm_buffers:
-                raise self.NVMLError(INVALID_ARGUMENT)
+                raise NvmlFault(INVALID_ARGUMENT)
             self._gpm_buffers[buffer] = record
 
     def gpm_sample(self, handle: Any, buffer: int) -> None:
@@ -115,7 +114,7 @@ class GpmDriver:
         self._enter("nvmlGpmSampleGet", handle)
         gpu = self._gpu(handle)
         if gpu.gpm is None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         if handle.instance is not None:
             self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, handle.instance, self._clock()))
             return
@@ -128,15 +127,15 @@ class GpmDriver:
         now = self._enter("nvmlGpmMigSampleGet", handle)
         gpu: GpuSpec = self._gpu(handle)
         if gpu.gpm is None or gpu.mig is None or handle.instance is not None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         found = [m for m in self._instances(gpu, now) if m.gpu_instance == gpu_instance]
         if not found:
-            raise self.NVMLError(NOT_FOUND)
+            raise NvmlFault(NOT_FOUND)
         # an instance's own faults: its GPU instance's samples fail with it (the first
         # of its compute instances, in slot order, plays the GPU instance)
         for fault in found[0].faults:
             if fault.call == "nvmlGpmMigSampleGet" and fault.active(now):
-                self._raise_fault(fault.error)
+                raise_fault(fault.error)
         self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, found[0], self._clock()))
 
     def _instance_record(self, index: int, gpu: GpuSpec, instance: MigSpec, t: float) -> GpmRecord:
@@ -151,7 +150,7 @@ class GpmDriver:
         with self._gpm_lock:
             one, two = self._gpm_buffers.get(first), self._gpm_buffers.get(second)
         if one is None or two is None or one.source != two.source or two.at <= one.at:
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         span = two.at - one.at
         before, after = dict(one.counters), dict(two.counters)
         out = []

@@ -27,16 +27,6 @@ from typing import Any, Callable
 
 from atopgpud_tw.figures import GPM_FIGURES, Play
 
-#: the C symbols of GPM (atopgpud_tw/sim/gpm_library.py)
-GPM_SYMBOLS = (
-    "nvmlGpmQueryDeviceSupport",
-    "nvmlGpmSampleAlloc",
-    "nvmlGpmSampleFree",
-    "nvmlGpmSampleGet",
-    "nvmlGpmMigSampleGet",
-    "nvmlGpmMetricsGet",
-)
-
 #: the fields of a ``gpm`` object, each with its default and bounds: the table's GPM rows
 #: (figures.GPM_FIGURES), whose `Play` says which activity a field is a share (or a rate) of
 FIELDS: dict[str, Play] = {f.play.field: f.play for f in GPM_FIGURES if f.gpm is not None and f.play is not None}

@@ -16,8 +16,9 @@ import ctypes
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_model import ENGINES, PLAIN
-from atopgpud_tw.sim.nvml import Handle, NVMLError
+from atopgpud_tw.sim.nvml import Handle
 
 _int = ctypes.c_int
 _uint = ctypes.c_uint
@@ -77,8 +78,8 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
             entry.valueType = 1
             try:
                 kind, value = library._call("field_value", handle, int(entry.fieldId), int(entry.scopeId))
-            except NVMLError as error:
-                if error.value != NOT_SUPPORTED:
+            except NvmlFault as error:
+                if error.code != NOT_SUPPORTED:
                     raise  # a fault of the call: the whole call fails
                 entry.nvmlReturn = NOT_SUPPORTED
             else:
@@ -174,5 +175,5 @@ def _set_id(event_set: int | None) -> int:
     """The model's event set behind the pointer value the library gave out."""
     value = event_set or 0
     if value <= _EVENT_SET_BASE:
-        raise NVMLError(INVALID_ARGUMENT)
+        raise NvmlFault(INVALID_ARGUMENT)
     return value - _EVENT_SET_BASE

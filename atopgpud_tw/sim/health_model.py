@@ -22,6 +22,7 @@ from typing import Any
 
 from atopgpud_tw.figures import FIGURES, Figure, Play
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, TIMEOUT
+from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_scenario import LinkSpec, Played
 
 #: nvmlEventTypeXidCriticalError
@@ -88,7 +89,6 @@ class HealthDriver:
     _enter: Any
     _gpu: Any
     _clock: Any
-    NVMLError: Any
 
 
     def _played(self, call: str, handle: Any, name: str) -> tuple[Played, float]:
@@ -96,7 +96,7 @@ class HealthDriver:
         gpu = self._gpu(handle)
         played = gpu.health.played(name)
         if played is None or handle.instance is not None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         return played, now
 
     def _value(self, call: str, handle: Any, name: str) -> float:
@@ -106,14 +106,14 @@ class HealthDriver:
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         if sensor != TEMPERATURE_GPU:
             self._enter("nvmlDeviceGetTemperature", handle)
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTemperature", handle, "temperature_c"))
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         start, _ = self._played("nvmlDeviceGetTotalEnergyConsumption", handle, "energy_start_j")
         power = self._gpu(handle).health.played("power_w")
         if power is None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         return int((start.at(0) + self._integral(power)) * 1000)
 
     def _integral(self, played: Played) -> float:
@@ -129,7 +129,7 @@ class HealthDriver:
         play = PLAIN[function].get(tuple(int(a) for a in args))
         if play is None:
             self._enter(function, handle)
-            raise self.NVMLError(NOT_SUPPORTED)  # no such figure on a card
+            raise NvmlFault(NOT_SUPPORTED)  # no such figure on a card
         value = self._value(function, handle, play.field) * play.per
         return int(round(value)) if play.per != 1 else int(value)
 
@@ -139,12 +139,12 @@ class HealthDriver:
             link, now = self._link(handle, scope, "nvmlDeviceGetFieldValues")
             played = link.played(LINK_FIELD_IDS[field].field)
             if played is None or not link.active:
-                raise self.NVMLError(NOT_SUPPORTED)
+                raise NvmlFault(NOT_SUPPORTED)
             return VALUE_UNSIGNED_LONG_LONG, int(self._integral(played))
         play = FIELD_IDS.get(field)
         if play is None:
             self._enter("nvmlDeviceGetFieldValues", handle)
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
         return (VALUE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_UNSIGNED_LONG_LONG,
                                                                                    int(round(value)))
@@ -154,7 +154,7 @@ class HealthDriver:
         play = VIOLATIONS.get((int(policy),))
         if play is None:
             self._enter("nvmlDeviceGetViolationStatus", handle)
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         played, now = self._played("nvmlDeviceGetViolationStatus", handle, play.field)
         return int(now * 1e6), int(round(played.at(now) * play.per))
 
@@ -166,9 +166,9 @@ class HealthDriver:
         now = self._enter(call, handle)
         links = self._gpu(handle).health.nvlink
         if links is None or handle.instance is not None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         if not 0 <= link < len(links):
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         return links[link], now
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
@@ -180,7 +180,7 @@ class HealthDriver:
         play = LINK_ERRORS.get((int(counter),))
         played = None if play is None else spec.played(play.field)
         if played is None or not spec.active:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         return int(played.at(now))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
@@ -196,7 +196,7 @@ class HealthDriver:
         name = ECC.get((errorType, counterType))
         if name is None:
             self._enter("nvmlDeviceGetTotalEccErrors", handle)
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTotalEccErrors", handle, name))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
@@ -204,7 +204,7 @@ class HealthDriver:
         played = [self._gpu(handle).health.played(f"remapped_rows_{n}") for n in names]
         first, now = self._played("nvmlDeviceGetRemappedRows", handle, "remapped_rows_correctable")
         if any(p is None for p in played):
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         return tuple(int(p.at(now)) for p in played)  # type: ignore[union-attr,return-value]
 
     # -- events --
@@ -226,9 +226,9 @@ class HealthDriver:
         gpu = self._gpu(handle)
         events = self._event_sets.get(eventSet)
         if events is None:
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         if eventTypes & ~EVENT_XID or not gpu.health.xid_supported or handle.instance is not None:
-            raise self.NVMLError(NOT_SUPPORTED)
+            raise NvmlFault(NOT_SUPPORTED)
         with self._event_lock:
             events.registered.setdefault(handle.gpu, self._clock())
 
@@ -237,7 +237,7 @@ class HealthDriver:
         self._enter("nvmlEventSetWait_v2")
         events = self._event_sets.get(eventSet)
         if events is None:
-            raise self.NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         deadline = self._clock() + timeoutms / 1000.0
         while True:
             now = self._clock()
@@ -245,7 +245,7 @@ class HealthDriver:
             if due is not None:
                 return due
             if now >= deadline:
-                raise self.NVMLError(TIMEOUT)
+                raise NvmlFault(TIMEOUT)
             time.sleep(min(0.05, deadline - now))
 
     def _due(self, events: EventSet, now: float) -> tuple[int, int, int] | None:

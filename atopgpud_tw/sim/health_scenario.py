@@ -18,24 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from atopgpud_tw.figures import FIGURES, NVLINK_MAX_LINKS, link_fields, played_fields
+from atopgpud_tw.figures import NVLINK_MAX_LINKS, link_fields, played_fields
 
 Number = float | int
-
-#: the events' C symbols, and the NVLink state that tells which links there are
-EVENT_SYMBOLS = (
-    "nvmlEventSetCreate",
-    "nvmlDeviceRegisterEvents",
-    "nvmlDeviceGetSupportedEventTypes",
-    "nvmlEventSetWait_v2",
-    "nvmlEventSetFree",
-)
-#: the C symbols of the health figures (every NVML call of the table of figures) and NVML events
-HEALTH_SYMBOLS = tuple(dict.fromkeys([
-    *(name for figure in FIGURES if figure.nvml is not None for name in (figure.nvml.function, *figure.nvml.older)),
-    "nvmlDeviceGetNvLinkState",
-    *EVENT_SYMBOLS,
-]))
 
 #: field -> (default, minimum, maximum); every one may be null (not supported): the table's `Play`s
 FIELDS: dict[str, tuple[Number | None, float, float | None]] = {

@@ -43,7 +43,7 @@ import ctypes
 import functools
 import threading
 from collections import Counter
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from atopgpud_tw.nvml_codes import (
@@ -51,20 +51,15 @@ from atopgpud_tw.nvml_codes import (
     FUNCTION_NOT_FOUND,
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
+    NAMES,
     SUCCESS,
     UNKNOWN,
 )
+from atopgpud_tw.sim.answers import NvmlFault, ProcessSample, RunningProcess, SymbolMismatch
 from atopgpud_tw.sim.gpm_library import gpm_table
 from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
-from atopgpud_tw.sim.nvml import (
-    _ERROR_TEXT,
-    NO_INSTANCE,
-    Handle,
-    NVMLError,
-    NVMLLibraryMismatchError,
-    SimulatedNvml,
-)
-from atopgpud_tw.sim.scenario import LIBRARY_SYMBOLS
+from atopgpud_tw.sim.library_symbols import LIBRARY_SYMBOLS
+from atopgpud_tw.sim.nvml import Handle, SimulatedNvml
 
 #: usedGpuMemory when the driver cannot tell (WDDM, vGPU guests)
 VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
@@ -125,7 +120,7 @@ class SimulatedLibrary:
         value = device if isinstance(device, int) else ctypes.cast(device, _ptr).value
         handle = self._handles.get(value or 0)
         if handle is None:
-            raise NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         return handle
 
     def _put_handle(self, out: int | None, handle: Handle) -> int:
@@ -141,9 +136,9 @@ class SimulatedLibrary:
             try:
                 self.calls[symbol] += 1
                 return function(*args)
-            except NVMLError as error:
-                return error.value
-            except NVMLLibraryMismatchError:
+            except NvmlFault as fault:
+                return fault.code
+            except SymbolMismatch:
                 return FUNCTION_NOT_FOUND
             except BaseException as error:  # noqa: BLE001 - nothing may leave a C callback
                 self.errors.append(f"{symbol}: {type(error).__name__}: {error}")
@@ -222,7 +217,7 @@ class SimulatedLibrary:
         with self._lock:
             text = self._strings.get(code)
             if text is None:
-                words = "Success" if code == SUCCESS else _ERROR_TEXT.get(code, "Unknown Error")
+                words = "Success" if code == SUCCESS else _error_text(code)
                 text = self._strings[code] = ctypes.create_string_buffer(words.encode("ascii"))
         return ctypes.addressof(text)
 
@@ -268,7 +263,7 @@ class SimulatedLibrary:
             value = self._call(method, self.model_handle(device))
             if not out:
                 return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(getattr(value, "value", value))
+            _at(out, _uint)[0] = int(value)
             return SUCCESS
 
         return answer
@@ -297,7 +292,7 @@ class SimulatedLibrary:
 
     def _struct(self, out: int | None, name: str) -> Any:
         if not out:
-            raise NVMLError(INVALID_ARGUMENT)
+            raise NvmlFault(INVALID_ARGUMENT)
         return self._array(out, name)[0]
 
     def _pci_info(self, device: int | None, out: int | None) -> int:
@@ -305,7 +300,7 @@ class SimulatedLibrary:
         target = self._struct(out, "nvmlPciInfo_t")
         bus_id = info.busId if isinstance(info.busId, bytes) else str(info.busId).encode("ascii")
         target.busId = bus_id[:31]
-        target.busIdLegacy = bytes(getattr(info, "busIdLegacy", bus_id[-12:]))[:15]
+        target.busIdLegacy = info.busIdLegacy[:15]
         try:
             domain, bus, rest = bus_id.decode("ascii").split(":")
             target.domain, target.bus, target.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
@@ -324,7 +319,7 @@ class SimulatedLibrary:
         if target.version != self._b.nvmlMemory_v2:
             return ARGUMENT_VERSION_MISMATCH
         memory = self._call("nvmlDeviceGetMemoryInfo", self.model_handle(device), target.version)
-        target.total, target.reserved = int(memory.total), int(getattr(memory, "reserved", 0))
+        target.total, target.reserved = int(memory.total), int(memory.reserved)
         target.used, target.free = int(memory.used), int(memory.free)
         return SUCCESS
 
@@ -480,16 +475,14 @@ def _raw(struct: type) -> Any:
     return ctypes.POINTER(plain)
 
 
-def _grown_process(index: int) -> SimpleNamespace:
+def _grown_process(index: int) -> RunningProcess:
     """A process that started between a list's size query and its fill."""
-    return SimpleNamespace(
-        pid=GROWN_PID + index, usedGpuMemory=0, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE
-    )
+    return RunningProcess(GROWN_PID + index, 0)
 
 
-def _grown_sample(index: int, stamp: int) -> SimpleNamespace:
+def _grown_sample(index: int, stamp: int) -> ProcessSample:
     """An idle sample of such a process."""
-    return SimpleNamespace(pid=GROWN_PID + index, timeStamp=stamp, smUtil=0, memUtil=0, encUtil=0, decUtil=0)
+    return ProcessSample(GROWN_PID + index, stamp, 0, 0)
 
 
 def _write_process(target: Any, proc: Any) -> None:
@@ -508,4 +501,9 @@ def _write_process_sample(target: Any, sample: Any) -> None:
 
 def _write_sample(target: Any, sample: Any) -> None:
     target.timeStamp = int(sample.timeStamp)
-    target.sampleValue.uiVal = int(sample.sampleValue.uiVal)
+    target.sampleValue.uiVal = int(sample.value)
+
+
+def _error_text(code: int) -> str:
+    """nvmlErrorString's words for a code: its name, as words ("Not Supported")."""
+    return NAMES[code].replace("_", " ").title() if code in NAMES else "Unknown Error"

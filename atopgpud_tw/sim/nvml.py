@@ -2,8 +2,8 @@
 
 `SimulatedNvml` is the driver model beneath the simulated libnvidia-ml
 (`atopgpud_tw.sim.library`): the values, timelines, faults and MIG layout of a
-scenario, as Python methods named and shaped like nvidia-ml-py's functions
-(results as Python objects, failures as `NVMLError` codes).  Programs do not
+scenario, as Python methods named after NVML's functions: results as plain
+data (`Rates`, `Memory`, `Sample`, ...), failures as `NvmlFault(code)`.  Programs do not
 call it directly: the library adapts each C call into one of these methods and
 its result into the caller's C structures, beneath the real `pynvml` module.
 
@@ -23,22 +23,32 @@ destroyed instance does.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from atopgpud_tw.sim import replay
+from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.sim.answers import (
+    NO_INSTANCE,
+    Answers,
+    Memory,
+    NvmlFault,
+    PciInfo,
+    ProcessSample,
+    Rates,
+    RunningProcess,
+    Sample,
+    raise_fault,
+)
 from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
+from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
+from atopgpud_tw.sim.replay import Replayed
 from atopgpud_tw.sim.scenario import (
-    CUDA_VERSIONS,
-    DRIVERS,
-    NVML_ERRORS,
     Fault,
     GpuSpec,
     MigSpec,
@@ -47,10 +57,6 @@ from atopgpud_tw.sim.scenario import (
     cycled,
 )
 
-_ERROR_TEXT = {
-    value: name[len("NVML_ERROR_"):].replace("_", " ").title() for name, value in NVML_ERRORS.items()
-}
-NO_INSTANCE = 0xFFFFFFFF
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_MEMORY_UTILIZATION_SAMPLES = 2
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
@@ -60,86 +66,7 @@ SAMPLE_BUFFER = 100
 NVML_DEVICE_MIG_ENABLE = 1
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
-
-
-class NVMLError(Exception):
-    """An NVML error code, mapped to a subclass per code as pynvml does."""
-
-    _by_value: dict[int, type[NVMLError]] = {}
-    value: int
-
-    def __new__(cls, value: int) -> NVMLError:
-        if cls is NVMLError:
-            cls = NVMLError._by_value.get(value, cls)
-        error = Exception.__new__(cls)
-        error.value = value
-        return error
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-
-    def __str__(self) -> str:
-        return _ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NVMLError) and self.value == other.value
-
-    __hash__ = Exception.__hash__
-
-
-class NVMLLibraryMismatchError(Exception):
-    """The binding wants a versioned symbol the library lacks (not an NVMLError)."""
-
-
-def _error_class(name: str, value: int) -> type[NVMLError]:
-    words = name[len("NVML_ERROR_"):].split("_")
-    class_name = "NVMLError_" + "".join(word.capitalize() for word in words)
-    cls = type(class_name, (NVMLError,), {"__new__": lambda typ, *a: NVMLError.__new__(typ, value)})
-    NVMLError._by_value[value] = cls
-    return cls
-
-
-ERROR_CLASSES = {name: _error_class(name, value) for name, value in NVML_ERRORS.items()}
-globals().update({cls.__name__: cls for cls in ERROR_CLASSES.values()})
-globals().update(NVML_ERRORS)
-
-
-class _Record:
-    """A result object with attributes, which callers may also set (as pynvml's)."""
-
-    def __init__(self, **fields: Any) -> None:
-        self.__dict__ = fields  # a dict of its own: made for this call
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.__dict__})"
-
-
-class c_nvmlUtilization_t(_Record):
-    pass
-
-
-class c_nvmlMemory_t(_Record):
-    pass
-
-
-class nvmlPciInfo_t(_Record):
-    pass
-
-
-class nvmlFriendlyObject(_Record):
-    pass
-
-
-class c_nvmlProcessUtilizationSample_t(_Record):
-    pass
-
-
-class c_nvmlSample_t(_Record):
-    pass
-
-
-class c_nvmlValue_t(_Record):
-    pass
+INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND = (CODES[n] for n in ("INVALID_ARGUMENT", "NOT_SUPPORTED", "NOT_FOUND"))
 
 
 @dataclass(frozen=True)
@@ -151,14 +78,8 @@ class Handle:
 
 
 class SimulatedNvml(HealthDriver, GpmDriver):
-    """The driver model: its methods answer as pynvml's functions would (the library adapts them to C)."""
-
-    NVMLError = NVMLError
-    NVMLLibraryMismatchError = NVMLLibraryMismatchError
-    NVML_GPU_UTILIZATION_SAMPLES = NVML_GPU_UTILIZATION_SAMPLES
-    NVML_MEMORY_UTILIZATION_SAMPLES = NVML_MEMORY_UTILIZATION_SAMPLES
-    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
-    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
+    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`
+    (the library writes both into C)."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
@@ -177,17 +98,15 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._event_sets: dict[int, EventSet] = {}
         #: by id() of a GpuSpec of the scenario (which keeps them)
         self._shift_tables: dict[int, _StampShifts] = {}
+        #: by id() of a replayed GpuSpec: what answers for it
+        self._replayed = {
+            id(gpu): Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
+            for gpu in scenario.gpus if gpu.replay is not None
+        }
         self._event_lock = threading.Lock()
         #: by pid, when its processes ran (`process_start_time`), made when first asked
         self._runs: dict[int, list[tuple[float, float | None]]] | None = None
         self._gpm_setup()
-        for name, cls in ERROR_CLASSES.items():
-            setattr(self, cls.__name__, cls)
-            setattr(self, name, NVML_ERRORS[name])
-
-    @staticmethod
-    def _raise_fault(error: str) -> None:
-        _raise_fault(error)
 
     # -- helpers --
 
@@ -227,9 +146,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                     # stuck in the driver: until the fault ends (an hour at most)
                     time.sleep(min(3600.0, (fault.until or now + 3600.0) - now))
                     continue
-                _raise_fault(fault.error)
+                raise_fault(fault.error)
         if call != "nvmlInit" and not self._initialised:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_UNINITIALIZED"])
+            raise NvmlFault(CODES["UNINITIALIZED"])
         return now
 
     def _next(self, key: tuple[Any, ...], value: Any) -> Any:
@@ -255,7 +174,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     def _gpu(self, handle: Any) -> GpuSpec:
         if not isinstance(handle, Handle) or not 0 <= handle.gpu < len(self.scenario.gpus):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         return self.scenario.gpus[handle.gpu]
 
     def _instances(self, gpu: GpuSpec, now: float) -> list[MigSpec]:
@@ -270,7 +189,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     def _check_instance(self, handle: Handle, now: float) -> None:
         if handle.instance is not None and not handle.instance.alive(now):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
 
     def process_start_time(self, pid: int) -> int | None:
         """The host's start time of the process with this pid now, as ``/proc/PID/stat``
@@ -317,7 +236,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._enter("nvmlInit")
         loaded = self.scenario.driver_loaded_file
         if loaded is not None and not os.path.exists(loaded):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_DRIVER_NOT_LOADED"])
+            raise NvmlFault(CODES["DRIVER_NOT_LOADED"])
         self._initialised += 1
 
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -348,15 +267,15 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         handle = Handle(order[index] if order is not None and 0 <= index < len(order) else index)
         self._enter("nvmlDeviceGetHandleByIndex", handle)
         if not 0 <= index < len(self.scenario.gpus):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         return handle
 
     # -- identity --
 
-    def nvmlDeviceGetPciInfo(self, handle: Handle) -> nvmlPciInfo_t:
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
         self._enter("nvmlDeviceGetPciInfo", handle)
         gpu = self._gpu(handle)
-        return nvmlPciInfo_t(busId=gpu.busid.encode("ascii"), busIdLegacy=gpu.busid[-12:].encode("ascii"))
+        return PciInfo(busId=gpu.busid.encode("ascii"), busIdLegacy=gpu.busid[-12:].encode("ascii"))
 
     def nvmlDeviceGetName(self, handle: Handle) -> str:
         now = self._enter("nvmlDeviceGetName", handle)
@@ -380,13 +299,13 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._enter("nvmlDeviceGetSerial", handle)
         gpu = self._gpu(handle)
         if gpu.serial is None or handle.instance is not None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         return gpu.serial
 
     def nvmlDeviceGetVbiosVersion(self, handle: Handle) -> str:
         self._enter("nvmlDeviceGetVbiosVersion", handle)
         if handle.instance is not None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         return self._gpu(handle).vbios
 
     # -- MIG --
@@ -395,7 +314,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._enter("nvmlDeviceGetMigMode", device)
         gpu = self._gpu(device)
         if not gpu.mig_capable or device.instance is not None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         mode = NVML_DEVICE_MIG_DISABLE if gpu.mig is None else NVML_DEVICE_MIG_ENABLE
         return [mode, mode]
 
@@ -408,81 +327,86 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         now = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
         gpu = self._gpu(device)
         if device.instance is not None or not 0 <= index < self._slots(gpu):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         for instance in self._instances(gpu, now):
             if instance.slot == index:
                 return Handle(device.gpu, instance)
-        raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+        raise NvmlFault(NOT_FOUND)
 
-    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> ctypes.c_uint:
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> int:
         self._enter("nvmlDeviceIsMigDeviceHandle", device)
-        return ctypes.c_uint(1 if device.instance is not None else 0)
+        return 1 if device.instance is not None else 0
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle) -> Handle:
         self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
         if migDevice.instance is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         return Handle(migDevice.gpu)
 
     def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
         now = self._enter("nvmlDeviceGetGpuInstanceId", device)
         if device.instance is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         self._check_instance(device, now)
         return device.instance.gpu_instance
 
     def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
         now = self._enter("nvmlDeviceGetComputeInstanceId", device)
         if device.instance is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_INVALID_ARGUMENT"])
+            raise NvmlFault(INVALID_ARGUMENT)
         self._check_instance(device, now)
         return device.instance.compute_instance
 
-    # -- readings --
+    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`):
+    # the scenario's values (this model's `rates`, `samples`, `memory`, `running`,
+    # `process_samples`) or a recording (`replay.Replayed`) --
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> c_nvmlUtilization_t:
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Rates:
         now = self._enter("nvmlDeviceGetUtilizationRates", handle)
         gpu = self._gpu(handle)
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        if gpu.replay is not None:
-            return self._replay_rates(gpu)
-        # like the driver: the busy share of its last sample period only
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).rates(handle, gpu)
+
+    def rates(self, handle: Handle, gpu: GpuSpec) -> Rates:
+        """The rates call: like the driver, the busy share of its last sample period only."""
         last = self._periods(gpu, newest_only=True)
-        return c_nvmlUtilization_t(
+        return Rates(
             gpu=self._util(handle, gpu, "gpu", last),
             memory=self._util(handle, gpu, "mem", last),
         )
 
     def nvmlDeviceGetSamples(
         self, device: Handle, sampling_type: int, timeStamp: int
-    ) -> tuple[int, list[c_nvmlSample_t]]:
+    ) -> tuple[int, list[Sample]]:
         self._enter("nvmlDeviceGetSamples", device)
         gpu = self._gpu(device)
         field = {NVML_GPU_UTILIZATION_SAMPLES: "gpu", NVML_MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
         if field is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         if gpu.mig is not None or not gpu.samples_supported or gpu.gpu_util is None or gpu.mem_util is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         if gpu.samples_not_found:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
-        if gpu.replay is not None:
-            return self._replay_samples(gpu, field, timeStamp)
+            raise NvmlFault(NOT_FOUND)
+        return self._answers(gpu).samples(device, gpu, field, timeStamp)
+
+    def samples(self, device: Handle, gpu: GpuSpec, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
+        """The samples call's buffer of `field` ("gpu" or "mem") samples newer than `timeStamp`."""
         if _per_call(gpu, field):
             # a list of values: one new sample per call, the next of the cycled values
             stamp = self._stamp_us()
             if stamp <= timeStamp:
-                raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+                raise NvmlFault(NOT_FOUND)
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
-            return NVML_VALUE_TYPE_UNSIGNED_INT, [_sample(stamp, int(value))]
+            return NVML_VALUE_TYPE_UNSIGNED_INT, [Sample(stamp, int(value))]
         level = _period_level(gpu, field)
         periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
-        out = [_sample(stamp, level(start, end)) for stamp, start, end in periods]
+        out = [Sample(stamp, level(start, end)) for stamp, start, end in periods]
         if not gpu.idle_samples:
-            out = [s for s in out if s.sampleValue.uiVal]  # type: ignore[attr-defined]  # a ctypes field
+            out = [s for s in out if s.value]
         if not out:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+            raise NvmlFault(NOT_FOUND)
         return NVML_VALUE_TYPE_UNSIGNED_INT, out
 
     def _sample_base_us(self, gpu: GpuSpec) -> int:
@@ -545,11 +469,13 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         start, end = periods[-1][-2:]
         return _period_level(gpu, field)(start, end)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> c_nvmlMemory_t:
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> Memory:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
         gpu = self._gpu(handle)
-        if gpu.replay is not None:
-            return self._replay_memory(gpu, version)
+        return self._answers(gpu).memory(handle, gpu, version, now)
+
+    def memory(self, handle: Handle, gpu: GpuSpec, version: Any, now: float) -> Memory:
+        """Memory info, v1 (`version` None) or v2."""
         if handle.instance is not None:
             self._check_instance(handle, now)
             parts = [handle.instance]
@@ -565,19 +491,23 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         if version is None:
             # v1: the driver's reserved memory counts as used
             used_b += reserved_b
-            return c_nvmlMemory_t(total=total_b, used=used_b, free=max(0, total_b - used_b))
+            return Memory(total=total_b, used=used_b, free=max(0, total_b - used_b))
         free_b = max(0, total_b - used_b - reserved_b)
-        return c_nvmlMemory_t(version=version, total=total_b, reserved=reserved_b, used=used_b, free=free_b)
+        return Memory(total=total_b, used=used_b, free=free_b, reserved=reserved_b)
 
     def _running(
         self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool
-    ) -> list[nvmlFriendlyObject]:
+    ) -> list[RunningProcess]:
         now = self._enter(call, handle)
         gpu = self._gpu(handle)
         if not listed:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        if gpu.replay is not None:
-            return self._replay_running(gpu, "compute" if "C" in kinds else "graphics")
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).running(handle, gpu, call, kinds, now)
+
+    def running(
+        self, handle: Handle, gpu: GpuSpec, call: str, kinds: tuple[str, ...], now: float
+    ) -> list[RunningProcess]:
+        """A process list: the processes of one of the `kinds` running now."""
         if handle.instance is not None:
             self._check_instance(handle, now)
             owners: list[tuple[MigSpec | None, tuple[ProcessSpec, ...]]] = [
@@ -593,7 +523,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 if proc.type in kinds and proc.alive(now):
                     memory = self._next((handle.gpu, _part(owner), proc.pid, call), proc.memory_mib)
                     out.append(
-                        nvmlFriendlyObject(
+                        RunningProcess(
                             pid=proc.pid,
                             # None: "not available", as pynvml gives it (WDDM, some vGPU guests)
                             usedGpuMemory=None if memory is None else int(memory * 1048576),
@@ -603,24 +533,26 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                     )
         return out
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[nvmlFriendlyObject]:
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
         gpu = self._gpu(handle)
         return self._running(handle, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), gpu.compute_list)
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[nvmlFriendlyObject]:
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
         gpu = self._gpu(handle)
         return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), gpu.graphics_list)
 
     def nvmlDeviceGetProcessUtilization(
         self, handle: Handle, timeStamp: int
-    ) -> list[c_nvmlProcessUtilizationSample_t]:
+    ) -> list[ProcessSample]:
         now = self._enter("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
         self._check_instance(handle, now)
-        if gpu.replay is not None:
-            return self._replay_processes(gpu, timeStamp)
+        return self._answers(gpu).process_samples(handle, gpu, timeStamp, now)
+
+    def process_samples(self, handle: Handle, gpu: GpuSpec, timeStamp: int, now: float) -> list[ProcessSample]:
+        """Process utilization: the processes' samples newer than `timeStamp`."""
         if gpu.mig is not None or any(p.sm_util is None or p.mem_util is None for p in gpu.processes):
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         stamp = self._stamp_us()
         periods = self._periods(gpu, timeStamp)
         out = []
@@ -640,53 +572,14 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         if periods:
             out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
-            out = [copy for sample in out for copy in (sample, _process_sample(**sample.__dict__))]
+            out = [copy for sample in out for copy in (sample, replace(sample))]
         if not out:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
+            raise NvmlFault(NOT_FOUND)
         return out
 
-    # -- a replayed recording (sim/replay.py), in simulated time --
-
-    def _replay_rates(self, gpu: GpuSpec) -> c_nvmlUtilization_t:
-        found = replay.rates(_recording(gpu), self._clock())
-        if found is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        return c_nvmlUtilization_t(gpu=found[0], memory=found[1])
-
-    def _replay_samples(self, gpu: GpuSpec, field: str, since: int) -> tuple[int, list[c_nvmlSample_t]]:
-        out = [_sample(stamp, value) for stamp, value in
-               replay.samples(_recording(gpu), field, self._clock(), self._sample_base_us(gpu), since)]
-        if not out:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
-        return NVML_VALUE_TYPE_UNSIGNED_INT, out
-
-    def _replay_memory(self, gpu: GpuSpec, version: Any) -> c_nvmlMemory_t:
-        found = replay.memory(_recording(gpu), self._clock(), v2=version is not None)
-        if version is None:
-            return c_nvmlMemory_t(total=found[0], used=found[1], free=found[2])
-        return c_nvmlMemory_t(version=version, total=found[0], used=found[1], free=found[2], reserved=found[3])
-
-    def _replay_running(self, gpu: GpuSpec, kind: str) -> list[nvmlFriendlyObject]:
-        listed = replay.running(_recording(gpu), kind, self._clock())
-        if listed is None:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_SUPPORTED"])
-        return [
-            nvmlFriendlyObject(pid=pid, usedGpuMemory=used, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE)
-            for pid, used in listed
-        ]
-
-    def _replay_processes(self, gpu: GpuSpec, since: int) -> list[c_nvmlProcessUtilizationSample_t]:
-        out = [
-            c_nvmlProcessUtilizationSample_t(
-                pid=pid, timeStamp=stamp, smUtil=sm, memUtil=mem, encUtil=enc, decUtil=dec
-            )
-            for stamp, pid, sm, mem, enc, dec in replay.process_samples(
-                _recording(gpu), self._clock(), self._sample_base_us(gpu), since
-            )
-        ]
-        if not out:
-            raise NVMLError(NVML_ERRORS["NVML_ERROR_NOT_FOUND"])
-        return out
+    def _answers(self, gpu: GpuSpec) -> Answers:
+        """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
+        return self._replayed.get(id(gpu), self)
 
 
 def _per_call(gpu: GpuSpec, field: str) -> bool:
@@ -699,12 +592,6 @@ def _process_per_call(proc: ProcessSpec) -> bool:
     if proc.sm_timeline is not None or proc.mem_timeline is not None:
         return False
     return isinstance(proc.sm_util, (list, tuple)) or isinstance(proc.mem_util, (list, tuple))
-
-
-def _recording(gpu: GpuSpec) -> replay.Recording:
-    """The recording a replayed GPU plays (asked for only when there is one)."""
-    assert gpu.replay is not None
-    return gpu.replay
 
 
 def _period_level(gpu: GpuSpec, field: str) -> Callable[[float, float], int]:
@@ -761,10 +648,8 @@ def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]]) 
     return [_process_sample(proc.pid, periods[-1][0], sm, mem)]
 
 
-def _process_sample(pid: int, timeStamp: int, smUtil: float, memUtil: float, **_: Any) -> Any:
-    return c_nvmlProcessUtilizationSample_t(
-        pid=pid, timeStamp=timeStamp, smUtil=int(smUtil), memUtil=int(memUtil), encUtil=0, decUtil=0
-    )
+def _process_sample(pid: int, stamp: int, sm: float, mem: float) -> ProcessSample:
+    return ProcessSample(pid, stamp, int(sm), int(mem))
 
 
 class _StampShifts:
@@ -798,20 +683,8 @@ class _StampShifts:
         return shift
 
 
-def _sample(stamp: int, value: int) -> c_nvmlSample_t:
-    return c_nvmlSample_t(timeStamp=stamp, sampleValue=c_nvmlValue_t(uiVal=value))
-
-
 def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:
     """Which part of a card a cycled value belongs to: an instance's ids, or the card."""
     if isinstance(part, MigSpec):
         return (part.gpu_instance, part.compute_instance)
     return None
-
-
-def _raise_fault(error: str) -> None:
-    if error == "NVMLLibraryMismatchError":
-        raise NVMLLibraryMismatchError("simulated: the library lacks a versioned symbol")
-    if error == "RuntimeError":
-        raise RuntimeError("simulated: an unexpected exception in the binding")
-    raise NVMLError(NVML_ERRORS[error])

@@ -25,12 +25,16 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.sim.answers import Memory, NvmlFault, ProcessSample, Rates, RunningProcess, Sample
 from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
+#: nvmlValueType_t of the utilization samples: unsigned int
+VALUE_TYPE_UNSIGNED_INT = 1
 #: utilization samples the simulated driver keeps per device (as SimulatedNvml)
 SAMPLE_BUFFER = 100
 
@@ -160,34 +164,6 @@ def _kept(recording: Recording, now: float) -> tuple[int, int]:
     return max(0, last - SAMPLE_BUFFER), last
 
 
-def samples(recording: Recording, field: str, now: float, epoch_us: int, since: int) -> list[tuple[int, int]]:
-    """nvmlDeviceGetSamples at simulated time `now`: (stamp, value) newer than `since`,
-    stamps on the simulator's clock (`epoch_us` at simulated time 0)."""
-    series = recording.gpu if field == "gpu" else recording.mem
-    driver_now = _driver_now(recording, now)
-    last = bisect.bisect_right(series, (driver_now, 1 << 62))
-    shift = epoch_us - recording.origin_us
-    kept = series[max(0, last - SAMPLE_BUFFER):last]
-    return [(stamp + shift, value) for stamp, value in kept if stamp + shift > since]
-
-
-def process_samples(
-    recording: Recording, now: float, epoch_us: int, since: int
-) -> list[tuple[int, int, int, int, int, int]]:
-    """nvmlDeviceGetProcessUtilization at `now`: (stamp, pid, sm, mem, enc, dec) newer than `since`."""
-    first, last = _kept(recording, now)
-    oldest = recording.gpu[first][0] if first < last else _driver_now(recording, now)
-    driver_now = _driver_now(recording, now)
-    shift = epoch_us - recording.origin_us
-    begin = bisect.bisect_left(recording.processes, (oldest,))
-    end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
-    return [
-        (stamp + shift, pid, sm, mem, enc, dec)
-        for stamp, pid, sm, mem, enc, dec in recording.processes[begin:end]
-        if stamp + shift > since
-    ]
-
-
 def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | None:
     """The last entry recorded at or before `now`, else the first; None when there is none."""
     if not entries:
@@ -196,25 +172,69 @@ def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | Non
     return entries[max(0, index)]
 
 
-def rates(recording: Recording, now: float) -> tuple[int, int] | None:
-    """(gpu, memory) of nvmlDeviceGetUtilizationRates; None when the recording has none."""
-    entry = _at(recording.rates, now)
-    return None if entry is None else (entry[1], entry[2])
+class Replayed:
+    """A replayed GPU's answers (`answers.Answers`), from its recording in simulated time.
 
+    `clock` gives simulated seconds, unwrapped; `base_us` is what the GPU's
+    sample clock reads at simulated time 0: the recording's stamps are shifted
+    onto it.
+    """
 
-def memory(recording: Recording, now: float, v2: bool = False) -> tuple[int, int, int, int]:
-    """(total, used, free, reserved) in bytes of nvmlDeviceGetMemoryInfo: of its v2
-    answers when `v2` and the recording has some (reserved 0 otherwise)."""
-    entry = _at(recording.memory_v2, now) if v2 else None
-    if entry is not None:
-        return entry[1], entry[2], entry[3], entry[4]
-    entry = _at(recording.memory, now)
-    if entry is None:
-        return recording.memory_total, 0, recording.memory_total, 0
-    return entry[1], entry[2], entry[3], 0
+    def __init__(self, recording: Recording, clock: Callable[[], float], base_us: int) -> None:
+        self.recording = recording
+        self._clock = clock
+        self._shift = base_us - recording.origin_us
 
+    def rates(self, handle: Any, gpu: Any) -> Rates:
+        """nvmlDeviceGetUtilizationRates; NOT_SUPPORTED when the recording has none."""
+        entry = _at(self.recording.rates, self._clock())
+        if entry is None:
+            raise NvmlFault(CODES["NOT_SUPPORTED"])
+        return Rates(entry[1], entry[2])
 
-def running(recording: Recording, kind: str, now: float) -> tuple[tuple[int, int], ...] | None:
-    """(pid, usedGpuMemory bytes) of the compute or graphics list; None when not recorded."""
-    entry = _at(recording.compute if kind == "compute" else recording.graphics, now)
-    return None if entry is None else entry[1]
+    def samples(self, device: Any, gpu: Any, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
+        """nvmlDeviceGetSamples: the newest `SAMPLE_BUFFER` recorded by now, those newer than `timeStamp`."""
+        series = self.recording.gpu if field == "gpu" else self.recording.mem
+        last = bisect.bisect_right(series, (_driver_now(self.recording, self._clock()), 1 << 62))
+        kept = series[max(0, last - SAMPLE_BUFFER):last]
+        out = [Sample(stamp + self._shift, value) for stamp, value in kept if stamp + self._shift > timeStamp]
+        if not out:
+            raise NvmlFault(CODES["NOT_FOUND"])
+        return VALUE_TYPE_UNSIGNED_INT, out
+
+    def memory(self, handle: Any, gpu: Any, version: Any, now: float) -> Memory:
+        """nvmlDeviceGetMemoryInfo in bytes: its v2 answers for v2 where the recording has some
+        (reserved 0 otherwise)."""
+        recording, at = self.recording, self._clock()
+        entry = _at(recording.memory_v2, at) if version is not None else None
+        if entry is not None:
+            return Memory(entry[1], entry[2], entry[3], entry[4])
+        entry = _at(recording.memory, at)
+        if entry is None:
+            return Memory(recording.memory_total, 0, recording.memory_total)
+        return Memory(entry[1], entry[2], entry[3])
+
+    def running(self, handle: Any, gpu: Any, call: str, kinds: tuple[str, ...], now: float) -> list[RunningProcess]:
+        """The compute or graphics list (pid, usedGpuMemory bytes); NOT_SUPPORTED when not recorded."""
+        entry = _at(self.recording.compute if "C" in kinds else self.recording.graphics, self._clock())
+        if entry is None:
+            raise NvmlFault(CODES["NOT_SUPPORTED"])
+        return [RunningProcess(pid, used) for pid, used in entry[1]]
+
+    def process_samples(self, handle: Any, gpu: Any, timeStamp: int, now: float) -> list[ProcessSample]:
+        """nvmlDeviceGetProcessUtilization: the recorded entries newer than `timeStamp`, back to
+        the oldest GPU sample kept."""
+        recording, at = self.recording, self._clock()
+        first, last = _kept(recording, at)
+        driver_now = _driver_now(recording, at)
+        oldest = recording.gpu[first][0] if first < last else driver_now
+        begin = bisect.bisect_left(recording.processes, (oldest,))
+        end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
+        out = [
+            ProcessSample(pid, stamp + self._shift, sm, mem, enc, dec)
+            for stamp, pid, sm, mem, enc, dec in recording.processes[begin:end]
+            if stamp + self._shift > timeStamp
+        ]
+        if not out:
+            raise NvmlFault(CODES["NOT_FOUND"])
+        return out
