@@ -182,21 +182,29 @@ def run_gpm(timeline: dict, period: float, seconds: int, jitter: float, seed: in
     }
 
 
+def cases(periods: str) -> list[tuple[str, dict, float, float]]:
+    """Every timeline at every driver period of `periods` (seconds, comma-separated): its name, its
+    spec, its true average and the period."""
+    each = [float(p) for p in periods.split(",")]
+    found = []
+    for name, timeline in TIMELINES.items():
+        average = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100)).average
+        found += [(name, timeline, average, period) for period in each]
+    return found
+
+
 def main_gpm(args: argparse.Namespace) -> int:
-    periods = [float(p) for p in args.periods.split(",")]
     print(f"{args.seconds} s per run, {args.seeds} seeds, polls +-{args.jitter * 1000:.0f} ms; errors in "
           "percentage points (worst over seeds): of the run's average, and of one poll against its own span")
     print(f"{'timeline':36} {'period':>6} {'truth':>6} {'fold run':>8} {'GPM run':>8} {'fold poll':>9} "
           f"{'GPM poll':>8}")
-    for name, timeline in TIMELINES.items():
-        average = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100)).average
-        for period in periods:
-            worst = {"fold run": 0.0, "gpm run": 0.0, "fold poll": 0.0, "gpm poll": 0.0}
-            for seed in range(args.seeds):
-                for key, value in run_gpm(timeline, period, args.seconds, args.jitter, seed).items():
-                    worst[key] = max(worst[key], value)
-            print(f"{name:36} {period:6.3f} {average:6.2f} {worst['fold run']:8.2f} {worst['gpm run']:8.2f} "
-                  f"{worst['fold poll']:9.2f} {worst['gpm poll']:8.2f}")
+    for name, timeline, average, period in cases(args.periods):
+        worst = {"fold run": 0.0, "gpm run": 0.0, "fold poll": 0.0, "gpm poll": 0.0}
+        for seed in range(args.seeds):
+            for key, value in run_gpm(timeline, period, args.seconds, args.jitter, seed).items():
+                worst[key] = max(worst[key], value)
+        print(f"{name:36} {period:6.3f} {average:6.2f} {worst['fold run']:8.2f} {worst['gpm run']:8.2f} "
+              f"{worst['fold poll']:9.2f} {worst['gpm poll']:8.2f}")
     return 0
 
 
@@ -211,35 +219,32 @@ def main() -> int:
     args = parser.parse_args()
     if args.gpm:
         return main_gpm(args)
-    periods = [float(p) for p in args.periods.split(",")]
     names = list(BEHAVIOURS) if args.behaviours == "all" else args.behaviours.split(",")
     missed = []
     print(f"{args.seconds} s per run, {args.seeds} seeds, polls +-{args.jitter * 1000:.0f} ms; "
           "errors in percentage points (worst over seeds)")
     print(f"{'timeline':36} {'period':>6} {'behaviour':18} {'truth':>6} {'ours GPU':>8} {'ours proc':>9} "
           f"{'point GPU':>9} {'point proc':>10}")
-    for name, timeline in TIMELINES.items():
-        average = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100)).average
-        for period in periods:
-            for behaviour in names:
-                errors = {"ours": [0.0, 0.0], "point": [0.0, 0.0]}
-                for seed in range(args.seeds):
-                    for method, samples in (("ours", True), ("point", False)):
-                        truth, gpu, proc = run(
-                            timeline, period, samples, args.seconds, args.jitter, seed, BEHAVIOURS[behaviour]
-                        )
-                        worst = errors[method]
-                        worst[0] = max(worst[0], abs(gpu - truth))
-                        worst[1] = max(worst[1], abs(proc - truth))
-                ours, point = errors["ours"], errors["point"]
-                if period <= 0.5 and behaviour not in NO_BUFFER:
-                    bad = max(ours) > 1.0
-                else:
-                    bad = ours[0] > max(1.0, point[0]) or ours[1] > max(1.0, point[1])
-                if bad:
-                    missed.append(f"{name}, {period} s, {behaviour}")
-                print(f"{name:36} {period:6.3f} {behaviour:18} {average:6.2f} {ours[0]:8.2f} {ours[1]:9.2f} "
-                      f"{point[0]:9.2f} {point[1]:10.2f}{'  MISSED' if bad else ''}")
+    for name, timeline, average, period in cases(args.periods):
+        for behaviour in names:
+            errors = {"ours": [0.0, 0.0], "point": [0.0, 0.0]}
+            for seed in range(args.seeds):
+                for method, samples in (("ours", True), ("point", False)):
+                    truth, gpu, proc = run(
+                        timeline, period, samples, args.seconds, args.jitter, seed, BEHAVIOURS[behaviour]
+                    )
+                    worst = errors[method]
+                    worst[0] = max(worst[0], abs(gpu - truth))
+                    worst[1] = max(worst[1], abs(proc - truth))
+            ours, point = errors["ours"], errors["point"]
+            if period <= 0.5 and behaviour not in NO_BUFFER:
+                bad = max(ours) > 1.0
+            else:
+                bad = ours[0] > max(1.0, point[0]) or ours[1] > max(1.0, point[1])
+            if bad:
+                missed.append(f"{name}, {period} s, {behaviour}")
+            print(f"{name:36} {period:6.3f} {behaviour:18} {average:6.2f} {ours[0]:8.2f} {ours[1]:9.2f} "
+                  f"{point[0]:9.2f} {point[1]:10.2f}{'  MISSED' if bad else ''}")
     print(f"targets missed: {len(missed)}")
     for line in missed:
         print(f"  {line}")

@@ -2,8 +2,9 @@
 
 atop 2.4 to 2.12 connects to that fixed port (API version 1), so only one daemon
 at a time can serve it: `port_lock` serialises every test that listens there,
-across pytest processes too.  `run_atop` and `AtopProcess` run
-``atop [-k] -P GPU,PRE``; `atop_output` parses what it prints.
+across pytest processes too, and `held_atop_port` holds it for one test or
+skips.  `run_atop` and `AtopProcess` run ``atop [-k] -P GPU,PRE``; `atop_output`
+parses what it prints.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+import pytest
 from atop_output import AtopRun
 from daemon import Client, stop_process
 from locks import file_lock
@@ -76,6 +78,20 @@ def skip_reason() -> str | None:
 def port_lock(timeout: float = 300.0) -> Any:
     """Hold the lock of the atop port; waits for other tests that hold it."""
     return file_lock(LOCK_PATH, timeout)
+
+
+@contextmanager
+def held_atop_port(why: str = "these tests need that port for atop") -> Iterator[None]:
+    """The atop port, held while the block runs; skips where atop cannot run here or, saying `why`, where
+    something else holds the port."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with port_lock():
+        taken = port_taken()
+        if taken:
+            pytest.skip(f"{taken}; {why}")
+        yield
 
 
 def port_taken() -> str | None:

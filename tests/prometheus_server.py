@@ -1,4 +1,5 @@
-"""A real Prometheus server (Debian's /usr/bin/prometheus) on its own port and storage, for the e2e tests.
+"""A real Prometheus server (Debian's /usr/bin/prometheus) on its own port and storage, for the e2e tests,
+and promtool (of the same package) run on files.
 
 Where the binary is missing the test skips, or fails under ``CI=true``.
 """
@@ -30,8 +31,21 @@ def needed(binary: str, package: str) -> str:
     return path
 
 
+def promtool(*args: str, input: bytes | None = None, timeout: float = 120) -> None:
+    """Run promtool with these arguments (and `input` on its stdin); fail with what it printed unless it
+    exits 0."""
+    result = subprocess.run([needed("promtool", "prometheus"), *args], input=input, capture_output=True,
+                            timeout=timeout)
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def one_target(target: str, **settings: Any) -> list[dict[str, Any]]:
+    """The scrape configs of one job, ``atopgpud``, scraping `target` (``host:port``) with these settings."""
+    return [{"job_name": "atopgpud", **settings, "static_configs": [{"targets": [target]}]}]
+
+
 class Prometheus:
-    """Prometheus scraping with the scrape configs given, every second."""
+    """Prometheus scraping with the scrape configs given, every second, and evaluating the rule files given."""
 
     def __init__(self, binary: str, tmp: Path, scrape_configs: list[dict[str, Any]],
                  rule_files: list[str] | None = None) -> None:

@@ -3,15 +3,15 @@ driver's time, which tests/test_fidelity.py checks the weighting rules on.
 
 The reader folds its polls through `SampleStream` (readers/nvml/samples.py), and its
 first read through `fold_first_read`; this is the general form of both, kept here
-where the rules are tested on their own.
+where the rules are tested on their own, weighing samples as `fold_first_read` does
+(`weigh_samples`, `weighted_percent`).
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from atopgpud_tw.readers.nvml.samples import DRY_GAP, DRY_TAIL, fold_first_read
-from atopgpud_tw.snapshot import clamp_percent
+from atopgpud_tw.readers.nvml.samples import DRY_TAIL, fold_first_read, weigh_samples, weighted_percent
 
 
 def fold_device_samples(
@@ -45,22 +45,11 @@ def fold_device_samples(
         value, newest = fold_first_read(usable, period)
         return value, newest, newest
     previous = since if begin is None else max(since, begin)
-    total = weight = idle = 0.0
-    for stamp, value in usable:
-        gap = max(0, stamp - previous)
-        if period and gap > DRY_GAP * period:
-            idle += gap - period
-            gap = period
-        total += value * gap
-        weight += gap
-        previous = max(previous, stamp)
+    total, weight, idle = weigh_samples(usable, previous, period)
     end = newest
     if period and now is not None and now - newest >= DRY_TAIL * period:
         # whole periods (the driver's period is known to a microsecond or so)
         tail = (now - newest + period // 8) // period * period
         idle += tail
         end = newest + tail
-    if weight + idle <= 0:
-        # every sample at one instant: their plain mean
-        return clamp_percent(sum(value for _, value in usable) / len(usable)), newest, end
-    return clamp_percent(total / (weight + idle)), newest, end
+    return weighted_percent(usable, total, weight + idle), newest, end

@@ -31,10 +31,9 @@ from atop_helpers import (
     atop_needs_k,
     atop_path,
     atop_version,
+    held_atop_port,
     port_lock,
-    port_taken,
     run_atop,
-    skip_reason,
     sleepers,
     unused_pids,
     write_scenario,
@@ -83,13 +82,7 @@ T4 = {
 @pytest.fixture
 def atop_port() -> Iterator[None]:
     """The atop port, held for one test at a time; skips when it cannot be had."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with port_lock():
-        taken = port_taken()
-        if taken:
-            pytest.skip(f"{taken}; these tests need that port for atop")
+    with held_atop_port():
         yield
 
 

@@ -16,10 +16,8 @@ from atop_helpers import (
     ATOP_PORT,
     TcpDaemon,
     answers,
-    port_lock,
-    port_taken,
+    held_atop_port,
     run_atop,
-    skip_reason,
     write_scenario,
 )
 from atop_output import MIB, no_length_error
@@ -70,13 +68,8 @@ H200 = {
 
 @pytest.fixture
 def atop_port() -> Iterator[None]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with port_lock():
-        taken = port_taken()
-        if taken:
-            pytest.skip(f"{taken}; these tests need that port for atop")
+    """The atop port, held for one test at a time; skips when it cannot be had."""
+    with held_atop_port():
         yield
 
 

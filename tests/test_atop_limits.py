@@ -26,10 +26,8 @@ from atop_helpers import (
     TcpDaemon,
     answers,
     atop_path,
-    port_lock,
-    port_taken,
+    held_atop_port,
     run_atop,
-    skip_reason,
     sleepers,
     unused_pids,
     write_scenario,
@@ -89,15 +87,9 @@ def atop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Atop]:
     """Each real atop in turn, with the place it looks for the daemon held for this test."""
     with ExitStack() as stack:
         if request.param == "2.8.1":
-            reason = skip_reason()
-            if reason:
-                pytest.skip(reason)
+            stack.enter_context(held_atop_port("atop 2.8.1 needs that port"))
             binary = atop_path()
             assert binary is not None
-            stack.enter_context(port_lock())
-            taken = port_taken()
-            if taken:
-                pytest.skip(f"{taken}; atop 2.8.1 needs that port")
             client = Atop("atop 2.8.1", binary, 1, TCP_LISTEN, (ATOP_HOST, ATOP_PORT), socket.AF_INET, tmp_path, [])
         else:
             try:

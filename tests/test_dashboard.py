@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from daemon import free_port, run_daemon
-from prometheus_server import Prometheus, needed
+from prometheus_server import Prometheus, needed, one_target
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "etc" / "grafana"
@@ -172,8 +172,7 @@ def scraped(tmp_path_factory):
         with run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1",
                               "--metrics-processes", "--metrics-process-context", "--workloads", "unit"],
                         scenario=scenario(sleeper.pid)):
-            server = Prometheus(binary, tmp, [{"job_name": "atopgpud",
-                                               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}])
+            server = Prometheus(binary, tmp, one_target(f"127.0.0.1:{port}"))
             try:
                 server.wait_for("count_over_time(atopgpud_gpu_samples_total[1h]) > 12")
                 server.wait_for("atopgpud_gpu_xid_errors_total")

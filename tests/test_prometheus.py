@@ -8,16 +8,12 @@ alert, and that a GPU lost and back keeps its counters monotonic.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon import free_port, run_daemon, stop_process
+from daemon import free_port, run_daemon
+from prometheus_server import Prometheus, needed, one_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "etc" / "prometheus" / "atopgpud-rules.yml"
@@ -33,64 +29,16 @@ SCENARIO = {
 SPAN = "10s"
 
 
-class Prometheus:
-    """A Prometheus server on its own port and storage, scraping one target every second."""
-
-    def __init__(self, binary: str, tmp: Path, target: str) -> None:
-        self.port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "atopgpud", "static_configs": [{"targets": [target]}]}],
-        }
-        (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-        self.log = open(tmp / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-
-    def api(self, path: str, **params: str) -> object:
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as response:
-            reply = json.load(response)
-        assert reply["status"] == "success", reply
-        return reply["data"]
-
-    def query(self, expr: str, **params: str) -> list[dict]:
-        return self.api("query", query=expr, **params)["result"]  # type: ignore[index]
-
-    def wait_for(self, expr: str, timeout: float = 60.0) -> list[dict]:
-        """The query's result once it has one."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}")
-            try:
-                result = self.query(expr)
-            except OSError:
-                result = []
-            if result:
-                return result
-            time.sleep(0.5)
-        raise AssertionError(f"no result for {expr} in {timeout} s")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed (Debian package prometheus)")
+    """The daemon on the simulator and a Prometheus scraping it with the rules loaded, once the A10 was lost
+    and is back."""
+    binary = needed("prometheus", "prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     with run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1"],
                     scenario=SCENARIO):
-        server = Prometheus(binary, tmp, f"127.0.0.1:{port}")
+        server = Prometheus(binary, tmp, one_target(f"127.0.0.1:{port}"), rule_files=[str(RULES)])
         try:
             # the A10 was lost (4 s to 7 s) and is back, and a span has passed since
             server.wait_for('min_over_time(atopgpud_gpu_present{busid="00000000:18:00.0"}[1h]) == 0')
@@ -143,7 +91,7 @@ def test_busy_rate_over_a_span_is_atops_arithmetic(prometheus):
     assert 20 <= atop <= 60
     assert got["00000000:18:00.0"] == pytest.approx(30, abs=1e-9)
     # and the rules themselves are loaded and evaluate without error
-    groups = prometheus.api("rules")["groups"]  # type: ignore[index]
+    groups = prometheus.api("rules")["groups"]
     health = {rule["name"]: rule["health"] for group in groups for rule in group["rules"]}
     assert health["atopgpud:gpu_busy_percent:1m"] == "ok"
     assert set(health.values()) == {"ok"}
@@ -167,7 +115,7 @@ def test_an_xid_in_the_scenario_fires_its_alert(prometheus):
     deadline = time.monotonic() + 30
     firing: list[dict] = []
     while time.monotonic() < deadline and not firing:
-        alerts = prometheus.api("alerts")["alerts"]  # type: ignore[index]
+        alerts = prometheus.api("alerts")["alerts"]
         firing = [a for a in alerts if a["labels"]["alertname"] == "AtopgpudGpuXidError" and a["state"] == "firing"]
         time.sleep(0.5)
     assert firing, "AtopgpudGpuXidError did not fire"

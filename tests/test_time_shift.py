@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from atop_helpers import TCP_LISTEN, AtopProcess, port_lock, port_taken, skip_reason, sleepers
+from atop_helpers import TCP_LISTEN, AtopProcess, held_atop_port, sleepers
 from atop_output import process_lines
 from daemon import Client, stop_process, twistd, unique_name
 from timeshift import Shift, build
@@ -221,13 +221,7 @@ def test_a_suspend_of_a_day(tmp_path, timeshift_library, how):
 def test_atop_across_steps_of_the_daemons_wall_clock(tmp_path, timeshift_library):
     """atop itself (Debian's 2.8.1 over TCP, or a newer one with -k), every 2 s while the daemon's wall
     clock is set back 90 s and then forward a day: each interval's GPU and process figures are the load."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with port_lock(), sleepers(1) as (proc,):
-        taken = port_taken()
-        if taken:
-            pytest.skip(f"{taken}; this test needs that port for atop")
+    with held_atop_port("this test needs that port for atop"), sleepers(1) as (proc,):
         spec = json.loads(json.dumps(SCENARIO))
         spec["gpus"][0]["processes"][0]["pid"] = proc.pid
         daemon = ShiftedDaemon(tmp_path, timeshift_library, "twistd -n", ("--listen", TCP_LISTEN), spec)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from daemon import Daemon, free_port, run_daemon
-from prometheus_server import Prometheus, needed
+from prometheus_server import Prometheus, needed, one_target
 from webtls import Pki, hashed, web_config
 
 pytestmark = pytest.mark.e2e
@@ -59,13 +59,12 @@ def secured(tmp_path_factory, pki):
     port = free_port()
     with run_daemon(tmp, ["--interval", "0.5", "--metrics", f"tcp:{port}:interface=127.0.0.1",
                           "--web-config", str(config)], scenario=SCENARIO) as daemon:
-        scrape = {
-            "job_name": "atopgpud", "scheme": "https",
-            "tls_config": {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)},
-            "basic_auth": {"username": "prometheus", "password": PASSWORD},
-            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
-        }
-        server = Prometheus(binary, tmp, [scrape])
+        scrape = one_target(
+            f"127.0.0.1:{port}", scheme="https",
+            tls_config={"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)},
+            basic_auth={"username": "prometheus", "password": PASSWORD},
+        )
+        server = Prometheus(binary, tmp, scrape)
         try:
             server.wait_for('up{job="atopgpud"} == 1')
             yield daemon, server, port

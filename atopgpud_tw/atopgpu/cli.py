@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from atopgpud_tw import codec
 from atopgpud_tw.atopgpu.connection import (
@@ -313,12 +313,20 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(doc: dict[str, Any], as_json: bool, watching: bool) -> None:
-    if as_json:
+def _emit(doc: dict[str, Any], args: argparse.Namespace,
+          render: Callable[[dict[str, Any]], str] = render_table) -> None:
+    """One report: JSON (a line each under --watch), or rendered (a blank line after each under --watch)."""
+    watching = args.watch is not None
+    if args.json:
         text = json.dumps(doc, separators=(",", ":")) if watching else json.dumps(doc, indent=2)
     else:
-        text = render_table(doc) + ("\n" if watching else "")
+        text = render(doc) + ("\n" if watching else "")
     print(text, flush=True)
+
+
+def _last(args: argparse.Namespace, shown: int) -> bool:
+    """Whether `shown` reports are all: one without --watch, --count with it."""
+    return args.watch is None or (args.count is not None and shown >= args.count)
 
 
 def run_health(args: argparse.Namespace) -> None:
@@ -328,13 +336,9 @@ def run_health(args: argparse.Namespace) -> None:
     url = args.metrics_url or DEFAULT_URL
     shown, start = 0, time.monotonic()
     while True:
-        doc = health_report(fetch(url), url)
-        if args.json:
-            print(json.dumps(doc, separators=(",", ":")) if args.watch else json.dumps(doc, indent=2), flush=True)
-        else:
-            print(render_health(doc) + ("\n" if args.watch else ""), flush=True)
+        _emit(health_report(fetch(url), url), args, render_health)
         shown += 1
-        if args.watch is None or (args.count is not None and shown >= args.count):
+        if _last(args, shown):
             return
         time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
 
@@ -352,13 +356,9 @@ def run_gpm(args: argparse.Namespace) -> None:
     while True:
         time.sleep(max(0.0, start + (shown + 1) * span - time.monotonic()))
         after = gpm_counters(fetch(url), url)
-        doc = gpm_report(before, after, url)
-        if args.json:
-            print(json.dumps(doc, separators=(",", ":")) if args.watch else json.dumps(doc, indent=2), flush=True)
-        else:
-            print(render_gpm(doc) + ("\n" if args.watch else ""), flush=True)
+        _emit(gpm_report(before, after, url), args, render_gpm)
         shown += 1
-        if args.watch is None or (args.count is not None and shown >= args.count):
+        if _last(args, shown):
             return
         before = after
 
@@ -386,9 +386,9 @@ def run(args: argparse.Namespace) -> None:
                 if args.watch is not None:
                     connection.close()
                     connection = Connection(address)
-            _emit(report(reading, previous, args.connect, args.by), args.json, args.watch is not None)
+            _emit(report(reading, previous, args.connect, args.by), args)
             shown += 1
-            if args.watch is None or (args.count is not None and shown >= args.count):
+            if _last(args, shown):
                 return
             previous = reading
             # on a fixed grid, so that slow replies do not stretch the intervals

@@ -11,7 +11,8 @@ instead, and copes with what real drivers do to it (docs/fidelity.md):
   the mean over a window of the driver's time; the windows tile that time;
 - `ProcessStream`: one device's per-process samples, listed per busy period or
   once per call, whichever the driver does;
-- the pure functions they use (`fold_first_read` for the first read,
+- the pure functions they use (`fold_first_read` for the first read, and
+  the time weighting it shares, `weigh_samples` and `weighted_percent`;
   `fold_process_samples`, `windowed_process_figures`, ...).
 
 Samples no newer than the timestamp asked with, or above 100 %, are dropped
@@ -64,6 +65,18 @@ def fold_first_read(samples: Iterable[tuple[int, float]], period: int | None = N
     if len(usable) == 1:
         return clamp_percent(usable[0][1]), newest
     previous = usable[0][0] - (period or (usable[1][0] - usable[0][0]))
+    total, weight, idle = weigh_samples(usable, previous, period)
+    return weighted_percent(usable, total, weight + idle), newest
+
+
+def weigh_samples(usable: list[tuple[int, float]], previous: int, period: int | None) -> tuple[float, float, float]:
+    """(the sum of value times weight, the sum of weights, the idle time) of time-ordered
+    (stamp, value) pairs, the first weighing the time since `previous`.
+
+    Each sample weighs the time since the one before it.  Once the driver's
+    sample `period` is known, a gap longer than `DRY_GAP` periods is a dry
+    spell: the sample after it weighs one period and the rest of the gap is idle.
+    """
     total = weight = idle = 0.0
     for stamp, value in usable:
         gap = max(0, stamp - previous)
@@ -73,10 +86,15 @@ def fold_first_read(samples: Iterable[tuple[int, float]], period: int | None = N
         total += value * gap
         weight += gap
         previous = max(previous, stamp)
-    if weight + idle <= 0:
-        # every sample at one instant: their plain mean
-        return clamp_percent(sum(value for _, value in usable) / len(usable)), newest
-    return clamp_percent(total / (weight + idle)), newest
+    return total, weight, idle
+
+
+def weighted_percent(usable: list[tuple[int, float]], total: float, span: float) -> int | None:
+    """The mean `total` over `span` (weighed time and idle time) as a percentage; the plain mean
+    of the samples where they all stand at one instant (no span)."""
+    if span <= 0:
+        return clamp_percent(sum(value for _, value in usable) / len(usable))
+    return clamp_percent(total / span)
 
 
 def fold_process_samples(

@@ -34,7 +34,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import __version__
-from atopgpud_tw.counters import DeviceTotals
+from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 from atopgpud_tw.figures import INFO, INVENTORY
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
@@ -69,6 +69,16 @@ class PollStatistics(Protocol):
 def _known(value: int | None) -> TypeGuard[int]:
     """A figure worth exporting: decided (not None) and supported (not -1)."""
     return value is not None and value >= 0
+
+
+def _add_busy_seconds(busy: CounterMetricFamily, mem_busy: CounterMetricFamily, labels: list[str],
+                      totals: DeviceTotals | ProcessTotals, timed: bool, interval: float) -> None:
+    """A GPU's or a process's GPU and memory busy percent-seconds, those it knows: the seconds each
+    sample covers where the polls are timed, else `interval` seconds a sample."""
+    if _known(totals.gpu_busy_cum):
+        busy.add_metric(labels, totals.gpu_busy_seconds if timed else totals.gpu_busy_cum * interval)
+    if _known(totals.mem_busy_cum):
+        mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
 
 
 class CallStatistics(Protocol):
@@ -186,10 +196,7 @@ class BoardCollector:
                 used.add_metric(labels, device.memory_used_kib * KIB)
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
-            if _known(device.gpu_busy_cum):
-                busy_cum.add_metric(labels, device.gpu_busy_seconds if timed else device.gpu_busy_cum * interval)
-            if _known(device.mem_busy_cum):
-                mem_busy_cum.add_metric(labels, device.mem_busy_seconds if timed else device.mem_busy_cum * interval)
+            _add_busy_seconds(busy_cum, mem_busy_cum, labels, device, timed, interval)
             used_cum.add_metric(
                 labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
             )
@@ -220,10 +227,7 @@ class BoardCollector:
                 if _known(totals.memory_now_kib):
                     memory.add_metric(labels, totals.memory_now_kib * KIB)
                 samples.add_metric(labels, totals.samples)
-                if _known(totals.gpu_busy_cum):
-                    busy.add_metric(labels, totals.gpu_busy_seconds if timed else totals.gpu_busy_cum * interval)
-                if _known(totals.mem_busy_cum):
-                    mem_busy.add_metric(labels, totals.mem_busy_seconds if timed else totals.mem_busy_cum * interval)
+                _add_busy_seconds(busy, mem_busy, labels, totals, timed, interval)
         yield from (memory, samples, busy, mem_busy)
 
 
