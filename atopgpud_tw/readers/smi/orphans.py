@@ -137,13 +137,21 @@ class Orphans:
             self._pending.cancel()
         self._pending = None
         deadline = time.monotonic() + limit
-        while (self._once() or not all(map(dead, ending))) and time.monotonic() < deadline:
+        quiet = 0  # sweeps in a row that found nothing: two, since /proc's children lists can
+        # miss a process while it is being handed over (proc(5)); these sweeps also scan /proc
+        while quiet < 2 and time.monotonic() < deadline:
+            busy = self._once(thorough=True) or not all(map(dead, ending))
+            quiet = 0 if busy else quiet + 1
             time.sleep(ROUND / 5)
 
-    def _once(self) -> bool:
-        """One sweep; whether any leftover remains (not yet reaped)."""
+    def _once(self, thorough: bool = False) -> bool:
+        """One sweep; whether any leftover remains (not yet reaped).  `thorough` also
+        scans every process's parent in /proc (start-up and shutdown only: it costs more)."""
         remaining = False
-        for pid in self.leftovers():
+        found = self.leftovers()
+        if thorough:
+            found |= _children_by_scan(os.getpid()) - set(self._known())
+        for pid in found:
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
