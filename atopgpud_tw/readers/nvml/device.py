@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from itertools import repeat
+from typing import Any, Callable, Iterable
 
 from twisted.logger import Logger
 
@@ -39,9 +40,9 @@ from atopgpud_tw.readers.nvml.direct import NAMES as DIRECT
 from atopgpud_tw.readers.nvml.direct import PROCESS_UTILIZATION, SAMPLES, DirectCalls
 from atopgpud_tw.readers.nvml.samples import (
     DRY_GAP_KNOWN,
+    ProcessSamples,
     ProcessStream,
     SampleStream,
-    UtilSample,
 )
 from atopgpud_tw.readers.nvml.stamps import HostOffsets, StampMap
 from atopgpud_tw.readers.nvml.support import Support
@@ -251,9 +252,9 @@ def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | Non
     return device.call(function, *args, variant=variant)
 
 
-def list_processes(device: NvmlDevice, kind: str) -> list[tuple[int, int | None]]:
-    """One process list ("C" or "G") as (pid, used bytes or None), through the newest
-    function the driver has.
+def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
+    """One process list ("C" or "G") as columns (pids, used bytes or None), through the
+    newest function the driver has.
 
     Drivers before 510 lack the _v3 lists the binding calls by default; from
     450.66 they have the _v2 ones.  Which is used is said once per reader; a
@@ -477,7 +478,7 @@ def _memory_info(device: NvmlDevice) -> Any:
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:
-    found: dict[int, tuple[str, int | None]] = {}
+    lists = []
     for kind in ("C", "G"):
         listed = attempt(partial(list_processes, device, kind), unsupported=())
         if listed is None:
@@ -487,43 +488,86 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
             # may not hold a long spell's)
             _skip_process_busy(device, attempt, poll)
             return None
-        for pid, memory in listed:
-            # memory None where NVML cannot tell (WDDM, some vGPU guests)
-            memory_kib = UNSUPPORTED if memory is None else memory // 1024
-            seen = found.get(pid)
-            if seen is None:
-                found[pid] = (kind, memory_kib)
-            else:  # one allocation listed under both kinds (or twice): merge_processes's "max" rule
-                found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
-    if not found:
+        if listed:  # (not `()`: the list is not supported)
+            lists.append((kind, listed))
+    kinds, memory = _merge_lists(lists)
+    if not kinds:
         # the last processes left: their samples are taken off the buffer now, so that
         # none is counted for a later process (a pid reused after a poll that listed nobody)
         _skip_process_busy(device, attempt, poll)
         return ()
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
-    starts = poll.starts or _no_start
-    if not isinstance(busy, dict):  # failed (None), or no per-process figures (UNSUPPORTED)
-        return tuple(
-            ProcessSample(pid, kind, memory, busy, busy, starts(pid)) for pid, (kind, memory) in found.items()
-        )
-    idle = (0, 0)
-    return tuple(
-        ProcessSample(pid, kind, memory, gpu, mem, starts(pid))
-        for pid, (kind, memory) in found.items()
-        for gpu, mem in (busy.get(pid, idle),)
-    )
+    pids = list(kinds)
+    # a column per field, each made in one pass of C, and a ProcessSample per row made in C too
+    # (the named tuple's own constructor is Python); only the start times are read per pid
+    gpu: Iterable[Any]
+    mem: Iterable[Any]
+    if isinstance(busy, dict):
+        if busy:
+            gpu, mem = zip(*map(busy.get, pids, repeat(_IDLE)))
+        else:
+            gpu = mem = repeat(0)
+    else:  # failed (None), or no per-process figures (UNSUPPORTED)
+        gpu = mem = repeat(busy)
+    starts = poll.starts
+    started = repeat(None) if starts is None else map(starts, pids)
+    return tuple(map(_process_sample, zip(pids, kinds.values(), memory.values(), gpu, mem, started)))
+
+
+#: what a listed pid with no process sample in the poll was: idle
+_IDLE = (0, 0)
+#: a `ProcessSample` from a row of its fields, made in C
+_process_sample = partial(tuple.__new__, ProcessSample)
+#: KiB from bytes (``m >> 10`` is ``m // 1024`` for the unsigned counts the driver gives), in C
+_kib = (10).__rrshift__
+
+
+def _merge_lists(
+    lists: list[tuple[str, tuple[list[int], list[Any]]]],
+) -> tuple[dict[int, str], dict[int, int | None]]:
+    """The processes of both lists, by pid in the order they are first listed: kind
+    and memory in KiB (`UNSUPPORTED` where NVML cannot tell: WDDM, some vGPU guests).
+
+    A pid in both lists (one allocation listed under both kinds), or twice in one,
+    is one process: `merge_processes`'s "max" rule.  The usual lists (no pid
+    twice) are merged a list at a time, in C; the rest entry by entry.
+    """
+    kinds: dict[int, str] = {}
+    memory: dict[int, int | None] = {}
+    for kind, (pids, used) in lists:
+        if not pids:
+            continue
+        kib: list[Any]
+        if None in used:
+            kib = [UNSUPPORTED if m is None else m // 1024 for m in used]
+        else:
+            kib = list(map(_kib, used))
+        if not kinds:
+            kinds = dict.fromkeys(pids, kind)
+            if len(kinds) == len(pids):
+                memory = dict(zip(pids, kib))
+                continue
+            kinds = {}
+        elif kinds.keys().isdisjoint(pids) and len(set(pids)) == len(pids):
+            kinds.update(dict.fromkeys(pids, kind))
+            memory.update(zip(pids, kib))
+            continue
+        for pid, memory_kib in zip(pids, kib):
+            seen = kinds.get(pid)
+            if seen is None:
+                kinds[pid] = kind
+                memory[pid] = memory_kib
+            else:
+                kinds[pid] = merge_kind(seen, kind)
+                memory[pid] = merge_memory(memory[pid], memory_kib, "max")
+    return kinds, memory
 
 
 def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
     """Read the per-process samples of this poll and let them go, where processes were listed before."""
     if device.process_stream.figures and not device.is_mig_instance:
         attempt(lambda: _process_busy(device, poll))
-
-
-def _no_start(pid: int) -> None:
-    """No start time is read (synchronous reads without a host to ask)."""
-    return None
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:
@@ -545,7 +589,7 @@ def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, 
     return figures
 
 
-def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = None) -> list[UtilSample]:
+def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = None) -> ProcessSamples:
     """The process samples newer than `since`, their stamps on the steady clock (stamps.py)."""
     stamps = device.stamps if poll is None else _stamp_map(device, poll)
     now_us = poll.call_time_us() if poll is not None else (stamps.seen_at or 0)
@@ -553,14 +597,9 @@ def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = N
     try:
         pids, raw, sm, mem = call_sized(device, PROCESS_UTILIZATION, asked)
     except NotFound:
-        return []  # nothing ran since then
+        return ProcessSamples([], [], [], [])  # nothing ran since then
     steady = stamps.steady("processes", raw, now_us, asked, pids)
-    return list(map(_util_sample, zip(pids, steady, sm, mem)))
-
-
-#: a `UtilSample` from a (pid, stamp, sm, mem) row, made in C (the class's own constructor is
-#: Python, and it runs for every entry of every poll)
-_util_sample = partial(tuple.__new__, UtilSample)
+    return ProcessSamples(pids, steady, sm, mem)
 
 
 def _stamp_map(device: NvmlDevice, poll: DevicePoll) -> StampMap:

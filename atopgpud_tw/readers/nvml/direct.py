@@ -122,7 +122,8 @@ class DirectCalls:
       (the value as ``uiVal``: utilization samples are unsigned ints);
     - ``nvmlDeviceGetProcessUtilization(handle, since)``: ``(pids, stamps,
       sm, mem)``, four lists of one length;
-    - a process list: ``[(pid, used bytes or None), ...]``.
+    - a process list: ``(pids, used bytes or None)``, two lists of one length (columns,
+      as the reader merges them: no tuple per entry).
     """
 
     def __init__(self, nvml: Any) -> None:
@@ -210,14 +211,16 @@ class DirectCalls:
             u32[sm:sm + count * ms:ms], u32[mem:mem + count * es:es],
         )
 
-    def processes(self, name: str, handle: Any) -> list[tuple[int, int | None]]:
+    def processes(self, name: str, handle: Any) -> tuple[list[int], list[int | None]]:
         array = self._array(name)
         self._count.value = array.capacity
         ret = self._pointer(LISTS[name])(handle, self._count_ref, array.data)
         count = self._filled(array, ret, lists=True)
         if not count:
-            return []
+            return [], []
         (pid, ps), (memory, ms) = self._process
         pids = array.u32[pid:pid + count * ps:ps]
-        used = array.u64[memory:memory + count * ms:ms]
-        return [(p, None if m == NOT_AVAILABLE else m) for p, m in zip(pids, used)]
+        used: list[Any] = array.u64[memory:memory + count * ms:ms]
+        if NOT_AVAILABLE in used:  # (a scan in C: most drivers always tell)
+            used = [None if m == NOT_AVAILABLE else m for m in used]
+        return pids, used

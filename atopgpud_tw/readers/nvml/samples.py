@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, TypeAlias
 
 from atopgpud_tw.snapshot import clamp_percent
 
@@ -202,6 +203,9 @@ def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int
     Where a pid is listed more than once, its newest entry counts (the larger
     figure between entries of one timestamp).
     """
+    if type(samples) is ProcessSamples and samples.clean(since) and samples.pids_unique():
+        # each pid once, every entry fresh and in range: its entry is its figure
+        return dict(zip(samples.pids, zip(samples.sm, samples.mem))), samples.newest()
     latest, newest = _fresh(samples, since)
     figures: dict[int, tuple[int, int, int]] = {}
     for (pid, stamp), (sm, mem) in latest.items():
@@ -214,6 +218,8 @@ def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int
 def lists_busy_periods(samples: Iterable[Any], since: int = 0) -> bool:
     """Whether the driver lists a process once per busy period: some pid has
     samples of two different timestamps in one answer."""
+    if type(samples) is ProcessSamples and samples.clean(since) and samples.pids_unique():
+        return False  # each pid listed once
     stamps: dict[int, int] = {}
     for (pid, stamp) in _fresh(samples, since)[0]:
         first = stamps.setdefault(pid, stamp)
@@ -225,6 +231,13 @@ def lists_busy_periods(samples: Iterable[Any], since: int = 0) -> bool:
 def _fresh(samples: Iterable[Any], since: int) -> tuple[dict[tuple[int, int], tuple[int, int]], int]:
     """One (sm, mem) per pid and timestamp, newer than `since` and within 0..100
     (the larger where a pid and timestamp come twice); and the newest timestamp."""
+    if type(samples) is ProcessSamples:
+        return samples.fresh(since)
+    return _fresh_rows(samples, since)
+
+
+def _fresh_rows(samples: Iterable[Any], since: int) -> tuple[dict[tuple[int, int], tuple[int, int]], int]:
+    """`_fresh`, entry by entry (any samples with the structure's field names)."""
     latest: dict[tuple[int, int], tuple[int, int]] = {}
     newest = since
     for sample in samples:
@@ -440,6 +453,80 @@ class UtilSample(NamedTuple):
     memUtil: int  # noqa: N815
 
 
+#: a `UtilSample` from a (pid, stamp, sm, mem) row, made in C (the class's own constructor is
+#: Python, and it would run for every entry)
+_util_sample = partial(tuple.__new__, UtilSample)
+
+
+class ProcessSamples:
+    """One answer of ``nvmlDeviceGetProcessUtilization`` as four columns of one
+    length (pid, stamp on the steady clock, sm, mem: Python ints), as the driver's
+    array is read.  Iterated, it gives `UtilSample` rows, as any answer does; the
+    folds read the columns instead where every entry can be taken at once (a pass
+    of C over each column, not a Python step per entry), and go entry by entry
+    where some cannot (stale, above 100 %, or listed twice)."""
+
+    __slots__ = ("pids", "stamps", "sm", "mem", "_clean", "_unique", "_fresh")
+
+    def __init__(self, pids: list[int], stamps: list[int], sm: list[int], mem: list[int]) -> None:
+        self.pids, self.stamps, self.sm, self.mem = pids, stamps, sm, mem
+        #: (since, whether every entry is newer than it and within 0..100), of the last asked
+        self._clean: tuple[int, bool] | None = None
+        self._unique: bool | None = None
+        self._fresh: tuple[int, tuple[dict[tuple[int, int], tuple[int, int]], int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.pids)
+
+    def __iter__(self) -> Iterator[UtilSample]:
+        return map(_util_sample, zip(self.pids, self.stamps, self.sm, self.mem))
+
+    def __repr__(self) -> str:
+        return f"ProcessSamples({list(self)!r})"
+
+    def clean(self, since: int) -> bool:
+        """Whether every entry is newer than `since` and within 0..100 (none: False)."""
+        known = self._clean
+        if known is not None and known[0] == since:
+            return known[1]
+        sm, mem = self.sm, self.mem
+        found = bool(self.stamps) and min(self.stamps) > since and (
+            0 <= min(sm) and max(sm) <= 100 and 0 <= min(mem) and max(mem) <= 100
+        )
+        self._clean = (since, found)
+        return found
+
+    def pids_unique(self) -> bool:
+        """Whether no pid is listed twice."""
+        if self._unique is None:
+            self._unique = len(set(self.pids)) == len(self.pids)
+        return self._unique
+
+    def newest(self) -> int:
+        return max(self.stamps)
+
+    def fresh(self, since: int) -> tuple[dict[tuple[int, int], tuple[int, int]], int]:
+        """`_fresh` of these samples (kept for the next fold that asks with the same
+        `since`: the folds read what it gives, and change none of it)."""
+        known = self._fresh
+        if known is not None and known[0] == since:
+            return known[1]
+        found = None
+        if self.clean(since):
+            keys = list(zip(self.pids, self.stamps))
+            latest = dict(zip(keys, zip(self.sm, self.mem)))
+            if len(latest) == len(keys):  # no pid and timestamp twice
+                found = latest, self.newest()
+        if found is None:
+            found = _fresh_rows(self, since)
+        self._fresh = (since, found)
+        return found
+
+
+#: an answer of the process samples call: its columns, or its entries
+Answer: TypeAlias = "ProcessSamples | list[UtilSample]"
+
+
 @dataclass(eq=False)
 class ProcessStream:
     """What the reader knows of one device's per-process utilization samples.
@@ -481,8 +568,8 @@ class ProcessStream:
     def busy(
         self,
         gpu: SampleStream | None,
-        fetch: Callable[[int], list[UtilSample]],
-        probe: Callable[[int], list[UtilSample]],
+        fetch: Callable[[int], Answer],
+        probe: Callable[[int], Answer],
         *,
         now_us: int,
         periods: int | None,
@@ -570,7 +657,7 @@ class ProcessStream:
         self.listed = set(figures)
         return figures
 
-    def _on_device_stamps(self, gpu: SampleStream, samples: list[UtilSample], since: int) -> bool:
+    def _on_device_stamps(self, gpu: SampleStream, samples: Answer, since: int) -> bool:
         """Whether the driver stamps its process samples as its device samples
         (decided on the first few, then kept); the samples are kept by stamp
         until the device's windows have shown them."""
@@ -587,7 +674,7 @@ class ProcessStream:
                 self.pending = {}  # on a clock of their own: never shown over the device's windows
         return bool(self.same_stamps)
 
-    def learn_mode(self, samples: list[UtilSample], probe: Callable[[int], list[UtilSample]]) -> None:
+    def learn_mode(self, samples: Answer, probe: Callable[[int], Answer]) -> None:
         """Which way the driver reports process utilization (`mode`).
 
         The first answer that lists a process decides for now, asked with 0 (the
