@@ -1,5 +1,5 @@
-"""Standard-library modules that Twisted imports at start-up and the daemon does not use,
-run when they are first used instead.
+"""Modules that Twisted imports at start-up and the daemon does not use (of the standard
+library, and two of Twisted's own), run when they are first used instead.
 
 The ``atopgpud`` command calls `defer_unused` before it imports Twisted.  Each
 module named in `DEFERRED` is then put in ``sys.modules`` (and on its package)
@@ -9,13 +9,17 @@ attribute looked up on it runs its body, in that same object, so every later
 use sees the real module (a module that is used is loaded, a little later).
 `EARLY` names the few attributes an importer takes at once (``from asyncio
 import Future``): they come from the submodule that defines them, which is
-imported alone, without the package's ``__init__``.
+imported alone, without the package's ``__init__``.  `LATER` names the functions an
+importer binds at import and calls only later (``from html import escape``): it is
+given a stand-in that runs the body at its first call and calls the module's own.
 
-What it saves (docs/PERFORMANCE.md, "Start-up imports"): ``http.cookiejar``
+What it saves (docs/PERFORMANCE.md, "Start-up imports" and "Footprint and start-up"): ``http.cookiejar``
 brings ``urllib.request``, ``http.client``, ``email`` and ``hashlib`` and
 ``ssl`` with OpenSSL's libraries; ``asyncio``'s ``__init__`` brings its event
-loops, transports and ``ssl`` again.  ``twistd -n atopgpud`` imports Twisted
-before any of the daemon's code runs, so there nothing is deferred.
+loops, transports and ``ssl`` again; ``html`` brings ``html.entities``,
+``twisted.python.modules`` ``zipfile``, ``twisted.logger._json`` ``uuid``.
+``twistd -n atopgpud`` imports Twisted before any of the daemon's code runs, so
+there nothing is deferred.
 """
 
 from __future__ import annotations
