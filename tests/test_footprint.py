@@ -125,12 +125,16 @@ def test_metrics_loads_the_web_stack(tmp_path):
 
 @pytest.mark.e2e
 def test_deferred_modules_work_when_used():
-    """Twisted over the deferred modules: coroutines through Deferreds, asyncio, cookies
-    and pdb as the real modules, each one object."""
+    """Twisted over the deferred modules: coroutines through Deferreds, asyncio, cookies,
+    pdb, HTML escapes, getopt's messages, temporary names, JSON logs and the plugin scan
+    as the real modules, each one object."""
     code = textwrap.dedent("""
         import sys
         from atopgpud_tw import lazy
         deferred = lazy.defer_unused()
+        def base64_real():
+            import base64
+            return base64.b64encode(b"x") == b"eA==" and not lazy.is_deferred(base64)
         from twisted.internet import defer
         import asyncio, http.cookiejar, pdb, getpass
         assert all(lazy.is_deferred(sys.modules[name]) for name in deferred), deferred
@@ -145,6 +149,22 @@ def test_deferred_modules_work_when_used():
         assert defer.Future is asyncio.Future is asyncio.futures.Future
         assert http.cookiejar.CookieJar() is not None and "http.client" in sys.modules
         assert callable(pdb.Pdb) and callable(getpass.getpass)
+        # the functions taken at import run their module's body at their first call
+        from twisted.python import compat, filepath, logfile
+        from twisted import logger, plugin
+        from twisted.internet import process
+        import getopt
+        assert lazy.is_deferred(sys.modules["html"]) and compat.escape("<&>") == "&lt;&amp;&gt;"
+        assert compat.escape is not sys.modules["html"].escape  # the stand-in, as bound at import
+        try:
+            getopt.getopt(["--bogus"], "", [])
+        except getopt.GetoptError as error:
+            assert str(error) == "option --bogus not recognized"
+        assert filepath.armor(b"abcdef") == b"YWJjZGVm" and base64_real()
+        assert logger.eventFromJSON(logger.eventAsJSON({"log_format": "x"}))["log_format"] == "x"
+        assert "uuid" in sys.modules and sys.modules["twisted.logger"]._json is sys.modules["twisted.logger._json"]
+        assert any(getattr(p, "shortName", "") == "epoll" for p in plugin.getPlugins(plugin.IPlugin))
+        assert "zipfile" in sys.modules and callable(logfile.glob.glob) and callable(process.pty.openpty)
         assert not any(lazy.is_deferred(sys.modules[name]) for name in deferred)
         print(" ".join(deferred))
     """)
@@ -229,6 +249,28 @@ def test_a_failing_body_is_a_failed_import(probe_package):
     import deferprobe
 
     assert deferprobe.answer == 42 and deferprobe is not module
+
+
+def test_a_function_taken_at_import_runs_the_body_at_its_first_call(tmp_path, monkeypatch):
+    """``from module import function`` of a name in `later` binds a stand-in without running
+    the body (nor does the import's question whether the module is a package); its first
+    call runs the body, once, and calls the module's own function."""
+    (tmp_path / "laterprobe.py").write_text(
+        "import sys\nsys.laterprobe_runs = getattr(sys, 'laterprobe_runs', 0) + 1\n\n"
+        "def twice(value):\n    return 2 * value\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert lazy.defer("laterprobe", {}, ("twice",))
+        from laterprobe import twice
+
+        assert getattr(sys, "laterprobe_runs", 0) == 0 and lazy.is_deferred(sys.modules["laterprobe"])
+        assert twice(21) == 42 and twice(1) == 2 and sys.laterprobe_runs == 1
+        assert twice is not sys.modules["laterprobe"].twice and not lazy.is_deferred(sys.modules["laterprobe"])
+    finally:
+        sys.modules.pop("laterprobe", None)
+        if hasattr(sys, "laterprobe_runs"):
+            delattr(sys, "laterprobe_runs")
 
 
 def test_imported_or_built_in_modules_are_left_alone():
