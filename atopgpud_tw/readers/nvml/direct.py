@@ -168,6 +168,8 @@ class DirectCalls:
             _words(utilization, "smUtil", 4), _words(utilization, "memUtil", 4),
         )
         self._process = (_words(process, "pid", 4), _words(process, "usedGpuMemory", 8))
+        self._sample_kinds: dict[int, Any] = {}
+        self._since = ctypes.c_ulonglong(0)
         self._memory_v1 = _Memory(nvml.c_nvmlMemory_t)
         self._memory_v2 = _Memory(getattr(nvml, "c_nvmlMemory_v2_t", None))
 
@@ -211,8 +213,14 @@ class DirectCalls:
     def samples(self, handle: Any, kind: int, since: int) -> tuple[list[int], list[int]]:
         array = self._array(SAMPLES)
         self._count.value = array.capacity
+        kinds = self._sample_kinds
+        sample_kind = kinds.get(kind)
+        if sample_kind is None:
+            sample_kind = kinds[kind] = ctypes.c_uint(kind)
+        # (the arguments passed by value are kept too: set, not made, at each call)
+        self._since.value = since
         ret = self._pointer(SAMPLES)(
-            handle, ctypes.c_uint(kind), ctypes.c_ulonglong(since), self._value_type_ref, self._count_ref, array.data
+            handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data
         )
         count = self._filled(array, ret, full_is_short=True)
         if not count:
