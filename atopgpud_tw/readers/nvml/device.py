@@ -175,19 +175,13 @@ class NvmlDevice:
                 self.missing.add(key)
                 raise Missing(key)
         watch = session.watch
-        if watch is None:
-            try:
+        try:
+            if watch is None:
                 result = bound(self.handle, *args)
-            except Exception as error:
-                raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
-        else:
-            watch.begin(function, self._where)
-            try:
-                result = bound(self.handle, *args)
-            except Exception as error:
-                raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
-            finally:
-                watch.end()
+            else:
+                result = watch.run(function, self._where, bound, self.handle, *args)
+        except Exception as error:
+            raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
         if support is not None:
             # answered after a spell of NOT_SUPPORTED: served again (a problem that stood
             # while it was given up ends, and its recovery is logged)

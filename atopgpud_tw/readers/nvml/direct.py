@@ -211,7 +211,7 @@ class DirectCalls:
         return count
 
     def samples(self, handle: Any, kind: int, since: int) -> tuple[list[int], list[int]]:
-        array = self._array(SAMPLES)
+        array = self._arrays.get(SAMPLES) or self._array(SAMPLES)
         self._count.value = array.capacity
         kinds = self._sample_kinds
         sample_kind = kinds.get(kind)
@@ -219,12 +219,15 @@ class DirectCalls:
             sample_kind = kinds[kind] = ctypes.c_uint(kind)
         # (the arguments passed by value are kept too: set, not made, at each call)
         self._since.value = since
-        ret = self._pointer(SAMPLES)(
-            handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data
-        )
-        count = self._filled(array, ret, full_is_short=True)
-        if not count:
-            return [], []
+        pointer = self._pointers.get(SAMPLES) or self._pointer(SAMPLES)
+        ret = pointer(handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data)
+        count = self._count.value
+        if ret == SUCCESS and 0 < count < array.capacity and array.calls < SHRINK_AFTER - 1 and count <= array.peak:
+            array.calls += 1  # the common answer: what `_filled` and `Array.used` make of it, inline
+        else:
+            count = self._filled(array, ret, full_is_short=True)
+            if not count:
+                return [], []
         (stamp, step), (value, vstep) = self._stamp64, self._value32
         return array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
 
@@ -236,10 +239,10 @@ class DirectCalls:
             if memory.struct is None:
                 raise AttributeError("the binding has no c_nvmlMemory_v2_t")  # as its wrapper would
             memory.struct.version = version
-            ret = self._pointer(MEMORY_V2)(handle, memory.ref)
+            ret = (self._pointers.get(MEMORY_V2) or self._pointer(MEMORY_V2))(handle, memory.ref)
         else:
             memory = self._memory_v1
-            ret = self._pointer(MEMORY)(handle, memory.ref)
+            ret = (self._pointers.get(MEMORY) or self._pointer(MEMORY))(handle, memory.ref)
         if ret != SUCCESS:
             raise self._error(ret)
         words = memory.u64
