@@ -222,7 +222,8 @@ class DirectCalls:
         pointer = self._pointers.get(SAMPLES) or self._pointer(SAMPLES)
         ret = pointer(handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data)
         count = self._count.value
-        if ret == SUCCESS and 0 < count < array.capacity and array.calls < SHRINK_AFTER - 1 and count <= array.peak:
+        common = ret == SUCCESS and count and count < array.capacity and count <= array.peak
+        if common and array.calls < SHRINK_AFTER - 1:
             array.calls += 1  # the common answer: what `_filled` and `Array.used` make of it, inline
         else:
             count = self._filled(array, ret, full_is_short=True)
