@@ -9,6 +9,13 @@ symbol lookup and its cache), fills arrays of the binding's own structure types
 ``c_nvmlProcessInfo_v2_t``, which ``_v3`` shares) and raises the binding's own
 ``NVMLError`` for a return code that is not NVML_SUCCESS, so the device's choke
 point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
+``nvmlDeviceGetMemoryInfo`` too: into one kept ``c_nvmlMemory_v2_t`` (its
+``version`` set to the binding's ``nvmlMemory_v2``, through the
+``nvmlDeviceGetMemoryInfo_v2`` symbol) or ``c_nvmlMemory_t`` (v1), as the
+binding's wrapper chooses by its ``version`` argument, so that the v2-to-v1
+fallback of `device.read_memory` (FUNCTION_NOT_FOUND on a driver before 510)
+is the same; the wrapper makes a structure per call, whose fields are then read
+through ``_PrintableStructure.__getattribute__``, in Python.
 
 Why not the binding's wrappers for these: they are most of a poll's cost, for
 things that need not be done per call.  Each wrapper asks the size with a NULL

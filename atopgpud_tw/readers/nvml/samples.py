@@ -327,7 +327,8 @@ class SampleStream:
         known_dry = self.dry_gap() == DRY_GAP_KNOWN
         # (and without a period none is known skipped: no list made to find none)
         self.skipped = 0 if known_dry or not period else skipped_periods(([since] if since else []) + stamps, period)
-        driver_now = self.driver_now(now_us)
+        # (the driver's now places the window's end, which without a period is where the samples end)
+        driver_now = self.driver_now(now_us) if period else None
         if not fresh and not self.lags:
             return None, 0
         if since == 0:
@@ -342,6 +343,7 @@ class SampleStream:
             self.zero_seen = True
         dry_gap = self.dry_gap()
         previous: Any = since
+        cover = self.cover
         for stamp, level in fresh:
             low = max(previous, self.covered_to)
             if period and stamp - previous > DRY_GAP_KNOWN * period:
@@ -350,7 +352,10 @@ class SampleStream:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
-            self._known(low, stamp, level, stamp)
+            if stamp > low:  # `_known(low, stamp, level, stamp)`, inline: this runs for every sample
+                cover.append((low, stamp, level, stamp))
+                if stamp > self.covered_to:
+                    self.covered_to = stamp
             previous = stamp
         periods = 0
         if fresh:
