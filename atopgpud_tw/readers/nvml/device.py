@@ -327,7 +327,7 @@ def served_support(device: NvmlDevice) -> int:
     return support
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class DevicePoll:
     """What one poll of one device knows and learns as it goes, handed from call to
     call rather than left on the device: the poll's time, and what its rates
