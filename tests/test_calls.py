@@ -145,6 +145,70 @@ def test_an_attempt_keys_each_problem_one_way(error: Exception, problems: dict[s
     assert dict(found) == problems
 
 
+@pytest.mark.parametrize(
+    "error",
+    [Failed("nvmlFoo: NVML_ERROR_UNKNOWN", nvml_codes.UNKNOWN), NotFound("nvmlFoo"), Unsupported("nvmlFoo")],
+)
+def test_an_attempt_s_three_ways_in_agree(error: Exception) -> None:
+    """``attempt(read)``, ``attempt.run(read, *args)`` and ``attempt.call(function)``: one value and one
+    problem for one outcome, `unsupported` and `idle` alike."""
+    device = Device(error)
+    found = []
+    for way in ("closure", "run", "call"):
+        problems = Problems()
+        attempt = Attempt(device, problems)
+        if way == "closure":
+            value = attempt(lambda: device.call("nvmlFoo"), "none", 0)
+        elif way == "run":
+            value = attempt.run(device.call, "nvmlFoo", unsupported="none", idle=0)
+        else:
+            value = attempt.call("nvmlFoo", unsupported="none", idle=0)
+        found.append((value, dict(problems)))
+    assert found[0] == found[1] == found[2]
+
+
+def test_a_watched_call_is_noted_while_it_runs_and_its_long_duration_kept() -> None:
+    """`CallWatch.run` is `begin`, the call and `end`: the call in progress names the function and
+    where, it is cleared when the call returns or raises, and one that ran long leaves its duration."""
+    now = [10.0]
+    watch = CallWatch(clock=lambda: now[0])
+    watch.long_after = 5.0
+    seen = []
+
+    def slow(value: int) -> int:
+        call = watch.current
+        assert call is not None
+        seen.append((call.function, call.where, call.started))
+        now[0] += 6.0
+        return value
+
+    assert watch.run("nvmlFoo", "GPU 0", slow, 3) == 3
+    assert seen == [("nvmlFoo", "GPU 0", 10.0)] and watch.current is None
+    assert watch.long is not None and watch.long[1] == 6.0
+    serial = watch.long[0]
+    with pytest.raises(ZeroDivisionError):
+        watch.run("nvmlBar", None, lambda: 1 // 0)
+    assert watch.current is None and watch.long[0] == serial  # quick: no duration left
+    watch.begin("nvmlBaz")
+    assert watch.current is not None and watch.current.serial == serial + 2
+    watch.end()
+    assert watch.current is None
+
+
+def test_a_function_the_binding_lacks_is_missing_and_asked_again_once_forgotten() -> None:
+    """A device finds each function once; one the binding lacks is missing, and is looked up again
+    (not taken from what the device found) once its missing mark is cleared."""
+    session = NvmlSession(binding())
+    device = NvmlDevice(session, "handle", "GPU-a", "00000000:17:00.0", "card")
+    with pytest.raises(Missing):
+        device.call("nvmlFoo")
+    assert "nvmlFoo" in device.missing
+    device.missing.clear()
+    session._bound.pop("nvmlFoo")
+    session.nvml.nvmlFoo = lambda handle: handle
+    assert device.call("nvmlFoo") == "handle"
+
+
 @pytest.mark.parametrize("error", [DeviceLost("nvmlFoo: NVML_ERROR_GPU_IS_LOST"), Reinitialise("nvmlFoo: x")])
 def test_an_attempt_lets_a_lost_device_or_nvml_through(error: Exception) -> None:
     with pytest.raises(type(error)):

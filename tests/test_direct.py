@@ -50,7 +50,9 @@ def test_the_answers_are_the_wrappers_answers():
 
     for kind in (1, 2):
         _, samples = wrapped.nvmlDeviceGetSamples(handle_w, kind, 0)
-        assert grown("nvmlDeviceGetSamples", kind, 0) == [(s.timeStamp, s.sampleValue.uiVal) for s in samples]
+        assert grown("nvmlDeviceGetSamples", kind, 0) == (
+            [s.timeStamp for s in samples], [s.sampleValue.uiVal for s in samples]
+        )
     utilization = wrapped.nvmlDeviceGetProcessUtilization(handle_w, 0)
     assert len(utilization) > direct.FIRST["nvmlDeviceGetProcessUtilization"]
     assert grown("nvmlDeviceGetProcessUtilization", 0) == (
@@ -118,4 +120,25 @@ def test_a_full_sample_array_is_asked_again_larger(monkeypatch):
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(nvml.NVMLError_InsufficientSize):
         calls["nvmlDeviceGetSamples"](handle, 1, 0)
-    assert len(calls["nvmlDeviceGetSamples"](handle, 1, 0)) > 4
+    assert len(calls["nvmlDeviceGetSamples"](handle, 1, 0)[0]) > 4
+
+
+def test_memory_is_the_wrapper_s_in_both_versions():
+    """Total and used bytes from one kept structure per version: v2's used leaves the reserved
+    memory out, as the binding's v2 answer does; v1's counts it; a driver without the v2 symbol
+    raises the table's FUNCTION_NOT_FOUND (the reader then reads v1)."""
+    for driver in ("current", "470"):
+        nvml = binding(driver=driver)
+        memory = DirectCalls(nvml).functions()["nvmlDeviceGetMemoryInfo"]
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        v1 = nvml.nvmlDeviceGetMemoryInfo(handle)
+        for _ in range(2):  # the structures are kept: asked again, the same answers
+            assert memory(handle) == (v1.total, v1.used)
+        if driver == "470":
+            with pytest.raises(nvml.NVMLError_FunctionNotFound):
+                memory(handle, nvml.nvmlMemory_v2)
+            continue
+        v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        assert memory(handle, nvml.nvmlMemory_v2) == (v2.total, v2.used)
+        with pytest.raises(nvml.NVMLError):
+            memory(handle, 1)  # a structure version the driver does not know

@@ -207,25 +207,40 @@ class Attempt:
                  key: str | None = None, part: tuple[str, str] | None = None) -> Any:
         try:
             return read()
-        except Unsupported as refused:
-            cause = self.device.given_up(str(refused))
-            if cause:
-                self.note(cause)
-            return unsupported
-        except Failed as failure:
-            self.note(failure.cause, key=key, part=part)
-            return None
-        except NotFound as absent:
-            if idle is not NOTED:
-                return idle
-            # NOT_FOUND where a value was expected: nothing to count in this poll
-            self.note(f"{absent}: NVML_ERROR_NOT_FOUND", key=key or f"{absent} not found", part=part)
-            return None
+        except (Unsupported, Failed, NotFound) as error:
+            return self._instead(error, unsupported, idle, key, part)
+
+    def run(self, read: Callable[..., Any], *args: Any, unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
+        """``attempt(lambda: read(*args))``, without a closure made for each reading."""
+        try:
+            return read(*args)
+        except (Unsupported, Failed, NotFound) as error:
+            return self._instead(error, unsupported, idle, None, None)
 
     def call(self, function: str, *args: Any, variant: str | None = None, unsupported: Any = UNSUPPORTED,
              idle: Any = NOTED) -> Any:
         """``attempt(lambda: device.call(function, *args, variant=variant))``."""
-        return self(lambda: self.device.call(function, *args, variant=variant), unsupported, idle)
+        try:
+            return self.device.call(function, *args, variant=variant)
+        except (Unsupported, Failed, NotFound) as error:
+            return self._instead(error, unsupported, idle, None, None)
+
+    def _instead(self, error: Outcome, unsupported: Any, idle: Any, key: str | None,
+                 part: tuple[str, str] | None) -> Any:
+        """What a reading that gave `error` is, its problem noted."""
+        if isinstance(error, Unsupported):
+            cause = self.device.given_up(str(error))
+            if cause:
+                self.note(cause)
+            return unsupported
+        if isinstance(error, Failed):
+            self.note(error.cause, key=key, part=part)
+            return None
+        if idle is not NOTED:
+            return idle
+        # NOT_FOUND where a value was expected: nothing to count in this poll
+        self.note(f"{error}: NVML_ERROR_NOT_FOUND", key=key or f"{error} not found", part=part)
+        return None
 
     def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
         """Record a problem of the device: keyed ``"<device key> <key or cause>"``, saying

@@ -36,8 +36,8 @@ from atopgpud_tw.readers.nvml.calls import (
     Unsupported,
     outcome,
 )
+from atopgpud_tw.readers.nvml.direct import MEMORY, PROCESS_UTILIZATION, SAMPLES, DirectCalls
 from atopgpud_tw.readers.nvml.direct import NAMES as DIRECT
-from atopgpud_tw.readers.nvml.direct import PROCESS_UTILIZATION, SAMPLES, DirectCalls
 from atopgpud_tw.readers.nvml.samples import (
     DRY_GAP_KNOWN,
     ProcessSamples,
@@ -127,6 +127,13 @@ class NvmlDevice:
     list_functions: dict[str, str] = field(default_factory=dict)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
+    #: every function called on the device, by name, as found (`_function`)
+    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: `where`, made once: the hang watch is told it at every call
+    _where: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._where = f"GPU {self.busid}"
 
     @property
     def nvml(self) -> Any:
@@ -136,7 +143,7 @@ class NvmlDevice:
     @property
     def where(self) -> str:
         """The device as log lines name it."""
-        return f"GPU {self.busid}"
+        return self._where
 
     def _function(self, function: str) -> Any:
         if function in DIRECT:
@@ -155,25 +162,27 @@ class NvmlDevice:
         key = variant or function
         if key in self.missing:
             raise Missing(key)
-        support = self.support.get(key)
         session = self.session
+        # (most devices have no call in a spell of NOT_SUPPORTED: no lookup then)
+        support = self.support.get(key) if self.support else None
         if support is not None and support.believed and not support.may_ask(session.now):
             raise Unsupported(key)
-        bound = self._function(function)
+        bound = self._bound.get(function)
         if bound is None:
-            # a binding too old to have the function: it can never work here
-            self.missing.add(key)
-            raise Missing(key)
+            bound = self._bound[function] = self._function(function)
+            if bound is None:
+                # a binding too old to have the function: it can never work here
+                del self._bound[function]
+                self.missing.add(key)
+                raise Missing(key)
         watch = session.watch
-        if watch is not None:
-            watch.begin(function, self.where)
         try:
-            result = bound(self.handle, *args)
+            if watch is None:
+                result = bound(self.handle, *args)
+            else:
+                result = watch.run(function, self._where, bound, self.handle, *args)
         except Exception as error:
             raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
-        finally:
-            if watch is not None:
-                watch.end()
         if support is not None:
             # answered after a spell of NOT_SUPPORTED: served again (a problem that stood
             # while it was given up ends, and its recovery is logged)
@@ -243,7 +252,12 @@ SIZE_RETRIES = 3
 def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
     """`NvmlDevice.call` for a function that fills an array: INSUFFICIENT_SIZE (the list
     outgrew the array, which `direct` has grown) is asked again, a few times."""
-    for _ in range(SIZE_RETRIES):
+    try:
+        return device.call(function, *args, variant=variant)
+    except Failed as failure:
+        if failure.value != INSUFFICIENT_SIZE or SIZE_RETRIES < 1:
+            raise
+    for _ in range(SIZE_RETRIES - 1):
         try:
             return device.call(function, *args, variant=variant)
         except Failed as failure:
@@ -314,7 +328,7 @@ def served_support(device: NvmlDevice) -> int:
     return support
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class DevicePoll:
     """What one poll of one device knows and learns as it goes, handed from call to
     call rather than left on the device: the poll's time, and what its rates
@@ -343,10 +357,10 @@ class DevicePoll:
 def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None = None) -> DeviceSample:
     """Everything about one device in this poll (runs in the worker thread)."""
     poll = poll or DevicePoll()
-    attempt = Attempt(device, problems)
+    attempt = Attempt(device, problems, device.where)
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     total, used = read_memory(device, attempt)
-    processes = attempt(lambda: _read_processes(device, attempt, poll), unsupported=())
+    processes = attempt.run(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
     return DeviceSample(
         key=device.key,
@@ -362,6 +376,12 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     )
 
 
+#: the rates call, asked where the sample buffer does not tell
+RATES = "nvmlDeviceGetUtilizationRates"
+#: the rates call not asked yet in this poll
+_UNASKED = object()
+
+
 def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
     """The GPU and memory busy percentages of one device over this poll.
 
@@ -370,42 +390,62 @@ def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[
     idle), else from the rates call, which covers only the driver's last sample
     period: where the samples call is not supported, and while a buffer has
     never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
-    instance has none: NVML reports no utilization under MIG.
+    instance has none: NVML reports no utilization under MIG.  The rates call
+    is made once at most, where the GPU's figure needs it before the memory's
+    samples are asked for.
     """
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
-    rates: list[Any] = []
+    rates: Any = _UNASKED
+    gpu = attempt.run(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    if gpu is None:
+        poll.samples_failed = True
+    elif gpu is _NO_SAMPLES:
+        rates = attempt.call(RATES)
+        return _busy(poll, _rate(rates, 0)), _rate(rates, 1)
+    elif gpu is _NOTHING_NEW:
+        rates = attempt.call(RATES)
+        gpu = _nothing_new(device, GPU_UTILIZATION_SAMPLES, _rate(rates, 0))
+    mem = attempt.run(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    if mem is _NO_SAMPLES or mem is _NOTHING_NEW:
+        if rates is _UNASKED:
+            rates = attempt.call(RATES)
+        if mem is _NO_SAMPLES:
+            gpu, mem = _rate(rates, 0), _rate(rates, 1)
+        else:
+            mem = _nothing_new(device, MEMORY_UTILIZATION_SAMPLES, _rate(rates, 1))
+    return _busy(poll, gpu), mem
 
-    def rate(index: int) -> Any:
-        if not rates:
-            rates.append(attempt.call("nvmlDeviceGetUtilizationRates"))
-        found = rates[0]
-        if found is None or found is UNSUPPORTED:
-            return found
-        return clamp_percent(found.memory if index else found.gpu)
 
-    figures = []
-    for index, kind in enumerate((GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)):
-        value = attempt(partial(_sampled, device, kind, poll), unsupported=_NO_SAMPLES)
-        if value is None and kind == GPU_UTILIZATION_SAMPLES:
-            poll.samples_failed = True
-        if value is _NO_SAMPLES:
-            figures = [rate(0), rate(1)]
-            break
-        if value is _NOTHING_NEW:
-            value = rate(index)
-            if value is UNSUPPORTED:
-                value = 0  # no rates call to ask: an empty buffer is an idle GPU
-            elif value and kind not in device.noticed:
-                device.noticed.add(kind)
-                log.info(
-                    "nvml: GPU {busid}: nvmlDeviceGetSamples has no samples while the rates call reports load; "
-                    "using the rates call until it has",
-                    busid=printable(device.busid),
-                )
-        figures.append(value)
-    poll.busy = figures[0] if isinstance(figures[0], int) and figures[0] >= 0 else None
-    return figures[0], figures[1]
+def _rate(found: Any, index: int) -> Any:
+    """The GPU (0) or memory (1) figure of the rates call's answer (None: failed)."""
+    if found is None or found is UNSUPPORTED:
+        return found
+    return clamp_percent(found.memory if index else found.gpu)
+
+
+def _nothing_new(device: NvmlDevice, kind: int, value: Any) -> Any:
+    """The figure of a sample buffer that never held a sample: the rates call's."""
+    if value is UNSUPPORTED:
+        return 0  # no rates call to ask: an empty buffer is an idle GPU
+    if value and kind not in device.noticed:
+        device.noticed.add(kind)
+        log.info(
+            "nvml: GPU {busid}: nvmlDeviceGetSamples has no samples while the rates call reports load; "
+            "using the rates call until it has",
+            busid=printable(device.busid),
+        )
+    return value
+
+
+def _busy(poll: DevicePoll, gpu: Any) -> Any:
+    """The GPU figure, kept as the poll's busy figure where it is one."""
+    poll.busy = gpu if isinstance(gpu, int) and gpu >= 0 else None
+    return gpu
+
+
+#: what the device's `StampMap` calls the stamps of each sample type
+_STAMP_KINDS = {GPU_UTILIZATION_SAMPLES: "samples 1", MEMORY_UTILIZATION_SAMPLES: "samples 2"}
 
 
 def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
@@ -413,19 +453,23 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     stream = device.streams.get(kind)
     if stream is None:
         stream = device.streams[kind] = SampleStream()
-    stamps = _stamp_map(device, poll)
+    stamps = device.stamps
+    if stamps.host is None and poll.host is not None:
+        stamps.host = poll.host  # (`_stamp_map`)
     # the driver's clock is learnt from when the call was made, not when the poll began
-    now_us = poll.call_time_us()
-    asked = stamps.ask(f"samples {kind}", stream.since, now_us)
+    clock = poll.clock
+    now_us = poll.now_us if clock is None else int(clock() * 1_000_000)
+    name = _STAMP_KINDS.get(kind) or f"samples {kind}"
+    asked = stamps.ask(name, stream.since, now_us)
     try:
-        found: list[tuple[int, int]] = call_sized(device, SAMPLES, kind, asked)
+        raws, values = call_sized(device, SAMPLES, kind, asked)
     except NotFound:
-        found = []
+        raws, values = [], []
     except (Failed, DeviceLost, Reinitialise):
         device.samples_failed.add(kind)
         raise
-    steady = stamps.steady(f"samples {kind}", [stamp for stamp, _ in found], now_us, asked)
-    pairs = [(stamp, float(value)) for stamp, (_, value) in zip(steady, found)]
+    steady = stamps.steady(name, raws, now_us, asked)
+    pairs = list(zip(steady, map(float, values)))
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
@@ -452,29 +496,30 @@ def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]])
         stream.cover = [part for part in stream.cover if part[1] > oldest]
 
 
-def read_memory(device: NvmlDevice, attempt: Callable[..., Any]) -> tuple[int | None, int | None]:
+def read_memory(device: NvmlDevice, attempt: Attempt) -> tuple[int | None, int | None]:
     """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed).
 
     Through the v2 structure where the driver has it (510 on): its "used"
     leaves out the memory the driver reserves, as nvidia-smi's "Used" does;
-    v1's "used" includes it.
+    v1's "used" includes it.  Both through the function table (`direct`).
     """
-    memory = attempt(lambda: _memory_info(device))
+    memory = attempt.run(_memory_info, device)
     if memory is None:
         return None, None
     if memory is UNSUPPORTED:
         return 0, 0
-    return int(memory.total) // 1024, int(memory.used) // 1024
+    return memory[0] // 1024, memory[1] // 1024
 
 
-def _memory_info(device: NvmlDevice) -> Any:
+def _memory_info(device: NvmlDevice) -> tuple[int, int]:
+    """(total, used) bytes, from the v2 structure where the binding and the driver have it."""
     version = device.session.function("nvmlMemory_v2")
-    if version is not None:
+    if version is not None and "nvmlDeviceGetMemoryInfo_v2" not in device.missing:
         try:
-            return device.call("nvmlDeviceGetMemoryInfo", version, variant="nvmlDeviceGetMemoryInfo_v2")
+            return device.call(MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")  # type: ignore[no-any-return]
         except Missing:
             pass  # a driver before 510, or a binding without the v2 structure
-    return device.call("nvmlDeviceGetMemoryInfo")
+    return device.call(MEMORY)  # type: ignore[no-any-return]
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:

@@ -9,6 +9,13 @@ symbol lookup and its cache), fills arrays of the binding's own structure types
 ``c_nvmlProcessInfo_v2_t``, which ``_v3`` shares) and raises the binding's own
 ``NVMLError`` for a return code that is not NVML_SUCCESS, so the device's choke
 point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
+``nvmlDeviceGetMemoryInfo`` too: into one kept ``c_nvmlMemory_v2_t`` (its
+``version`` set to the binding's ``nvmlMemory_v2``, through the
+``nvmlDeviceGetMemoryInfo_v2`` symbol) or ``c_nvmlMemory_t`` (v1), as the
+binding's wrapper chooses by its ``version`` argument, so that the v2-to-v1
+fallback of `device.read_memory` (FUNCTION_NOT_FOUND on a driver before 510)
+is the same; the wrapper makes a structure per call, whose fields are then read
+through ``_PrintableStructure.__getattribute__``, in Python.
 
 Why not the binding's wrappers for these: they are most of a poll's cost, for
 things that need not be done per call.  Each wrapper asks the size with a NULL
@@ -54,6 +61,9 @@ from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS
 #: nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization, by the names the reader calls them
 SAMPLES = "nvmlDeviceGetSamples"
 PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"
+#: nvmlDeviceGetMemoryInfo, asked for the v2 structure (by the binding's version number) or v1
+MEMORY = "nvmlDeviceGetMemoryInfo"
+MEMORY_V2 = "nvmlDeviceGetMemoryInfo_v2"
 #: the process lists, by the reader's name (the binding's unversioned name is its _v3 function): C symbol
 LISTS = {
     "nvmlDeviceGetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses_v3",
@@ -62,7 +72,7 @@ LISTS = {
     "nvmlDeviceGetGraphicsRunningProcesses_v2": "nvmlDeviceGetGraphicsRunningProcesses_v2",
 }
 #: every function `DirectCalls` makes, by the reader's name
-NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, *LISTS})
+NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, MEMORY, *LISTS})
 #: entries an array starts with: a second of samples at the shortest period (1/6 s) twice
 #: over, and a few processes
 FIRST = {SAMPLES: 16, PROCESS_UTILIZATION: 32, "lists": 16}
@@ -115,6 +125,26 @@ def _words(struct: Any, name: str, size: int) -> tuple[int, int]:
     return offset // size, ctypes.sizeof(struct) // size
 
 
+class _Memory:
+    """One memory structure of the binding's, kept from call to call, read as 64-bit words
+    (the structure's own fields go through the binding's Python ``__getattribute__``)."""
+
+    __slots__ = ("struct", "ref", "u64", "total", "used")
+
+    def __init__(self, struct_type: Any) -> None:
+        self.struct: Any = None
+        self.ref: Any = None
+        self.u64: Any = None
+        self.total = self.used = 0
+        if struct_type is None:
+            return
+        self.struct = struct_type()
+        self.ref = ctypes.byref(self.struct)
+        self.u64 = (ctypes.c_uint64 * (ctypes.sizeof(struct_type) // 8)).from_buffer(self.struct)
+        self.total = _words(struct_type, "total", 8)[0]
+        self.used = _words(struct_type, "used", 8)[0]
+
+
 class DirectCalls:
     """One device's hot calls, each as the reader calls it: ``functions()[name](handle, *args)``.
 
@@ -146,12 +176,17 @@ class DirectCalls:
             _words(utilization, "smUtil", 4), _words(utilization, "memUtil", 4),
         )
         self._process = (_words(process, "pid", 4), _words(process, "usedGpuMemory", 8))
+        self._sample_kinds: dict[int, Any] = {}
+        self._since = ctypes.c_ulonglong(0)
+        self._memory_v1 = _Memory(nvml.c_nvmlMemory_t)
+        self._memory_v2 = _Memory(getattr(nvml, "c_nvmlMemory_v2_t", None))
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         """The hot functions by the names the reader calls them."""
         found: dict[str, Callable[..., Any]] = {SAMPLES: self.samples, PROCESS_UTILIZATION: self.process_utilization}
         for name in LISTS:
             found[name] = lambda handle, name=name: self.processes(name, handle)
+        found[MEMORY] = self.memory
         return found
 
     def _pointer(self, symbol: str) -> Any:
@@ -183,19 +218,44 @@ class DirectCalls:
         array.used(count)
         return count
 
-    def samples(self, handle: Any, kind: int, since: int) -> list[tuple[int, int]]:
-        array = self._array(SAMPLES)
+    def samples(self, handle: Any, kind: int, since: int) -> tuple[list[int], list[int]]:
+        array = self._arrays.get(SAMPLES) or self._array(SAMPLES)
         self._count.value = array.capacity
-        ret = self._pointer(SAMPLES)(
-            handle, ctypes.c_uint(kind), ctypes.c_ulonglong(since), self._value_type_ref, self._count_ref, array.data
-        )
-        count = self._filled(array, ret, full_is_short=True)
-        if not count:
-            return []
+        kinds = self._sample_kinds
+        sample_kind = kinds.get(kind)
+        if sample_kind is None:
+            sample_kind = kinds[kind] = ctypes.c_uint(kind)
+        # (the arguments passed by value are kept too: set, not made, at each call)
+        self._since.value = since
+        pointer = self._pointers.get(SAMPLES) or self._pointer(SAMPLES)
+        ret = pointer(handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data)
+        count = self._count.value
+        common = ret == SUCCESS and count and count < array.capacity and count <= array.peak
+        if common and array.calls < SHRINK_AFTER - 1:
+            array.calls += 1  # the common answer: what `_filled` and `Array.used` make of it, inline
+        else:
+            count = self._filled(array, ret, full_is_short=True)
+            if not count:
+                return [], []
         (stamp, step), (value, vstep) = self._stamp64, self._value32
-        return list(zip(
-            array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
-        ))
+        return array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
+
+    def memory(self, handle: Any, version: int | None = None) -> tuple[int, int]:
+        """(total, used) bytes, as the binding's ``nvmlDeviceGetMemoryInfo(handle, version)``
+        reads them: the v2 structure and symbol for a version, v1's without one."""
+        if version:
+            memory = self._memory_v2
+            if memory.struct is None:
+                raise AttributeError("the binding has no c_nvmlMemory_v2_t")  # as its wrapper would
+            memory.struct.version = version
+            ret = (self._pointers.get(MEMORY_V2) or self._pointer(MEMORY_V2))(handle, memory.ref)
+        else:
+            memory = self._memory_v1
+            ret = (self._pointers.get(MEMORY) or self._pointer(MEMORY))(handle, memory.ref)
+        if ret != SUCCESS:
+            raise self._error(ret)
+        words = memory.u64
+        return words[memory.total], words[memory.used]
 
     def process_utilization(self, handle: Any, since: int) -> tuple[list[int], list[int], list[int], list[int]]:
         array = self._array(PROCESS_UTILIZATION)

@@ -22,6 +22,7 @@ handed back.  No NVML here.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -325,17 +326,22 @@ class SampleStream:
         (none: NOT_FOUND), and how many sample periods came to an end since the
         previous poll, dry ones too; None when the buffer never had a sample."""
         since = self.before = self.since
-        fresh = sorted((stamp, value) for stamp, value in pairs if stamp > since and 0 <= value <= 100)
+        fresh = sorted([pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100])
         stamps = [stamp for stamp, _ in fresh]
         self.recent.extend(stamps)
-        self.gaps.extend(b - a for a, b in zip(stamps, stamps[1:]) if b > a)
-        if self.gaps:
-            self.period_us = period_from_gaps(self.gaps)
+        if len(stamps) > 1:
+            gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+            if gaps:
+                # (learnt again only when the gaps it is learnt from change)
+                self.gaps.extend(gaps)
+                self.period_us = period_from_gaps(self.gaps)
         period = self.period_us
         # (a buffer known to run dry skips nothing: its gaps are idle)
         known_dry = self.dry_gap() == DRY_GAP_KNOWN
-        self.skipped = 0 if known_dry else skipped_periods(([since] if since else []) + stamps, period)
-        driver_now = self.driver_now(now_us)
+        # (and without a period none is known skipped: no list made to find none)
+        self.skipped = 0 if known_dry or not period else skipped_periods(([since] if since else []) + stamps, period)
+        # (the driver's now places the window's end, which without a period is where the samples end)
+        driver_now = self.driver_now(now_us) if period else None
         if not fresh and not self.lags:
             return None, 0
         if since == 0:
@@ -346,10 +352,11 @@ class SampleStream:
             self.lags.append(now_us - newest)
             self.last = value
             return value, sum(1 for stamp in stamps if stamp > newest - FIRST_WINDOW_US)
-        if any(value == 0 for _, value in fresh):
+        if not self.zero_seen and any(value == 0 for _, value in fresh):
             self.zero_seen = True
         dry_gap = self.dry_gap()
         previous: Any = since
+        cover = self.cover
         for stamp, level in fresh:
             low = max(previous, self.covered_to)
             if period and stamp - previous > DRY_GAP_KNOWN * period:
@@ -358,7 +365,10 @@ class SampleStream:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
-            self._known(low, stamp, level, stamp)
+            if stamp > low:  # `_known(low, stamp, level, stamp)`, inline: this runs for every sample
+                cover.append((low, stamp, level, stamp))
+                if stamp > self.covered_to:
+                    self.covered_to = stamp
             previous = stamp
         periods = 0
         if fresh:
@@ -424,9 +434,10 @@ def period_from_gaps(gaps: Iterable[int]) -> int:
     need = max(2, len(ordered) // 10)
     found = ordered[len(ordered) // 2]
     for index, gap in enumerate(ordered):
-        cluster = [g for g in ordered[index:] if g <= gap * 1.2]
-        if len(cluster) >= need:
-            found = cluster[len(cluster) // 2]
+        # the gaps from this one to 1.2 times it, found by bisection (the list is in order)
+        end = bisect_right(ordered, gap * 1.2, index)
+        if end - index >= need:
+            found = ordered[index + (end - index) // 2]
             break
     return found
 

@@ -134,11 +134,13 @@ class StampMap:
     def ask(self, kind: str, steady: int, now_us: int | None = None) -> int:
         """The raw stamp to ask the driver with for samples after `steady` (0: all), for
         a call made at the reader's time `now_us` (its steps are looked for first)."""
-        if now_us is not None:
-            self._observe(now_us, ())
+        if now_us is not None and (self.host is not None or self.follows is None):
+            self._observe(now_us, ())  # (with no host clocks to look at, nothing to learn once known)
         if steady == 0:
             return 0
-        raw = self.raw.get(kind, {}).get(steady)
+        # (no step recent: nothing remembered by steady stamp)
+        raws = self.raw.get(kind)
+        raw = raws.get(steady) if raws else None
         if raw is not None:
             place = self.seen.get(kind, {}).get(raw)
             if place is not None and place[1] == self.current:
@@ -152,16 +154,18 @@ class StampMap:
                keys: Sequence[object] | None = None) -> list[int]:
         """The steady stamps of `raws` (in the driver's order), returned by a call
         made at the reader's time `now_us` and asked with raw stamp `asked`."""
-        self._observe(now_us, raws)
+        if self.host is not None or self.follows is None:
+            self._observe(now_us, raws)
         if self.follows is None or self.follows < 0:
             return list(raws)
-        if len(self.segments) == 1:
-            offset = self.segments[0].offset
+        segments = self.segments
+        if len(segments) == 1:
+            offset = segments[0].offset
             if raws:
                 answers = self.history.get(kind)
                 if answers is None:
                     answers = self.history[kind] = deque(maxlen=HISTORY)
-                answers.append((raws, offset, self.current))
+                answers.append((raws, offset, self.dropped))  # (the current segment's index)
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
         ordered = self.ordered[kind]
@@ -242,8 +246,13 @@ class StampMap:
             if self.follows is None:
                 self.follows = -1
             return
-        if self.follows is not None and self.follows < 0:
-            return  # a clock of the driver's own: nothing to look at
+        if self.follows is not None:
+            if self.follows < 0:
+                return  # a clock of the driver's own: nothing to look at
+            if now_us == self.seen_at and self._offsets is not None:
+                # looked at for this call already (its `ask`): the same readings would find
+                # no step now (one found then began the segment they belong to)
+                return
         if now_us != self.seen_at or self._offsets is None:
             self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
         offsets = self._offsets

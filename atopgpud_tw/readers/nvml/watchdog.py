@@ -66,18 +66,37 @@ class CallWatch:
 
     def begin(self, function: str, where: str | None = None) -> None:
         """A call starts (in the reader's thread)."""
-        self._serial += 1
-        self.current = Call(self._serial, function, where, self._clock())
+        self._serial = serial = self._serial + 1
+        # the tuple made in C: a NamedTuple's own constructor is Python, and this runs at every call
+        self.current = _new_call(Call, (serial, function, where, self._clock()))
+
+    def run(self, function: str, where: str | None, bound: Callable[..., T], *args: Any) -> T:
+        """``bound(*args)`` between `begin` and `end`: what they do, in one call (this runs
+        at every NVML call of a device)."""
+        self._serial = serial = self._serial + 1
+        clock = self._clock
+        self.current = call = _new_call(Call, (serial, function, where, clock()))
+        try:
+            return bound(*args)
+        finally:
+            took = clock() - call[3]
+            if took >= self.long_after:
+                self.long = (serial, took)
+            self.current = None
 
     def end(self) -> None:
         """The call in progress returned or raised (in the reader's thread)."""
         call = self.current
         if call is None:
             return
-        took = self._clock() - call.started
+        took = self._clock() - call[3]
         if took >= self.long_after:
-            self.long = (call.serial, took)
+            self.long = (call[0], took)
         self.current = None
+
+
+#: `Call`'s fields as a tuple made into a `Call` without its Python constructor
+_new_call = tuple.__new__
 
 
 class HangWatchdog:
