@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import count
+from operator import attrgetter
 from typing import Mapping
 
 from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
@@ -40,6 +41,7 @@ from atopgpud_tw.snapshot import (
 )
 
 _NO_CONTEXTS: Mapping[int, ProcessContext] = {}
+_PID = attrgetter("pid")
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
 
@@ -254,11 +256,11 @@ class Counters:
             self.layout_generation += 1
             return index
         device = self.devices[index]
-        if sample.info is not NO_INFO and sample.info != device.info:
-            device.info = sample.info  # a reader that could not tell it (NO_INFO) leaves it as it was
-        identity = (sample.busid, sample.name, sample.task_support)
-        if identity != (device.busid, device.name, device.task_support):
-            device.busid, device.name, device.task_support = identity
+        info = sample.info
+        if info is not device.info and info is not NO_INFO and info != device.info:
+            device.info = info  # a reader that could not tell it (NO_INFO) leaves it as it was
+        if sample.busid != device.busid or sample.name != device.name or sample.task_support != device.task_support:
+            device.busid, device.name, device.task_support = sample.busid, sample.name, sample.task_support
             self.layout_generation += 1
         return index
 
@@ -287,6 +289,29 @@ class Counters:
             device.memory_total_kib = sample.memory_total_kib
         if sample.memory_used_kib is not None:
             device.memory_used_kib = sample.memory_used_kib
+        gpu, mem, used = sample.gpu_busy, sample.mem_busy, sample.memory_used_kib
+        if (
+            gpu is not None and mem is not None and used is not None and gpu >= 0 and mem >= 0
+            and device.gpu_busy_cum is not None and device.gpu_busy_cum >= 0
+            and device.mem_busy_cum is not None and device.mem_busy_cum >= 0
+        ):
+            # the common case, every device every poll: real readings onto real sums, which
+            # `_reading` passes through and `_accumulate` adds
+            device.samples += 1
+            device.gpu_busy_cum += gpu
+            device.mem_busy_cum += mem
+            device.memory_used_cum_kib += used
+            if taken is not None:
+                span = taken - (since if device.counted_at is None else device.counted_at)
+                device.counted_at = taken
+                device.gpu_busy_seconds += gpu * span
+                device.mem_busy_seconds += mem * span
+                device.memory_used_kib_seconds += used * span
+            if sample.processes is None:
+                return []
+            return self._fold_processes(
+                index, device, sample.processes, taken if self.weigh_processes else None, since, contexts
+            )
         gpu = _reading(device.gpu_busy_cum, sample.gpu_busy)
         mem = _reading(device.mem_busy_cum, sample.mem_busy)
         if None not in (gpu, mem, sample.memory_used_kib):
@@ -315,7 +340,7 @@ class Counters:
         since: float,
         contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
     ) -> list[ExitedProcess]:
-        merged = {proc.pid: proc for proc in processes}
+        merged = dict(zip(map(_PID, processes), processes))  # no Python frame per process
         if len(merged) != len(processes):
             merged = merge_by_pid(processes)  # one sample per pid, its kinds merged (C+G)
         active = device.processes

@@ -111,6 +111,11 @@ class Damping:
     def __init__(self) -> None:
         self._flaps: dict[str, _Flaps] = {}
 
+    @property
+    def damped(self) -> bool:
+        """Whether any cause is remembered (so `windows_over` may have something to end or forget)."""
+        return bool(self._flaps)
+
     def started(self, cause: str, text: str, now: float) -> Start | None:
         """A cause starts (`text`: its words): how to say it, or None while it is damped."""
         flaps = self._flaps.get(cause)
@@ -194,15 +199,22 @@ class ProblemLog:
 
     def report(self, problems: Mapping[str, str]) -> None:
         """Log what started and what ended since the previous report, and the counts of windows now over."""
+        found = problems._found if type(problems) is Problems else problems
+        if not self._damping._flaps and found.keys() == self.active.keys():
+            # the same causes as last time (at most polls: none): nothing starts, nothing
+            # ends, no window is open to end; one comparison instead of the walk below
+            return
         now = self.clock()
-        for cause, text in problems.items():
+        for cause, text in found.items():
             if cause not in self.active:
                 self._started(cause, text, now)
         for cause, text in self.active.items():
-            if cause not in problems:
+            if cause not in found:
                 self._ended(cause, text, now)
         # a cause keeps the words it was first logged with, so its recovery names it
-        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
+        self.active = {cause: self.active.get(cause, text) for cause, text in found.items()}
+        if not self._damping._flaps:
+            return
         for count in self._damping.windows_over(now, self.active):
             emit = self.log.warn if count.failing else self.log.info
             emit(

@@ -115,7 +115,8 @@ class HangWatchdog:
         if self._next is not None:
             self._next.cancel()
             self._next = None
-            self.check()
+            if self._warned is not None or self.watch.current is not None:
+                self.check()  # (with neither, a look finds nothing to say)
 
     def _look(self) -> None:
         self._next = self.clock.callLater(self._tick, self._look)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -95,7 +95,14 @@ class PollerService(Service):
 
     def poll_once(self, taken: float | None = None, since: float = 0.0) -> Deferred:
         """One poll, at `taken` (the previous at `since`); the returned Deferred never fails."""
-        result = maybeDeferred(self.reader.poll)
+        # maybeDeferred's work, without its wrapping of a reader that returns a Deferred (all do)
+        try:
+            result = self.reader.poll()
+        except BaseException:
+            result = fail()
+        if not isinstance(result, Deferred):
+            outcome = result
+            result = maybeDeferred(lambda: outcome)
         result.addCallbacks(self._polled, self._failed, callbackArgs=(taken, since))
         return result
 
@@ -104,6 +111,8 @@ class PollerService(Service):
         self.polls += 1
         self.waiting = self._reader_waits()
         failed_with = self._failing.value
+        if failed_with is None and not self._damping.damped:
+            return  # worked again: no recovery to say, no count due
         now = self.clock.seconds()
         if self._failing.change(None) and self._damping.ended(failed_with, now):
             self.log.info("polls work again (they failed with {cause})", cause=failed_with)
