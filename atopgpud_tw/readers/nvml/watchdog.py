@@ -108,7 +108,7 @@ class HangWatchdog:
     def arm(self) -> None:
         """A poll starts: look at its calls every tick until `disarm` (unless `start` looks all the time)."""
         if self._loop is None and self._next is None:
-            self._next = self.clock.callLater(self._tick, self._look)
+            self._next = self.clock.callLater(min(TICK, self.after / 10), self._look)  # `_tick`, inlined
 
     def disarm(self) -> None:
         """The poll ended: one last look (a call warned of has returned: say so), then no tick until the next."""
