@@ -233,15 +233,25 @@ class Counters:
         seen: set[int] = set()
         if taken is not None:
             self.timed = True
+        by_key, devices = self._by_key, self.devices
         for sample in snapshot.devices:
-            index = self._device_index(sample)
+            index = by_key.get(sample.key)
+            if index is None:
+                index = self._device_index(sample)
+            else:
+                # a device as it was at the last poll (most polls) needs no `_device_index`
+                device = devices[index]
+                if (sample.info is not device.info or sample.busid != device.busid
+                        or sample.name != device.name or sample.task_support != device.task_support):
+                    index = self._device_index(sample)
             if index in seen:
                 continue
             seen.add(index)
             exited.extend(self._fold_device(index, sample, taken, since, snapshot.contexts))
-        for index, device in enumerate(self.devices):
-            if index not in seen:
-                exited.extend(self._mark_absent(index, device))
+        if len(seen) != len(devices):
+            for index, device in enumerate(devices):
+                if index not in seen:
+                    exited.extend(self._mark_absent(index, device))
         self.generation += 1
         return exited
 
