@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import count
+from operator import attrgetter
 from typing import Mapping
 
 from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
@@ -40,6 +41,7 @@ from atopgpud_tw.snapshot import (
 )
 
 _NO_CONTEXTS: Mapping[int, ProcessContext] = {}
+_PID = attrgetter("pid")
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
 
@@ -231,15 +233,25 @@ class Counters:
         seen: set[int] = set()
         if taken is not None:
             self.timed = True
+        by_key, devices = self._by_key, self.devices
         for sample in snapshot.devices:
-            index = self._device_index(sample)
+            index = by_key.get(sample.key)
+            if index is None:
+                index = self._device_index(sample)
+            else:
+                # a device as it was at the last poll (most polls) needs no `_device_index`
+                device = devices[index]
+                if (sample.info is not device.info or sample.busid != device.busid
+                        or sample.name != device.name or sample.task_support != device.task_support):
+                    index = self._device_index(sample)
             if index in seen:
                 continue
             seen.add(index)
             exited.extend(self._fold_device(index, sample, taken, since, snapshot.contexts))
-        for index, device in enumerate(self.devices):
-            if index not in seen:
-                exited.extend(self._mark_absent(index, device))
+        if len(seen) != len(devices):
+            for index, device in enumerate(devices):
+                if index not in seen:
+                    exited.extend(self._mark_absent(index, device))
         self.generation += 1
         return exited
 
@@ -254,11 +266,11 @@ class Counters:
             self.layout_generation += 1
             return index
         device = self.devices[index]
-        if sample.info is not NO_INFO and sample.info != device.info:
-            device.info = sample.info  # a reader that could not tell it (NO_INFO) leaves it as it was
-        identity = (sample.busid, sample.name, sample.task_support)
-        if identity != (device.busid, device.name, device.task_support):
-            device.busid, device.name, device.task_support = identity
+        info = sample.info
+        if info is not device.info and info is not NO_INFO and info != device.info:
+            device.info = info  # a reader that could not tell it (NO_INFO) leaves it as it was
+        if sample.busid != device.busid or sample.name != device.name or sample.task_support != device.task_support:
+            device.busid, device.name, device.task_support = sample.busid, sample.name, sample.task_support
             self.layout_generation += 1
         return index
 
@@ -287,6 +299,29 @@ class Counters:
             device.memory_total_kib = sample.memory_total_kib
         if sample.memory_used_kib is not None:
             device.memory_used_kib = sample.memory_used_kib
+        gpu, mem, used = sample.gpu_busy, sample.mem_busy, sample.memory_used_kib
+        if (
+            gpu is not None and mem is not None and used is not None and gpu >= 0 and mem >= 0
+            and device.gpu_busy_cum is not None and device.gpu_busy_cum >= 0
+            and device.mem_busy_cum is not None and device.mem_busy_cum >= 0
+        ):
+            # the common case, every device every poll: real readings onto real sums, which
+            # `_reading` passes through and `_accumulate` adds
+            device.samples += 1
+            device.gpu_busy_cum += gpu
+            device.mem_busy_cum += mem
+            device.memory_used_cum_kib += used
+            if taken is not None:
+                span = taken - (since if device.counted_at is None else device.counted_at)
+                device.counted_at = taken
+                device.gpu_busy_seconds += gpu * span
+                device.mem_busy_seconds += mem * span
+                device.memory_used_kib_seconds += used * span
+            if sample.processes is None:
+                return []
+            return self._fold_processes(
+                index, device, sample.processes, taken if self.weigh_processes else None, since, contexts
+            )
         gpu = _reading(device.gpu_busy_cum, sample.gpu_busy)
         mem = _reading(device.mem_busy_cum, sample.mem_busy)
         if None not in (gpu, mem, sample.memory_used_kib):
@@ -315,7 +350,7 @@ class Counters:
         since: float,
         contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
     ) -> list[ExitedProcess]:
-        merged = {proc.pid: proc for proc in processes}
+        merged = dict(zip(map(_PID, processes), processes))  # no Python frame per process
         if len(merged) != len(processes):
             merged = merge_by_pid(processes)  # one sample per pid, its kinds merged (C+G)
         active = device.processes
@@ -331,7 +366,22 @@ class Counters:
                     totals = active[pid] = ProcessTotals(pid, proc.kind, started=proc.started)
                 else:
                     totals.started = proc.started  # first seen now: the same process
-            totals.add(proc, taken, since)
+            gpu, mem, memory = proc.gpu_busy, proc.mem_busy, proc.memory_kib
+            if (
+                taken is None and gpu is not None and mem is not None and memory is not None
+                and gpu >= 0 and mem >= 0 and memory >= 0
+                and totals.gpu_busy_cum >= 0 and totals.mem_busy_cum >= 0 and totals.memory_cum_kib >= 0
+            ):
+                # `ProcessTotals.add`'s common case (untimed, real readings onto real sums) without
+                # its call, which is most of what a process costs a fold
+                totals.kind = proc.kind
+                totals.samples += 1
+                totals.memory_now_kib = memory
+                totals.memory_cum_kib += memory
+                totals.gpu_busy_cum += gpu
+                totals.mem_busy_cum += mem
+            else:
+                totals.add(proc, taken, since)
             if totals.context is None and contexts:
                 totals.context = contexts.get(pid)  # read once per process, by the reader
         if len(active) == len(merged):

@@ -110,6 +110,9 @@ class Damping:
 
     def __init__(self) -> None:
         self._flaps: dict[str, _Flaps] = {}
+        #: the causes remembered, the same dict (while it is empty, `windows_over` has nothing
+        #: to end or forget): an attribute, not a property, as it is looked at every poll
+        self.flaps: Mapping[str, _Flaps] = self._flaps
 
     def started(self, cause: str, text: str, now: float) -> Start | None:
         """A cause starts (`text`: its words): how to say it, or None while it is damped."""
@@ -194,15 +197,22 @@ class ProblemLog:
 
     def report(self, problems: Mapping[str, str]) -> None:
         """Log what started and what ended since the previous report, and the counts of windows now over."""
+        found = problems._found if type(problems) is Problems else problems
+        if not self._damping.flaps and found.keys() == self.active.keys():
+            # the same causes as last time (at most polls: none): nothing starts, nothing
+            # ends, no window is open to end; one comparison instead of the walk below
+            return
         now = self.clock()
-        for cause, text in problems.items():
+        for cause, text in found.items():
             if cause not in self.active:
                 self._started(cause, text, now)
         for cause, text in self.active.items():
-            if cause not in problems:
+            if cause not in found:
                 self._ended(cause, text, now)
         # a cause keeps the words it was first logged with, so its recovery names it
-        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
+        self.active = {cause: self.active.get(cause, text) for cause, text in found.items()}
+        if not self._damping.flaps:
+            return
         for count in self._damping.windows_over(now, self.active):
             emit = self.log.warn if count.failing else self.log.info
             emit(

@@ -153,3 +153,29 @@ def test_a_rare_poll_failure_is_said_every_time():
     texts = [e["log_format"] for e in _poller_lines(events)]
     assert texts == ["poll failed: {cause}", "polls work again (they failed with {cause})"] * 4
     service.stopService()
+
+
+def test_a_reader_that_answers_without_a_deferred_is_polled_as_one_that_does():
+    """A poll's answer taken as it comes: a Snapshot (or a coroutine's) as a Deferred's, a raise as a failed poll."""
+
+    class PlainReader(FakeReader):
+        def poll(self):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("reader bug")
+            if self.calls == 3:
+                async def later() -> Snapshot:
+                    return snap(dev())
+
+                return later()
+            return snap(dev())
+
+    reader = PlainReader()
+    with capturedLogs():
+        service, clock, board = start(reader)
+        clock.advance(1.0)
+        assert service.failing == "RuntimeError: reader bug"
+        clock.advance(1.0)
+        clock.advance(1.0)
+    assert reader.calls == 4 and board.counters.devices[0].samples == 3 and service.failing is None
+    service.stopService()

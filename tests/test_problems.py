@@ -25,6 +25,30 @@ def test_each_cause_logged_once_and_its_recovery_once_in_its_first_words():
     assert lines == [("warn", "driver gone"), ("warn", "GPU 0 lost"), ("info", "driver gone"), ("info", "GPU 0 lost")]
 
 
+def test_a_report_the_same_as_the_last_keeps_the_first_words_whatever_its_text():
+    """The same causes again (the common poll) say nothing, keep the words first logged, and a
+    cause that ends after them is said in those; as `Problems` or as a plain mapping."""
+    from atopgpud_tw.problems import Problems
+
+    with capturedLogs() as events:
+        log = ProblemLog("nvml")
+        log.report({})
+        log.report(Problems())
+        problems = Problems()
+        problems.add("gpu0", "GPU 0 lost")
+        log.report(problems)
+        again = Problems()
+        again.add("gpu0", "GPU 0 lost again, in other words")
+        log.report(again)
+        assert log.active == {"gpu0": "GPU 0 lost"}
+        log.report({})
+        log.report({})
+    lines = [
+        (e["log_level"].name, e.get("problem")) for e in events if e.get("log_namespace", "").endswith("ProblemLog")
+    ]
+    assert lines == [("warn", "GPU 0 lost"), ("info", "GPU 0 lost")]
+
+
 def test_a_latch_says_when_a_condition_changes_and_only_then():
     from atopgpud_tw.problems import Latch
 

@@ -136,6 +136,21 @@ def test_contexts_read_a_reused_pid_again(tmp_path: Path) -> None:
     assert contexts.attach(_snapshot(10, started=2)).contexts[10].unit == "b.service"
 
 
+def test_contexts_of_the_same_processes_as_the_last_poll_are_the_same(tmp_path: Path) -> None:
+    """Every process as at the last poll, every one read: its contexts again, nothing read; a new
+    process, or one gone, makes them be worked out again."""
+    for pid in (10, 11, 12):
+        _fake_proc(tmp_path, pid, "0::/system.slice/a.service\n")
+    contexts = Contexts(str(tmp_path))
+    first = contexts.attach(_snapshot(10, 11)).contexts
+    again = contexts.attach(_snapshot(10, 11))
+    assert again.contexts is first and contexts.reads == 2 and len(again.devices) == 1
+    more = contexts.attach(_snapshot(10, 11, 12)).contexts
+    assert sorted(more) == [10, 11, 12] and contexts.reads == 3
+    assert sorted(contexts.attach(_snapshot(10)).contexts) == [10] and contexts.reads == 3
+    assert sorted(contexts.attach(_snapshot(10, 12)).contexts) == [10, 12] and contexts.reads == 4
+
+
 # -- the sums per workload ---------------------------------------------------------------
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import pwd
-from dataclasses import replace
 
 from atopgpud_tw.readers.cgroups import workload_of
 from atopgpud_tw.readers.starts import stat_start_time
@@ -121,6 +120,9 @@ class Contexts:
         self._names = UserNames()
         #: contexts read since start (for tests and benchmarks)
         self.reads = 0
+        #: the pids (and start times) of the last poll, and its contexts if every one was read
+        self._listed: dict[int, int | None] = {}
+        self._complete: dict[int, ProcessContext] | None = None
 
     def attach(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the contexts of its processes, those read so far."""
@@ -128,6 +130,11 @@ class Contexts:
         for device in snapshot.devices:
             for process in device.processes or ():
                 listed[process.pid] = process.started
+        if listed == self._listed and self._complete is not None:
+            # the same processes as the last poll, every one read then: the same contexts
+            return Snapshot(snapshot.devices, self._complete)
+        self._listed = listed
+        self._complete = None
         budget = self.reads_per_poll
         known = self._known
         contexts: dict[int, ProcessContext] = {}
@@ -147,6 +154,8 @@ class Contexts:
             # a pid no longer listed is forgotten: a process listed again later is read again
             for pid in [pid for pid in known if pid not in listed]:
                 del known[pid]
+        if len(contexts) == len(listed) and contexts:
+            self._complete = contexts
         if not contexts:
             return snapshot
-        return replace(snapshot, contexts=contexts)
+        return Snapshot(snapshot.devices, contexts)

@@ -126,6 +126,9 @@ class GpmReader:
         self, card: NvmlDevice, samples: list[DeviceSample], problems: Problems, now: float, mig: str = "instances"
     ) -> list[DeviceSample]:
         """A card's samples of this poll, with what GPM measured since the last poll."""
+        known = self._cards.get(card.key)
+        if known is not None and known.supported is False:
+            return samples  # a card without GPM, known to be so: one look per poll
         if not self._supported(card, problems):
             return samples
         state = self._cards[card.key]
@@ -162,6 +165,8 @@ class GpmReader:
 
     def keep(self, keys: set[str]) -> None:
         """Only the cards of these keys are read now: any other's buffers are freed."""
+        if self._cards.keys() <= keys:
+            return  # every poll but one after a card went: nothing to free
         for key in [key for key in self._cards if key not in keys]:
             self.forget(key)
 

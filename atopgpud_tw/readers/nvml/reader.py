@@ -15,6 +15,7 @@ A card in MIG mode is read as its MIG instances, or as their sum
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from types import ModuleType
 from typing import Any, Callable
 
@@ -55,6 +56,8 @@ from atopgpud_tw.readers.starts import start_times
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceInfo, DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
+
+_KEY = attrgetter("key")
 
 #: seconds between attempts to set NVML up again, doubling up to the last
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
@@ -124,6 +127,9 @@ class NvmlReader:
         self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
         self._problems = ProblemLog("nvml", time.monotonic if reactor is None else reactor.seconds)
         self._devices: list[NvmlDevice] = []
+        #: the keys of `_devices`, for the list they were worked out from (`_device_keys`)
+        self._keys_of: list[NvmlDevice] | None = None
+        self._present: set[str] = set()
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
         self._initialised = False
@@ -308,7 +314,10 @@ class NvmlReader:
         """
         if not self._initialised:
             return self._unusable_reported
-        present = {card.key for card in self._devices}
+        if not self._unusable:
+            self._unusable_reported = {}
+            return self._unusable_reported
+        present = self._device_keys()
         gone = sum(1 for key in self._cards if key not in present)
         self._unusable_reported = {} if len(self._unusable) <= gone else {
             f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
@@ -323,16 +332,14 @@ class NvmlReader:
         result = self._worker.submit(self.read, self._reactor.seconds())
         if self.watchdog is not None:
             self.watchdog.arm()
-            result.addBoth(self._poll_ended)
-        result.addCallback(self._reported)
-        return result
+        # one callback for both: the watchdog disarmed, then the problems reported
+        return result.addBoth(self._poll_ended)
 
-    def _poll_ended(self, outcome: Any) -> Any:
-        assert self.watchdog is not None
-        self.watchdog.disarm()
-        return outcome
-
-    def _reported(self, outcome: tuple[Snapshot, Problems]) -> Snapshot:
+    def _poll_ended(self, outcome: tuple[Snapshot, Problems] | Failure) -> Snapshot | Failure:
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+        if isinstance(outcome, Failure):
+            return outcome
         snapshot, problems = outcome
         self._problems.report(problems)
         return snapshot
@@ -402,7 +409,7 @@ class NvmlReader:
                 self._known[sample.key] = sample
             samples.extend(found)
         # a lost card that re-discovery did not find again is still lost, not recovered
-        present = {card.key for card in self._devices}
+        present = self._device_keys()
         self._gpm.keep(present)
         for key, text in self._gone.items():
             if key not in present:
@@ -455,8 +462,16 @@ class NvmlReader:
         """Whether a card seen before is not among the devices read now, or one could not be used."""
         if self._lost or self._unusable:
             return True
-        current = {card.key for card in self._devices}
-        return any(key not in current for key in self._cards)
+        current = self._device_keys()
+        # every card read now was discovered, so none is missing when the counts match
+        return len(self._cards) != len(current) and any(key not in current for key in self._cards)
+
+    def _device_keys(self) -> set[str]:
+        """The keys of the devices read now, worked out again only when the list of them is another."""
+        if self._keys_of is not self._devices:
+            self._keys_of = self._devices
+            self._present = {card.key for card in self._devices}
+        return self._present
 
     def _rediscover(self) -> None:
         """Look for the GPUs again; a card found again keeps its state and counters."""
@@ -476,7 +491,9 @@ class NvmlReader:
         self._lost = False
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
-        present = {s.key for s in samples}
+        present = set(map(_KEY, samples))
+        if len(present) == len(self._known):
+            return Snapshot(tuple(samples))  # every sample is known: none vanished
         gone = [s.absent() for key, s in self._known.items() if key not in present]
         return Snapshot(tuple(samples) + tuple(gone))
 

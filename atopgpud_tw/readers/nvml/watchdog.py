@@ -127,14 +127,15 @@ class HangWatchdog:
     def arm(self) -> None:
         """A poll starts: look at its calls every tick until `disarm` (unless `start` looks all the time)."""
         if self._loop is None and self._next is None:
-            self._next = self.clock.callLater(self._tick, self._look)
+            self._next = self.clock.callLater(min(TICK, self.after / 10), self._look)  # `_tick`, inlined
 
     def disarm(self) -> None:
         """The poll ended: one last look (a call warned of has returned: say so), then no tick until the next."""
         if self._next is not None:
             self._next.cancel()
             self._next = None
-            self.check()
+            if self._warned is not None or self.watch.current is not None:
+                self.check()  # (with neither, a look finds nothing to say)
 
     def _look(self) -> None:
         self._next = self.clock.callLater(self._tick, self._look)

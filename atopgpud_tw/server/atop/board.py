@@ -81,7 +81,7 @@ class Board:
         #: this poll's version 1 records, shared by clients with the same sums
         self._v1_records = V1Records()
         self.replies_cut = 0
-        #: told every poll's exited processes, after the counters (`fold`)
+        #: told the exited processes of every poll that has some, after the counters (`fold`)
         self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
         #: the P reply (atopgpu's: who the processes are)
         self.directory = ContextDirectory(self.counters)
@@ -116,8 +116,9 @@ class Board:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
         and queue its exited processes for every client."""
         exited = self.counters.fold(snapshot, taken, since)
-        for watcher in self.exit_watchers:
-            watcher(exited)  # what else keeps ended processes' figures (the workloads of /metrics)
+        if exited:
+            for watcher in self.exit_watchers:
+                watcher(exited)  # what else keeps ended processes' figures (the workloads of /metrics)
         if len(self.counters.devices) > max(self._devices_told, codec.ATOP_MAX_GPUS):
             self._devices_told = len(self.counters.devices)
             log.warn(
@@ -130,7 +131,10 @@ class Board:
                 wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
             )
         self._batch = None
-        self._batch_bodies = {}
+        if self._batch_bodies:
+            self._batch_bodies = {}
+        if not exited:
+            return exited
         # a device beyond what the wire carries has no place for its exits
         wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
         if wired:

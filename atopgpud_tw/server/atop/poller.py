@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -48,6 +48,7 @@ class PollerService(Service):
         self._ticks = 0
         #: what the reader waited for when its latest poll was folded in (the driver, at
         #: boot), or at start-up before any poll; None: nothing
+        self._waiting_for = getattr(reader, "waiting_for", None)
         self.waiting: str | None = self._reader_waits()
 
     @property
@@ -69,8 +70,7 @@ class PollerService(Service):
         return text
 
     def _reader_waits(self) -> str | None:
-        waiting_for = getattr(self.reader, "waiting_for", None)
-        return None if waiting_for is None else waiting_for()
+        return None if self._waiting_for is None else self._waiting_for()
 
     def startService(self) -> None:
         super().startService()
@@ -95,15 +95,24 @@ class PollerService(Service):
 
     def poll_once(self, taken: float | None = None, since: float = 0.0) -> Deferred:
         """One poll, at `taken` (the previous at `since`); the returned Deferred never fails."""
-        result = maybeDeferred(self.reader.poll)
+        # maybeDeferred's work, without its wrapping of a reader that returns a Deferred (all do)
+        try:
+            result = self.reader.poll()
+        except BaseException:
+            result = fail()
+        if not isinstance(result, Deferred):
+            outcome = result
+            result = maybeDeferred(lambda: outcome)
         result.addCallbacks(self._polled, self._failed, callbackArgs=(taken, since))
         return result
 
     def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
         self.board.fold(snapshot, taken, since)
         self.polls += 1
-        self.waiting = self._reader_waits()
+        self.waiting = None if self._waiting_for is None else self._waiting_for()  # `_reader_waits`, inlined
         failed_with = self._failing.value
+        if failed_with is None and not self._damping.flaps:
+            return  # worked, as the last did: no recovery to say, and nothing flaps: no count due
         now = self.clock.seconds()
         if self._failing.change(None) and self._damping.ended(failed_with, now):
             self.log.info("polls work again (they failed with {cause})", cause=failed_with)
