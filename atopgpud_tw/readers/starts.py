@@ -8,14 +8,26 @@ is listed.  Where ``/proc`` does not show the pid (another pid namespace,
 (None) and a pid is one process for as long as every poll lists it
 (docs/fidelity.md, "A pid reused").
 
+Read for every listed pid at every poll that is three system calls and a
+parse per pid (thousands a poll on a big host), so `ProcStarts` reads each
+process's once and watches it with a pidfd: only a process that has exited
+(its pidfd readable) has its pid read again.
+
 A simulated host has no such processes: its binding carries the start times
 of its own (`START_TIMES`, the simulator's ``process_start_time``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from typing import Any, Callable
+import resource
+import select
+from typing import Any, Callable, Iterable
+
+from twisted.logger import Logger
+
+log = Logger(namespace="atopgpud_tw.readers")
 
 #: the attribute of an NVML binding that gives its host's process start times in place of /proc
 START_TIMES = "process_start_time"
@@ -23,10 +35,10 @@ START_TIMES = "process_start_time"
 StartTimes = Callable[[int], "int | None"]
 
 
-def proc_start_time(pid: int) -> int | None:
-    """``starttime`` of ``/proc/PID/stat``; None where the pid cannot be seen or read."""
+def proc_start_time(pid: int, proc: str = "/proc") -> int | None:
+    """``starttime`` of ``/proc/PID/stat`` (`proc`: where /proc is); None where the pid cannot be seen or read."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
     except (OSError, ValueError):
         return None
     try:
@@ -49,8 +61,189 @@ def stat_start_time(stat: bytes) -> int | None:
         return None
 
 
-def start_times(binding: Any) -> StartTimes:
+NO_PIDFDS = "start times: no pidfds here (Linux 5.3 and later have them); each listed pid's is read at every poll"
+#: at most this share of the soft RLIMIT_NOFILE is taken by pidfds (the rest is the clients', the logs', NVML's)
+PIDFD_SHARE = 2
+
+
+class Starts:
+    """Start times of listed pids, read by a reader's worker thread.
+
+    `check` is called after the driver's lists were taken and before their pids
+    are looked up (with the call itself, or with `of`); `sweep` after each poll,
+    `close` at shut-down.  This one asks a function per pid (a simulated host's).
+    """
+
+    def __init__(self, own: StartTimes) -> None:
+        self._own = own
+
+    def __call__(self, pid: int) -> int | None:
+        return self._own(pid)
+
+    def check(self) -> None:
+        """Which kept processes have exited since the lists were taken (nothing to do here)."""
+
+    def of(self, pids: list[int]) -> Iterable[int | None]:
+        """The start times of one list's pids, in its order, once the list is taken."""
+        return map(self._own, pids)
+
+    def sweep(self) -> None:
+        """A poll is over: what the pids not listed since the last sweep held is let go."""
+
+    def close(self) -> None:
+        """Shut-down: everything kept is let go."""
+
+
+class ProcStarts(Starts):
+    """Start times from ``/proc/PID/stat``, each read once per process where the kernel
+    has pidfds: a pidfd opened when a pid is first listed watches that very process,
+    and one ``poll()`` over a list's pidfds says which of its processes have exited (a
+    pidfd of an exited process is readable even once its pid is reused), so only those
+    are read again.  A pid with no pidfd (no pidfds in the kernel, a pid this namespace cannot
+    see, no descriptors to spare) is read at every poll, as it always was.
+
+    The pidfd is opened before the start time is read: a process read is then the
+    one watched or a later one, and a later one is read again at the next check.
+    The check comes after the lists are taken: a pidfd not readable then means its
+    process still held the pid when the driver listed it.
+    """
+
+    def __init__(self, proc: str = "/proc", limit: int | None = None) -> None:
+        super().__init__(self._read)
+        self._proc = proc
+        #: start times by pid: of a watched process until it exits, of an unwatched pid for this list only
+        self._known: dict[int, int | None] = {}
+        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._pids: dict[int, int] = {}  # pidfd -> pid
+        self._poller = select.poll()
+        #: pids read at every poll while they stay listed (no pidfd for them)
+        self._unwatched: set[int] = set()
+        #: of those, the ones left without a pidfd by the limit: tried again when there is room
+        self._crowded: set[int] = set()
+        #: the unwatched pids whose start times are in `_known` (for the current list)
+        self._transient: list[int] = []
+        self._seen: set[int] = set()
+        self._pidfds = hasattr(os, "pidfd_open")
+        if not self._pidfds:
+            log.info(NO_PIDFDS)
+        if limit is None:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            limit = soft // PIDFD_SHARE if soft != resource.RLIM_INFINITY else 1 << 16
+        self._limit = limit
+
+    def _read(self, pid: int) -> int | None:
+        return proc_start_time(pid, self._proc)
+
+    def __call__(self, pid: int) -> int | None:
+        self._seen.add(pid)
+        try:
+            return self._known[pid]
+        except KeyError:
+            return self._learn(pid)
+
+    def check(self) -> None:
+        self._forget_unwatched()
+        if not self._fds:
+            return
+        for fd, _ in self._poller.poll(0):
+            self._let_go(self._pids[fd])
+
+    def of(self, pids: list[int]) -> Iterable[int | None]:
+        # this list's pidfds only: polled over all of them at each of a poll's lists, the
+        # kernel would look at every process once per list
+        known = self._known
+        self._forget_unwatched()
+        fds = self._fds
+        if fds:
+            poller = select.poll()
+            register = poller.register
+            for fd in map(fds.__getitem__, fds.keys() & pids):
+                register(fd, select.POLLIN)
+            for fd, _ in poller.poll(0):
+                self._let_go(self._pids[fd])
+        self._seen.update(pids)
+        for pid in set(pids).difference(known):
+            self._learn(pid)
+        return map(known.__getitem__, pids)
+
+    def sweep(self) -> None:
+        seen = self._seen
+        for pid in self._fds.keys() - seen:
+            self._let_go(pid)
+        for pid in self._known.keys() - seen:
+            del self._known[pid]
+        self._unwatched &= seen
+        if self._crowded:
+            self._crowded &= seen
+            if len(self._fds) < self._limit:  # room again: tried at their next listing
+                self._unwatched -= self._crowded
+                for pid in self._crowded:
+                    self._known.pop(pid, None)
+                self._crowded.clear()
+        seen.clear()
+
+    def close(self) -> None:
+        for pid in list(self._fds):
+            self._let_go(pid)
+        self._known.clear()
+        self._unwatched.clear()
+        self._crowded.clear()
+        self._transient.clear()
+
+    def _forget_unwatched(self) -> None:
+        """The start times read for pids with no pidfd are good for the list they were read for only."""
+        if self._transient:
+            for pid in self._transient:
+                self._known.pop(pid, None)
+            self._transient.clear()
+
+    @property
+    def watched(self) -> int:
+        """How many processes have a pidfd."""
+        return len(self._fds)
+
+    def _learn(self, pid: int) -> int | None:
+        if pid not in self._unwatched:
+            self._watch(pid)
+        started = self._known[pid] = self._read(pid)
+        if pid in self._unwatched:
+            self._transient.append(pid)
+        return started
+
+    def _watch(self, pid: int) -> None:
+        if self._pidfds and len(self._fds) < self._limit:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError as error:
+                if error.errno == errno.ENOSYS:
+                    self._pidfds = False
+                    log.info(NO_PIDFDS)
+                elif error.errno in (errno.EMFILE, errno.ENFILE):
+                    self._crowded.add(pid)
+                self._unwatched.add(pid)
+                return
+            except (ValueError, OverflowError):
+                self._unwatched.add(pid)
+                return
+            self._fds[pid] = fd
+            self._pids[fd] = pid
+            self._poller.register(fd, select.POLLIN)
+            return
+        if self._pidfds:
+            self._crowded.add(pid)
+        self._unwatched.add(pid)
+
+    def _let_go(self, pid: int) -> None:
+        """The pidfd of a pid no longer listed or whose process has exited: closed, its start time forgotten."""
+        fd = self._fds.pop(pid)
+        del self._pids[fd]
+        self._poller.unregister(fd)
+        os.close(fd)
+        self._known.pop(pid, None)
+
+
+def start_times(binding: Any) -> Starts:
     """Where a reader over `binding` finds process start times: the binding's own host's
     (a simulated one) if it says, else /proc."""
     own = getattr(binding, START_TIMES, None)
-    return own if callable(own) else proc_start_time
+    return Starts(own) if callable(own) else ProcStarts()

@@ -46,6 +46,7 @@ from atopgpud_tw.readers.nvml.samples import (
 )
 from atopgpud_tw.readers.nvml.stamps import HostOffsets, StampMap
 from atopgpud_tw.readers.nvml.support import Support
+from atopgpud_tw.readers.starts import Starts
 from atopgpud_tw.snapshot import (
     NO_INFO,
     TASK_COMPUTE,
@@ -347,7 +348,7 @@ class DevicePoll:
     #: whether the device's own GPU samples call failed in this poll (no window of its own)
     samples_failed: bool = False
     #: where the processes' start times are read (`readers.starts`; None: not read)
-    starts: Callable[[int], int | None] | None = field(default=None, repr=False)
+    starts: Starts | None = field(default=None, repr=False)
 
     def call_time_us(self) -> int:
         """The time of the call being made (the poll's, without a clock)."""
@@ -556,7 +557,8 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     else:  # failed (None), or no per-process figures (UNSUPPORTED)
         gpu = mem = repeat(busy)
     starts = poll.starts
-    started = repeat(None) if starts is None else map(starts, pids)
+    # after the lists were taken: a kept start time then is of the process they listed
+    started = repeat(None) if starts is None else starts.of(pids)
     return tuple(map(_process_sample, zip(pids, kinds.values(), memory.values(), gpu, mem, started)))
 
 

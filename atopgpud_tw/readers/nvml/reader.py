@@ -356,6 +356,8 @@ class NvmlReader:
             self._shutdown()
             self._schedule_retry(now)
             raise
+        finally:
+            self._starts.sweep()  # the pids this poll did not list let go of their pidfds
         problems.update(self._unusable_problems())
         return self.contexts.attach(snapshot), problems  # who the processes are (procinfo.py), here in the thread
 
@@ -561,6 +563,7 @@ class NvmlReader:
     def _close_nvml(self) -> None:
         was_initialised = self._initialised
         self._shutdown()
+        self._starts.close()
         if was_initialised:
             log.info("nvml: shut down")
 

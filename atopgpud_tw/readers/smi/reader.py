@@ -35,7 +35,7 @@ from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
 from atopgpud_tw.readers.smi.values import SmiReportError
-from atopgpud_tw.readers.starts import proc_start_time
+from atopgpud_tw.readers.starts import ProcStarts
 from atopgpud_tw.snapshot import DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.smi")
@@ -78,6 +78,8 @@ class SmiReader:
         self._known: dict[str, DeviceSample] = {}
         #: cards' keys across reports, unique even where two cards report the same UUID
         self._keys = CardKeys()
+        #: the listed processes' start times, which tell a reused pid (/proc, read in the worker)
+        self._starts = ProcStarts()
         #: the MIG instances the profile names were last asked for, and the names
         self._slots: tuple[MigSlot, ...] = ()
         self._profiles: dict[tuple[str, int, int], str] = {}
@@ -154,8 +156,17 @@ class SmiReader:
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
             listing.discard()
-        devices, _ = read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids, proc_start_time)
+        devices, _ = self._read_devices(root)
         return Snapshot(devices)
+
+    def _read_devices(self, root: Any) -> tuple[tuple[DeviceSample, ...], Problems]:
+        """In the worker: the report's devices, its pids' start times told by `_starts`
+        (checked once the report is taken, let go of once it is read)."""
+        self._starts.check()
+        try:
+            return read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids, self._starts)
+        finally:
+            self._starts.sweep()
 
     def _locate(self) -> str:
         wanted = self._configured or "nvidia-smi"
@@ -186,9 +197,7 @@ class SmiReader:
         note_preamble(preamble, problems)
         if self._mig == "instances":
             await self._learn_names(slots, problems)
-        devices, found = await self._worker.submit(
-            read_devices, root, self._mig, self._profiles, self._keys, self._mig_uuids
-        )
+        devices, found = await self._worker.submit(self._read_devices, root)
         self._report = root
         problems.update(found)
         self._problems.report(problems)
@@ -281,6 +290,8 @@ class SmiReader:
             self._child.fail("was stopped: the reader is closing")
         if self._orphans is not None:
             self._orphans.sweep_now(ending=ending)
+        if self._starts.watched:
+            self._worker.submit(self._starts.close)  # after any poll in flight, in the worker
         self._worker.stop()
 
 
