@@ -61,7 +61,7 @@ def stat_start_time(stat: bytes) -> int | None:
         return None
 
 
-NO_PIDFDS = "start times: no pidfds here (Linux 5.3 and later have them); each listed pid's is read at every poll"
+NO_PIDFDS = "start times: no pidfds here (Linux 5.3 and later have them, unless a system call filter refuses them); each listed pid's is read at every poll"
 #: at most this share of the soft RLIMIT_NOFILE is taken by pidfds (the rest is the clients', the logs', NVML's)
 PIDFD_SHARE = 2
 
@@ -215,7 +215,9 @@ class ProcStarts(Starts):
             try:
                 fd = os.pidfd_open(pid)
             except OSError as error:
-                if error.errno == errno.ENOSYS:
+                if error.errno in (errno.ENOSYS, errno.EPERM):
+                    # ENOSYS: a kernel before 5.3; EPERM: a system call filter (pidfd_open
+                    # itself never answers it)
                     self._pidfds = False
                     log.info(NO_PIDFDS)
                 elif error.errno in (errno.EMFILE, errno.ENFILE):
