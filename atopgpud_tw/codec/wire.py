@@ -20,6 +20,7 @@ __all__ = [
     "VERSIONS",
     "COMMAND_TYPES",
     "COMMAND_STATS",
+    "COMMAND_CONTEXTS",
     "COMMANDS",
     "ATOP_REPLY_LIMIT",
     "REPLY_LIMIT",
