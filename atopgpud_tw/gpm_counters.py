@@ -12,12 +12,27 @@ sample).  Pure, no I/O and no clock, like `counters.py`; every counter only grow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
-from atopgpud_tw.figures import GPM_FIGURES, MIB
 from atopgpud_tw.snapshot import GpmFigures
 
-#: figures given in MiB/s, summed as bytes; every other figure is a percentage (the table's units)
-RATES = frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
+
+@cache
+def rates() -> frozenset[str]:
+    """The figures given in MiB/s, summed as bytes; every other figure is a percentage (the
+    table's units).  The table (figures.py) is loaded at the first GPM figures: a host
+    without GPM never needs it."""
+    from atopgpud_tw.figures import GPM_FIGURES
+
+    return frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
+
+
+@cache
+def _weights() -> dict[str, int]:
+    """What each figure is multiplied by besides its seconds: a rate's MiB, in bytes."""
+    from atopgpud_tw.figures import MIB
+
+    return dict.fromkeys(rates(), MIB)
 
 
 @dataclass(slots=True)
@@ -36,8 +51,9 @@ class GpmTotals:
         self.seconds += span
         self.polls += 1
         sums = self.sums
+        weights = _weights()
         for name, value in figures.values:
-            weighted = value * span * (MIB if name in RATES else 1)
+            weighted = value * span * weights.get(name, 1)
             sums[name] = sums.get(name, 0.0) + weighted
 
 

@@ -122,6 +122,10 @@ class DeviceSample:
 #: how processes are grouped into workloads (``--workloads``); "auto" is the most
 #: specific of them a process has (what ``atopgpu`` shows)
 GROUPINGS = ("unit", "container", "pod", "job", "user", "off")
+#: ``--workload-limit`` and ``--workload-expiry`` by default (workloads.py): here, with the
+#: groupings, so that the options can name them without loading the workloads' module
+DEFAULT_WORKLOAD_LIMIT = 500
+DEFAULT_WORKLOAD_EXPIRY = 3600.0
 #: by grouping, the fields of a `ProcessContext` looked at in turn: the first one a
 #: process has names its workload (a service's process has no pod)
 _WORKLOAD_ORDER = {

@@ -24,9 +24,7 @@ from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, 
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.snapshot import GROUPINGS, MIG_MODES
-from atopgpud_tw.workloads import DEFAULT_EXPIRY, WorkloadBook
-from atopgpud_tw.workloads import DEFAULT_LIMIT as DEFAULT_WORKLOAD_LIMIT
+from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT, GROUPINGS, MIG_MODES
 
 DEFAULT_LISTEN = "unix:@atopgpud_nvidia"
 
@@ -183,7 +181,7 @@ class Options(usage.Options):
          _choice("workloads", *GROUPINGS)],
         ["workload-limit", None, DEFAULT_WORKLOAD_LIMIT, "Workload series (one per workload and GPU) at most; "
          "the rest are summed under workload=\"other\".", _count("workload-limit")],
-        ["workload-expiry", None, DEFAULT_EXPIRY, "Seconds a workload stays on the page once its last "
+        ["workload-expiry", None, DEFAULT_WORKLOAD_EXPIRY, "Seconds a workload stays on the page once its last "
          "process has ended; then its sums go into workload=\"other\".", _seconds("workload-expiry")],
     ]
 
@@ -292,6 +290,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
 
         book = None
         if workloads:
+            from atopgpud_tw.workloads import WorkloadBook  # with --workloads alone
+
             book = WorkloadBook(counters, options["workloads"], options["workload-limit"],
                                 options["workload-expiry"], reactor.seconds)
             board.exit_watchers.append(book.exited)

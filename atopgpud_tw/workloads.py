@@ -36,12 +36,12 @@ from typing import Callable, Iterable, Iterator
 from twisted.logger import Logger
 
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
-from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
+from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT, UNKNOWN_CONTEXT
 
 log = Logger(namespace="atopgpud_tw.workloads")
 
-DEFAULT_LIMIT = 500
-DEFAULT_EXPIRY = 3600.0
+DEFAULT_LIMIT = DEFAULT_WORKLOAD_LIMIT
+DEFAULT_EXPIRY = DEFAULT_WORKLOAD_EXPIRY
 OTHER = ("other", "other")
 
 

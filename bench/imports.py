@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What each part of the daemon's import graph costs at start-up: milliseconds and RSS.
 
-    .venv/bin/python bench/imports.py [--twistd] [--seconds 3] [--modules 25] [--beside FILE]
-                                      [-- DAEMON OPTIONS]
+    .venv/bin/python bench/imports.py [--twistd] [--traced] [--seconds 3] [--modules 25]
+                                      [--beside FILE] [-- DAEMON OPTIONS]
 
 Runs the daemon in this process (the ``atopgpud`` command, or ``twistd -n
 atopgpud`` with ``--twistd``; default options ``--reader sim --listen
@@ -18,6 +18,11 @@ hundred KiB, and what the daemon allocates once it runs.  ``--modules N`` also
 lists the N costliest modules.  ``--beside FILE`` (module names, one a line: another
 process's ``sys.modules``) adds a column, the KiB of the modules that process has
 not loaded (what this one pays beyond it).  Then it stops the daemon (SIGTERM).
+
+``--traced`` counts, in place of RSS, the bytes Python's allocators hold
+(``tracemalloc``, from before the first import): what a module's body left
+allocated, to the byte, where pages are shared between modules (the same from
+run to run; the allocator's own overhead and free space not counted).
 
 RSS is counted in pages where they are first touched: a shared library mapped
 by one module (OpenSSL's by ``_ssl`` or ``_hashlib``) counts where it is first
@@ -71,9 +76,19 @@ def part_of(name: str) -> str:
     return PARTS[-1][0]
 
 
-def rss_kib() -> int:
+def rss_kib() -> float:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * _PAGE_KIB
+
+
+def traced_kib() -> float:
+    import tracemalloc  # imported at start-up with --traced, before the daemon's first import
+
+    return tracemalloc.get_traced_memory()[0] / 1024
+
+
+#: what a module's body is measured with: `rss_kib`, or `traced_kib` (--traced)
+measure = rss_kib
 
 
 def status_kib(key: str) -> int:
@@ -102,11 +117,11 @@ class Costs:
         self.parent[name] = self._names[-1] if self._names else "-"
         self._names.append(name)
         self._stack.append(children)
-        start, before = time.perf_counter(), rss_kib()
+        start, before = time.perf_counter(), measure()
         try:
             execute()
         finally:
-            took, grew = 1000 * (time.perf_counter() - start), rss_kib() - before
+            took, grew = 1000 * (time.perf_counter() - start), measure() - before
             self._stack.pop()
             self._names.pop()
             with self.lock:
@@ -185,12 +200,13 @@ def main() -> None:
     if "--" in argv:
         at = argv.index("--")
         argv, daemon_args = argv[:at], argv[at + 1:]
-    options = {"--twistd": False, "--seconds": 3.0, "--modules": 25, "--beside": ""}
+    options = {"--twistd": False, "--traced": False, "--seconds": 3.0, "--modules": 25, "--beside": ""}
+    flags = ("--twistd", "--traced")
     while argv:
         flag = argv.pop(0)
-        if flag not in options or (flag != "--twistd" and not argv):
+        if flag not in options or (flag not in flags and not argv):
             raise SystemExit(__doc__.split("\n\n")[1])
-        options[flag] = True if flag == "--twistd" else type(options[flag])(argv.pop(0))
+        options[flag] = True if flag in flags else type(options[flag])(argv.pop(0))
     twistd, seconds, modules = bool(options["--twistd"]), float(options["--seconds"]), int(options["--modules"])
     beside = None
     if options["--beside"]:
@@ -198,6 +214,12 @@ def main() -> None:
             beside = set(listing.read().split())
     if not daemon_args:
         daemon_args = ["--reader", "sim", "--listen", f"unix:@atopgpud-imports-{os.getpid()}"]
+    global measure
+    if options["--traced"]:
+        import tracemalloc
+
+        tracemalloc.start()
+        measure = traced_kib
     interpreter = rss_kib()
     costs = Costs()
     sys.meta_path.insert(0, TimingFinder(costs))
@@ -206,7 +228,9 @@ def main() -> None:
         time.sleep(seconds)
         lines = [f"# {time.strftime('%Y-%m-%d %H:%M %Z')}, load average {os.getloadavg()[0]:.2f}; "
                  f"{'twistd -n atopgpud' if twistd else 'atopgpud'} {' '.join(daemon_args)}",
-                 f"RSS before the first import: {interpreter} KiB", *table(costs, modules, beside),
+                 f"RSS before the first import: {interpreter} KiB"
+                 + (" (KiB below: bytes traced, not RSS)" if options["--traced"] else ""),
+                 *table(costs, modules, beside),
                  f"RSS now {status_kib('VmRSS')} KiB, peak {status_kib('VmHWM')} KiB, "
                  f"{len(sys.modules)} modules in sys.modules"]
         sys.__stdout__.write("\n".join(lines) + "\n")

@@ -27,9 +27,9 @@ from atopgpud_tw import figures
 from atopgpud_tw.atopgpu.gpm import gpm_report, render_gpm
 from atopgpud_tw.atopgpu.health import health_report, render_health
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.gpm_counters import RATES
+from atopgpud_tw.gpm_counters import rates
 from atopgpud_tw.health import CardHealth
-from atopgpud_tw.readers.nvml.gpm import METRICS
+from atopgpud_tw.readers.nvml.gpm import metrics
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
@@ -406,7 +406,7 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
     assert [series + "_total" for _, series, _ in SERIES] == [row.family.name for row in rows]
     assert [text for _, _, text in SERIES] == [row.family.help for row in rows]
     assert set(PERCENTS) | set(BYTES) == set(SERIES) and not set(PERCENTS) & set(BYTES)
-    assert {name for name, _, _ in BYTES} == RATES == {gpm.name for gpm in gpms if gpm and gpm.rate}
+    assert {name for name, _, _ in BYTES} == rates() == {gpm.name for gpm in gpms if gpm and gpm.rate}
     counters = Counters()
     figures_of_all = GpmFigures(2.0, tuple((name, 1.0) for name in names))
     counters.fold(Snapshot((DeviceSample("k0", "0000:01:00.0", "H200", gpm=figures_of_all),)), 1.0, 0.0)
@@ -417,7 +417,7 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
         row.family.name.removesuffix("_total") for row in rows]
     assert all(len(family.samples) == 1 for family in page)
     # the NVML reader asks each row's metric id, once
-    assert METRICS == tuple((gpm.name, gpm.metric, gpm.rate) for gpm in gpms if gpm)
+    assert metrics() == tuple((gpm.name, gpm.metric, gpm.rate) for gpm in gpms if gpm)
     # atopgpu --gpm: a JSON key per row, a column per row that has one
     before = {("b", "t"): {"seconds": 0.0}}
     after = {("b", "t"): {"seconds": 1.0, **{name: 0.0 for name in names}}}

@@ -18,6 +18,11 @@ from atopgpud_tw import lazy
 WEB = ("twisted.web", "prometheus_client", "atopgpud_tw.server.web")
 #: the simulator: --reader sim alone
 SIMULATOR = ("atopgpud_tw.sim",)
+#: the daemon's own modules loaded at their first use (docs/PERFORMANCE.md, "Footprint: the
+#: daemon's own modules"): the table of figures (a scrape, GPM figures; the simulator reads it
+#: too), health readings (a scrape), --workloads, the codec's reply parsing (clients) and P lines
+OWN_LATER = ("atopgpud_tw.figures", "atopgpud_tw.health", "atopgpud_tw.workloads",
+             "atopgpud_tw.codec.parse", "atopgpud_tw.codec.contexts")
 #: what the deferred modules would bring were their bodies run (docs/PERFORMANCE.md)
 DEFERRED_WEIGHT = ("OpenSSL", "cryptography",
                    "ssl", "_ssl", "_hashlib", "hashlib", "http.client", "email", "urllib.request",
@@ -48,9 +53,9 @@ def loaded(names: list[str], parts: tuple[str, ...]) -> list[str]:
     return [name for name in names if any(name == part or name.startswith(part + ".") for part in parts)]
 
 
-def start_up_modules(tmp_path: Path, *args: str, serve: bool) -> list[str]:
+def start_up_modules(tmp_path: Path, *args: str, serve: bool, ask: tuple[str, ...] = ()) -> list[str]:
     """The modules (their bodies run) of an atopgpud command started with `args`, as it exits:
-    once it has answered T if `serve`, else once start-up has ended by itself."""
+    once it has answered T (and each of `ask`) if `serve`, else once start-up has ended by itself."""
     dump = tmp_path / "modules.txt"
     name = unique_name()
     proc = subprocess.Popen(
@@ -59,7 +64,7 @@ def start_up_modules(tmp_path: Path, *args: str, serve: bool) -> list[str]:
     )
     try:
         if serve:
-            wait_for_t(proc, name)
+            wait_for_t(proc, name, ask)
         else:
             proc.wait(60)
     finally:
@@ -71,7 +76,7 @@ def start_up_modules(tmp_path: Path, *args: str, serve: bool) -> list[str]:
     return dump.read_text().split()
 
 
-def wait_for_t(proc: subprocess.Popen[bytes], name: str) -> None:
+def wait_for_t(proc: subprocess.Popen[bytes], name: str, ask: tuple[str, ...] = ()) -> None:
     import time
 
     deadline = time.monotonic() + 60
@@ -81,6 +86,9 @@ def wait_for_t(proc: subprocess.Popen[bytes], name: str) -> None:
             client = Client(b"\0" + name.encode())
             try:
                 client.ask("T")
+                for command in ask:
+                    version, _ = client.ask(command)
+                    assert version == 2, command
                 return
             finally:
                 client.close()
@@ -96,6 +104,7 @@ def test_nvml_start_up_loads_neither_web_stack_nor_simulator(tmp_path):
     modules = start_up_modules(tmp_path, "--reader", "nvml", serve=False)
     assert "atopgpud_tw.readers.nvml.reader" in modules and "atopgpud_tw.tap" in modules
     assert loaded(modules, WEB + SIMULATOR + ("atopgpud_tw.readers.smi",) + DEFERRED_WEIGHT) == []
+    assert loaded(modules, OWN_LATER) == []
 
 
 @pytest.mark.e2e
@@ -113,6 +122,57 @@ def test_a_serving_daemon_loads_no_web_stack(tmp_path):
     modules = start_up_modules(tmp_path, "--reader", "sim", serve=True)
     assert "atopgpud_tw.sim" in modules and "twisted.internet.epollreactor" in modules
     assert loaded(modules, WEB + ("atopgpud_tw.readers.smi",) + DEFERRED_WEIGHT) == []
+    assert loaded(modules, OWN_LATER) == ["atopgpud_tw.figures"]  # the simulator's own
+
+
+@pytest.mark.e2e
+def test_a_p_request_loads_the_codec_s_p_lines(tmp_path):
+    """``P`` (atopgpu's) loads codec/contexts.py when first asked, and is answered."""
+    modules = start_up_modules(tmp_path, "--reader", "sim", serve=True, ask=("P", "S"))
+    assert "atopgpud_tw.codec.contexts" in modules and "atopgpud_tw.codec.parse" not in modules
+
+
+OWN_LATER_PROBE = textwrap.dedent("""
+    import sys
+    from atopgpud_tw import codec, gpm_counters, tap
+    from atopgpud_tw.readers.nvml import gpm, health
+    from atopgpud_tw.snapshot import GpmFigures
+
+    def later():
+        return [name for name in LATER if name in sys.modules]
+
+    LATER = sys.argv[1:]
+    assert later() == [], later()
+    options = tap.Options()
+    options.parseOptions(["--metrics", "tcp:0", "--workloads", "unit"])
+    assert later() == [], later()
+    from atopgpud_tw import workloads
+    defaults = (workloads.DEFAULT_LIMIT, workloads.DEFAULT_EXPIRY)
+    assert (options["workload-limit"], options["workload-expiry"]) == defaults
+    # the P lines and reply parsing: at their first name
+    records = [codec.ProcessInfo(7, 1000, "ann", "unit", "train.service", "python3")]
+    assert "atopgpud_tw.codec.contexts" in sys.modules and "atopgpud_tw.codec.parse" not in sys.modules
+    assert codec.parse_contexts(codec.render_contexts(records)) == {7: records[0]}
+    assert callable(codec.parse_types) and codec.parse is sys.modules["atopgpud_tw.codec.parse"]
+    # the table of figures: at the first GPM figures, or a health reading's rows
+    assert "atopgpud_tw.figures" not in sys.modules
+    totals = gpm_counters.GpmTotals()
+    totals.add(GpmFigures(2.0, (("sm", 50.0), ("pcie_tx", 3.0))))
+    assert totals.sums == {"sm": 100.0, "pcie_tx": 6.0 * 1048576} and "atopgpud_tw.figures" in sys.modules
+    from atopgpud_tw import figures
+    assert health.asked() == tuple(f for f in figures.FIGURES if f.nvml is not None)
+    assert gpm.metrics()[0][0] == figures.GPM_FIGURES[0].gpm.name
+    print("ok")
+""")
+
+
+@pytest.mark.e2e
+def test_own_modules_load_when_first_used():
+    """The daemon's own modules that start-up leaves out (`OWN_LATER`) load, and work, when used."""
+    done = subprocess.run([sys.executable, "-c", OWN_LATER_PROBE, *OWN_LATER], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]
 
 
 @pytest.mark.e2e

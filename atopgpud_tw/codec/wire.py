@@ -20,6 +20,7 @@ __all__ = [
     "VERSIONS",
     "COMMAND_TYPES",
     "COMMAND_STATS",
+    "COMMAND_CONTEXTS",
     "COMMANDS",
     "ATOP_REPLY_LIMIT",
     "REPLY_LIMIT",
@@ -121,8 +122,9 @@ def negotiate(version: int) -> int:
     return version if version in VERSIONS else NEWEST_VERSION
 
 
-#: every valid request, parsed once: a daemon parses one per reply
-_REQUESTS = {bytes([c, v]): Request(c, v) for c in COMMANDS for v in range(256)}
+#: every valid request parsed so far, parsed once: a daemon parses one per reply, and its
+#: clients ask a few of the 768 there are (all of them made up front would be some 100 KiB)
+_REQUESTS: dict[bytes, Request] = {}
 
 
 def parse_request(data: bytes) -> Request:
@@ -135,7 +137,10 @@ def parse_request(data: bytes) -> Request:
     command, version = data[0], data[1]
     if command not in COMMANDS:
         raise ProtocolError(f"unknown command byte 0x{command:02x}")
-    return Request(command, version)
+    request = Request(command, version)
+    if type(data) is bytes:
+        _REQUESTS[data] = request  # a valid request: at most 3 x 256 of them
+    return request
 
 
 def encode_request(command: str, version: int) -> bytes:

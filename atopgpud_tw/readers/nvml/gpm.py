@@ -36,11 +36,11 @@ reading a card.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.nvml_codes import SUCCESS
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
@@ -50,11 +50,20 @@ from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFi
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
 
-#: the figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage), the
-#: table's GPM rows (figures.GPM_FIGURES)
-METRICS: tuple[tuple[str, int, bool], ...] = tuple(
-    (f.gpm.name, f.gpm.metric, f.gpm.rate) for f in GPM_FIGURES if f.gpm is not None
-)
+
+
+@cache
+def metrics() -> tuple[tuple[str, int, bool], ...]:
+    """The figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a
+    percentage), the table's GPM rows (figures.GPM_FIGURES).
+
+    The table is loaded at the first card that has GPM: a host without it never needs it.
+    """
+    from atopgpud_tw.figures import GPM_FIGURES
+
+    return tuple((f.gpm.name, f.gpm.metric, f.gpm.rate) for f in GPM_FIGURES if f.gpm is not None)
+
+
 #: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
 MIN_SPAN = 0.1
 #: what `GpmReader._take` gives instead of figures: none yet (the first sample, a failure: the
@@ -241,16 +250,17 @@ class GpmReader:
 
     def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
         request = self._request
+        asked = metrics()
         if request is None:
             request = self._request = self.nvml.c_nvmlGpmMetricsGet_t()
             request.version = self.nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(METRICS)
-            for index, (_, metric, _) in enumerate(METRICS):
+            request.numMetrics = len(asked)
+            for index, (_, metric, _) in enumerate(asked):
                 request.metrics[index].metricId = metric
         request.sample1, request.sample2 = first, second
         self.session.call("nvmlGpmMetricsGet", request, where=card.where)
         values = []
-        for index, (name, _, _) in enumerate(METRICS):
+        for index, (name, _, _) in enumerate(asked):
             entry = request.metrics[index]
             if int(entry.nvmlReturn) == SUCCESS:
                 values.append((name, max(0.0, float(entry.value))))

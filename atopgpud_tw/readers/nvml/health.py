@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any
 
-from atopgpud_tw.figures import FIGURES, NVLINK_MAX_LINKS, Ask, Figure, Labels
-from atopgpud_tw.health import CardHealth, Series
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, TIMEOUT
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
@@ -39,17 +37,35 @@ from atopgpud_tw.readers.nvml.calls import (
 )
 from atopgpud_tw.readers.nvml.device import NvmlDevice
 
+if TYPE_CHECKING:
+    from atopgpud_tw.figures import Ask, Figure, Labels
+    from atopgpud_tw.health import CardHealth, Series
+
 EVENT_XID = 0x8
 #: events taken from the set per reading at most (a storm is counted over later readings)
 MAX_EVENTS = 1000
-#: the figures NVML is asked for: the rows of the table of figures that have an NVML call
-ASKED = tuple(figure for figure in FIGURES if figure.nvml is not None)
 #: nvmlValueType_t -> the member of c_nvmlValue_t that holds it
 VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
+@cache
+def asked() -> tuple[Figure, ...]:
+    """The figures NVML is asked for: the rows of the table of figures that have an NVML call.
+
+    The table (figures.py, with health.py) is loaded at the first reading, a scrape of
+    ``/metrics``: a daemon without ``--metrics`` never reads it (`XidEvents` is made at
+    start-up, and needs none of it).
+    """
+    from atopgpud_tw.figures import FIGURES
+
+    return tuple(figure for figure in FIGURES if figure.nvml is not None)
+
+
 def read_card_health(device: NvmlDevice) -> CardHealth:
     """Every health figure of one card, as it is now (runs in the worker thread)."""
+    from atopgpud_tw.health import CardHealth
+
+    rows = asked()
     reading = CardHealth(device.key, device.busid, device.name, uuid=device.info.uuid)
     values = reading.values
     attempt = Attempt(device, reading.problems)
@@ -62,7 +78,7 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     try:
         answers: dict[tuple[Any, ...], Any] = {}
         fields: list[tuple[Figure, int | None]] = []
-        for figure in ASKED:
+        for figure in rows:
             how = figure.nvml
             assert how is not None
             if how.per_link:
@@ -71,9 +87,9 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
                 fields.append((figure, None))
             else:
                 _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
-        if any(figure.nvml and figure.nvml.per_link for figure in ASKED):
+        if any(figure.nvml and figure.nvml.per_link for figure in rows):
             for link in _active_links(device, attempt):
-                for figure in ASKED:
+                for figure in rows:
                     how = figure.nvml
                     if how is None or not how.per_link:
                         continue
@@ -140,6 +156,8 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
             if failure.value == INVALID_ARGUMENT:
                 return _NO_LINK  # past the last link: not a problem
             raise
+
+    from atopgpud_tw.figures import NVLINK_MAX_LINKS
 
     active = []
     for link in range(NVLINK_MAX_LINKS):
