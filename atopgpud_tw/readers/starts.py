@@ -61,7 +61,10 @@ def stat_start_time(stat: bytes) -> int | None:
         return None
 
 
-NO_PIDFDS = "start times: no pidfds here (Linux 5.3 and later have them, unless a system call filter refuses them); each listed pid's is read at every poll"
+NO_PIDFDS = (
+    "start times: no pidfds here (Linux 5.3 and later have them, unless a system call filter refuses them); "
+    "each listed pid's is read at every poll"
+)
 #: at most this share of the soft RLIMIT_NOFILE is taken by pidfds (the rest is the clients', the logs', NVML's)
 PIDFD_SHARE = 2
 
