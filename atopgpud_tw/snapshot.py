@@ -266,10 +266,28 @@ def fold_instances(
     summed, their processes merged (a pid on two instances holds memory on both),
     no utilization of its own.  An instance that is not present no longer counts;
     if one's process list could not be read, neither can the card's."""
-    parts = [part for part in instances if part.present]
-    processes = None
-    if all(part.processes is not None for part in parts):
-        processes = merge_processes((p for part in parts for p in part.processes or ()), memory="sum")
+    # one pass, at every poll of every MIG card: `total_of` and `merge_processes`'s "sum" rule
+    total: int | None = 0
+    used: int | None = 0
+    merged: dict[int, ProcessSample] | None = {}
+    for part in instances:
+        if not part.present:
+            continue
+        if total is not None:
+            total = None if part.memory_total_kib is None else total + part.memory_total_kib
+        if used is not None:
+            used = None if part.memory_used_kib is None else used + part.memory_used_kib
+        if merged is None:
+            continue
+        if part.processes is None:
+            merged = None
+            continue
+        for sample in part.processes:
+            seen = merged.setdefault(sample.pid, sample)
+            if seen is not sample:
+                merged[sample.pid] = seen._replace(
+                    kind=merge_kind(seen.kind, sample.kind), memory_kib=add_memory(seen.memory_kib, sample.memory_kib)
+                )
     return DeviceSample(
         key,
         busid,
@@ -277,9 +295,9 @@ def fold_instances(
         task_support,
         gpu_busy=UNSUPPORTED,
         mem_busy=UNSUPPORTED,
-        memory_total_kib=total_of([part.memory_total_kib for part in parts]),
-        memory_used_kib=total_of([part.memory_used_kib for part in parts]),
-        processes=processes,
+        memory_total_kib=total,
+        memory_used_kib=used,
+        processes=None if merged is None else tuple(merged.values()),
         info=info,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from atopgpud_tw.readers.nvml import device as nvml_device
+from atopgpud_tw.readers.nvml import direct as nvml_direct
 from atopgpud_tw.readers.nvml import mig as nvml_mig
 from atopgpud_tw.readers.nvml import reader as nvml_reader
 from atopgpud_tw.sim import (
@@ -55,7 +56,7 @@ def symbols_behind(name: str, seen: set[str] | None = None) -> set[str]:
 
 
 def reader_functions() -> set[str]:
-    source = "".join(inspect.getsource(m) for m in (nvml_reader, nvml_device, nvml_mig))
+    source = "".join(inspect.getsource(m) for m in (nvml_reader, nvml_device, nvml_mig, nvml_direct))
     return {name for name in re.findall(r"\b(nvml[A-Z]\w+)\b", source) if callable(getattr(pynvml, name, None))}
 
 

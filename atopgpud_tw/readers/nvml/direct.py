@@ -187,6 +187,7 @@ class DirectCalls:
         for name in LISTS:
             found[name] = lambda handle, name=name: self.processes(name, handle)
         found[MEMORY] = self.memory
+        found.update(MigCalls(self._nvml, self._table).functions())
         return found
 
     def _pointer(self, symbol: str) -> Any:
@@ -284,3 +285,107 @@ class DirectCalls:
         if NOT_AVAILABLE in used:  # (a scan in C: most drivers always tell)
             used = [None if m == NOT_AVAILABLE else m for m in used]
         return pids, used
+
+
+# --- the calls that find a MIG card's instances at every poll ------------------------------------------
+#
+# A card in MIG mode is asked at every poll for its mode, for the handle in each of its
+# slots, and each instance known again for its UUID (`mig._known`): 15 calls a poll for a
+# card of seven instances, more than its instances' readings.  The binding's wrappers make
+# new ctypes objects for each (a handle, two mode words, a 96-byte string buffer, the
+# arguments), take its table's lock-guarded lookup, and decode the UUID.  Here each device
+# keeps what its calls fill, and a slot's handle comes back as its pointer value: a slot
+# that gives the handle it gave before needs no new handle object, and the handle an
+# instance was found with is never written over (a later poll may give that slot's next
+# instance another pointer, and the instance's own calls must stay on its own).
+
+#: the MIG calls made here, by the reader's names (the binding's, and the C symbols')
+MIG_MODE = "nvmlDeviceGetMigMode"
+MIG_HANDLE = "nvmlDeviceGetMigDeviceHandleByIndex"
+UUID = "nvmlDeviceGetUUID"
+MIG_NAMES = frozenset({MIG_MODE, MIG_HANDLE, UUID})
+#: NVML_DEVICE_UUID_V2_BUFFER_SIZE, the buffer the binding gives nvmlDeviceGetUUID
+UUID_BUFFER = 96
+# the choke point (`device.NvmlDevice.call`) takes these from `DirectCalls.functions` too
+NAMES = NAMES | MIG_NAMES
+
+
+class MigCalls:
+    """One device's MIG calls, each as the reader calls it: ``functions()[name](handle, *args)``.
+
+    - ``nvmlDeviceGetMigMode(handle)``: the current mode (an int; the pending one is not read);
+    - ``nvmlDeviceGetMigDeviceHandleByIndex(card, slot)``: the slot's handle as its pointer
+      value (``None`` for a NULL one), to be made a handle by `mig_handle` where it is new;
+    - ``nvmlDeviceGetUUID(handle)``: the UUID as the binding gives it (what the driver wrote
+      up to the first NUL, decoded as UTF-8, a decoding error raised as the binding's is).
+
+    What each call fills is cleared first, so that a call that answers without writing reads
+    as the binding's fresh objects would (0, NULL, ``""``), never as the last call's answer.
+    Each C function is taken from the binding's table at its first call (FUNCTION_NOT_FOUND
+    or UNINITIALIZED raised from there, as the wrappers' lookup raises them) and kept.
+    """
+
+    __slots__ = ("_error", "_table", "_mode", "_handle", "_uuid", "_current", "_current_ref", "_pending",
+                 "_pending_ref", "_out", "_out_value", "_out_ref", "_slots", "_buffer", "_buffer_size")
+
+    def __init__(self, nvml: Any, table: Callable[[str], Any]) -> None:
+        self._error = nvml.NVMLError
+        self._table = table
+        self._mode: Any = None
+        self._handle: Any = None
+        self._uuid: Any = None
+        self._current = ctypes.c_uint(0)
+        self._current_ref = ctypes.byref(self._current)
+        self._pending = ctypes.c_uint(0)
+        self._pending_ref = ctypes.byref(self._pending)
+        self._out = nvml.c_nvmlDevice_t()
+        self._out_value = ctypes.c_void_p.from_buffer(self._out)
+        self._out_ref = ctypes.byref(self._out)
+        #: the slot numbers as the binding passes them (c_uint), made once
+        self._slots: list[Any] = []
+        self._buffer = ctypes.create_string_buffer(UUID_BUFFER)
+        self._buffer_size = ctypes.c_uint(UUID_BUFFER)
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return {MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
+
+    def mig_mode(self, handle: Any) -> int:
+        function = self._mode
+        if function is None:
+            function = self._mode = self._table(MIG_MODE)
+        self._current.value = 0
+        ret = function(handle, self._current_ref, self._pending_ref)
+        if ret != SUCCESS:
+            raise self._error(ret)
+        return self._current.value
+
+    def mig_handle(self, card: Any, slot: int) -> int | None:
+        function = self._handle
+        if function is None:
+            function = self._handle = self._table(MIG_HANDLE)
+        slots = self._slots
+        if slot >= len(slots):
+            slots.extend(ctypes.c_uint(index) for index in range(len(slots), slot + 1))
+        self._out_value.value = None
+        ret = function(card, slots[slot], self._out_ref)
+        if ret != SUCCESS:
+            raise self._error(ret)
+        return self._out_value.value
+
+    def uuid(self, handle: Any) -> str:
+        function = self._uuid
+        if function is None:
+            function = self._uuid = self._table(UUID)
+        buffer = self._buffer
+        buffer.value = b""
+        ret = function(handle, buffer, self._buffer_size)
+        if ret != SUCCESS:
+            raise self._error(ret)
+        return buffer.value.decode()
+
+
+def mig_handle(nvml: Any, value: int | None) -> Any:
+    """A handle (the binding's ``c_nvmlDevice_t``) of its own for a slot's pointer value."""
+    if value is None:
+        return nvml.c_nvmlDevice_t()  # NULL, as the binding's would be
+    return ctypes.cast(value, nvml.c_nvmlDevice_t)

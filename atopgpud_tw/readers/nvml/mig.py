@@ -30,6 +30,7 @@ from atopgpud_tw.readers.nvml.device import (
     read_device,
     read_memory,
 )
+from atopgpud_tw.readers.nvml.direct import MIG_HANDLE, MIG_MODE, UUID, mig_handle
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, fold_instances
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
@@ -50,7 +51,10 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         )
         total, used = read_memory(card, Attempt(card, problems))
         return [_card_sample(card, total, used, ())]
-    samples = [_read_instance(instance, problems, poll) for instance in instances]
+    # one DevicePoll for the card's instances: an instance's read learns nothing into it
+    # (no rates under MIG), so each sees it as a fresh one
+    each = DevicePoll(starts=poll.starts)
+    samples = [_read_instance(instance, problems, each) for instance in instances]
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
@@ -77,21 +81,21 @@ def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
 def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
 
-    def mode() -> bool:
-        try:
-            return int(card.call("nvmlDeviceGetMigMode")[0]) == MIG_ENABLED
-        except Unsupported:
-            return False  # it cannot be in MIG mode: that is no problem, given up or not
-
-    # NOT_FOUND, or a failure (a problem): as it was
-    enabled = Attempt(card, problems)(mode, idle=card.mig_state.enabled)
-    if enabled is None:
-        return card.mig_state.enabled
-    if enabled != card.mig_state.enabled:
+    state = card.mig_state
+    try:
+        enabled = card.call(MIG_MODE) == MIG_ENABLED
+    except Unsupported:
+        enabled = False  # it cannot be in MIG mode: that is no problem, given up or not
+    except NotFound:
+        return state.enabled  # as it was
+    except Failed as failure:
+        Attempt(card, problems).note(failure.cause)  # a problem, and as it was
+        return state.enabled
+    if enabled != state.enabled:
         card.mig_state = MigState(enabled=enabled)
         # what a card supports depends on its mode
         card.forget_support()
-        card.answered.add("nvmlDeviceGetMigMode")
+        card.answered.add(MIG_MODE)
         shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
         log.info(
             "nvml: GPU {busid} is {state}",
@@ -109,27 +113,27 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     incomplete, so that no instance is taken for gone on a passing error.
     """
     state = card.mig_state
-    attempt = Attempt(card, problems)
     if state.slots is None:
-        slots = attempt.call("nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
+        slots = Attempt(card, problems).call("nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
         if slots is None:
             return [], False
         state.slots = int(slots)
     found: dict[str, NvmlDevice] = {}
     complete = True
     identified = state.identified
+    call = card.call
     for slot in range(state.slots):
         try:
-            handle = card.call("nvmlDeviceGetMigDeviceHandleByIndex", slot)
+            value = call(MIG_HANDLE, slot)  # the handle's pointer value (`direct.MigCalls`)
         except (NotFound, Unsupported):
             identified.pop(slot, None)
             continue
         except Failed as failure:
             identified.pop(slot, None)
-            complete &= _empty_slot(slot, failure, attempt)
+            complete &= _empty_slot(slot, failure, Attempt(card, problems))
             continue
         try:
-            instance = _known(identified, slot, handle) or _identify(card, handle, slot)
+            instance = _known(identified, slot, value) or _identify(card, value, slot)
         except NotFound:
             identified.pop(slot, None)
             complete = False  # destroyed while looked at, or a passing fault: the next poll tells
@@ -137,25 +141,26 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         except Unsupported as unsupported:
             # a driver that cannot say which instance this is: said once, not guessed; the
             # instances known are not taken for gone on it
-            attempt.note(f"MIG device {slot} left out: {unsupported} is not supported", key="mig identity")
+            Attempt(card, problems).note(
+                f"MIG device {slot} left out: {unsupported} is not supported", key="mig identity"
+            )
             identified.pop(slot, None)
             complete = False
             continue
         except (Failed, DeviceLost) as failure:
             # (an instance's handle lost while it is looked at is no loss of the card)
             identified.pop(slot, None)
-            complete &= _empty_slot(slot, failure, attempt)
+            complete &= _empty_slot(slot, failure, Attempt(card, problems))
             continue
         found.setdefault(instance.key, instance)
     if complete:
-        # a handle that a slot gave another instance now is no sign of life (a driver may
-        # give a destroyed instance's pointer to the next one in its slot)
-        taken = {_handle_value(instance.handle) for instance in found.values()}
-        if any(
-            key not in found and _handle_value(i.handle) not in taken and _still_there(i)
-            for key, i in state.instances.items()
-        ):
-            complete = False  # a slot's answer was a passing fault: the instance's own handle works
+        unseen = [i for key, i in state.instances.items() if key not in found]
+        if unseen:
+            # a handle that a slot gave another instance now is no sign of life (a driver may
+            # give a destroyed instance's pointer to the next one in its slot)
+            taken = {_handle_value(instance.handle) for instance in found.values()}
+            if any(_handle_value(i.handle) not in taken and _still_there(i) for i in unseen):
+                complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
 
@@ -190,8 +195,9 @@ def _handle_value(handle: Any) -> int | None:
         return None
 
 
-def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, handle: Any) -> NvmlDevice | None:
-    """The instance a slot's handle was found to be at an earlier poll, if it still is.
+def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value: int | None) -> NvmlDevice | None:
+    """The instance a slot's handle (`value`, its pointer value) was found to be at an
+    earlier poll, if it still is.
 
     Identifying an instance takes three calls (its GPU and compute instance ids
     and its name); at every poll that was most of a MIG card's calls.  The slot
@@ -216,24 +222,25 @@ def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, handle
     before: a known instance no slot shows is still asked on its own handle.
     """
     known = identified.get(slot)
-    if known is None:
+    if known is None or known[0] != value:
         return None
-    value, instance, uuid = known
-    if value != _handle_value(handle):
-        return None
-    instance.handle = handle
-    if as_text(instance.call("nvmlDeviceGetUUID")).strip() != uuid:
+    # (the instance keeps the handle it was found with: it has the same value)
+    instance = known[1]
+    if instance.call(UUID).strip() != known[2]:  # (a str, as the binding gives it)
         return None
     return instance
 
 
-def _identify(card: NvmlDevice, handle: Any, slot: int) -> NvmlDevice:
-    """The instance behind a MIG handle not known at its slot: one already known by its ids, or a new one.
+def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
+    """The instance behind a MIG handle (`value`, its pointer value) not known at its slot:
+    one already known by its ids, or a new one.
 
     Handles of destroyed instances become invalid and may be reused, so the ids
     and the profile are read again for a handle the slot did not give before
-    (`_known`).
+    (`_known`).  The handle is an object of its own, never written over by a later
+    slot's call.
     """
+    handle = mig_handle(card.nvml, value)
     probe = card.mig_state.probe
     if probe is None:
         probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)
@@ -255,7 +262,6 @@ def _identify(card: NvmlDevice, handle: Any, slot: int) -> NvmlDevice:
     else:
         uuid = _instance_uuid(probe)
     instance.handle = handle
-    value = _handle_value(handle)
     if value is not None and uuid:
         # (where the UUID cannot be read, the instance is identified afresh at every poll)
         card.mig_state.identified[slot] = (value, instance, uuid)
@@ -265,37 +271,39 @@ def _identify(card: NvmlDevice, handle: Any, slot: int) -> NvmlDevice:
 def _instance_uuid(probe: NvmlDevice) -> str:
     """A MIG instance's own ``MIG-...`` UUID; "" where it cannot be read (an inventory label)."""
     try:
-        return as_text(probe.call("nvmlDeviceGetUUID")).strip()
+        return as_text(probe.call(UUID)).strip()
     except (Failed, Unsupported, NotFound):
         return ""
 
 
 def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
     known = card.mig_state.instances
-    for key, instance in found.items():
-        if key not in known:
-            log.info(
-                "nvml: GPU {card}: MIG instance {busid} ({profile}) is there",
-                card=printable(card.busid),
-                busid=printable(instance.busid),
-                profile=printable(instance.name),
-            )
-    if not complete:
+    if found.keys() != known.keys():  # (at most polls the same instances: nothing to say)
+        for key, instance in found.items():
+            if key not in known:
+                log.info(
+                    "nvml: GPU {card}: MIG instance {busid} ({profile}) is there",
+                    card=printable(card.busid),
+                    busid=printable(instance.busid),
+                    profile=printable(instance.name),
+                )
+        if complete:
+            for key, instance in known.items():
+                if key not in found:
+                    log.info(
+                        "nvml: GPU {card}: MIG instance {busid} is gone",
+                        card=printable(card.busid),
+                        busid=printable(instance.busid),
+                    )
+    if complete:
+        card.mig_state.instances = found  # (made for this poll, and kept by nothing else)
+    else:
         known.update(found)
-        return
-    for key, instance in known.items():
-        if key not in found:
-            log.info(
-                "nvml: GPU {card}: MIG instance {busid} is gone",
-                card=printable(card.busid),
-                busid=printable(instance.busid),
-            )
-    card.mig_state.instances = dict(found)
 
 
 def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -> DeviceSample:
     try:
-        return read_device(instance, problems, DevicePoll(starts=poll.starts))
+        return read_device(instance, problems, poll)
     except DeviceLost as failure:
         problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {failure.cause}")
         return placeholder(instance).absent()
