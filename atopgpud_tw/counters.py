@@ -299,29 +299,6 @@ class Counters:
             device.memory_total_kib = sample.memory_total_kib
         if sample.memory_used_kib is not None:
             device.memory_used_kib = sample.memory_used_kib
-        gpu, mem, used = sample.gpu_busy, sample.mem_busy, sample.memory_used_kib
-        if (
-            gpu is not None and mem is not None and used is not None and gpu >= 0 and mem >= 0
-            and device.gpu_busy_cum is not None and device.gpu_busy_cum >= 0
-            and device.mem_busy_cum is not None and device.mem_busy_cum >= 0
-        ):
-            # the common case, every device every poll: real readings onto real sums, which
-            # `_reading` passes through and `_accumulate` adds
-            device.samples += 1
-            device.gpu_busy_cum += gpu
-            device.mem_busy_cum += mem
-            device.memory_used_cum_kib += used
-            if taken is not None:
-                span = taken - (since if device.counted_at is None else device.counted_at)
-                device.counted_at = taken
-                device.gpu_busy_seconds += gpu * span
-                device.mem_busy_seconds += mem * span
-                device.memory_used_kib_seconds += used * span
-            if sample.processes is None:
-                return []
-            return self._fold_processes(
-                index, device, sample.processes, taken if self.weigh_processes else None, since, contexts
-            )
         gpu = _reading(device.gpu_busy_cum, sample.gpu_busy)
         mem = _reading(device.mem_busy_cum, sample.mem_busy)
         if None not in (gpu, mem, sample.memory_used_kib):
