@@ -139,16 +139,31 @@ _WORKLOAD_ORDER = {
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessContext:
-    """Who a GPU process is, read from ``/proc`` once per process (readers/procinfo.py).
+class CgroupWorkload:
+    """What a process's cgroup path says of it (readers/cgroups.py; empty: it says nothing).
+
+    `unit` is the innermost systemd unit of its cgroup (``NAME.service``,
+    ``NAME.scope``; a user manager's own units as ``user@UID.service/NAME``), `slice`
+    the innermost slice, `container` a container id (``docker://ID``,
+    ``containerd://ID``, ``cri-o://ID``, ``podman://ID``; a bare id where the layout
+    does not say the runtime), `pod` a Kubernetes pod uid, `job` a Slurm job id.
+    """
+
+    cgroup: str = ""
+    unit: str = ""
+    slice: str = ""
+    container: str = ""
+    pod: str = ""
+    job: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessContext(CgroupWorkload):
+    """Who a GPU process is, read from ``/proc`` once per process (readers/procinfo.py):
+    its cgroup's workload (`CgroupWorkload`'s fields) and who runs it.
 
     Text fields are empty where not known.  `known` is False for a process gone
-    (or hidden) before it could be read: its workload is "unknown".  `unit` is the
-    innermost systemd unit of its cgroup (``NAME.service``, ``NAME.scope``; a user
-    manager's own units as ``user@UID.service/NAME``), `slice` the innermost slice,
-    `container` a container id (``docker://ID``, ``containerd://ID``, ``cri-o://ID``,
-    ``podman://ID``; a bare id where the layout does not say the runtime), `pod` a
-    Kubernetes pod uid, `job` a Slurm job id.
+    (or hidden) before it could be read: its workload is "unknown".
     """
 
     known: bool = True
@@ -158,12 +173,6 @@ class ProcessContext:
     cmdline: str = ""
     #: ``/proc/PID/stat``'s start time when it was read (None: not read)
     started: int | None = None
-    cgroup: str = ""
-    unit: str = ""
-    slice: str = ""
-    container: str = ""
-    pod: str = ""
-    job: str = ""
 
     def workload(self, grouping: str = "auto") -> tuple[str, str]:
         """(kind, name) of the process's workload under `grouping` (`GROUPINGS`, or "auto")."""

@@ -29,7 +29,8 @@ Slurm's cgroup v2 plugin (https://slurm.schedmd.com/cgroup_v2.html).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from atopgpud_tw.snapshot import CgroupWorkload
 
 #: the systemd driver's container scopes, and the runtime each names (as Kubernetes
 #: writes a container id: ``RUNTIME://ID``)
@@ -44,18 +45,6 @@ _POD_SLICE = re.compile(r"kubepods(?:-[a-z]+)*-pod([0-9a-fA-F_]{8,64})\.slice")
 _POD_FOLDER = re.compile(r"pod([0-9a-fA-F-]{8,64})")
 _JOB = re.compile(r"job_([0-9]{1,20})")
 _USER_MANAGER = re.compile(r"user@[0-9]+\.service")
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupWorkload:
-    """What a cgroup path says of the process in it (empty: it says nothing)."""
-
-    path: str = ""
-    unit: str = ""
-    slice: str = ""
-    container: str = ""
-    pod: str = ""
-    job: str = ""
 
 
 def cgroup_paths(text: str) -> tuple[str, list[str]]:

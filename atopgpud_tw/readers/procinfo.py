@@ -23,7 +23,7 @@ import pwd
 
 from atopgpud_tw.readers.cgroups import workload_of
 from atopgpud_tw.readers.starts import stat_start_time
-from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, ProcessContext, Snapshot
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, CgroupWorkload, ProcessContext, Snapshot
 
 #: new processes read per poll at most: a poll's cost stays bounded when hundreds start at once
 READS_PER_POLL = 64
@@ -100,10 +100,8 @@ def read_context(pid: int, proc: str = "/proc", names: UserNames | None = None) 
     user = (names or UserNames())(uid) if uid >= 0 else ""
     command = (cmdline or b"").rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:CMDLINE_CHARS]
     found = workload_of(cgroup.decode("utf-8", "replace"))
-    return ProcessContext(
-        uid=uid, user=user, comm=comm, cmdline=command, started=started, cgroup=found.path,
-        unit=found.unit, slice=found.slice, container=found.container, pod=found.pod, job=found.job,
-    )
+    workload = {name: getattr(found, name) for name in CgroupWorkload.__dataclass_fields__}
+    return ProcessContext(uid=uid, user=user, comm=comm, cmdline=command, started=started, **workload)
 
 
 class Contexts:
