@@ -233,17 +233,9 @@ class Counters:
         seen: set[int] = set()
         if taken is not None:
             self.timed = True
-        by_key, devices = self._by_key, self.devices
+        devices = self.devices
         for sample in snapshot.devices:
-            index = by_key.get(sample.key)
-            if index is None:
-                index = self._device_index(sample)
-            else:
-                # a device as it was at the last poll (most polls) needs no `_device_index`
-                device = devices[index]
-                if (sample.info is not device.info or sample.busid != device.busid
-                        or sample.name != device.name or sample.task_support != device.task_support):
-                    index = self._device_index(sample)
+            index = self._device_index(sample)
             if index in seen:
                 continue
             seen.add(index)
@@ -343,22 +335,7 @@ class Counters:
                     totals = active[pid] = ProcessTotals(pid, proc.kind, started=proc.started)
                 else:
                     totals.started = proc.started  # first seen now: the same process
-            gpu, mem, memory = proc.gpu_busy, proc.mem_busy, proc.memory_kib
-            if (
-                taken is None and gpu is not None and mem is not None and memory is not None
-                and gpu >= 0 and mem >= 0 and memory >= 0
-                and totals.gpu_busy_cum >= 0 and totals.mem_busy_cum >= 0 and totals.memory_cum_kib >= 0
-            ):
-                # `ProcessTotals.add`'s common case (untimed, real readings onto real sums) without
-                # its call, which is most of what a process costs a fold
-                totals.kind = proc.kind
-                totals.samples += 1
-                totals.memory_now_kib = memory
-                totals.memory_cum_kib += memory
-                totals.gpu_busy_cum += gpu
-                totals.mem_busy_cum += mem
-            else:
-                totals.add(proc, taken, since)
+            totals.add(proc, taken, since)
             if totals.context is None and contexts:
                 totals.context = contexts.get(pid)  # read once per process, by the reader
         if len(active) == len(merged):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from dataclasses import replace
 
 from atopgpud_tw.readers.cgroups import workload_of
 from atopgpud_tw.readers.starts import stat_start_time
@@ -130,7 +131,7 @@ class Contexts:
                 listed[process.pid] = process.started
         if listed == self._listed and self._complete is not None:
             # the same processes as the last poll, every one read then: the same contexts
-            return Snapshot(snapshot.devices, self._complete)
+            return replace(snapshot, contexts=self._complete)
         self._listed = listed
         self._complete = None
         budget = self.reads_per_poll
@@ -156,4 +157,4 @@ class Contexts:
             self._complete = contexts
         if not contexts:
             return snapshot
-        return Snapshot(snapshot.devices, contexts)
+        return replace(snapshot, contexts=contexts)

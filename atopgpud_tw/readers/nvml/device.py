@@ -253,12 +253,7 @@ SIZE_RETRIES = 3
 def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
     """`NvmlDevice.call` for a function that fills an array: INSUFFICIENT_SIZE (the list
     outgrew the array, which `direct` has grown) is asked again, a few times."""
-    try:
-        return device.call(function, *args, variant=variant)
-    except Failed as failure:
-        if failure.value != INSUFFICIENT_SIZE or SIZE_RETRIES < 1:
-            raise
-    for _ in range(SIZE_RETRIES - 1):
+    for _ in range(SIZE_RETRIES):
         try:
             return device.call(function, *args, variant=variant)
         except Failed as failure:
@@ -454,12 +449,9 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     stream = device.streams.get(kind)
     if stream is None:
         stream = device.streams[kind] = SampleStream()
-    stamps = device.stamps
-    if stamps.host is None and poll.host is not None:
-        stamps.host = poll.host  # (`_stamp_map`)
+    stamps = _stamp_map(device, poll)
     # the driver's clock is learnt from when the call was made, not when the poll began
-    clock = poll.clock
-    now_us = poll.now_us if clock is None else int(clock() * 1_000_000)
+    now_us = poll.call_time_us()
     name = _STAMP_KINDS.get(kind) or f"samples {kind}"
     asked = stamps.ask(name, stream.since, now_us)
     try:
@@ -515,7 +507,7 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> tuple[int | None, int |
 def _memory_info(device: NvmlDevice) -> tuple[int, int]:
     """(total, used) bytes, from the v2 structure where the binding and the driver have it."""
     version = device.session.function("nvmlMemory_v2")
-    if version is not None and "nvmlDeviceGetMemoryInfo_v2" not in device.missing:
+    if version is not None:
         try:
             return device.call(MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")  # type: ignore[no-any-return]
         except Missing:

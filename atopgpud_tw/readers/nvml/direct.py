@@ -187,7 +187,7 @@ class DirectCalls:
         for name in LISTS:
             found[name] = lambda handle, name=name: self.processes(name, handle)
         found[MEMORY] = self.memory
-        found.update(MigCalls(self._nvml, self._table).functions())
+        found.update(MigCalls(self._nvml, self._pointer).functions())
         return found
 
     def _pointer(self, symbol: str) -> Any:
@@ -220,7 +220,7 @@ class DirectCalls:
         return count
 
     def samples(self, handle: Any, kind: int, since: int) -> tuple[list[int], list[int]]:
-        array = self._arrays.get(SAMPLES) or self._array(SAMPLES)
+        array = self._array(SAMPLES)
         self._count.value = array.capacity
         kinds = self._sample_kinds
         sample_kind = kinds.get(kind)
@@ -228,16 +228,12 @@ class DirectCalls:
             sample_kind = kinds[kind] = ctypes.c_uint(kind)
         # (the arguments passed by value are kept too: set, not made, at each call)
         self._since.value = since
-        pointer = self._pointers.get(SAMPLES) or self._pointer(SAMPLES)
-        ret = pointer(handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data)
-        count = self._count.value
-        common = ret == SUCCESS and count and count < array.capacity and count <= array.peak
-        if common and array.calls < SHRINK_AFTER - 1:
-            array.calls += 1  # the common answer: what `_filled` and `Array.used` make of it, inline
-        else:
-            count = self._filled(array, ret, full_is_short=True)
-            if not count:
-                return [], []
+        ret = self._pointer(SAMPLES)(
+            handle, sample_kind, self._since, self._value_type_ref, self._count_ref, array.data
+        )
+        count = self._filled(array, ret, full_is_short=True)
+        if not count:
+            return [], []
         (stamp, step), (value, vstep) = self._stamp64, self._value32
         return array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
 
@@ -249,10 +245,10 @@ class DirectCalls:
             if memory.struct is None:
                 raise AttributeError("the binding has no c_nvmlMemory_v2_t")  # as its wrapper would
             memory.struct.version = version
-            ret = (self._pointers.get(MEMORY_V2) or self._pointer(MEMORY_V2))(handle, memory.ref)
+            ret = self._pointer(MEMORY_V2)(handle, memory.ref)
         else:
             memory = self._memory_v1
-            ret = (self._pointers.get(MEMORY) or self._pointer(MEMORY))(handle, memory.ref)
+            ret = self._pointer(MEMORY)(handle, memory.ref)
         if ret != SUCCESS:
             raise self._error(ret)
         words = memory.u64
@@ -321,19 +317,17 @@ class MigCalls:
 
     What each call fills is cleared first, so that a call that answers without writing reads
     as the binding's fresh objects would (0, NULL, ``""``), never as the last call's answer.
-    Each C function is taken from the binding's table at its first call (FUNCTION_NOT_FOUND
-    or UNINITIALIZED raised from there, as the wrappers' lookup raises them) and kept.
+    Each C function is looked up by `pointer` at each call (`DirectCalls._pointer`, which
+    takes it from the binding's table at its first call, FUNCTION_NOT_FOUND or
+    UNINITIALIZED raised from there as the wrappers' lookup raises them, and keeps it).
     """
 
-    __slots__ = ("_error", "_table", "_mode", "_handle", "_uuid", "_current", "_current_ref", "_pending",
+    __slots__ = ("_error", "_pointer", "_current", "_current_ref", "_pending",
                  "_pending_ref", "_out", "_out_value", "_out_ref", "_slots", "_buffer", "_buffer_size")
 
-    def __init__(self, nvml: Any, table: Callable[[str], Any]) -> None:
+    def __init__(self, nvml: Any, pointer: Callable[[str], Any]) -> None:
         self._error = nvml.NVMLError
-        self._table = table
-        self._mode: Any = None
-        self._handle: Any = None
-        self._uuid: Any = None
+        self._pointer = pointer
         self._current = ctypes.c_uint(0)
         self._current_ref = ctypes.byref(self._current)
         self._pending = ctypes.c_uint(0)
@@ -350,35 +344,26 @@ class MigCalls:
         return {MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
 
     def mig_mode(self, handle: Any) -> int:
-        function = self._mode
-        if function is None:
-            function = self._mode = self._table(MIG_MODE)
         self._current.value = 0
-        ret = function(handle, self._current_ref, self._pending_ref)
+        ret = self._pointer(MIG_MODE)(handle, self._current_ref, self._pending_ref)
         if ret != SUCCESS:
             raise self._error(ret)
         return self._current.value
 
     def mig_handle(self, card: Any, slot: int) -> int | None:
-        function = self._handle
-        if function is None:
-            function = self._handle = self._table(MIG_HANDLE)
         slots = self._slots
         if slot >= len(slots):
             slots.extend(ctypes.c_uint(index) for index in range(len(slots), slot + 1))
         self._out_value.value = None
-        ret = function(card, slots[slot], self._out_ref)
+        ret = self._pointer(MIG_HANDLE)(card, slots[slot], self._out_ref)
         if ret != SUCCESS:
             raise self._error(ret)
         return self._out_value.value
 
     def uuid(self, handle: Any) -> str:
-        function = self._uuid
-        if function is None:
-            function = self._uuid = self._table(UUID)
         buffer = self._buffer
         buffer.value = b""
-        ret = function(handle, buffer, self._buffer_size)
+        ret = self._pointer(UUID)(handle, buffer, self._buffer_size)
         if ret != SUCCESS:
             raise self._error(ret)
         return buffer.value.decode()

@@ -135,9 +135,6 @@ class GpmReader:
         self, card: NvmlDevice, samples: list[DeviceSample], problems: Problems, now: float, mig: str = "instances"
     ) -> list[DeviceSample]:
         """A card's samples of this poll, with what GPM measured since the last poll."""
-        known = self._cards.get(card.key)
-        if known is not None and known.supported is False:
-            return samples  # a card without GPM, known to be so: one look per poll
         if not self._supported(card, problems):
             return samples
         state = self._cards[card.key]

@@ -82,14 +82,9 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
 
     state = card.mig_state
-    try:
-        enabled = card.call(MIG_MODE) == MIG_ENABLED
-    except Unsupported:
-        enabled = False  # it cannot be in MIG mode: that is no problem, given up or not
-    except NotFound:
-        return state.enabled  # as it was
-    except Failed as failure:
-        Attempt(card, problems).note(failure.cause)  # a problem, and as it was
+    # NOT_FOUND, or a failure (a problem): as it was
+    enabled = Attempt(card, problems).run(_mode_enabled, card, idle=state.enabled)
+    if enabled is None:
         return state.enabled
     if enabled != state.enabled:
         card.mig_state = MigState(enabled=enabled)
@@ -103,6 +98,15 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
             state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
         )
     return enabled
+
+
+def _mode_enabled(card: NvmlDevice) -> bool:
+    """Whether the card's current MIG mode is on; one that cannot be in MIG mode is not
+    (no problem, given up or not)."""
+    try:
+        return bool(card.call(MIG_MODE) == MIG_ENABLED)
+    except Unsupported:
+        return False
 
 
 def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:

@@ -127,9 +127,6 @@ class NvmlReader:
         self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
         self._problems = ProblemLog("nvml", time.monotonic if reactor is None else reactor.seconds)
         self._devices: list[NvmlDevice] = []
-        #: the keys of `_devices`, for the list they were worked out from (`_device_keys`)
-        self._keys_of: list[NvmlDevice] | None = None
-        self._present: set[str] = set()
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
         self._initialised = False
@@ -469,11 +466,8 @@ class NvmlReader:
         return len(self._cards) != len(current) and any(key not in current for key in self._cards)
 
     def _device_keys(self) -> set[str]:
-        """The keys of the devices read now, worked out again only when the list of them is another."""
-        if self._keys_of is not self._devices:
-            self._keys_of = self._devices
-            self._present = {card.key for card in self._devices}
-        return self._present
+        """The keys of the devices read now."""
+        return {card.key for card in self._devices}
 
     def _rediscover(self) -> None:
         """Look for the GPUs again; a card found again keeps its state and counters."""

@@ -26,7 +26,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, TypeAlias
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, TypeAlias, TypeGuard
 
 from atopgpud_tw.snapshot import clamp_percent
 
@@ -204,7 +204,7 @@ def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int
     Where a pid is listed more than once, its newest entry counts (the larger
     figure between entries of one timestamp).
     """
-    if type(samples) is ProcessSamples and samples.clean(since) and samples.pids_unique():
+    if _one_per_pid(samples, since):
         # each pid once, every entry fresh and in range: its entry is its figure
         return dict(zip(samples.pids, zip(samples.sm, samples.mem))), samples.newest()
     latest, newest = _fresh(samples, since)
@@ -219,7 +219,7 @@ def latest_process_figures(samples: Iterable[Any], since: int) -> tuple[dict[int
 def lists_busy_periods(samples: Iterable[Any], since: int = 0) -> bool:
     """Whether the driver lists a process once per busy period: some pid has
     samples of two different timestamps in one answer."""
-    if type(samples) is ProcessSamples and samples.clean(since) and samples.pids_unique():
+    if _one_per_pid(samples, since):
         return False  # each pid listed once
     stamps: dict[int, int] = {}
     for (pid, stamp) in _fresh(samples, since)[0]:
@@ -227,6 +227,12 @@ def lists_busy_periods(samples: Iterable[Any], since: int = 0) -> bool:
         if first != stamp:
             return True
     return False
+
+
+def _one_per_pid(samples: Iterable[Any], since: int) -> TypeGuard[ProcessSamples]:
+    """Whether `samples` are columns whose every entry is fresh, within 0..100, and of a pid
+    listed once: then the folds take the columns whole."""
+    return type(samples) is ProcessSamples and samples.clean(since) and samples.pids_unique()
 
 
 def _fresh(samples: Iterable[Any], since: int) -> tuple[dict[tuple[int, int], tuple[int, int]], int]:
@@ -356,7 +362,6 @@ class SampleStream:
             self.zero_seen = True
         dry_gap = self.dry_gap()
         previous: Any = since
-        cover = self.cover
         for stamp, level in fresh:
             low = max(previous, self.covered_to)
             if period and stamp - previous > DRY_GAP_KNOWN * period:
@@ -365,10 +370,7 @@ class SampleStream:
                 # the buffer ran dry: idle, but for the sample's own period
                 self._known(low, stamp - period, 0.0)
                 low = max(low, stamp - period)
-            if stamp > low:  # `_known(low, stamp, level, stamp)`, inline: this runs for every sample
-                cover.append((low, stamp, level, stamp))
-                if stamp > self.covered_to:
-                    self.covered_to = stamp
+            self._known(low, stamp, level, stamp)
             previous = stamp
         periods = 0
         if fresh:

@@ -134,8 +134,8 @@ class StampMap:
     def ask(self, kind: str, steady: int, now_us: int | None = None) -> int:
         """The raw stamp to ask the driver with for samples after `steady` (0: all), for
         a call made at the reader's time `now_us` (its steps are looked for first)."""
-        if now_us is not None and (self.host is not None or self.follows is None):
-            self._observe(now_us, ())  # (with no host clocks to look at, nothing to learn once known)
+        if now_us is not None:
+            self._observe(now_us, ())
         if steady == 0:
             return 0
         # (no step recent: nothing remembered by steady stamp)
@@ -154,8 +154,7 @@ class StampMap:
                keys: Sequence[object] | None = None) -> list[int]:
         """The steady stamps of `raws` (in the driver's order), returned by a call
         made at the reader's time `now_us` and asked with raw stamp `asked`."""
-        if self.host is not None or self.follows is None:
-            self._observe(now_us, raws)
+        self._observe(now_us, raws)
         if self.follows is None or self.follows < 0:
             return list(raws)
         segments = self.segments
@@ -165,7 +164,7 @@ class StampMap:
                 answers = self.history.get(kind)
                 if answers is None:
                     answers = self.history[kind] = deque(maxlen=HISTORY)
-                answers.append((raws, offset, self.dropped))  # (the current segment's index)
+                answers.append((raws, offset, self.current))
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
         ordered = self.ordered[kind]

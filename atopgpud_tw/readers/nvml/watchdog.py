@@ -71,27 +71,21 @@ class CallWatch:
         self.current = _new_call(Call, (serial, function, where, self._clock()))
 
     def run(self, function: str, where: str | None, bound: Callable[..., T], *args: Any) -> T:
-        """``bound(*args)`` between `begin` and `end`: what they do, in one call (this runs
-        at every NVML call of a device)."""
-        self._serial = serial = self._serial + 1
-        clock = self._clock
-        self.current = call = _new_call(Call, (serial, function, where, clock()))
+        """``bound(*args)`` between `begin` and `end` (a device's every call)."""
+        self.begin(function, where)
         try:
             return bound(*args)
         finally:
-            took = clock() - call[3]
-            if took >= self.long_after:
-                self.long = (serial, took)
-            self.current = None
+            self.end()
 
     def end(self) -> None:
         """The call in progress returned or raised (in the reader's thread)."""
         call = self.current
         if call is None:
             return
-        took = self._clock() - call[3]
+        took = self._clock() - call.started
         if took >= self.long_after:
-            self.long = (call[0], took)
+            self.long = (call.serial, took)
         self.current = None
 
 
@@ -127,7 +121,7 @@ class HangWatchdog:
     def arm(self) -> None:
         """A poll starts: look at its calls every tick until `disarm` (unless `start` looks all the time)."""
         if self._loop is None and self._next is None:
-            self._next = self.clock.callLater(min(TICK, self.after / 10), self._look)  # `_tick`, inlined
+            self._next = self.clock.callLater(self._tick, self._look)
 
     def disarm(self) -> None:
         """The poll ended: one last look (a call warned of has returned: say so), then no tick until the next."""

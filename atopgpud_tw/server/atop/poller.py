@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, fail, maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -95,21 +95,14 @@ class PollerService(Service):
 
     def poll_once(self, taken: float | None = None, since: float = 0.0) -> Deferred:
         """One poll, at `taken` (the previous at `since`); the returned Deferred never fails."""
-        # maybeDeferred's work, without its wrapping of a reader that returns a Deferred (all do)
-        try:
-            result = self.reader.poll()
-        except BaseException:
-            result = fail()
-        if not isinstance(result, Deferred):
-            outcome = result
-            result = maybeDeferred(lambda: outcome)
+        result = maybeDeferred(self.reader.poll)  # (a Deferred, as every reader's is, handed back as it is)
         result.addCallbacks(self._polled, self._failed, callbackArgs=(taken, since))
         return result
 
     def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
         self.board.fold(snapshot, taken, since)
         self.polls += 1
-        self.waiting = None if self._waiting_for is None else self._waiting_for()  # `_reader_waits`, inlined
+        self.waiting = self._reader_waits()
         failed_with = self._failing.value
         if failed_with is None and not self._damping.flaps:
             return  # worked, as the last did: no recovery to say, and nothing flaps: no count due
