@@ -12,6 +12,7 @@ from twisted.application.service import IService, MultiService
 from twisted.logger import Logger
 from twisted.python import usage
 
+from atopgpud_tw import distribution_version
 from atopgpud_tw.clock import use_monotonic_clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
@@ -101,21 +102,12 @@ def _choice(option: str, *allowed: str) -> Any:
     return _coerce(option, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
 
-def _distribution_version(name: str) -> str:
-    from importlib import metadata  # for --version alone: it brings email, zipfile and csv (1 MB)
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def versions() -> list[str]:
     """What ``--version`` prints: the daemon's version, the NVML binding's, Twisted's."""
     return [
-        f"atopgpud (atopgpud_tw) {_distribution_version('atopgpud_tw')}",
-        f"nvidia-ml-py {_distribution_version('nvidia-ml-py')}",
-        f"Twisted {_distribution_version('twisted')}",
+        f"atopgpud (atopgpud_tw) {distribution_version()}",
+        f"nvidia-ml-py {distribution_version('nvidia-ml-py')}",
+        f"Twisted {distribution_version('twisted')}",
     ]
 
 

@@ -17,7 +17,7 @@ from atopgpud_tw.atopgpu.connection import BadReply
 from atopgpud_tw.atopgpu.health import health_report, render_health
 
 PAGE = """# TYPE atopgpud_build_info gauge
-atopgpud_build_info{version="0.1.0"} 1
+atopgpud_build_info{version="0.2.0"} 1
 atopgpud_gpu_present{index="0",busid="00000000:17:00.0",type="H100"} 1
 atopgpud_gpu_temperature_celsius{busid="00000000:17:00.0",type="H100"} 67
 atopgpud_gpu_power_watts{busid="00000000:17:00.0",type="H100"} 612.4
@@ -101,7 +101,7 @@ def test_health_json_from_a_daemon_on_the_simulator(tmp_path, capsys):
 HOSTILE = "\x1b[2J\x1b]0;PWN\x07"
 SHOWN = "\\x1b[2J\\x1b]0;PWN\\x07"
 HOSTILE_PAGE = f"""# TYPE atopgpud_build_info gauge
-atopgpud_build_info{{version="0.1.0"}} 1
+atopgpud_build_info{{version="0.2.0"}} 1
 atopgpud_gpu_present{{index="0",busid="{HOSTILE}:17:00.0",type="H100{HOSTILE}"}} 1
 atopgpud_gpu_temperature_celsius{{busid="{HOSTILE}:17:00.0",type="H100{HOSTILE}"}} 67
 atopgpud_gpu_clocks_event_active{{busid="{HOSTILE}:17:00.0",reason="sw{HOSTILE}",type="H100{HOSTILE}"}} 1

@@ -33,7 +33,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from atopgpud_tw import __version__
+from atopgpud_tw import distribution_version
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 from atopgpud_tw.figures import INFO, INVENTORY
 from atopgpud_tw.lognames import ClassLogger
@@ -136,7 +136,7 @@ class BoardCollector:
 
     def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("atopgpud_build_info", "The daemon's version.", labels=["version"])
-        info.add_metric([__version__], 1)
+        info.add_metric([distribution_version()], 1)
         yield info
         yield GaugeMetricFamily("atopgpud_poll_interval_seconds", "Seconds between polls (--interval).",
                                 value=self.interval)
