@@ -37,6 +37,11 @@ FORMAT = "atopgpud-calibration/1"
 VALUE_TYPE_UNSIGNED_INT = 1
 #: utilization samples the simulated driver keeps per device (as SimulatedNvml)
 SAMPLE_BUFFER = 100
+#: how far a real driver moves a sample's stamp between two calls that both return it (µs):
+#: an H200 on driver 580.159.04 returned the same samples 1 to 16 µs apart, either way, at
+#: the end of a recording than while it ran (docs/fidelity.md, "Calibration on a real GPU");
+#: samples come at least 1/6 s apart, so 1 ms tells a re-stamped sample from the next one
+RESTAMPED_US = 1000
 
 
 class RecordingError(ValueError):
@@ -109,11 +114,11 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
     kinds: dict[str, dict[int, int]] = {"gpu": {}, "memory": {}}
     for call in calls["samples"]:
         for stamp, value in call.get("samples") or ():
-            kinds[call["type"]][int(stamp)] = int(value)
+            kinds[call["type"]].setdefault(int(stamp), int(value))
     processes: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {}
     for call in calls["process_utilization"]:
         for pid, stamp, sm, mem, enc, dec in call.get("samples") or ():
-            processes[(int(pid), int(stamp))] = (int(stamp), int(pid), int(sm), int(mem), int(enc), int(dec))
+            processes.setdefault((int(pid), int(stamp)), (int(stamp), int(pid), int(sm), int(mem), int(enc), int(dec)))
     rates = tuple(
         (since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c
     )
@@ -143,15 +148,30 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
         memory_total=int(device["memory_total"]),
         origin_us=origin,
         duration=end_wall - start_wall,
-        gpu=tuple(sorted(kinds["gpu"].items())),
-        mem=tuple(sorted(kinds["memory"].items())),
-        processes=tuple(sorted(processes.values())),
+        gpu=_once(sorted(kinds["gpu"].items()), lambda entry: 0),
+        mem=_once(sorted(kinds["memory"].items()), lambda entry: 0),
+        processes=_once(sorted(processes.values()), lambda entry: entry[1]),
         rates=rates,
         memory=memory,
         memory_v2=memory_v2,
         compute=tuple(lists["compute"]),
         graphics=tuple(lists["graphics"]),
     )
+
+
+def _once(entries: Sequence[tuple[int, ...]], key: Callable[[tuple[int, ...]], int]) -> tuple[Any, ...]:
+    """`entries` (sorted by stamp, their first field) with each sample once: a sample that a
+    later call returned again on a stamp up to `RESTAMPED_US` later or earlier (for a process
+    sample: of the same `key`, its pid) is the one already kept."""
+    kept: list[tuple[int, ...]] = []
+    last: dict[int, int] = {}
+    for entry in entries:
+        stamp, who = entry[0], key(entry)
+        if who in last and stamp - last[who] <= RESTAMPED_US:
+            continue
+        last[who] = stamp
+        kept.append(entry)
+    return tuple(kept)
 
 
 def _driver_now(recording: Recording, now: float) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Calibrate the NVML reader on a machine with an NVIDIA GPU: one command, under 8 minutes.
 #
-#   tests/gpu/calibrate.sh [OUTDIR]          (default: $OUT, else ./gpu-calibration)
+#   tests/gpu/calibrate.sh [OUTDIR [calibrate.py options]]   (default: $OUT, else ./gpu-calibration)
 #
 # Runs tests/gpu/calibrate.py (its docstring says what it records) with the
 # interpreter that has PyTorch or CuPy and nvidia-ml-py ($PYTHON, default python3),
@@ -24,7 +24,9 @@ if ! (cd / && "$python" -c 'import twisted.internet, prometheus_client') 2>/dev/
         exit 2
     fi
     site="$(mktemp -d)"
-    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl || exit 2
+    # resolved, not every file: $WHEELS may hold wheels for several Python versions
+    "$python" -m pip install -q --no-index --no-compile --target "$site" --find-links "$wheels" \
+        twisted prometheus_client PyYAML nvidia-ml-py || exit 2
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if ! (cd / && "$python" -c 'import atopgpud_tw') 2>/dev/null; then
@@ -32,5 +34,5 @@ if ! (cd / && "$python" -c 'import atopgpud_tw') 2>/dev/null; then
 fi
 
 # the script keeps itself under 450 s; the timeout is a backstop
-PYTHONUNBUFFERED=1 timeout -k 10 470 "$python" "$here/tests/gpu/calibrate.py" "$out" 2>&1 | tee "$out/calibrate.log"
+PYTHONUNBUFFERED=1 timeout -k 10 470 "$python" "$here/tests/gpu/calibrate.py" "$out" "${@:2}" 2>&1 | tee "$out/calibrate.log"
 exit "${PIPESTATUS[0]}"
