@@ -104,11 +104,38 @@ def test_an_array_grown_for_a_burst_is_shrunk_back():
     array.grow(500)
     assert array.capacity == 1005
     for _ in range(direct.SHRINK_AFTER):
+        array.shrink_if_due()
         array.used(40)
+    assert array.capacity == 1005  # what the last call filled is still there to be read
+    array.shrink_if_due()
     assert array.capacity == 2 * 40 + 5
     for _ in range(direct.SHRINK_AFTER):
+        array.shrink_if_due()
         array.used(3)
+    array.shrink_if_due()
     assert array.capacity == 16  # never below what it started with
+
+
+@pytest.mark.parametrize("function", ["nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization",
+                                      "nvmlDeviceGetComputeRunningProcesses"])
+def test_the_call_after_which_an_array_shrinks_is_read_whole(monkeypatch, function):
+    """The call whose `used` makes the array small again answers what it filled, not the new
+    array's zeros (a constant load once read a fifth of its busy figure at each shrink)."""
+    monkeypatch.setattr(direct, "SHRINK_AFTER", 2)
+    nvml = binding()
+    source = DirectCalls(nvml)
+    calls = source.functions()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    args = {"nvmlDeviceGetSamples": (1, 0), "nvmlDeviceGetProcessUtilization": (0,)}.get(function, ())
+    fitted(nvml, calls, function, handle, *args)
+    array = source._arrays[function]
+    array.grow(50_000)  # as after a burst
+    burst = array.capacity
+    expected = fitted(nvml, calls, function, handle, *args)
+    assert expected[0]
+    for _ in range(3):  # one of these makes the array small again
+        assert calls[function](handle, *args) == expected
+    assert array.capacity < burst
 
 
 def test_a_full_sample_array_is_asked_again_larger(monkeypatch):

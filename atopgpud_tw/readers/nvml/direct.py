@@ -86,13 +86,15 @@ class Array:
     """An array of one of the binding's structures, kept from call to call, with
     views of its memory as 32- and 64-bit words to read fields from."""
 
-    __slots__ = ("struct", "first", "capacity", "data", "u32", "u64", "peak", "calls")
+    __slots__ = ("struct", "first", "capacity", "data", "u32", "u64", "peak", "calls", "due")
 
     def __init__(self, struct: Any, first: int) -> None:
         self.struct = struct
         self.first = first
         self.peak = 0
         self.calls = 0
+        #: the capacity to shrink to before the next call (0: none due)
+        self.due = 0
         self.allocate(first)
 
     def allocate(self, capacity: int) -> None:
@@ -105,17 +107,24 @@ class Array:
     def grow(self, needed: int) -> None:
         """Room for `needed` entries and more (the list may grow again before the next call)."""
         self.allocate(max(2 * self.capacity, 2 * needed + 5))
-        self.peak, self.calls = 0, 0
+        self.peak, self.calls, self.due = 0, 0, 0
 
     def used(self, count: int) -> None:
-        """A call filled `count` entries: after a burst, the array is made small again."""
+        """A call filled `count` entries: after a burst, the array is to be made small again,
+        before the next call (`shrink_if_due`): what this call filled is still to be read."""
         if count > self.peak:
             self.peak = count
         self.calls += 1
         if self.calls >= SHRINK_AFTER:
             if self.capacity > max(self.first, 4 * self.peak):
-                self.allocate(max(self.first, 2 * self.peak + 5))
+                self.due = max(self.first, 2 * self.peak + 5)
             self.peak, self.calls = 0, 0
+
+    def shrink_if_due(self) -> None:
+        """Before a call: the smaller array `used` asked for, if it did."""
+        if self.due:
+            self.allocate(self.due)
+            self.due = 0
 
 
 def _words(struct: Any, name: str, size: int) -> tuple[int, int]:
@@ -198,10 +207,13 @@ class DirectCalls:
         return pointer
 
     def _array(self, name: str) -> Array:
+        """The array a call of `name` fills, made small again first if a burst is over."""
         array = self._arrays.get(name)
         if array is None:
             first = FIRST.get(name, FIRST["lists"])
             array = self._arrays[name] = Array(self._structs[name], first)
+        elif array.due:
+            array.shrink_if_due()
         return array
 
     def _filled(self, array: Array, ret: int, full_is_short: bool = False, lists: bool = False) -> int:
