@@ -282,9 +282,10 @@ def test_kustomize_builds_the_manifests_as_written():
 
 
 @pytest.mark.e2e
-def test_kustomize_sets_the_image_and_namespace(tmp_path):
-    """An overlay's images: and namespace: reach the DaemonSet and every namespaced resource, as
-    docs/install.md tells operators to set them."""
+def test_kustomize_overlay_sets_image_namespace_and_labels(tmp_path):
+    """An overlay's images:, namespace: and labels: reach the DaemonSet, every namespaced resource and the
+    operator's resources (which a Prometheus selects by label), as docs/install.md tells operators to set
+    them; the selectors stay as they are."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
@@ -292,9 +293,14 @@ def test_kustomize_sets_the_image_and_namespace(tmp_path):
         "namespace": "gpu-monitoring",
         "resources": [os.path.relpath(DEPLOY, overlay)],
         "images": [{"name": "atopgpud-tw", "newName": "registry.example.com/tools/atopgpud-tw", "newTag": "0.2.0-1"}],
+        "labels": [{"pairs": {"release": "kube-prometheus-stack"}}],
     }))
     built = {doc["kind"]: doc for doc in _kustomize(overlay)}
     [container] = built["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example.com/tools/atopgpud-tw:0.2.0-1"
     assert built["Namespace"]["metadata"]["name"] == "gpu-monitoring"
     assert {doc["metadata"]["namespace"] for kind, doc in built.items() if kind != "Namespace"} == {"gpu-monitoring"}
+    for kind in OPERATOR_KINDS:
+        assert built[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert built["ServiceMonitor"]["spec"]["selector"] == _resources()["ServiceMonitor"]["spec"]["selector"]
+    assert built["DaemonSet"]["spec"]["selector"] == _resources()["DaemonSet"]["spec"]["selector"]
