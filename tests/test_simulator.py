@@ -330,3 +330,42 @@ def test_driver_library_and_size_query_fields_parse():
     assert parse_scenario({"gpus": [{}]}).gpus[0].grow_between_calls == {
         "process_lists": 0, "samples": 0, "process_utilization": 0
     }
+
+
+@pytest.mark.parametrize("utilization", ["per-period", "per-call"])
+def test_every_round_of_a_repeated_scenario_has_its_process_samples(utilization):
+    """With `repeat`, a process that runs part of each round is busy in every round, not in the
+    first alone: the periods of later rounds are weighed in the round's scenario time (a
+    process's start and stop, and timelines, are scenario time)."""
+    from clocked import ClockedReader
+    from scenarios import a10_card
+    from twisted.internet.task import Clock
+
+    from atopgpud_tw.server.atop.board import Board
+    from atopgpud_tw.server.atop.poller import PollerService
+
+    clock = Clock()
+    clock.advance(0.5)
+    card = a10_card(
+        processes=[{"pid": 300, "memory_mib": 100, "sm_util": 30, "mem_util": 4, "start": 1, "stop": 9},
+                   {"pid": 301, "memory_mib": 100, "sm_util": 10, "mem_util": 2}],
+        process_utilization=utilization,
+    )
+    board = Board()
+    poller = PollerService(ClockedReader({"repeat": 10, "gpus": [card]}, clock), board, 1.0, clock)
+    poller.startService()
+    seen = {}
+    while clock.seconds() < 40:
+        device = board.counters.devices[0]
+        seen[round(clock.seconds(), 1)] = (
+            device.gpu_busy_total, device.samples,
+            {pid: (p.gpu_busy_cum, p.samples) for pid, p in device.processes.items()},
+        )
+        clock.advance(1.0)
+    poller.stopService()
+    for round_ in range(3):
+        (gpu_a, n_a, procs_a), (gpu_b, n_b, procs_b) = seen[10 * round_ + 2.5], seen[10 * round_ + 8.5]
+        assert (gpu_b - gpu_a) / (n_b - n_a) == 40, round_
+        for pid, busy in ((300, 30), (301, 10)):
+            before = procs_a.get(pid, (0, 0))
+            assert (procs_b[pid][0] - before[0]) / (procs_b[pid][1] - before[1]) == busy, (round_, pid)

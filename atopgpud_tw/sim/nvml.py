@@ -400,7 +400,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 raise NvmlFault(NOT_FOUND)
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
             return NVML_VALUE_TYPE_UNSIGNED_INT, [Sample(stamp, int(value))]
-        level = _period_level(gpu, field)
+        level = _period_level(gpu, field, self.scenario.repeat)
         periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
         out = [Sample(stamp, level(start, end)) for stamp, start, end in periods]
         if not gpu.idle_samples:
@@ -467,7 +467,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         if not periods:
             return 0
         start, end = periods[-1][-2:]
-        return _period_level(gpu, field)(start, end)
+        return _period_level(gpu, field, self.scenario.repeat)(start, end)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> Memory:
         now = self._enter("nvmlDeviceGetMemoryInfo", handle)
@@ -566,9 +566,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 if (sm or mem) and stamp > timeStamp:
                     out.append(_process_sample(proc.pid, stamp, sm, mem))
             elif gpu.process_utilization == "per-call":
-                out.extend(_window_average(proc, periods))
+                out.extend(_window_average(proc, periods, self.scenario.repeat))
             else:
-                out.extend(_busy_periods(proc, periods))
+                out.extend(_busy_periods(proc, periods, self.scenario.repeat))
         if periods:
             out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
@@ -594,19 +594,44 @@ def _process_per_call(proc: ProcessSpec) -> bool:
     return isinstance(proc.sm_util, (list, tuple)) or isinstance(proc.mem_util, (list, tuple))
 
 
-def _period_level(gpu: GpuSpec, field: str) -> Callable[[float, float], int]:
+def _in_round(level: Callable[[float, float], tuple[float, ...]], repeat: float | None
+              ) -> Callable[[float, float], tuple[float, ...]]:
+    """`level` (of a span of scenario time) asked with simulated time, which a scenario with
+    `repeat` wraps: a period that spans the end of a round is weighed from both rounds' parts."""
+    if not repeat:
+        return level
+
+    def wrapped(start: float, end: float) -> tuple[float, ...]:
+        length = end - start
+        start %= repeat
+        if length <= 0 or start + length <= repeat + 1e-9:
+            return level(start, start + length)
+        before, after = repeat - start, start + length - repeat
+        first, second = level(start, repeat), level(0.0, min(after, repeat))
+        return tuple((a * before + b * after) / length for a, b in zip(first, second))
+
+    return wrapped
+
+
+def _period_level(gpu: GpuSpec, field: str, repeat: float | None = None) -> Callable[[float, float], int]:
     """The GPU's busy percentage (`field` "gpu" or "mem") over a sample period from
     start to end: its timeline's share of the period, or its constant load."""
     timeline = getattr(gpu, f"{field}_timeline")
     if timeline is None:
         value = int(getattr(gpu, f"{field}_util"))
         return lambda start, end: value
-    return lambda start, end: int(round(timeline.percent(start, end)))
+    share = _in_round(lambda start, end: (timeline.percent(start, end),), repeat)
+    return lambda start, end: int(round(share(start, end)[0]))
 
 
-def _process_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, float]]:
+def _process_levels(proc: ProcessSpec, repeat: float | None = None) -> Callable[[float, float], tuple[float, ...]]:
     """A process's SM and memory busy percentages over a period from start to end
-    (0 when it did not run): its timelines' shares, or its steady levels."""
+    (0 when it did not run): its timelines' shares, or its steady levels; with
+    `repeat`, those of the round's scenario time."""
+    return _in_round(_scenario_levels(proc), repeat)
+
+
+def _scenario_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, ...]]:
     alive = proc.alive
     if proc.sm_timeline is None and proc.mem_timeline is None:
         steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
@@ -623,9 +648,10 @@ def _process_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, 
     return levels
 
 
-def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
+def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
+                  ) -> list[Any]:
     """One entry per period in which the process was busy, as some drivers keep them."""
-    levels = _process_levels(proc)
+    levels = _process_levels(proc, repeat)
     out = []
     for stamp, start, end in periods:
         sm, mem = (round(x) for x in levels(start, end))
@@ -634,12 +660,13 @@ def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]]) ->
     return out
 
 
-def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]]) -> list[Any]:
+def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
+                    ) -> list[Any]:
     """One entry for the whole window asked for: the process's average over it,
     stamped with the window's newest period, as drivers are reported to answer."""
     if not periods:
         return []
-    level = _process_levels(proc)
+    level = _process_levels(proc, repeat)
     levels = [level(start, end) for _, start, end in periods]
     sm = round(sum(level[0] for level in levels) / len(levels))
     mem = round(sum(level[1] for level in levels) / len(levels))
