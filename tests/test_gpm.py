@@ -299,6 +299,39 @@ def test_a_failing_gpu_instance_sample_fails_that_instances_busy_figure_alone() 
     assert _device(snapshot, "3g.71gb").gpu_busy is None
     assert _device(snapshot, "3g.71gb").memory_used_kib == 10 * 1024
     assert _device(snapshot, "2g.35gb").gpu_busy == 30
-    assert any("GPU instance 2: nvmlGpmMigSampleGet" in text for text in problems.values()), problems
+    line = "GPU instance 2: GPM: nvmlGpmMigSampleGet: NVML_ERROR_UNKNOWN"
+    assert any(line in text for text in problems.values()), problems
     figures = _device(poll(reader, clock, 4.0)[0], "3g.71gb").gpm
     assert figures.seconds == pytest.approx(2.0) and figures.get("graphics") == pytest.approx(60.0)
+
+
+def test_gpm_back_after_not_supported_starts_afresh_and_the_gap_is_not_counted() -> None:
+    """nvmlGpmSampleGet answers NOT_SUPPORTED for a while, then samples again: the stream was
+    dropped, so the first poll after takes a sample (no figures) and the next covers one poll,
+    not the whole gap (which GPM did not measure); the problem names the function once."""
+    fault = {"call": "nvmlGpmSampleGet", "error": "NVML_ERROR_NOT_SUPPORTED", "from": 2.5, "until": 6.5}
+    clock = [0.0]
+    reader, _ = make_reader({"gpus": [{**H200, "faults": [fault]}]}, clock)
+    for now in (1.0, 2.0):
+        poll(reader, clock, now)
+    texts = []
+    for now in (3.0, 4.0, 5.0, 6.0):
+        snapshot, problems = poll(reader, clock, now)
+        assert snapshot.devices[0].gpm is None
+        texts += problems.values()
+    assert texts and all(text.count("nvmlGpmSampleGet") <= 1 for text in texts), texts
+    assert poll(reader, clock, 7.0)[0].devices[0].gpm is None  # a sample, nothing to compare it with
+    figures = poll(reader, clock, 8.0)[0].devices[0].gpm
+    assert figures.seconds == pytest.approx(1.0)
+
+
+def test_a_failing_gpm_sample_names_its_function_once() -> None:
+    """A GPU instance's failing GPM sample: one problem line, the function named once."""
+    fault = {"call": "nvmlGpmSampleGet", "error": "NVML_ERROR_UNKNOWN", "from": 2.5, "until": 3.5}
+    clock = [0.0]
+    reader, _ = make_reader({"gpus": [{**H200, "faults": [fault]}]}, clock)
+    for now in (1.0, 2.0):
+        poll(reader, clock, now)
+    _, problems = poll(reader, clock, 3.0)
+    texts = [text for text in problems.values() if "GpmSampleGet" in text]
+    assert texts and all(text.count("nvmlGpmSampleGet") == 1 for text in texts), texts

@@ -41,10 +41,10 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import SUCCESS
+from atopgpud_tw.nvml_codes import NOT_SUPPORTED, SUCCESS
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
-from atopgpud_tw.readers.nvml.calls import Attempt, NvmlSession, Outcome, Unsupported
+from atopgpud_tw.readers.nvml.calls import Attempt, Failed, NvmlSession, Outcome, Unsupported
 from atopgpud_tw.readers.nvml.device import NvmlDevice
 from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFigures, clamp_percent
 
@@ -210,7 +210,6 @@ class GpmReader:
         self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, problems: Problems, now: float
     ) -> GpmFigures | str:
         """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
-        what = "nvmlGpmSampleGet" if gpu_instance is None else "nvmlGpmMigSampleGet"
         where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
         attempt = Attempt(card, problems, subject=where)
 
@@ -220,10 +219,17 @@ class GpmReader:
             except Unsupported as refused:
                 attempt.note(f"{refused}: not supported", key=f"gpm {gpu_instance}")
                 return NO_GPM
+            except Failed as failed:
+                if failed.value == NOT_SUPPORTED:
+                    # GPM did not measure while it said so: its next figures start afresh
+                    # instead of reaching back over the gap (other failures pass, and the
+                    # next figures cover them: GPM's counters ran on)
+                    self._free(card, [stream])
+                raise
 
         # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it); a
-        # failure: no figures in this poll
-        taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", what))
+        # failure: no figures in this poll. The problem's cause names the function that failed.
+        taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
         return PENDING if taken is None else taken
 
     def _sample(self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, now: float) -> GpmFigures | str:
