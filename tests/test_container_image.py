@@ -141,7 +141,6 @@ def image(box: Container) -> dict[str, float]:
            "--build-arg", f"VERSION={pyproject_version()}", "--build-arg", "WHEELS=wheels",
            "-t", IMAGE, "-f", f"{CONTEXT}/Containerfile", CONTEXT, timeout=1200)
     took["build"] = time.monotonic() - began
-    box.run(["rm", "-rf", CONTEXT], check=True)
     print(f"image: {took}; {podman(box, 'images')}")  # shown with -rA
     return took
 
@@ -247,3 +246,14 @@ def test_version_label_is_the_packages_version(box: Container, image: dict[str, 
     inside = podman(box, "run", "--rm", *SANDBOX, "--read-only", "--network=none", IMAGE, "--version")
     assert label == atopgpud_tw.distribution_version() == pyproject_version(), (label, inside)
     assert label in inside, inside
+
+
+def test_a_version_other_than_the_packages_fails_the_build(box: Container, image: dict[str, float]) -> None:
+    """The version label cannot disagree with the package: the build checks VERSION against its metadata."""
+    wrong = f"{pyproject_version()}.post999"
+    done = box.run([*PODMAN, "build", "--isolation=chroot", "--build-arg", f"BASE={BASE_TAG}",
+                    "--build-arg", f"VERSION={wrong}", "--build-arg", "WHEELS=wheels", "-t", f"{IMAGE}-wrong",
+                    "-f", f"{CONTEXT}/Containerfile", CONTEXT], timeout=1200)
+    assert done.returncode != 0, done.stdout
+    assert f"VERSION={wrong} but the package installed is {pyproject_version()}" in done.stderr, done.stderr
+    assert box.run([*PODMAN, "image", "exists", f"{IMAGE}-wrong"]).returncode != 0
