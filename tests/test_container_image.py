@@ -32,11 +32,12 @@ What it takes to run podman (rootful) in the booted system here, each in
   (``nsenter -t 1 -C``), so the cgroup paths it reads and the ones mounted
   at /sys/fs/cgroup agree;
 * ``--isolation=chroot`` for the build's RUN steps, ``--privileged
-  --pids-limit=-1`` for the containers run: this machine's kernel refuses
-  crun's eBPF device filter (bpf(2) is denied, and crun's retry with a raised
-  RLIMIT_MEMLOCK needs CAP_SYS_RESOURCE, which this machine's bounding set
-  lacks), and a privileged container has none; the v2 hierarchy has no pids
-  controller (the host's is v1).  The daemon still runs as uid 65532 with no
+  --pids-limit=-1`` for the containers run: crun cannot load its eBPF device
+  filter here (it fails, and crun's retry with a raised RLIMIT_MEMLOCK needs
+  CAP_SYS_RESOURCE, which this machine's bounding set lacks: "setrlimit
+  (RLIM_MEMLOCK): Operation not permitted"), and a privileged container has
+  none; the v2 hierarchy has no pids controller (the host binds them all to
+  v1).  The daemon still runs as uid 65532 with no
   capability at all, which is checked.
 
 Skips when not root, without debootstrap / systemd-nspawn / a Debian mirror
@@ -210,6 +211,11 @@ def test_metrics_name_the_gpus_and_the_sleeping_containers_workload(
     assert series(page, name, kind="container", workload=workload)[0] > 0, sorted(k for k, _ in page if "work" in k)
     busids = {dict(labels)["busid"] for (sample, labels) in page if sample == "atopgpud_gpu_memory_total_bytes"}
     assert busids == {gpu["busid"] for gpu in daemon["gpus"]}, busids
+    # atopgpu in the image, as docs/install.md runs it: the process, its command and its workload
+    shown = json.loads(podman(box, "exec", daemon["name"], "atopgpu", "--json"))
+    (process,) = shown["gpus"][0]["processes"]
+    assert (process["pid"], process["command"], process["workload"]) == (pid, "sleep", f"container:{workload}"), \
+        json.dumps(process)
 
 
 def test_atop_2_13_outside_shows_the_gpus(box: Container, daemon: dict[str, Any]) -> None:
