@@ -542,18 +542,24 @@ def _unmount(path: Path) -> None:
 
 @contextlib.contextmanager
 def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
-           stop_timeout: float = 20.0, network: bool = False) -> Iterator[Container]:
+           stop_timeout: float = 20.0, network: bool = False, packages: Sequence[str] = PACKAGES,
+           nspawn_options: Sequence[str] = (), nspawn_environment: Mapping[str, str] | None = None,
+           ) -> Iterator[Container]:
     """A booted Debian 12 container on an overlay in `tmp`, with /opt/atopgpud installed.
 
     `install=False` skips the venv.  `network=True` boots it in the host's
     network namespace instead of a private one (it reaches what the host
-    reaches, and its sockets, abstract ones too, are the host's).  Skips (CI:
-    fails) when `missing` says so or the tree or the wheels cannot be had.
+    reaches, and its sockets, abstract ones too, are the host's).  `packages`:
+    the tree's (`cached_tree`); `nspawn_options` are added to systemd-nspawn's
+    command line (``--bind=...``, ``--capability=...``), `nspawn_environment`
+    to its environment (``SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1``: the container's
+    cgroups are version 2 whatever the host's are).  Skips (CI: fails)
+    when `missing` says so or the tree or the wheels cannot be had.
     """
     require()
     began = time.monotonic()
     try:
-        tree = cached_tree()
+        tree = cached_tree(packages)
     except Unavailable as error:
         not_possible(str(error))
     tree_seconds = time.monotonic() - began
@@ -581,8 +587,9 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
             return subprocess.Popen(
                 ["systemd-nspawn", "--register=no", "--keep-unit", *([] if network else ["--private-network"]),
                  "--console=read-only", "--setenv=SYSTEMD_COLORS=0",
-                 f"--machine={machine}", "-q", "-b", "-D", str(merged), "systemd.show_status=1"],
+                 f"--machine={machine}", *nspawn_options, "-q", "-b", "-D", str(merged), "systemd.show_status=1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **(nspawn_environment or {})},
             )
 
     def boot_again() -> None:
