@@ -67,6 +67,21 @@ def test_cgroup_layouts_name_their_workload(name: str) -> None:
     assert (found.unit, found.slice, found.container, found.pod, found.job) == wanted
 
 
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_a_daemon_in_a_cgroup_namespace_of_its_own_names_the_same_workloads(name: str) -> None:
+    """A container with a cgroup namespace of its own (podman's and Kubernetes' default on cgroup
+    v2) reads other processes' paths relative to its own cgroup, ``/../../kubepods.slice/...``:
+    the same unit, slice, container, pod and job (docs/install.md, "Container image")."""
+    text, wanted = LAYOUTS[name]
+    relative = "".join(
+        f"{line.rpartition(':')[0]}:/../..{line.rpartition(':')[2]}\n" if line.rpartition(":")[2].startswith("/")
+        and line.rpartition(":")[2] != "/" else f"{line}\n"
+        for line in text.splitlines()
+    )
+    found = workload_of(relative)
+    assert (found.unit, found.slice, found.container, found.pod, found.job) == wanted, relative
+
+
 def test_groupings_pick_the_field_and_fall_back() -> None:
     """A grouping names the workload by its field, else by the next one a process has."""
     pod = ProcessContext(uid=0, user="root", unit="cri-containerd-x.scope", container="containerd://x", pod=POD)
