@@ -143,6 +143,9 @@ def test_install_pulls_the_dependencies_and_takes_over_from_atops_own_daemon(box
     assert "atopgpud: " in log and "Traceback" not in log, log
     assert box.run(["getent", "passwd", "_atopgpud"]).returncode == 0
     assert box.run(["test", "-f", f"{VENV}/lib/python3.11/site-packages/twisted/plugins/dropin.cache"]).returncode == 0
+    size = box.run(["du", "-sk", VENV], check=True).stdout.split()[0]
+    print(f"Installed-Size {box.run(['dpkg-query', '-W', '-f', '${Installed-Size}', PACKAGE]).stdout} KiB; "
+          f"du -sk {VENV} after the postinst: {size} KiB")  # shown with -s
 
 
 def test_on_the_simulator_set_in_the_conffile_it_serves_atop(box: Container, installed: str) -> None:
@@ -228,16 +231,18 @@ def test_remove_stops_it_and_gives_atops_daemon_back(box: Container) -> None:
 
 def test_purge_leaves_nothing(box: Container) -> None:
     """apt-get purge: no file named after it anywhere (the venv, dropin.cache, the conffile, units,
-    their enablement links and state), no user or group, no unit systemd knows of."""
+    their enablement links and state; the test's own .debs aside), no user or group, no unit
+    systemd knows of."""
     apt(box, "purge", PACKAGE)
     box.systemctl("daemon-reload")
-    found = box.run(["find", "/", "-xdev", "(", "-path", "/proc", "-o", "-path", "/sys", "-o", "-path", "/dev",
-                     "-o", "-path", "/var/log/journal", ")", "-prune", "-o", "(", "-name", "*atopgpud*",
-                     "-o", "-name", "*atopgpud-tw*", "-o", "-path", "/opt/venvs*", ")", "-print"], check=True)
+    pruned = ["(", "-path", "/proc", "-o", "-path", "/sys", "-o", "-path", "/dev", "-o", "-path", "/var/log/journal",
+              "-o", "-path", "/var/tmp/debs", ")", "-prune"]
+    named = ["(", "-name", "*atopgpud*", "-o", "-path", "/opt/venvs*", ")", "-print"]
+    found = box.run(["find", "/", "-xdev", *pruned, "-o", *named], check=True)
     assert sorted(found.stdout.split()) == LEFT_AFTER_PURGE, found.stdout
     assert box.run(["getent", "passwd", "_atopgpud"]).returncode == 2
     assert box.run(["getent", "group", "_atopgpud"]).returncode == 2
-    units = box.systemctl("list-unit-files", "--no-legend", "atopgpud*").stdout
+    units = box.systemctl("list-unit-files", "--no-legend", "atopgpud*", check=False).stdout
     assert units.strip() == "", units
     assert box.run(["dpkg-query", "-W", PACKAGE]).returncode != 0
 
