@@ -17,11 +17,15 @@ The pieces, each usable alone:
 * `booted()`: a context manager that mounts an overlay (the cached tree below, a
   fresh upper directory) and boots it with ``systemd-nspawn --register=no
   --keep-unit --private-network -b``, installs the wheels into
-  ``/opt/atopgpud`` (``python3 -m venv`` + ``pip install --no-index``) as
-  etc/atopgpud.service expects, waits for ``systemctl is-system-running`` and
-  yields a `Container`.  On the way out it powers the container off (SIGTERM to
-  nspawn, which asks systemd for a clean halt; SIGKILL if it is stuck) and
-  unmounts the overlay, on failure too.  `container_fixture()` makes a pytest
+  ``/opt/venvs/atopgpud-tw`` (``python3 -m venv`` + ``pip install --no-index``)
+  and links ``/usr/sbin/atopgpud`` and ``/usr/bin/atopgpu`` to it, where the
+  Debian package puts them and etc/atopgpud.service expects them, waits for
+  ``systemctl is-system-running`` and yields a `Container`.  `booted`'s
+  `suite` and `packages` choose another tree (tests/test_debian_package.py
+  boots one without Python and atop, for ``apt-get install`` to bring).
+  On the way out it powers the container off (SIGTERM to nspawn, which asks
+  systemd for a clean halt; SIGKILL if it is stuck) and unmounts the
+  overlay, on failure too.  `container_fixture()` makes a pytest
   fixture of it.
 
 The container has only a loopback interface (``--private-network``), so its
@@ -94,8 +98,11 @@ MASKED = ("atop.service", "atopacct.service", "atop-rotate.timer")
 RECIPE = 1
 DEFAULT_CACHE = Path("/var/cache/atopgpud-tw-test")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-#: where the venv goes, as etc/atopgpud.service's ExecStart expects
-VENV = "/opt/atopgpud"
+#: where the venv goes: the Debian package's (debian/rules); /usr/sbin/atopgpud, etc/atopgpud.service's
+#: ExecStart, and /usr/bin/atopgpu link into it (debian/atopgpud-tw.links)
+VENV = "/opt/venvs/atopgpud-tw"
+#: the links the package makes, as (link, target in the venv)
+LINKS = (("/usr/sbin/atopgpud", f"{VENV}/bin/atopgpud"), ("/usr/bin/atopgpu", f"{VENV}/bin/atopgpu"))
 #: the environment of every command run inside
 INSIDE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "HOME=/root")
 TOOLS = ("debootstrap", "systemd-nspawn", "nsenter", "mount", "umount")
@@ -307,14 +314,17 @@ class Container:
         #: the dependencies' wheels copied in, the project's, the dependencies installed, all installed
         self.timings: dict[str, float] = {}
 
-    def command(self, argv: Sequence[str], user: str | int | None = None) -> list[str]:
+    def command(self, argv: Sequence[str], user: str | int | None = None, host_network: bool = False) -> list[str]:
         """The host command line that runs `argv` inside, as root or as `user`.
 
         `user` is a user name (``runuser -u``: its groups too) or a bare uid that
         needs no passwd entry (``setpriv``: gid the same, no supplementary groups).
+        `host_network`: in the container's files and processes but the host's
+        network (``apt-get`` reaching the mirror from a container whose own
+        services stay on its private loopback).
         """
-        enter = ["nsenter", "-t", str(self.leader), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
-                 "env", "-i", *INSIDE_ENV]
+        namespaces = ["-m", "-u", "-i", *([] if host_network else ["-n"]), "-p", "-r", "-w"]
+        enter = ["nsenter", "-t", str(self.leader), *namespaces, "--", "env", "-i", *INSIDE_ENV]
         if isinstance(user, int):
             enter += ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
         elif user is not None:
@@ -322,13 +332,14 @@ class Container:
         return enter + [str(arg) for arg in argv]
 
     def run(self, argv: Sequence[str], *, user: str | int | None = None, check: bool = False, timeout: float = 60.0,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
+            input: str | None = None, host_network: bool = False) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside and wait; stdout and stderr captured as text.
 
         With `check`, a non-zero exit raises AssertionError with both outputs.
+        `host_network`: see `command`.
         """
         done = subprocess.run(
-            self.command(argv, user), capture_output=True, text=True, timeout=timeout, input=input,
+            self.command(argv, user, host_network), capture_output=True, text=True, timeout=timeout, input=input,
             stdin=None if input is not None else subprocess.DEVNULL,
         )
         if check and done.returncode != 0:
@@ -466,7 +477,7 @@ def _container_leader(nspawn: subprocess.Popen[bytes], console: Path, timeout: f
 
 
 def _install_venv(box: Container, wheels: Wheels) -> None:
-    """Make /opt/atopgpud: a venv, the dependencies, the project (wheels copied into /var/tmp).
+    """Make the venv `VENV`: the dependencies, the project (wheels copied into /var/tmp), and `LINKS`.
 
     Debian's own pip wheel (from python3-venv) installs, byte-compiling is done
     afterwards by all cores (not the dependencies' test packages: nothing
@@ -488,7 +499,9 @@ def _install_venv(box: Container, wheels: Wheels) -> None:
     box.timings["deps-installed"] = time.monotonic() - began
     if deps.returncode != 0:
         raise RuntimeError(f"installing the dependencies into {VENV} failed ({deps.returncode}):\n{out}")
-    box.run(["sh", "-c", f"{pip} --no-deps {inside}/project/*.whl && rm -rf {inside}"], check=True, timeout=600)
+    links = " && ".join(f"ln -sf {target} {link}" for link, target in LINKS)
+    box.run(["sh", "-c", f"{pip} --no-deps {inside}/project/*.whl && rm -rf {inside} && {links}"],
+            check=True, timeout=600)
     box.timings["install"] = time.monotonic() - began
 
 
@@ -542,15 +555,15 @@ def _unmount(path: Path) -> None:
 
 @contextlib.contextmanager
 def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
-           stop_timeout: float = 20.0, network: bool = False, packages: Sequence[str] = PACKAGES,
-           nspawn_options: Sequence[str] = (), nspawn_environment: Mapping[str, str] | None = None,
-           ) -> Iterator[Container]:
-    """A booted Debian 12 container on an overlay in `tmp`, with /opt/atopgpud installed.
+           stop_timeout: float = 20.0, network: bool = False, suite: str = SUITE,
+           packages: Sequence[str] = PACKAGES, nspawn_options: Sequence[str] = (),
+           nspawn_environment: Mapping[str, str] | None = None) -> Iterator[Container]:
+    """A booted Debian container on an overlay in `tmp`, with `VENV` installed.
 
-    `install=False` skips the venv.  `network=True` boots it in the host's
+    `suite` and `packages` choose the tree (`cached_tree`; Debian 12 with
+    `PACKAGES` by default).  `install=False` skips the venv.  `network=True` boots it in the host's
     network namespace instead of a private one (it reaches what the host
-    reaches, and its sockets, abstract ones too, are the host's).  `packages`:
-    the tree's (`cached_tree`); `nspawn_options` are added to systemd-nspawn's
+    reaches, and its sockets, abstract ones too, are the host's).  `nspawn_options` are added to systemd-nspawn's
     command line (``--bind=...``, ``--capability=...``), `nspawn_environment`
     to its environment (``SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1``: the container's
     cgroups are version 2 whatever the host's are).  Skips (CI: fails)
@@ -559,7 +572,7 @@ def booted(tmp: Path, *, install: bool = True, boot_timeout: float = 90.0,
     require()
     began = time.monotonic()
     try:
-        tree = cached_tree(packages)
+        tree = cached_tree(packages, suite)
     except Unavailable as error:
         not_possible(str(error))
     tree_seconds = time.monotonic() - began

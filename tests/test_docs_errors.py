@@ -241,6 +241,9 @@ CASES: dict[tuple[str, str], Callable[[Path, list], Run]] = {
     ("docs/reliability.md", "atopgpud: cannot listen on unix:@atopgpud_nvidia: address already in use"):
         taken_abstract,
     ("docs/reliability.md", "... on tcp:59123:interface=127.0.0.1: address already in use"): taken_tcp,
+    ("docs/install.md", "atopgpud: cannot listen on unix:@atopgpud_nvidia: address already in use"): taken_abstract,
+    ("docs/install.md", "atopgpud: option --bogus not recognized (try atopgpud --help)"):
+        lambda tmp, held: Run(atopgpud("--reader", "sim", "--bogus"), 2),
     ("docs/reliability.md", "... on unix:/run/atopgpud/atopgpud.sock: no such file or directory"):
         missing_directory,
     ("docs/reliability.md", "... another process holds /run/atopgpud/atopgpud.sock.lock"): lock_held,

@@ -135,7 +135,7 @@ def test_version_names_the_daemon_the_binding_and_twisted(capsys):
 
 
 @pytest.mark.parametrize(("argv0", "usage_line"), [
-    ("/opt/atopgpud/bin/atopgpud", "Usage: atopgpud [options]"),
+    ("/usr/sbin/atopgpud", "Usage: atopgpud [options]"),
     ("/x/atopgpud_tw/__main__.py", f"Usage: {Path(sys.executable).name} -m atopgpud_tw [options]"),
 ])
 def test_usage_names_the_command_run(capsys, monkeypatch, argv0, usage_line):
