@@ -22,6 +22,8 @@ from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.server.system.access import AllowList, Gate, GatedFactory
 from atopgpud_tw.server.system.activation import ActivationError, inherited_sockets, take_inherited
 from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
+from atopgpud_tw.server.system.journal import DEFAULT_LEVEL, LEVELS
+from atopgpud_tw.server.system.journal import install as install_journal
 from atopgpud_tw.server.system.listening import ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
@@ -173,6 +175,9 @@ class Options(usage.Options):
          _choice("workloads", *GROUPINGS)],
         ["workload-limit", None, DEFAULT_WORKLOAD_LIMIT, "Workload series (one per workload and GPU) at most; "
          "the rest are summed under workload=\"other\".", _count("workload-limit")],
+        ["log-level", None, DEFAULT_LEVEL, "The least important log lines shown: debug, info, warn, error "
+         "or critical. Under systemd (JOURNAL_STREAM) each line carries its syslog priority for the "
+         "journal and no timestamp of its own.", _choice("log-level", *LEVELS)],
         ["workload-expiry", None, DEFAULT_WORKLOAD_EXPIRY, "Seconds a workload stays on the page once its last "
          "process has ended; then its sums go into workload=\"other\".", _seconds("workload-expiry")],
     ]
@@ -229,6 +234,11 @@ class Options(usage.Options):
             raise usage.UsageError("--metrics-process-context needs --metrics-processes")
         if self["workloads"] != "off" and not self["metrics"]:
             raise usage.UsageError("--workloads needs --metrics ENDPOINT")
+        parent = getattr(self, "parent", None)
+        if parent is not None:  # twistd's options: the log observer is chosen there
+            refused = install_journal(parent, self["log-level"])
+            if refused:
+                raise usage.UsageError(refused)
 
 
 def reader_settings(options: Options) -> ReaderSettings:

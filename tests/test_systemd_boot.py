@@ -398,3 +398,40 @@ def test_gpu_processes_under_their_units_and_users(box: Container, stopped: str)
         os.killpg(scope.pid, signal.SIGTERM)
         scope.communicate(timeout=30)
         box.install_units([], overrides={SERVICE: exec_start_dropin()})
+
+
+#: a simulated GPU whose samples call fails for a while: one warning, and its recovery (info)
+FAULTING = {"gpus": [{"name": "NVIDIA A10", "busid": "00000000:65:00.0", "gpu_util": 40, "mem_util": 10,
+                      "faults": [{"call": "nvmlDeviceGetSamples", "error": "NVML_ERROR_UNKNOWN",
+                                  "from": 2, "until": 4}]}]}
+
+
+def test_the_journal_has_each_lines_priority(box: Container, stopped: str) -> None:
+    """Under the unit, each line carries its syslog priority: ``journalctl -p warning`` shows
+    the warnings and nothing else, and no line has a second timestamp."""
+    box.write_file("/etc/atopgpud-faulting.json", json.dumps(FAULTING))
+    box.install_units([], overrides={SERVICE: exec_start_dropin(
+        ("--reader", "sim", "--scenario", "/etc/atopgpud-faulting.json"))})
+    try:
+        box.systemctl("start", SERVICE)
+        box.wait_for(lambda: "NVML_ERROR_UNKNOWN" in box.journal(SERVICE, cursor=stopped), timeout=30,
+                     what="the samples call's failure logged")
+        box.run(["journalctl", "--sync"], timeout=30)
+        # the whole boot's (journalctl 252 with -p and --after-cursor shows nothing at all)
+        shown = box.run(["journalctl", "-b", "--no-pager", "-o", "cat", "-u", SERVICE, "-p", "warning"],
+                        check=True).stdout.splitlines()
+        ours = [line for line in shown if line.startswith("[")]
+        assert any("nvmlDeviceGetSamples: NVML_ERROR_UNKNOWN" in line for line in ours), shown
+        assert all(WARNING.search(line) for line in ours), shown
+        everything = box.journal(SERVICE, cursor=stopped, output="json")
+        priorities = {}
+        for line in everything.splitlines():
+            entry = json.loads(line)
+            if str(entry.get("MESSAGE", "")).startswith("["):
+                priorities[entry["MESSAGE"]] = int(entry["PRIORITY"])
+        assert any(p == 6 and "#info]" in m for m, p in priorities.items()), priorities
+        assert all((p <= 4) == bool(WARNING.search(m)) for m, p in priorities.items()), priorities
+        assert not any(re.match(r"\[?\d{4}-\d\d-\d\dT", m) for m in priorities), priorities
+    finally:
+        box.systemctl("stop", SERVICE, check=False)
+        box.install_units([], overrides={SERVICE: exec_start_dropin()})
