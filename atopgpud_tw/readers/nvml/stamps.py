@@ -17,11 +17,15 @@ clock with its steps taken out, and says what raw stamp to ask the driver with
 for a steady one.  The sample streams (`samples.py`) see steady stamps only.
 
 How a step is known: the reader watches the host's CLOCK_REALTIME and
-CLOCK_BOOTTIME against CLOCK_MONOTONIC at every call that brings stamps, and
+CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
+(`ask`) and as it ends (`steady`, given the call's end time), and
 learns from the first samples which of them the driver's stamps follow (its
 newest stamp within `FOLLOW_US` of that clock's now).  A change of that
 clock's offset by more than `STEP_US` between two calls is a step; it ends one
-segment of the driver's clock and begins the next.  A driver on a clock of
+segment of the driver's clock and begins the next.  A step found as a call
+ends happened while it ran (a slow call, a loaded host): the new segment begins
+as the call began, so its answer's stamps taken after the step are placed on
+the new clock, not a step's length away.  A driver on a clock of
 neither kind has no steps taken out (its stamps are used as they are).
 
 Which segment a stamp belongs to:
@@ -153,7 +157,9 @@ class StampMap:
     def steady(self, kind: str, raws: Sequence[int], now_us: int, asked: int = 0,
                keys: Sequence[object] | None = None) -> list[int]:
         """The steady stamps of `raws` (in the driver's order), returned by a call
-        made at the reader's time `now_us` and asked with raw stamp `asked`."""
+        that ended at the reader's time `now_us` and was asked with raw stamp `asked`
+        (the host clocks are looked at again when `now_us` is not the time `ask` was
+        given: a step between the two was inside the call)."""
         self._observe(now_us, raws)
         if self.follows is None or self.follows < 0:
             return list(raws)
