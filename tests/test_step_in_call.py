@@ -66,3 +66,21 @@ def test_a_forward_step_inside_a_slow_call_is_no_idle_spell(step, delay):
     the step, the stamps taken after it placed `step` seconds in the future)."""
     found = intervals(step, delay)
     assert [(gpu, process) for _, gpu, process in found] == [(40, 20)] * (POLLS - 1), found
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+@pytest.mark.parametrize("step", [-20, -20.05, -45.01])
+def test_a_step_back_inside_a_slow_call_loses_nothing(step, delay):
+    """Set back inside the call: the samples taken after the step are stamped below the one
+    the call asked with and are not in its answer, which is no dry spell (was: the rest of
+    the window idle, then the samples of the next polls a sample off for 20 s, 10 % read
+    for 40 % on the 1.5 s call); a step of a whole number of sample periods (-20 s at 1/6 s)
+    gives new samples the stamps of old ones the buffer no longer holds (was: 0 % for a poll)."""
+    found = intervals(step, delay)
+    assert [(gpu, process) for _, gpu, process in found] == [(40, 20)] * (POLLS - 1), found
+
+
+def test_a_step_back_of_whole_periods_between_polls_loses_nothing():
+    """The same stamps again, the step between two polls (was: 20 % for 40 % in the poll after it)."""
+    found = intervals(-20, 0.0, at=STEPPED_POLL * INTERVAL + 1)
+    assert [(gpu, process) for _, gpu, process in found] == [(40, 20)] * (POLLS - 1), found

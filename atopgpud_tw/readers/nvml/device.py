@@ -463,12 +463,13 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
         raise
     # placed as of the call's end: a step of the host clock while it ran is seen there, and the
     # stamps of its answer taken after the step go to the segment that began with the call
-    steady = stamps.steady(name, raws, poll.call_time_us(), asked)
+    ended_us = poll.call_time_us()
+    steady = stamps.steady(name, raws, ended_us, asked)
     pairs = list(zip(steady, map(float, values)))
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
-    value, periods = stream.fold(pairs, now_us)
+    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us))
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:

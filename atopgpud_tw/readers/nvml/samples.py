@@ -327,10 +327,13 @@ class SampleStream:
         period = self.period_us or 0
         return period + max(20_000, period // 10)
 
-    def fold(self, pairs: list[tuple[int, float]], now_us: int) -> tuple[int | None, int]:
+    def fold(self, pairs: list[tuple[int, float]], now_us: int, whole: bool = True) -> tuple[int | None, int]:
         """This poll's figure from the (stamp, value) pairs the driver returned
         (none: NOT_FOUND), and how many sample periods came to an end since the
-        previous poll, dry ones too; None when the buffer never had a sample."""
+        previous poll, dry ones too; None when the buffer never had a sample.
+        Not `whole`: the answer may lack the newest samples (the clock was set back
+        while the call ran, and the samples taken since were stamped below the one
+        asked with), so no time after its newest sample is taken for a dry spell."""
         since = self.before = self.since
         fresh = sorted([pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100])
         stamps = [stamp for stamp, _ in fresh]
@@ -382,7 +385,9 @@ class SampleStream:
             end = self.covered_to
         else:
             end = driver_now - self.lag_us
-            if driver_now - self.since >= dry_gap * period:
+            if not whole:
+                end = min(end, self.covered_to)  # the rest comes in the next answer
+            elif driver_now - self.since >= dry_gap * period:
                 tail = self.covered_to
                 self._known(tail, end, 0.0)  # the buffer ran dry: idle
                 if not fresh:

@@ -154,6 +154,12 @@ class StampMap:
             return 0
         return steady + self.segments[-1].offset
 
+    def set_back_during(self, began_us: int, ended_us: int) -> bool:
+        """Whether the driver's clock was found set back as a call made from `began_us` to
+        `ended_us` ended: its answer lacks the samples taken after the step (stamped below
+        the stamp it was asked with), which the next call, asked with 0, brings."""
+        return ended_us != began_us and any(at == ended_us and moved < 0 for at, moved in self.steps)
+
     def steady(self, kind: str, raws: Sequence[int], now_us: int, asked: int = 0,
                keys: Sequence[object] | None = None) -> list[int]:
         """The steady stamps of `raws` (in the driver's order), returned by a call
@@ -218,7 +224,15 @@ class StampMap:
         answer = set(raws)
         # the driver answers with every sample stamped after `asked` that it still holds:
         # one seen there and not in the answer is gone, and a stamp like it from now on is new
-        for raw in [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]:
+        gone = [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]
+        if gone:
+            # and the buffer is first in, first out: every sample taken before one gone is gone
+            # too, though it was stamped below `asked`, or its stamp is listed again (after a
+            # step back of a whole number of periods, a new sample's)
+            newest = max((seen[raw][1], seen[raw][0]) for raw in gone)
+            gone += [raw for raw, (steady, index) in seen.items()
+                     if (index, steady) < newest and (raw <= asked or raw in answer)]
+        for raw in gone:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
         out = []
