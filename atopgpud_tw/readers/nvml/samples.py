@@ -628,6 +628,8 @@ class ProcessStream:
         elapsed = None if self.polled_us is None else now_us - self.polled_us
         self.polled_us = now_us
         samples = fetch(since)
+        # (periods of this poll counted in the last one, and those left to count)
+        credited, counted = 0, None
         if samples:
             self.learn_mode(samples, probe)
         if self.mode == PER_CALL:
@@ -654,7 +656,9 @@ class ProcessStream:
                 counted = None
             if counted is not None and since:
                 # a skipped sample is a period nobody knows of: not an idle one
-                counted = max(0, counted - (gpu.skipped if gpu else 0) - self.credit)
+                known = max(0, counted - (gpu.skipped if gpu else 0))
+                credited = min(known, self.credit)
+                counted = known - credited
                 self.credit = max(0, samples_per_pid(samples, since) - counted)
             figures, newest = fold_process_samples(samples, since, counted or None, period, elapsed)
             if not since and gpu is not None:
@@ -668,6 +672,12 @@ class ProcessStream:
         if newest <= since:
             if periods == 0 and busy:
                 return self.figures  # no new period yet: the load goes on
+            if credited and not counted:
+                # every period of this poll was listed in the last one (it ended between that
+                # poll's two calls) and shown in its figure, an average over the periods listed:
+                # that figure is this poll's too (not 0: a poll's busy lost, when a late call
+                # straddled a period's end)
+                return self.figures
             self.figures = {}
             return {}
         self.previous_since, self.since = since, newest
