@@ -461,12 +461,15 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     except (Failed, DeviceLost, Reinitialise):
         device.samples_failed.add(kind)
         raise
-    steady = stamps.steady(name, raws, now_us, asked)
+    # placed as of the call's end: a step of the host clock while it ran is seen there, and the
+    # stamps of its answer taken after the step go to the segment that began with the call
+    ended_us = poll.call_time_us()
+    steady = stamps.steady(name, raws, ended_us, asked)
     pairs = list(zip(steady, map(float, values)))
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
-    value, periods = stream.fold(pairs, now_us)
+    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us))
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
@@ -637,6 +640,8 @@ def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = N
         pids, raw, sm, mem = call_sized(device, PROCESS_UTILIZATION, asked)
     except NotFound:
         return ProcessSamples([], [], [], [])  # nothing ran since then
+    if poll is not None:
+        now_us = poll.call_time_us()  # as of the call's end (`_sampled`)
     steady = stamps.steady("processes", raw, now_us, asked, pids)
     return ProcessSamples(pids, steady, sm, mem)
 

@@ -327,10 +327,13 @@ class SampleStream:
         period = self.period_us or 0
         return period + max(20_000, period // 10)
 
-    def fold(self, pairs: list[tuple[int, float]], now_us: int) -> tuple[int | None, int]:
+    def fold(self, pairs: list[tuple[int, float]], now_us: int, whole: bool = True) -> tuple[int | None, int]:
         """This poll's figure from the (stamp, value) pairs the driver returned
         (none: NOT_FOUND), and how many sample periods came to an end since the
-        previous poll, dry ones too; None when the buffer never had a sample."""
+        previous poll, dry ones too; None when the buffer never had a sample.
+        Not `whole`: the answer may lack the newest samples (the clock was set back
+        while the call ran, and the samples taken since were stamped below the one
+        asked with), so no time after its newest sample is taken for a dry spell."""
         since = self.before = self.since
         fresh = sorted([pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100])
         stamps = [stamp for stamp, _ in fresh]
@@ -382,7 +385,9 @@ class SampleStream:
             end = self.covered_to
         else:
             end = driver_now - self.lag_us
-            if driver_now - self.since >= dry_gap * period:
+            if not whole:
+                end = min(end, self.covered_to)  # the rest comes in the next answer
+            elif driver_now - self.since >= dry_gap * period:
                 tail = self.covered_to
                 self._known(tail, end, 0.0)  # the buffer ran dry: idle
                 if not fresh:
@@ -623,6 +628,8 @@ class ProcessStream:
         elapsed = None if self.polled_us is None else now_us - self.polled_us
         self.polled_us = now_us
         samples = fetch(since)
+        # (periods of this poll counted in the last one, and those left to count)
+        credited, counted = 0, None
         if samples:
             self.learn_mode(samples, probe)
         if self.mode == PER_CALL:
@@ -649,7 +656,9 @@ class ProcessStream:
                 counted = None
             if counted is not None and since:
                 # a skipped sample is a period nobody knows of: not an idle one
-                counted = max(0, counted - (gpu.skipped if gpu else 0) - self.credit)
+                known = max(0, counted - (gpu.skipped if gpu else 0))
+                credited = min(known, self.credit)
+                counted = known - credited
                 self.credit = max(0, samples_per_pid(samples, since) - counted)
             figures, newest = fold_process_samples(samples, since, counted or None, period, elapsed)
             if not since and gpu is not None:
@@ -663,6 +672,12 @@ class ProcessStream:
         if newest <= since:
             if periods == 0 and busy:
                 return self.figures  # no new period yet: the load goes on
+            if credited and not counted:
+                # every period of this poll was listed in the last one (it ended between that
+                # poll's two calls) and shown in its figure, an average over the periods listed:
+                # that figure is this poll's too (not 0: a poll's busy lost, when a late call
+                # straddled a period's end)
+                return self.figures
             self.figures = {}
             return {}
         self.previous_since, self.since = since, newest

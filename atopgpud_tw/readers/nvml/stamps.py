@@ -17,11 +17,15 @@ clock with its steps taken out, and says what raw stamp to ask the driver with
 for a steady one.  The sample streams (`samples.py`) see steady stamps only.
 
 How a step is known: the reader watches the host's CLOCK_REALTIME and
-CLOCK_BOOTTIME against CLOCK_MONOTONIC at every call that brings stamps, and
+CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
+(`ask`) and as it ends (`steady`, given the call's end time), and
 learns from the first samples which of them the driver's stamps follow (its
 newest stamp within `FOLLOW_US` of that clock's now).  A change of that
 clock's offset by more than `STEP_US` between two calls is a step; it ends one
-segment of the driver's clock and begins the next.  A driver on a clock of
+segment of the driver's clock and begins the next.  A step found as a call
+ends happened while it ran (a slow call, a loaded host): the new segment begins
+as the call began, so its answer's stamps taken after the step are placed on
+the new clock, not a step's length away.  A driver on a clock of
 neither kind has no steps taken out (its stamps are used as they are).
 
 Which segment a stamp belongs to:
@@ -150,10 +154,18 @@ class StampMap:
             return 0
         return steady + self.segments[-1].offset
 
+    def set_back_during(self, began_us: int, ended_us: int) -> bool:
+        """Whether the driver's clock was found set back as a call made from `began_us` to
+        `ended_us` ended: its answer lacks the samples taken after the step (stamped below
+        the stamp it was asked with), which the next call, asked with 0, brings."""
+        return ended_us != began_us and any(at == ended_us and moved < 0 for at, moved in self.steps)
+
     def steady(self, kind: str, raws: Sequence[int], now_us: int, asked: int = 0,
                keys: Sequence[object] | None = None) -> list[int]:
         """The steady stamps of `raws` (in the driver's order), returned by a call
-        made at the reader's time `now_us` and asked with raw stamp `asked`."""
+        that ended at the reader's time `now_us` and was asked with raw stamp `asked`
+        (the host clocks are looked at again when `now_us` is not the time `ask` was
+        given: a step between the two was inside the call)."""
         self._observe(now_us, raws)
         if self.follows is None or self.follows < 0:
             return list(raws)
@@ -212,7 +224,15 @@ class StampMap:
         answer = set(raws)
         # the driver answers with every sample stamped after `asked` that it still holds:
         # one seen there and not in the answer is gone, and a stamp like it from now on is new
-        for raw in [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]:
+        gone = [raw for raw in ordered[bisect_right(ordered, asked):] if raw not in answer]
+        if gone:
+            # and the buffer is first in, first out: every sample taken before one gone is gone
+            # too, though it was stamped below `asked`, or its stamp is listed again (after a
+            # step back of a whole number of periods, a new sample's)
+            newest = max((seen[raw][1], seen[raw][0]) for raw in gone)
+            gone += [raw for raw, (steady, index) in seen.items()
+                     if (index, steady) < newest and (raw <= asked or raw in answer)]
+        for raw in gone:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
         out = []

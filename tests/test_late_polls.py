@@ -1,0 +1,75 @@
+"""Late polls on a many-GPU host: the reader's thread and the reactor delayed at random.
+
+Seven simulated GPUs, 52 processes on the last one, a poll every 0.2 s: the
+reader's calls take a few ms each (now and then 30 times that, a thread held up
+on a loaded host) and a third of the polls start up to 0.1 s late (a busy
+reactor), all on simulated time from a seeded generator.  Every GPU's and
+process's cumulative busy must equal the scenario's constant load times its
+sample count, within one poll's worth.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sim_readers import make_reader
+
+from atopgpud_tw.counters import Counters
+
+INTERVAL = 0.2
+POLLS = 120
+GPU_BUSY = 60
+SLOW = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetComputeRunningProcesses")
+
+
+def host(gpus: int = 7, last: int = 52) -> dict:
+    """`gpus` GPUs at 60 %, two processes on each and `last` on the last one, at 1 % to 9 %."""
+    cards = []
+    for index in range(gpus):
+        count = last if index == gpus - 1 else 2
+        cards.append({
+            "busid": f"00000000:{16 + index:02x}:00.0", "gpu_util": GPU_BUSY, "mem_util": 20,
+            "processes": [{"pid": 1000 + 100 * index + n, "memory_mib": 10, "sm_util": 1 + n % 9, "mem_util": 1}
+                          for n in range(count)],
+        })
+    return {"gpus": cards}
+
+
+def late_polls(seed: int) -> tuple[dict, Counters]:
+    random_ = random.Random(seed)
+    clock = [0.0]
+    scenario = host()
+    reader, nvml = make_reader(scenario, clock)
+    model = nvml._nvml.nvmlLib.model
+    reader._call_clock = lambda: clock[0]  # each call's time, as the daemon's reactor clock gives it
+    for name in SLOW:
+        answer = getattr(model, name)
+
+        def delayed(*args, answer=answer):  # noqa: ANN002, ANN202 - the model's own signature
+            clock[0] += random_.random() * 0.003 * (30 if random_.random() < 0.05 else 1)
+            return answer(*args)
+
+        setattr(model, name, delayed)
+    counters = Counters()
+    for poll in range(1, POLLS + 1):
+        due = poll * INTERVAL
+        clock[0] = max(clock[0], due + (random_.random() * 0.1 if random_.random() < 0.3 else 0))
+        snapshot, _ = reader.read(clock[0])
+        counters.fold(snapshot, due, due - INTERVAL)
+    return scenario, counters
+
+
+@pytest.mark.parametrize("seed", [8, 13, 21])
+def test_late_polls_lose_no_busy_on_the_last_gpu(seed):
+    """Each counter is the load times its samples, within one poll's worth (was, seed 8: every
+    process on the last GPU 6 polls' worth short, its sample counted and its busy not when a
+    period ended between the poll's samples call and its process samples call)."""
+    scenario, counters = late_polls(seed)
+    for card, totals in zip(scenario["gpus"], counters.devices):
+        assert abs(totals.gpu_busy_cum - GPU_BUSY * totals.samples) <= GPU_BUSY, (seed, card["busid"])
+        for process in card["processes"]:
+            counted = totals.processes[process["pid"]]
+            assert counted.samples == totals.samples, (seed, process)
+            assert abs(counted.gpu_busy_cum - process["sm_util"] * counted.samples) <= process["sm_util"], (
+                seed, process, counted.gpu_busy_cum, counted.samples)
