@@ -111,6 +111,14 @@ class DeviceSample:
     #: GPM's figures over this poll (None: no GPM, or none this poll)
     gpm: GpmFigures | None = None
 
+    def read(self) -> bool:
+        """Whether anything of it was read in this poll: present, and a busy figure, its memory
+        or its process list read (a figure the GPU cannot report, -1, was read too)."""
+        return self.present and (
+            self.gpu_busy is not None or self.mem_busy is not None or self.memory_used_kib is not None
+            or self.processes is not None
+        )
+
     def absent(self) -> DeviceSample:
         """This device as one that cannot be read now: its identity, no readings."""
         return DeviceSample(

@@ -314,3 +314,36 @@ def test_daemon_readiness_follows_its_polls(tmp_path):
             assert response.status == 200  # alive while its polls fail
         smi.mode("report")
         wait_for(200, b"atopgpud is ready\n")
+
+
+@pytest.mark.parametrize(("faults", "gpus", "reason"), [
+    ([{"call": "*", "error": "NVML_ERROR_UNKNOWN", "from": 3, "until": 8}], 1, "could not read the GPU"),
+    ([{"call": "*", "error": "NVML_ERROR_GPU_IS_LOST", "from": 3, "until": 8}], 1, "could not read the GPU"),
+    ([], 0, "no GPU found"),
+], ids=["every call failing", "the GPU lost", "no GPU"])
+def test_not_ready_while_no_gpu_is_read(faults, gpus, reason):
+    """The NVML reader over the simulator: /-/ready turns 503 once three polls in a row read no GPU
+    (every call failing, the GPU lost, none there), and 200 again once one is read."""
+    from clocked import ClockedReader
+    from scenarios import a10_card
+
+    from atopgpud_tw.server.atop.board import Board
+    from atopgpud_tw.server.atop.poller import UNREAD_POLLS
+
+    clock = Clock()
+    clock.advance(0.5)
+    scenario = {"gpus": [a10_card(faults=faults)] if gpus else []}
+    poller = PollerService(ClockedReader(scenario, clock), Board(), 1.0, clock)
+    poller.startService()
+    said = {}
+    while clock.seconds() < 14:
+        said[round(clock.seconds(), 1)] = not_ready(poller)
+        clock.advance(1.0)
+    poller.stopService()
+    if gpus:
+        assert said[2.5] is None and said[4.5] is None  # a failing poll or two: still ready
+        assert said[6.5] == f"{reason} in the last 4 polls"
+        assert said[13.5] is None  # read again
+    else:
+        assert said[UNREAD_POLLS - 0.5] == f"{reason} in the last {UNREAD_POLLS} polls"
+        assert said[13.5] == f"{reason} in the last 14 polls"

@@ -535,3 +535,31 @@ async def test_a_gpu_listing_more_processes_than_read_counts_none_and_says_so(
     await reader.poll()
     said = [line for line in logged if "lists more than 2 processes" in line]
     assert said == ["nvidia-smi: GPU 00000000:17:00.0 lists more than 2 processes: none of them is counted"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_readiness_follows_the_gpus_nvidia_smi_reads(fake: FakeSmi, make_reader) -> None:
+    """Through the poller: ready while nvidia-smi reports the GPUs; not ready, with the reason,
+    once three polls in a row read none of them (the GPUs gone from its report); ready again."""
+    import re
+
+    from atopgpud_tw.server.atop.board import Board
+    from atopgpud_tw.server.atop.poller import UNREAD_POLLS, PollerService
+    from atopgpud_tw.server.web.metrics_web import not_ready
+
+    report = (FIXTURES / "plain-v11.xml").read_bytes()
+    fake.report("plain-v11.xml")
+    reader = make_reader()
+    reader.open()
+    poller = PollerService(reader, Board(), 1.0, reactor)
+    await poller.poll_once()
+    assert not_ready(poller) is None
+    fake.report("", data=re.sub(rb"<gpu id=.*?</gpu>", b"", report, flags=re.S))
+    for _ in range(UNREAD_POLLS - 1):
+        await poller.poll_once()
+        assert not_ready(poller) is None  # a poll or two without them: not yet
+    await poller.poll_once()
+    assert not_ready(poller) == f"could not read any of the 2 GPUs in the last {UNREAD_POLLS} polls"
+    fake.report("plain-v11.xml")
+    await poller.poll_once()
+    assert not_ready(poller) is None

@@ -26,6 +26,10 @@ from atopgpud_tw.problems import Damping, Latch, span_words
 from atopgpud_tw.readers.base import IReader, PollError
 from atopgpud_tw.server.atop.board import Board
 
+#: polls in a row that read no GPU (every call failing, every GPU lost, none found) before
+#: the daemon says it is not ready (/-/ready): one poll's fault that passes is not enough
+UNREAD_POLLS = 3
+
 
 class PollerService(Service):
     """Polls `reader` every `interval` seconds into `board`."""
@@ -39,6 +43,10 @@ class PollerService(Service):
         self.clock = clock
         self.polls = 0
         self.failed_polls: dict[str, int] = {}
+        #: polls in a row, up to the latest, in which no GPU could be read, and the GPUs the
+        #: latest of them had (0: none found)
+        self.unread_polls = 0
+        self._unread_gpus = 0
         #: the cause the latest poll failed with (None: it worked)
         self._failing = Latch()
         #: what of failing polls and their recoveries is said, for a cause that flaps
@@ -55,6 +63,16 @@ class PollerService(Service):
     def failing(self) -> str | None:
         """The cause the latest poll failed with; None when it worked."""
         return self._failing.value
+
+    @property
+    def unread(self) -> str | None:
+        """Why no GPU has been read in the last `UNREAD_POLLS` polls that worked; None when one was."""
+        if self.unread_polls < UNREAD_POLLS:
+            return None
+        if not self._unread_gpus:
+            return f"no GPU found in the last {self.unread_polls} polls"
+        gpus = "the GPU" if self._unread_gpus == 1 else f"any of the {self._unread_gpus} GPUs"
+        return f"could not read {gpus} in the last {self.unread_polls} polls"
 
     def status(self) -> str:
         """One line for ``systemctl status`` (notify.py): the reader, the GPUs, failing polls."""
@@ -102,6 +120,11 @@ class PollerService(Service):
     def _polled(self, snapshot: Any, taken: float | None = None, since: float = 0.0) -> None:
         self.board.fold(snapshot, taken, since)
         self.polls += 1
+        if any(device.read() for device in snapshot.devices):
+            self.unread_polls = 0
+        else:
+            self.unread_polls += 1
+            self._unread_gpus = len(snapshot.devices)
         self.waiting = self._reader_waits()
         failed_with = self._failing.value
         if failed_with is None and not self._damping.flaps:

@@ -2,8 +2,9 @@
 
 ``/-/healthy`` answers 200 whenever the reactor answers at all: a liveness probe
 that fails only when the process does not serve.  ``/-/ready`` answers 200 once
-the first poll is folded in, while the latest poll worked and the reader waits
-for nothing; otherwise 503 with the reason on one line, so that a load balancer
+the first poll is folded in, while the latest poll worked, the reader waits
+for nothing and a GPU was read in one of the last few polls (``unread``: every
+call failing, every GPU lost, none found); otherwise 503 with the reason on one line, so that a load balancer
 or ``kubectl describe`` shows why.  Each is a few bytes computed from two or
 three attributes of the poller, so they cost the reactor nothing that a scrape
 would not; they are served by the same site as ``/metrics``, behind the same
@@ -25,9 +26,9 @@ _PLAIN = b"text/plain; charset=utf-8"
 class PollState(Protocol):
     """What readiness reads of the poller (`PollerService` has it).
 
-    ``failing`` (the cause the latest poll failed with) and ``waiting`` (what the
-    reader waits for, such as the NVIDIA driver) are read when present, None
-    otherwise."""
+    ``failing`` (the cause the latest poll failed with), ``waiting`` (what the
+    reader waits for, such as the NVIDIA driver) and ``unread`` (why no GPU was
+    read in the last few polls) are read when present, None otherwise."""
 
     polls: int
 
@@ -42,7 +43,8 @@ def not_ready(poller: PollState) -> str | None:
         return waiting
     if poller.polls == 0:
         return "waiting for the first poll"
-    return None
+    unread: str | None = getattr(poller, "unread", None)
+    return unread
 
 
 def _plain(request: Request, text: str) -> bytes:
