@@ -47,6 +47,18 @@ LAYOUTS = {
         (f"cri-containerd-{CID}.scope", f"kubepods-pod{POD.replace('-', '_')}.slice", f"containerd://{CID}", POD,
          "")),
     "kubernetes cgroupfs": (f"0::/kubepods/besteffort/pod{POD}/{CID}\n", ("", "", CID, POD, "")),
+    # the kubelet's --cgroup-root (kind's nodes: /kubelet): the systemd driver's slices are named from it
+    "kubernetes systemd driver, custom root": (
+        "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod"
+        f"{POD.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+        (f"cri-containerd-{CID}.scope", f"kubelet-kubepods-besteffort-pod{POD.replace('-', '_')}.slice",
+         f"containerd://{CID}", POD, "")),
+    "kubernetes systemd driver, custom root, guaranteed": (
+        f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{POD.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope\n",
+        (f"cri-containerd-{CID}.scope", f"kubelet-kubepods-pod{POD.replace('-', '_')}.slice",
+         f"containerd://{CID}", POD, "")),
+    "kubernetes cgroupfs, custom root": (f"0::/kubelet/kubepods/burstable/pod{POD}/{CID}\n", ("", "", CID, POD, "")),
     "kubernetes cgroupfs crio": (f"0::/kubepods/burstable/pod{POD}/crio-{CID}\n",
                                  ("", "", f"cri-o://{CID}", POD, "")),
     "slurm v1": ("7:freezer:/slurm/uid_1000/job_4711/step_0/task_0\n"

@@ -16,7 +16,8 @@ controller's.  What is found in it:
   ``libpod-ID.scope``) or the cgroupfs driver's folders (``/docker/ID``,
   ``crio-ID``, ``libpod-ID``, a bare 64-hex id in a pod's folder);
 - a Kubernetes pod uid, from ``kubepods-...-podUID.slice`` (the uid's dashes
-  written as ``_``) or the cgroupfs ``/kubepods/.../podUID/``;
+  written as ``_``; ``ROOT-kubepods-...`` under a kubelet's ``--cgroup-root``) or
+  the cgroupfs ``/kubepods/.../podUID/`` (``/ROOT/kubepods/...``);
 - a Slurm job id, from a ``job_N`` folder on any hierarchy (v1:
   ``/slurm/uid_U/job_N/step_S``; v2: ``/system.slice/slurmstepd.scope/job_N/...``).
 
@@ -41,7 +42,9 @@ _SCOPES = (
     ("libpod-", "podman"),
 )
 _ID = re.compile(r"[0-9a-f]{32,128}")
-_POD_SLICE = re.compile(r"kubepods(?:-[a-z]+)*-pod([0-9a-fA-F_]{8,64})\.slice")
+#: the systemd driver's pod slice; a kubelet with --cgroup-root=/ROOT names its slices
+#: ``ROOT-kubepods-...`` (kind's nodes: ``kubelet-kubepods-besteffort-podUID.slice``)
+_POD_SLICE = re.compile(r"(?:[^/]+-)?kubepods(?:-[a-z]+)*-pod([0-9a-fA-F_]{8,64})\.slice")
 _POD_FOLDER = re.compile(r"pod([0-9a-fA-F-]{8,64})")
 _JOB = re.compile(r"job_([0-9]{1,20})")
 _USER_MANAGER = re.compile(r"user@[0-9]+\.service")
