@@ -25,7 +25,7 @@ LAYOUTS = {
     "v2 session": ("0::/user.slice/user-1000.slice/session-3.scope\n",
                    ("session-3.scope", "user-1000.slice", "", "", "")),
     "v2 user manager unit": ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service\n",
-                             ("user@1000.service/jupyter.service", "app.slice", "", "", "")),
+                             ("user@1000.service/jupyter.service", "user-1000.slice", "", "", "")),
     "hybrid name=systemd": ("12:memory:/system.slice/train.service\n1:name=systemd:/system.slice/train.service\n"
                             "0::/\n", ("train.service", "system.slice", "", "", "")),
     "hybrid 0:: used": ("1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n",
@@ -47,6 +47,18 @@ LAYOUTS = {
         (f"cri-containerd-{CID}.scope", f"kubepods-pod{POD.replace('-', '_')}.slice", f"containerd://{CID}", POD,
          "")),
     "kubernetes cgroupfs": (f"0::/kubepods/besteffort/pod{POD}/{CID}\n", ("", "", CID, POD, "")),
+    # the kubelet's --cgroup-root (kind's nodes: /kubelet): the systemd driver's slices are named from it
+    "kubernetes systemd driver, custom root": (
+        "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod"
+        f"{POD.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+        (f"cri-containerd-{CID}.scope", f"kubelet-kubepods-besteffort-pod{POD.replace('-', '_')}.slice",
+         f"containerd://{CID}", POD, "")),
+    "kubernetes systemd driver, custom root, guaranteed": (
+        f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{POD.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope\n",
+        (f"cri-containerd-{CID}.scope", f"kubelet-kubepods-pod{POD.replace('-', '_')}.slice",
+         f"containerd://{CID}", POD, "")),
+    "kubernetes cgroupfs, custom root": (f"0::/kubelet/kubepods/burstable/pod{POD}/{CID}\n", ("", "", CID, POD, "")),
     "kubernetes cgroupfs crio": (f"0::/kubepods/burstable/pod{POD}/crio-{CID}\n",
                                  ("", "", f"cri-o://{CID}", POD, "")),
     "slurm v1": ("7:freezer:/slurm/uid_1000/job_4711/step_0/task_0\n"
@@ -54,9 +66,80 @@ LAYOUTS = {
                  ("slurmd.service", "system.slice", "", "", "4711")),
     "slurm v2": ("0::/system.slice/slurmstepd.scope/job_4712/step_batch/user/task_0\n",
                  ("slurmstepd.scope", "system.slice", "", "", "4712")),
+    "seen from a pod's cgroup namespace": (
+        f"0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope\n",
+        (f"cri-containerd-{CID}.scope", f"kubepods-besteffort-pod{POD.replace('-', '_')}.slice",
+         f"containerd://{CID}", POD, "")),
     "root only": ("0::/\n", ("", "", "", "", "")),
     "garbage": ("not a cgroup file\n::\n", ("", "", "", "", "")),
 }
+
+
+USER_TREE = "0::/user.slice/user-1000.slice/user@1000.service"
+#: paths a user (or a container, or a delegated service) makes in the subtree it owns, naming
+#: someone else's pod, container or job: each is that owner's unit, and only its own slice
+FORGED = {
+    "pod slice in a user manager": (f"{USER_TREE}/app.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice\n",
+                                    ("user@1000.service", "user-1000.slice", "", "", "")),
+    "pod slice chain in a user manager": (
+        f"{USER_TREE}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope\n",
+        (f"user@1000.service/cri-containerd-{CID}.scope", "user-1000.slice", "", "", "")),
+    "kind's root in a user manager": (
+        f"{USER_TREE}/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{POD.replace('-', '_')}.slice\n",
+        ("user@1000.service", "user-1000.slice", "", "", "")),
+    "cgroupfs pod in a user manager": (f"{USER_TREE}/kubepods/besteffort/pod{POD}/{CID}\n",
+                                       ("user@1000.service", "user-1000.slice", "", "", "")),
+    "container scope in a user manager": (f"{USER_TREE}/app.slice/docker-{CID}.scope\n",
+                                          (f"user@1000.service/docker-{CID}.scope", "user-1000.slice", "", "", "")),
+    "rootless podman": (f"{USER_TREE}/user.slice/libpod-{CID}.scope/container\n",
+                        (f"user@1000.service/libpod-{CID}.scope", "user-1000.slice", "", "", "")),
+    "job folder in a user manager": (f"{USER_TREE}/app.slice/job_4711/step_0\n",
+                                     ("user@1000.service", "user-1000.slice", "", "", "")),
+    "slurmstepd scope in a user manager": (f"{USER_TREE}/slurmstepd.scope/job_4711/step_0/user/task_0\n",
+                                           ("user@1000.service/slurmstepd.scope", "user-1000.slice", "", "", "")),
+    "v1 job folder in a user manager": ("7:freezer:/user.slice/user-1000.slice/user@1000.service/job_4711\n"
+                                        "1:name=systemd:/user.slice/user-1000.slice/user@1000.service/a.service\n",
+                                        ("user@1000.service/a.service", "user-1000.slice", "", "", "")),
+    "pod inside a container": (
+        f"0::/system.slice/docker-{CID}.scope/kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID[::-1]}.scope\n",
+        (f"docker-{CID}.scope/cri-containerd-{CID[::-1]}.scope", "system.slice", f"docker://{CID}", "", "")),
+    "container inside a cgroupfs container": (f"0::/docker/{CID}/docker/{CID[::-1]}\n",
+                                              ("", "", f"docker://{CID}", "", "")),
+    "job inside a cgroupfs container": (f"0::/docker/{CID}/slurm/uid_0/job_4711\n",
+                                        ("", "", f"docker://{CID}", "", "")),
+    "a delegated service's own units": ("0::/system.slice/build.service/payload/train.service\n",
+                                        ("build.service/train.service", "system.slice", "", "", "")),
+    "pod slice off systemd's chain": (f"0::/system.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice\n",
+                                      ("", "system.slice", "", "", "")),
+    "pod slice under a plain folder": (f"0::/scratch/kubepods-pod{POD.replace('-', '_')}.slice\n",
+                                       ("", "", "", "", "")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_only_the_managers_part_of_the_path_names_a_pod_container_or_job(name: str) -> None:
+    """A pod, container or job is taken only from the part of the path no one was delegated: systemd's
+    chain of slices from the root (a pod slice), folders above every unit and container (cgroupfs, Slurm
+    v1), directly under slurmstepd.scope (Slurm v2). Below a unit, what a process is named by is that
+    unit (``user@1000.service``), with the innermost unit its owner made after it (docs/metrics.md)."""
+    text, wanted = FORGED[name]
+    found = workload_of(text)
+    assert (found.unit, found.slice, found.container, found.pod, found.job) == wanted
+    relative = text.replace(":/", ":/../../")
+    found = workload_of(relative)
+    assert (found.unit, found.slice, found.container, found.pod, found.job) == wanted, relative
+
+
+def test_a_forged_pod_is_the_users_unit_under_workloads_pod() -> None:
+    """The attack of a delegated tree: the victim's pod uid in a slice of the user's own; with
+    --workloads pod the process is counted under the user's manager, not the pod."""
+    found = workload_of(FORGED["pod slice in a user manager"][0])
+    context = ProcessContext(uid=1000, user="mallory", unit=found.unit, slice=found.slice,
+                             container=found.container, pod=found.pod, job=found.job)
+    assert context.workload("pod") == ("unit", "user@1000.service")
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -366,3 +449,17 @@ def test_groups_are_atops_arithmetic_over_the_gpus_samples() -> None:
     doc["by"], doc["groups"] = "user", list(groups.values())
     table = render_table(doc)
     assert "by user:" in table and any(line.split()[:4] == ["0", "ann", "2", "30.0%"] for line in table.splitlines())
+
+
+def test_the_series_gauge_counts_what_is_on_the_page() -> None:
+    """atopgpud_workload_series is the number of workload series the page shows, ``other`` included
+    (two named workloads and ``other`` are three)."""
+    from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
+
+    host = _Host(limit=2)
+    host.poll({pid: (f"u{pid}.service", 10) for pid in range(5)})
+    families = {family.name: family for family in WorkloadCollector(host.book).collect()}
+    shown = {tuple(sorted(sample.labels.items())) for sample in families["atopgpud_workload_busy_percent_seconds"]
+             .samples}
+    assert len(shown) == 3
+    assert [sample.value for sample in families["atopgpud_workload_series"].samples] == [3]

@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -136,31 +137,50 @@ def test_p_reply_lists_active_and_exited_processes(tmp_path, sleepers):
             client.close()
 
 
-def _layouts() -> dict[str, tuple[str, str, str]]:
-    """Folder, and the (kind, workload) it must be shown under with --workloads pod."""
+#: the uid that owns a delegated subtree (user@UID.service) in the forging test
+MALLORY = 1000
+
+
+def _layouts(prefix: str) -> dict[str, tuple[str, str, str]]:
+    """Folder under a top slice ``PREFIX.slice``, and the (kind, workload) it must be shown under with
+    --workloads pod. The systemd driver's pod is under a kubelet --cgroup-root of PREFIX (as kind's
+    nodes are under /kubelet); the rest may sit anywhere no unit is above them."""
     pod = str(uuid.uuid4())
     container = uuid.uuid4().hex * 2
     job = str(uuid.uuid4().int % 100000)
+    kube = f"{prefix}-kubepods"
     return {
-        "docker": (f"system.slice/docker-{container}.scope", "container", f"docker://{container}"),
-        "pod": (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod.replace('-', '_')}.slice/"
+        "docker": (f"{prefix}-system.slice/docker-{container}.scope", "container", f"docker://{container}"),
+        "pod": (f"{kube}.slice/{kube}-burstable.slice/{kube}-burstable-pod{pod.replace('-', '_')}.slice/"
                 f"cri-containerd-{container[::-1]}.scope", "pod", pod),
         "pod cgroupfs": (f"kubepods/besteffort/pod{pod[::-1]}/{container}", "pod", pod[::-1]),
-        "slurm": (f"system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0", "job", job),
-        "service": ("system.slice/gpu-train.service", "unit", "gpu-train.service"),
+        "slurm": (f"{prefix}-system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0", "job", job),
+        "service": (f"{prefix}-system.slice/gpu-train.service", "unit", "gpu-train.service"),
     }
 
 
 def test_container_pod_and_job_layouts_under_the_daemon(tmp_path):
     """Processes moved into cgroup folders laid out as a container, pods (systemd and cgroupfs drivers),
-    a Slurm job and a service: each shown under its workload, with its own figures."""
+    a Slurm job and a service: each shown under its workload, with its own figures. And a user who
+    owns a delegated subtree (user@UID.service, handed over as systemd does) makes the pod's slice in
+    it and moves its own process there: it is shown as its user manager, the pod keeps its own figures."""
     root, why = writable_hierarchy()
     if root is None:
         pytest.skip(why)
-    placed = Placed(root)
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) not installed")
+    placed = Placed(root, slice_top=True)
     try:
-        layouts = _layouts()
+        layouts = _layouts(placed.prefix)
         pids = {name: placed.start(folder) for name, (folder, _, _) in layouts.items()}
+        manager = f"{placed.prefix}-user.slice/{placed.prefix}-user-{MALLORY}.slice/user@{MALLORY}.service"
+        placed.delegate(manager, MALLORY)
+        victim = layouts["pod"][2]
+        pids["forged"] = placed.start_as(MALLORY, manager, f"app.slice/kubepods-besteffort-pod"
+                                         f"{victim.replace('-', '_')}.slice")
+        layouts["forged"] = (manager, "unit", f"user@{MALLORY}.service")
+        assert f"kubepods-besteffort-pod{victim.replace('-', '_')}.slice" in Path(
+            f"/proc/{pids['forged']}/cgroup").read_text()
         busy = {name: 10 + 5 * position for position, name in enumerate(layouts)}
         scenario = _card([{"pid": pids[name], "memory_mib": 2 * busy[name], "sm_util": busy[name], "mem_util": 1}
                           for name in layouts])
@@ -179,5 +199,6 @@ def test_container_pod_and_job_layouts_under_the_daemon(tmp_path):
                 memory = series(page, "atopgpud_workload_memory_used_byte_seconds_total", kind=kind,
                                 workload=workload)
                 assert memory[0] / shown[0] == pytest.approx(2 * MIB), layout
+            assert len(series(page, name, kind="pod", workload=victim)) == 1
     finally:
         placed.close()

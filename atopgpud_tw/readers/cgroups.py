@@ -8,17 +8,23 @@ no ``0::`` line.  The path systemd placed the process in is the ``0::`` one
 when it says anything, else the ``name=systemd`` one, else the first v1
 controller's.  What is found in it:
 
-- the innermost systemd unit (``NAME.service``, ``NAME.scope``; within a
-  user's manager, ``user@UID.service/NAME``) and the innermost slice
-  (``user-1000.slice``, ``system.slice``);
+- the process's systemd unit (``NAME.service``, ``NAME.scope``; below a unit
+  that delegates its subtree, ``OWNER/NAME``: ``user@UID.service/NAME``) and
+  the innermost slice of systemd's own (``user-1000.slice``, ``system.slice``);
 - a container id, from the systemd cgroup driver's scopes
   (``docker-ID.scope``, ``cri-containerd-ID.scope``, ``crio-ID.scope``,
   ``libpod-ID.scope``) or the cgroupfs driver's folders (``/docker/ID``,
   ``crio-ID``, ``libpod-ID``, a bare 64-hex id in a pod's folder);
 - a Kubernetes pod uid, from ``kubepods-...-podUID.slice`` (the uid's dashes
-  written as ``_``) or the cgroupfs ``/kubepods/.../podUID/``;
+  written as ``_``; ``ROOT-kubepods-...`` under a kubelet's ``--cgroup-root``) or
+  the cgroupfs ``/kubepods/.../podUID/`` (``/ROOT/kubepods/...``);
 - a Slurm job id, from a ``job_N`` folder on any hierarchy (v1:
   ``/slurm/uid_U/job_N/step_S``; v2: ``/system.slice/slurmstepd.scope/job_N/...``).
+
+Each only from the part of the path its manager owns, above every delegated
+subtree (`workload_of` says how): a user who owns ``user@1000.service`` may make
+``app.slice/kubepods-besteffort-podUID.slice`` in it, and its processes are
+still ``user@1000.service``'s, not that pod's.
 
 Sources: cgroups(7); systemd.unit(5) and the systemd "Control Group APIs and
 Delegation" page (https://systemd.io/CGROUP_DELEGATION/); the kubelet's cgroup
@@ -41,10 +47,13 @@ _SCOPES = (
     ("libpod-", "podman"),
 )
 _ID = re.compile(r"[0-9a-f]{32,128}")
-_POD_SLICE = re.compile(r"kubepods(?:-[a-z]+)*-pod([0-9a-fA-F_]{8,64})\.slice")
+#: the systemd driver's pod slice; a kubelet with --cgroup-root=/ROOT names its slices
+#: ``ROOT-kubepods-...`` (kind's nodes: ``kubelet-kubepods-besteffort-podUID.slice``)
+_POD_SLICE = re.compile(r"(?:[^/]+-)?kubepods(?:-[a-z]+)*-pod([0-9a-fA-F_]{8,64})\.slice")
 _POD_FOLDER = re.compile(r"pod([0-9a-fA-F-]{8,64})")
 _JOB = re.compile(r"job_([0-9]{1,20})")
-_USER_MANAGER = re.compile(r"user@[0-9]+\.service")
+_QOS = ("burstable", "besteffort", "guaranteed")
+_SLURM_SCOPE = "slurmstepd.scope"
 
 
 def cgroup_paths(text: str) -> tuple[str, list[str]]:
@@ -78,37 +87,83 @@ def _container(part: str, parent: str) -> str:
     return ""
 
 
-def workload_of(text: str) -> CgroupWorkload:
-    """The workload a ``/proc/PID/cgroup`` text names."""
-    path, paths = cgroup_paths(text)
-    unit = slice_ = container = pod = job = ""
+def _unit(part: str) -> bool:
+    return part.endswith((".service", ".scope"))
+
+
+def _visible(path: str) -> list[str]:
+    """The path's components, less the leading ``..`` of a cgroup namespace: what follows them is
+    below an ancestor of the reader's own cgroup, the top of what it can see."""
     parts = [part for part in path.split("/") if part]
-    manager = ""
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    return parts
+
+
+def _job(path: str) -> str:
+    """The Slurm job id of one hierarchy's path, from the manager's part of it: a ``job_N`` folder
+    with no unit or container above it (v1: ``/slurm/uid_U/job_N``), or directly under a
+    ``slurmstepd.scope`` that has none above it (v2)."""
     parent = ""
-    for part in parts:
-        if part.endswith(".slice"):
-            slice_ = part
-            found = _POD_SLICE.fullmatch(part)
-            if found:
-                pod = found.group(1).replace("_", "-")
-        elif part.endswith((".service", ".scope")):
-            if _USER_MANAGER.fullmatch(part):
-                manager = part
-                unit = part
-            else:
-                unit = f"{manager}/{part}" if manager else part
-        elif parent.startswith("kubepods") or parent in ("burstable", "besteffort", "guaranteed"):
-            found = _POD_FOLDER.fullmatch(part)
-            if found:
-                pod = found.group(1)
-        container = _container(part, parent) or container
+    for part in _visible(path):
+        found = _JOB.fullmatch(part)
+        if found and (parent == _SLURM_SCOPE or not _unit(parent)):
+            return found.group(1)
+        if _unit(parent) or _container(part, parent):
+            return ""
         parent = part
-    for each in paths:
-        for part in each.split("/"):
-            found = _JOB.fullmatch(part)
-            if found:
-                job = found.group(1)
-                break
-        if job:
-            break
+    return ""
+
+
+def workload_of(text: str) -> CgroupWorkload:
+    """The workload a ``/proc/PID/cgroup`` text names.
+
+    Only the part of the path that no one was delegated names a pod, a container, a job or a
+    slice: systemd delegates a subtree only at a unit (``user@UID.service``, a container's scope, a
+    service with ``Delegate=``), and a container runtime's cgroupfs folder is the container's own.
+    So the walk down the path trusts what it finds until the first unit or container:
+
+    - a slice only on systemd's own chain (``a-b.slice`` directly in ``a.slice``, from the root, or
+      from the top a cgroup namespace shows), and a pod slice only as a link of that chain;
+    - a cgroupfs pod folder (``kubepods/QOS/podUID``) and a ``job_N`` folder only above every unit;
+    - a container id only from the first unit or folder that names one.
+
+    The first unit met is the process's unit; below it (its owner's own tree) only the innermost
+    unit is added, as ``OWNER/NAME`` (``user@1000.service/jupyter.service``): whatever the owner
+    makes there, its processes stay the owner's.
+    """
+    path, paths = cgroup_paths(text)
+    owner = inner = slice_ = container = pod = ""
+    chain = ""  # the last slice of systemd's chain so far ("" at the top)
+    on_chain = True
+    parent = ""
+    for part in _visible(path):
+        if owner:
+            if _unit(part):
+                inner = part
+            continue
+        if part.endswith(".slice") and on_chain:
+            stem = part.removesuffix(".slice")
+            on_chain = not chain and (stem.count("-") == 0 or path.startswith("/..")) \
+                or bool(chain) and stem.rpartition("-")[0] == chain
+            if on_chain:
+                chain = stem
+                slice_ = part
+                found = _POD_SLICE.fullmatch(part)
+                if found:
+                    pod = found.group(1).replace("_", "-")
+        elif not part.endswith(".slice"):
+            on_chain = False
+            if not _unit(part) and (parent.startswith("kubepods") or parent in _QOS):
+                found = _POD_FOLDER.fullmatch(part)
+                if found:
+                    pod = found.group(1)
+        container = _container(part, parent)
+        if _unit(part) or container:
+            owner = part if _unit(part) else ""
+            if container and not owner:
+                break  # a cgroupfs container: what is below it is the container's
+        parent = part
+    unit = f"{owner}/{inner}" if owner and inner else owner
+    job = next(filter(None, (_job(each) for each in paths)), "")
     return CgroupWorkload(path, unit, slice_, container, pod, job)

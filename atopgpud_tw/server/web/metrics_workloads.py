@@ -59,10 +59,12 @@ class WorkloadCollector:
         ended = counter("atopgpud_workload_processes_ended", "The workload's processes that ended on the GPU.")
         energy = counter("atopgpud_workload_energy_joules", "The GPU's energy shared out to the workload by its "
                          "share of the GPU busy time of the GPU's processes (docs/metrics.md).")
+        shown = 0
         for row in rows:
             sums = row.sums
             if sums.device_index >= len(devices):
                 continue
+            shown += 1
             device = devices[sums.device_index]
             labels = [str(sums.device_index), device.busid, device.info.uuid, sums.kind, sums.name]
             busy.add_metric(labels, row.busy)
@@ -72,9 +74,9 @@ class WorkloadCollector:
             ended.add_metric(labels, sums.ended)
             energy.add_metric(labels, sums.energy_joules)
         yield from (busy, mem_busy, memory, seen, ended, energy)
-        yield GaugeMetricFamily("atopgpud_workload_series", "Workload series on the page (--workload-limit "
-                                "bounds them; the rest are summed under workload=\"other\").",
-                                value=len(book.entries))
+        yield GaugeMetricFamily("atopgpud_workload_series", "Workload series on the page, other included "
+                                "(--workload-limit bounds the named ones; the rest are summed under "
+                                "workload=\"other\").", value=shown)
         yield CounterMetricFamily("atopgpud_workloads_expired", "Workloads that left the page after "
                                   "--workload-expiry seconds without a process; their sums went into "
                                   "workload=\"other\".", value=book.expired)
