@@ -99,8 +99,10 @@ def lintian_tags(output: str) -> list[tuple[str, str]]:
 
 
 def lintian(deb: Path) -> str:
-    """lintian's output (stdout and stderr) on `deb`, run here."""
+    """lintian's output (stdout and stderr) on `deb`, run here; AssertionError if lintian could not run."""
     done = subprocess.run(["lintian", "--allow-root", str(deb)], capture_output=True, text=True, timeout=600)
+    # 1: it ran and found errors (the tags say which); anything else: it did not run
+    assert done.returncode in (0, 1), f"lintian exited {done.returncode}:\n{done.stdout}{done.stderr}"
     return done.stdout + done.stderr
 
 
