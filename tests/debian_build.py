@@ -1,6 +1,6 @@
 """The Debian package built as a user builds it: ``dpkg-buildpackage -us -uc -b`` in a clean copy of the checkout.
 
-`build_package()` copies the checkout's files (``git ls-files``: tracked and
+`build_package()` copies the checkout's files (`copy_source()`: ``git ls-files``: tracked and
 untracked but not ignored, as they are now, so uncommitted edits are in and
 .venv, build outputs and caches are not) into a temporary directory and builds
 there; the checkout itself is never written to.  `Built` holds the .deb and
@@ -44,14 +44,19 @@ def source_files(root: Path = ROOT) -> list[str]:
     return [name for name in out.split("\0") if name and (root / name).exists()]
 
 
+def copy_source(dest: Path, root: Path = ROOT) -> Path:
+    """The checkout's `source_files` copied into `dest` (made): a clean tree to build in; `dest`."""
+    for name in source_files(root):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target, follow_symlinks=False)
+    return dest
+
+
 def build_package(scratch: Path, root: Path = ROOT, timeout: float = 1200.0) -> Built:
     """``dpkg-buildpackage -us -uc -b`` in a copy of `root` under `scratch`; AssertionError with the log's
     tail if it fails."""
-    source = scratch / PACKAGE
-    for name in source_files(root):
-        target = source / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / name, target, follow_symlinks=False)
+    source = copy_source(scratch / PACKAGE, root)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("DEB_", "DH_", "VIRTUAL_ENV"))}
     began = time.monotonic()
     done = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=source, env=env, capture_output=True,

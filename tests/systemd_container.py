@@ -22,7 +22,8 @@ The pieces, each usable alone:
   Debian package puts them and etc/atopgpud.service expects them, waits for
   ``systemctl is-system-running`` and yields a `Container`.  `booted`'s
   `suite` and `packages` choose another tree (tests/test_debian_package.py
-  boots one without Python and atop, for ``apt-get install`` to bring).
+  boots one without Python and atop, for ``apt-get install`` to bring;
+  tests/test_debian13_package.py boots Debian 13, ``suite="trixie"``).
   On the way out it powers the container off (SIGTERM to nspawn, which asks
   systemd for a clean halt; SIGKILL if it is stuck) and unmounts the
   overlay, on failure too.  `container_fixture()` makes a pytest

@@ -17,6 +17,7 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT / "debian"
 UNIT = (ROOT / "etc" / "atopgpud.service").read_text()
+RULES = (DEBIAN / "rules").read_text()
 
 
 def links() -> dict[str, str]:
@@ -77,7 +78,11 @@ def test_units_conflict_with_atops_own_and_name_what_the_package_installs() -> N
     manpages = (DEBIAN / "atopgpud-tw.manpages").read_text().split()
     assert manpages == ["docs/man/atopgpud.8", "docs/man/atopgpu.1"]
     for name in ("atopgpud.service", "atopgpud.socket", "atopgpud-tcp.socket"):
-        assert installs()[f"/lib/systemd/system/{name}"] == f"etc/{name}"
+        # installed by dh_installsystemd --name (debian/rules) where the Debian's debhelper puts units
+        stem, kind = name.rsplit(".", 1)
+        link = DEBIAN / f"atopgpud-tw.{stem}.{kind}"
+        assert link.is_symlink() and link.resolve() == ROOT / "etc" / name, link
+        assert re.search(rf"dh_installsystemd --name={re.escape(stem)} .*\b{re.escape(name)}\b", RULES), name
         line = re.search(r"^Documentation=(.+)$", (ROOT / "etc" / name).read_text(), re.M).group(1)
         for uri in line.split():
             if uri.startswith("man:"):

@@ -18,33 +18,41 @@ those but the first are failures.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from atop_output import parse_output
 from debian_build import PACKAGE, Built, build_package, field, missing_tools, repacked
+from debian_checks import (
+    ATOPGPU,
+    BOOT_PACKAGES,
+    CONFFILE,
+    SERVICE,
+    SIM_OPTS,
+    apt,
+    apt_update,
+    assert_purged,
+    atop_logs_gpus,
+    copy_in,
+    installed_size,
+    installed_version,
+    lintian,
+    lintian_tags,
+    serves_both,
+    show,
+    undocumented_warnings,
+)
 from systemd_container import SUITE, VENV, Container, booted, not_possible, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
-#: the tree: what booting and testing need, and nothing the package depends on
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "procps", "util-linux")
-SERVICE = "atopgpud.service"
-CONFFILE = "/etc/default/atopgpud"
-ATOPGPU = "/usr/bin/atopgpu"
-ENDPOINTS = (["--connect", "unix:@atopgpud_nvidia"], ["--connect", "tcp:127.0.0.1:59123", "--version", "1"])
 #: the stand-in for atop's own daemon and its unit (upstream's atopgpu.service runs /usr/sbin/atopgpud)
 FOREIGN_DAEMON = "#!/bin/sh\n# atop's own atopgpud (a stand-in): holds what it would hold\n" \
                  "exec systemd-socket-activate -l @atopgpud_nvidia -l 127.0.0.1:59123 sleep infinity\n"
 FOREIGN_UNIT = "[Unit]\nDescription=atop's own GPU daemon (a stand-in)\n" \
                "[Service]\nExecStart=/usr/sbin/atopgpud\n[Install]\nWantedBy=multi-user.target\n"
-#: the simulator, set in the conffile as a user would (no GPU in the container)
-SIM_OPTS = 'ATOPGPUD_OPTS="--reader sim --listen unix:@atopgpud_nvidia --listen tcp:59123:interface=127.0.0.1"\n'
 #: where a name with atopgpud in it may be found after purge: the stand-in, given back
 LEFT_AFTER_PURGE = ["/usr/sbin/atopgpud"]
 
@@ -61,42 +69,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return package
 
 
-def apt(box: Container, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
-    """``apt-get -y ARGS`` inside, with the host's network; stdout and stderr together."""
-    command = ["sh", "-c", 'DEBIAN_FRONTEND=noninteractive apt-get -y -q "$@" 2>&1', "-", *args]
-    return box.run(command, host_network=True, timeout=timeout, check=True)
-
-
-def serves_both(box: Container) -> bool:
-    """Whether /usr/bin/atopgpu is answered on both endpoints, with the simulator's two GPUs."""
-    for endpoint in ENDPOINTS:
-        done = box.run([ATOPGPU, *endpoint, "--json"], timeout=30)
-        if done.returncode != 0 or len(json.loads(done.stdout)["gpus"]) != 2:
-            return False
-    return True
-
-
-def show(box: Container, unit: str, *props: str) -> dict[str, str]:
-    out = box.systemctl("show", "-p", ",".join(props), unit).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def installed_version(box: Container) -> str:
-    return box.run(["dpkg-query", "-W", "-f", "${Version} ${db:Status-Abbrev}", PACKAGE], check=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def box(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     """The container, with the package and the stand-in's files copied in and apt's lists fetched."""
-    with booted(tmp_path_factory.mktemp("nspawn"), install=False, packages=PACKAGES) as box:
+    with booted(tmp_path_factory.mktemp("nspawn"), install=False, packages=BOOT_PACKAGES) as box:
         began = time.monotonic()
-        (box.root / "var/tmp/debs").mkdir(parents=True)
-        (box.root / "var/tmp/debs" / built.deb.name).write_bytes(built.deb.read_bytes())
-        box.write_file("/etc/resolv.conf", Path("/etc/resolv.conf").read_text())
-        try:
-            apt(box, "update")
-        except AssertionError as error:
-            not_possible(f"apt-get update in the container failed (no Debian mirror?): {error}")
+        copy_in(box, built.deb)
+        apt_update(box)
         box.timings["apt-update"] = time.monotonic() - began
         yield box
         print("container timings:", {key: round(value, 1) for key, value in box.timings.items()})
@@ -143,9 +122,7 @@ def test_install_pulls_the_dependencies_and_takes_over_from_atops_own_daemon(box
     assert "atopgpud: " in log and "Traceback" not in log, log
     assert box.run(["getent", "passwd", "_atopgpud"]).returncode == 0
     assert box.run(["test", "-f", f"{VENV}/lib/python3.11/site-packages/twisted/plugins/dropin.cache"]).returncode == 0
-    size = box.run(["du", "-sk", VENV], check=True).stdout.split()[0]
-    print(f"Installed-Size {box.run(['dpkg-query', '-W', '-f', '${Installed-Size}', PACKAGE]).stdout} KiB; "
-          f"du -sk {VENV} after the postinst: {size} KiB")  # shown with -s
+    print(installed_size(box, VENV))  # shown with -s
 
 
 def test_on_the_simulator_set_in_the_conffile_it_serves_atop(box: Container, installed: str) -> None:
@@ -162,16 +139,8 @@ def test_on_the_simulator_set_in_the_conffile_it_serves_atop(box: Container, ins
     assert owner == "_atopgpud", owner
     log = box.journal(SERVICE, cursor=cursor)
     assert not re.search(r"#(warn|error|critical)\]|Unable to write|Traceback", log, re.I), log
-    box.write_file("/etc/default/atop", 'LOGOPTS="-k"\nLOGINTERVAL=2\nLOGGENERATIONS=28\nLOGPATH=/var/log/atop\n')
-    box.systemctl("unmask", "atop.service")  # the harness masks it in every tree
-    box.systemctl("restart", "atop.service")
-    raw = "/var/log/atop/atop_$(date +%Y%m%d)"
-    box.wait_for(lambda: len(parse_output(box.run(["sh", "-c", f"atop -r {raw} -P GPU"]).stdout)) >= 3,
-                 timeout=60, what="3 samples in atop's log")
-    out = box.run(["sh", "-c", f"atop -r {raw} -P GPU"], check=True).stdout
-    counts = [len(sample.gpus) for sample in parse_output(out)]
-    assert len(counts) >= 3 and counts == [2] * len(counts), f"GPU lines per sample: {counts}\n{out}"
-    box.systemctl("stop", "atop.service")
+    counts = atop_logs_gpus(box)
+    assert len(counts) >= 3 and counts == [2] * len(counts), f"GPU lines per sample: {counts}"
 
 
 def test_a_broken_conffile_fails_the_unit_in_one_line(box: Container, installed: str) -> None:
@@ -234,17 +203,7 @@ def test_purge_leaves_nothing(box: Container) -> None:
     their enablement links and state; the test's own .debs aside), no user or group, no unit
     systemd knows of."""
     apt(box, "purge", PACKAGE)
-    box.systemctl("daemon-reload")
-    pruned = ["(", "-path", "/proc", "-o", "-path", "/sys", "-o", "-path", "/dev", "-o", "-path", "/var/log/journal",
-              "-o", "-path", "/var/tmp/debs", ")", "-prune"]
-    named = ["(", "-name", "*atopgpud*", "-o", "-path", "/opt/venvs*", ")", "-print"]
-    found = box.run(["find", "/", "-xdev", *pruned, "-o", *named], check=True)
-    assert sorted(found.stdout.split()) == LEFT_AFTER_PURGE, found.stdout
-    assert box.run(["getent", "passwd", "_atopgpud"]).returncode == 2
-    assert box.run(["getent", "group", "_atopgpud"]).returncode == 2
-    units = box.systemctl("list-unit-files", "--no-legend", "atopgpud*", check=False).stdout
-    assert units.strip() == "", units
-    assert box.run(["dpkg-query", "-W", PACKAGE]).returncode != 0
+    assert_purged(box, LEFT_AFTER_PURGE)
 
 
 def test_the_suite_is_debian_12() -> None:
@@ -252,17 +211,9 @@ def test_the_suite_is_debian_12() -> None:
     assert SUITE == "bookworm"
 
 
-def lintian_tags(deb: Path) -> list[tuple[str, str]]:
-    """lintian's (severity letter, tag) pairs for `deb`, as many as it gave."""
-    done = subprocess.run(["lintian", "--allow-root", str(deb)], capture_output=True, text=True, timeout=600)
-    return re.findall(r"^([EWIPXO]): \S+: (\S+)", done.stdout + done.stderr, re.M)
-
-
 def test_lintian_has_no_errors_and_every_warning_is_in_the_docs(built: Built) -> None:
     """lintian on the .deb: no error; each warning tag left is named in docs/install.md with its reason."""
-    tags = lintian_tags(built.deb)
+    tags = lintian_tags(lintian(built.deb))
     print("lintian:", sorted({f"{severity}: {tag}" for severity, tag in tags}))
     assert [tag for severity, tag in tags if severity == "E"] == []
-    install = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text()
-    undocumented = sorted({tag for severity, tag in tags if severity == "W" and f"`{tag}`" not in install})
-    assert undocumented == [], f"lintian warnings not named in docs/install.md: {undocumented}"
+    assert undocumented_warnings(tags) == [], "lintian warnings not named in docs/install.md"
