@@ -205,7 +205,7 @@ def test_on_the_simulator_it_serves_debian_13s_atop(box: Container, installed: s
     cursor = box.journal_cursor()
     box.write_file(CONFFILE, SIM_OPTS)
     box.systemctl("restart", SERVICE)
-    box.wait_for(lambda: serves_both(box), timeout=30, what="atopgpud serving on both endpoints")
+    box.wait_for(lambda: serves_both(box), timeout=120, what="atopgpud serving on both endpoints")
     state = show(box, SERVICE, "ActiveState", "SubState", "User")
     assert (state["ActiveState"], state["SubState"], state["User"]) == ("active", "running", "_atopgpud"), state
     log = box.journal(SERVICE, cursor=cursor)

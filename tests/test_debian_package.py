@@ -132,7 +132,7 @@ def test_on_the_simulator_set_in_the_conffile_it_serves_atop(box: Container, ins
     cursor = box.journal_cursor()
     box.write_file(CONFFILE, SIM_OPTS)
     box.systemctl("restart", SERVICE)
-    box.wait_for(lambda: serves_both(box), timeout=30, what="atopgpud serving on both endpoints")
+    box.wait_for(lambda: serves_both(box), timeout=120, what="atopgpud serving on both endpoints")
     state = show(box, SERVICE, "ActiveState", "SubState", "User", "MainPID")
     assert (state["ActiveState"], state["SubState"], state["User"]) == ("active", "running", "_atopgpud"), state
     owner = box.run(["ps", "-o", "user=", "-p", state["MainPID"]], check=True).stdout.strip()
@@ -150,7 +150,8 @@ def test_a_broken_conffile_fails_the_unit_in_one_line(box: Container, installed:
     cursor = box.journal_cursor()
     box.write_file(CONFFILE, good.replace("--reader sim", "--reader sim --no-such-option"))
     box.systemctl("restart", SERVICE, check=False)
-    box.wait_for(lambda: show(box, SERVICE, "ActiveState")["ActiveState"] == "failed", what="the unit failed")
+    box.wait_for(lambda: show(box, SERVICE, "ActiveState")["ActiveState"] == "failed", timeout=120,
+                 what="the unit failed")
     time.sleep(6)  # past RestartSec=5: no restart may come
     state = show(box, SERVICE, "ActiveState", "Result", "ExecMainStatus", "NRestarts", "ExecMainPID")
     pid = state.pop("ExecMainPID")
@@ -162,7 +163,7 @@ def test_a_broken_conffile_fails_the_unit_in_one_line(box: Container, installed:
     box.write_file(CONFFILE, good)
     box.systemctl("reset-failed", SERVICE)
     box.systemctl("restart", SERVICE)
-    box.wait_for(lambda: serves_both(box), timeout=30, what="serving again")
+    box.wait_for(lambda: serves_both(box), timeout=120, what="serving again")
 
 
 def test_upgrade_keeps_the_edited_conffile_and_serves_again(box: Container, built: Built,
@@ -176,7 +177,7 @@ def test_upgrade_keeps_the_edited_conffile_and_serves_again(box: Container, buil
     apt(box, "install", f"/var/tmp/debs/{newer.name}")
     assert installed_version(box) == "0.2.0-1+test1 ii"
     assert box.read_file(CONFFILE) == edited
-    box.wait_for(lambda: serves_both(box), timeout=30, what="serving after the upgrade")
+    box.wait_for(lambda: serves_both(box), timeout=120, what="serving after the upgrade")
     after = show(box, SERVICE, "MainPID")["MainPID"]
     assert after not in ("0", before), (before, after)
     assert box.is_active("atopgpud.socket")
