@@ -111,14 +111,14 @@ def test_energy_grows_by_power_times_time(prometheus):
 
 
 def test_an_xid_in_the_scenario_fires_its_alert(prometheus):
-    """The XID 79 at 6 s fires AtopgpudGpuXidError for the H100, with its code."""
+    """The XID 79 at 6 s fires AtopgpudGpuXidCritical for the H100, with its code."""
     deadline = time.monotonic() + 30
     firing: list[dict] = []
     while time.monotonic() < deadline and not firing:
         alerts = prometheus.api("alerts")["alerts"]
-        firing = [a for a in alerts if a["labels"]["alertname"] == "AtopgpudGpuXidError" and a["state"] == "firing"]
+        firing = [a for a in alerts if a["labels"]["alertname"] == "AtopgpudGpuXidCritical" and a["state"] == "firing"]
         time.sleep(0.5)
-    assert firing, "AtopgpudGpuXidError did not fire"
+    assert firing, "AtopgpudGpuXidCritical did not fire"
     assert firing[0]["labels"]["xid"] == "79"
     assert firing[0]["labels"]["busid"] == "00000000:17:00.0"
 
