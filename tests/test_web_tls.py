@@ -292,3 +292,42 @@ def test_tls_and_basic_auth_on_a_unix_socket_behind_the_access_gate(tmp_path: Pa
         assert curl("https://localhost/metrics", *tls, "-u", "alice:two")[1] == "401"
         rc, code, _ = curl("http://localhost/metrics", "--unix-socket", str(socket_path), "-u", "alice:one")
         assert rc != 0 and code == "000"
+
+
+def http_status(port: int, user: str, password: str) -> int:
+    """The HTTP status of one plain GET /metrics with basic auth (0: no reply)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def test_over_long_passwords_and_unknown_users_are_refused_cheaply(tmp_path: Path) -> None:
+    """200 requests with a 100-byte password: 401 each and a line or two, no traceback; 16 clients at once
+    naming unknown users: 401 each, never 503 (no bcrypt check is spent on them); the right one: 200."""
+    config = web_config(tmp_path / "web.yml", users={"prometheus": hashed(PASSWORD, cost=10)})
+    port = free_port()
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(config)],
+                    scenario=SCENARIO) as daemon:
+        assert {http_status(port, "prometheus", "x" * 100) for _ in range(200)} == {401}
+        codes: list[int] = []
+
+        def stranger(n: int) -> None:
+            codes.extend(http_status(port, f"stranger{n}-{i}", "guess") for i in range(10))
+
+        threads = [threading.Thread(target=stranger, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert codes.count(401) == 160, sorted(set(codes))
+        assert http_status(port, "prometheus", PASSWORD) == 200
+        log = daemon.log()
+    assert "Traceback" not in log and "bcrypt check failed" not in log
+    assert 1 <= log.count("over bcrypt's 72") <= 2, log

@@ -12,6 +12,7 @@ from OpenSSL import SSL
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -234,13 +235,43 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
 
 
-def test_an_unknown_user_costs_a_check_and_is_refused(held) -> None:
-    """An unknown user's password is checked against a decoy hash (timing tells nothing), then refused."""
+def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
+    """An unknown user is refused at once: a flood of made-up users costs no check and takes no place."""
     clock, checks, queued = held
-    verdict = checks.check(b"mallory", b"anything", {"alice": hashed("right").encode()})
-    assert isinstance(verdict, Deferred) and len(queued) == 1
+    users = {"alice": hashed("right").encode()}
+    for name in (b"mallory", b"Alice", b"alice\0", b"\xff"):
+        assert checks.check(name, b"anything", users) is False
+    assert not queued and checks.checked == 0 and not checks.pending
+
+
+def test_a_password_beyond_bcrypts_72_bytes_is_refused_without_bcrypt(held) -> None:
+    """bcrypt 5 raises on a password over 72 bytes (older ones cut it): it is wrong at once, never checked."""
+    clock, checks, queued = held
+    right = "r" * 72
+    users = {"alice": hashed(right).encode()}
+    assert checks.check(b"alice", (right + "x").encode(), users) is False
+    assert not queued and checks.checked == 0
+    assert isinstance(checks.check(b"alice", right.encode(), users), Deferred)  # 72 bytes: checked
     run(queued)
-    assert verdict.result is False
+
+
+def test_over_long_passwords_get_401_and_one_line(held) -> None:
+    """Fifty requests with a 100-byte password: 401 each, one warning for them all, no traceback."""
+    clock, checks, queued = held
+    root = Protected(page_tree(), WebConfig(users={"alice": hashed("right").encode()}), checks, clock)
+    with capturedLogs() as events:
+        for _ in range(50):
+            request = request_for(b"metrics", "alice", "p" * 100)
+            assert render(root.getChildWithDefault(b"metrics", request), request) == b"Unauthorized\n"
+            assert request.responseCode == 401
+        run(queued)
+        clock.advance(11)
+    assert not queued
+    lines = [e for e in events if e.get("log_level") and e["log_level"].name in ("warn", "error", "critical")]
+    assert len(lines) == 2, lines  # the first, and the count when the burst is over
+    assert "over bcrypt's" in lines[0]["log_format"] and (lines[0]["size"], lines[0]["most"]) == (100, 72)
+    assert not [e for e in events if "log_failure" in e]
+    root.stop()
 
 
 def request_for(path: bytes, user: str | None = None, password: str = "") -> DummyRequest:
