@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -386,18 +387,64 @@ def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: 
     web_config(path, users={"alice": hashed("two")})
     clock.advance(1)
     assert security.failed_reloads == 2 and security.root.config.tls is not None
-    web_config(path, tls=tls)
+    web_config(path, tls=tls, users={"carol": hashed("four")})
     clock.advance(1)
     assert security.reloads == 2
     key.write_text(pki.client_key.read_text())  # the key of another certificate
     clock.advance(1)
-    assert security.failed_reloads == 3 and security.loaded.config.users == {}
+    assert security.failed_reloads == 3 and set(security.loaded.config.users) == {"carol"}
     security.stopService()
     lines = [line for line in logged if "--web-config" in line]
     assert sum("keeping the last good configuration" in line for line in lines) == 3
     assert any("turns TLS off, which only a restart can do" in line for line in lines)
     assert any("reloaded (changed): TLS TLS12 to TLS13" in line for line in lines)
     assert not clock.getDelayedCalls()
+
+
+@pytest.mark.parametrize("text", ["", "basic_auth_users:\n", "# cut\n", "rate_limit: {burst: 2, interval: 1s}\n"])
+def test_a_reload_that_would_turn_basic_auth_off_is_refused(tmp_path: Path, held, logged, text: str) -> None:
+    """An emptied file (what `> FILE` does first), one cut after basic_auth_users:, one without users:
+    the users stay, one line says why; a restart is what turns basic auth off."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    security = security_for(path, clock, held)
+    security.startService()
+    path.write_text(text)
+    clock.advance(1)
+    assert security.failed_reloads == 1 and security.reloads == 0
+    assert set(security.root.config.users) == {"alice"}
+    request = request_for(b"metrics")
+    assert render(security.root.getChildWithDefault(b"metrics", request), request) == b"Unauthorized\n"
+    web_config(path, users={"bob": hashed("two")})
+    clock.advance(1)
+    assert security.reloads == 1 and set(security.root.config.users) == {"bob"}
+    security.stopService()
+    assert any("turns basic auth off, which only a restart can do" in line for line in logged)
+
+
+def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) -> None:
+    """A FIFO (it would block), a device (/dev/zero fills memory), a file over MAX_SIZE: one line each, at once."""
+    from atopgpud_tw.server.web.webconfig import MAX_SIZE, read
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yml"
+    big.write_bytes(b"#" * (MAX_SIZE + 1))
+    for path, said in [(fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                       (big, "larger than"), (tmp_path, "is a directory")]:
+        with pytest.raises(WebConfigError, match=said):
+            read(str(path))
+
+
+def test_certificate_files_are_read_the_same_way(tmp_path: Path) -> None:
+    """cert_file naming /dev/zero or a FIFO is a one-line error, not a hang."""
+    from atopgpud_tw.server.web.webconfig import TLSSettings
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for name in ("/dev/zero", str(fifo)):
+        with pytest.raises(WebConfigError, match="not a regular file"):
+            build_context(TLSSettings(cert_file=name, key_file=name))
 
 
 def test_a_certificate_named_before_it_exists_is_read_once_it_appears(pki: Pki, tmp_path: Path, held) -> None:
