@@ -281,18 +281,20 @@ class AtopGpuFactory(Factory):
         if count >= limits.kept_for(uid):  # it needs a shared slot
             held = count - limits.kept_for(uid)
             if held >= limits.uid_share:
-                self._refuse(uid, f"{held} connected, its share of the shared slots (--max-clients-per-uid)")
+                self._refuse(uid, lambda: f"{held} connected, its share of the shared slots (--max-clients-per-uid)")
                 return False
             if self.shared_taken >= limits.shared and not self._make_room(uid, held):
-                self._refuse(uid, f"the {limits.shared} shared slots are taken ({self._holders()}; --max-clients)")
+                self._refuse(uid, lambda: f"the {limits.shared} shared slots are taken ({self._holders()}; "
+                                          "--max-clients)")
                 return False
         return True
 
-    def _refuse(self, uid: int | None, why: str) -> None:
+    def _refuse(self, uid: int | None, why: Callable[[], str]) -> None:
+        """Log a refusal of `uid` once per burst; `why` is only worked out for the line."""
         who = f"uid {uid}" if uid is not None else "TCP clients of unknown uid"
         self._refused.event(
             uid,
-            lambda: self.log.warn("refusing connections of {who}: {why}", who=who, why=why),
+            lambda: self.log.warn("refusing connections of {who}: {why}", who=who, why=why()),
             f"connections of {who} refused",
         )
 
