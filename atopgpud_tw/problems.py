@@ -3,7 +3,8 @@
 A trouble once when it starts and once when it ends (`ProblemLog`, over each
 poll's `Problems`), and a trouble that keeps coming back by a count at growing
 intervals (`DAMPING`); a condition when it changes (`Latch`); a burst of events by
-its first and, when it is over, a count of the rest (`BurstLog`).  What they log
+its first and, when it is over, a count of the rest (`BurstLog`; one per uid,
+`UidBurstLogs`).  What they log
 of the text they were given is shown as data (`printable`, the client's rule too).
 """
 
@@ -316,6 +317,11 @@ class BurstLog:
         self._more = 0
         self._call = self.clock.callLater(self.quiet, self._over)
 
+    @property
+    def active(self) -> bool:
+        """Whether a burst is going on (its end not logged yet)."""
+        return self._call is not None and self._call.active()
+
     def _over(self) -> None:
         self._call = None
         if self._more:
@@ -325,3 +331,42 @@ class BurstLog:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
+
+
+class UidBurstLogs:
+    """A `BurstLog` per uid: each uid's burst logged once, whoever else is in one.
+
+    At most `most` uids get a burst of their own at once (a user with many
+    subordinate uids cannot make a line each); the rest share one.
+    """
+
+    def __init__(self, clock: IReactorTime, quiet: float = 10.0, most: int = 32) -> None:
+        self.clock = clock
+        self.quiet = quiet
+        self.most = most
+        self._logs: dict[int | None, BurstLog] = {}
+        self._others = BurstLog(clock, quiet)
+        self._forgotten = 0
+
+    def event(self, uid: int | None, first_line: Callable[[], None], what: str) -> None:
+        """Count one event of `uid`; `first_line` logs it if it starts that uid's burst."""
+        burst = self._logs.get(uid)
+        if burst is None:
+            if len(self._logs) >= self.most:
+                for quiet_uid in [u for u, b in self._logs.items() if not b.active]:
+                    self._forgotten += self._logs.pop(quiet_uid).total
+            if len(self._logs) >= self.most:
+                self._others.event(first_line, "events of other uids")
+                return
+            burst = self._logs[uid] = BurstLog(self.clock, self.quiet)
+        burst.event(first_line, what)
+
+    @property
+    def total(self) -> int:
+        """Events counted, of every uid."""
+        return sum(b.total for b in self._logs.values()) + self._others.total + self._forgotten
+
+    def stop(self) -> None:
+        for burst in self._logs.values():
+            burst.stop()
+        self._others.stop()

@@ -151,13 +151,18 @@ class Options(usage.Options):
         ["max-exited", None, DEFAULT_EXITED_LIMIT, "Exited processes kept per client "
          "until it asks again; the oldest are dropped beyond this.", _count("max-exited")],
         ["max-clients", None, 256, "Clients connected at once; more are closed at once.", _count("max-clients")],
-        ["max-clients-per-uid", None, None, "Clients of one user (the uid of a UNIX client, or of a TCP "
-         "client on this host) connected at once; more are closed at once "
-         "(default: three quarters of --max-clients)", _count("max-clients-per-uid")],
+        ["max-clients-per-uid", None, None, "Shared slots one user (the uid of a UNIX client, or of a TCP "
+         "client on this host) may hold at once; more of its connections are closed at once "
+         "(default: three quarters of the shared slots).", _count("max-clients-per-uid")],
+        ["reserved-clients", None, 8, "Slots of --max-clients kept for root and for each --allow-uid user, "
+         "which no other user can take (fewer where they would be more than half of --max-clients); "
+         "the rest are shared.", _count("reserved-clients")],
         ["max-unsent", None, 1048576, "Reply bytes a client may leave unread before it is "
          "disconnected.", _count("max-unsent")],
         ["idle-timeout", None, 10800.0, "Seconds a client may stay silent between requests "
          "(atop asks every interval).", _seconds("idle-timeout")],
+        ["busy-idle-timeout", None, 60.0, "Seconds a client in a shared slot may stay silent while every "
+         "shared slot is taken and another user asks for one.", _seconds("busy-idle-timeout")],
         ["socket-group", None, None, "Group given to filesystem UNIX sockets of --listen and --metrics "
          "(with mode=660 in the endpoint: only that group may connect)."],
         ["metrics", None, None, "Serve Prometheus metrics at /metrics on this endpoint, e.g. "
@@ -224,6 +229,12 @@ class Options(usage.Options):
             self["listen"] = [DEFAULT_LISTEN]
         if self["scenario"] and self["reader"] != "sim":
             raise usage.UsageError("--scenario is for the simulator: add --reader sim")
+        if len(self["allow-uid"] | {0}) > self["max-clients"] // 2:
+            raise usage.UsageError(
+                f"--max-clients {self['max-clients']} leaves no room to keep a slot for root and each of "
+                f"{len(self['allow-uid'] - {0})} --allow-uid users: raise it to at least "
+                f"{2 * len(self['allow-uid'] | {0})}"
+            )
         if self["socket-group"] is not None:
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
         if self["metrics-processes"] and not self["metrics"]:
@@ -277,8 +288,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     limits = Limits(
         max_clients=options["max-clients"],
         max_clients_per_uid=options["max-clients-per-uid"],
+        reserved_clients=options["reserved-clients"],
         max_unsent=options["max-unsent"],
         idle_timeout=options["idle-timeout"],
+        busy_idle_timeout=options["busy-idle-timeout"],
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
     )
     factory = AtopGpuFactory(board, limits, reactor)

@@ -124,8 +124,8 @@ def test_the_turns_go_round_the_users():
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
 def test_one_user_cannot_take_every_slot():
     """A user at its share of --max-clients is refused at accept; another user still connects."""
-    port, factory, reactor, address = listening(max_clients=8)
-    assert factory.limits.uid_share == 6
+    port, factory, reactor, address = listening(max_clients=16)
+    assert factory.limits.uid_share == 6  # of the 8 shared slots, 8 more being root's
     pid, done = as_nobody(address, 20)
     try:
         for _ in range(3):
@@ -144,11 +144,11 @@ def test_one_user_cannot_take_every_slot():
 
 
 def test_the_share_per_uid_is_an_option_and_defaults_to_three_quarters():
-    """--max-clients-per-uid caps one uid; by default a quarter of --max-clients is left to others."""
-    assert Limits().uid_share == 192
-    assert Limits(max_clients=2).uid_share == 2
+    """--max-clients-per-uid caps one uid; by default a quarter of the shared slots is left to others."""
+    assert Limits().shared == 248 and Limits().uid_share == 186
+    assert Limits(max_clients=2).shared == 1 and Limits(max_clients=2).uid_share == 1
     assert Limits(max_clients=100, max_clients_per_uid=5).uid_share == 5
-    assert Limits(max_clients=3, max_clients_per_uid=5).uid_share == 3
+    assert Limits(max_clients=3, max_clients_per_uid=5).uid_share == 2
     board = Board()
     factory = AtopGpuFactory(board, Limits(max_clients=10, max_clients_per_uid=2), MemoryReactorClock())
     factory.per_uid[1000] = 2

@@ -292,3 +292,87 @@ def test_tls_and_basic_auth_on_a_unix_socket_behind_the_access_gate(tmp_path: Pa
         assert curl("https://localhost/metrics", *tls, "-u", "alice:two")[1] == "401"
         rc, code, _ = curl("http://localhost/metrics", "--unix-socket", str(socket_path), "-u", "alice:one")
         assert rc != 0 and code == "000"
+
+
+def http_status(port: int, user: str, password: str) -> int:
+    """The HTTP status of one plain GET /metrics with basic auth (0: no reply)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def test_over_long_passwords_and_unknown_users_are_refused_cheaply(tmp_path: Path) -> None:
+    """200 requests with a 100-byte password: 401 each and a line or two, no traceback; 16 clients at once
+    naming unknown users: 401 each, never 503 (no bcrypt check is spent on them); the right one: 200."""
+    config = web_config(tmp_path / "web.yml", users={"prometheus": hashed(PASSWORD, cost=10)})
+    port = free_port()
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(config)],
+                    scenario=SCENARIO) as daemon:
+        assert {http_status(port, "prometheus", "x" * 100) for _ in range(200)} == {401}
+        codes: list[int] = []
+
+        def stranger(n: int) -> None:
+            codes.extend(http_status(port, f"stranger{n}-{i}", "guess") for i in range(10))
+
+        threads = [threading.Thread(target=stranger, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert codes.count(401) == 160, sorted(set(codes))
+        assert http_status(port, "prometheus", PASSWORD) == 200
+        log = daemon.log()
+    assert "Traceback" not in log and "bcrypt check failed" not in log
+    assert 1 <= log.count("over bcrypt's 72") <= 2, log
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_device_or_fifo_as_the_file_at_start_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
+    """--web-config /dev/zero (memory filled) or a FIFO (start-up hung): exit status 2 and one line."""
+    path = Path("/dev/zero")
+    if kind == "fifo":
+        path = tmp_path / "web.yml"
+        os.mkfifo(path)
+    daemon = Daemon(tmp_path, ["--metrics", f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO).start(wait=False)
+    assert daemon.proc is not None
+    try:
+        assert daemon.proc.wait(30) == 2
+    finally:
+        daemon.stop()
+    assert daemon.log().strip().splitlines() == [f"atopgpud: --web-config {path}: cannot be read (not a regular file)"]
+
+
+def test_a_reload_of_an_emptied_file_or_of_dev_zero_keeps_basic_auth_and_atop(tmp_path: Path) -> None:
+    """The file emptied (`> FILE`), then swapped for a symlink to /dev/zero and SIGHUP sent: each is one line,
+    requests without a password still get 401, atop is answered, the daemon stays small."""
+    path = web_config(tmp_path / "web.yml", users={"prometheus": hashed(PASSWORD, cost=4)})
+    port = free_port()
+    with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO) as daemon:
+        assert http_status(port, "prometheus", PASSWORD) == 200
+        path.write_text("")
+        wait_until(lambda: "turns basic auth off" in daemon.log(), "the emptied file was not refused", daemon)
+        assert http_status(port, "nobody", "x") == 401 and http_status(port, "prometheus", PASSWORD) == 200
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "not a regular file" in daemon.log(), "/dev/zero was read", daemon)
+        client = daemon.client()
+        try:
+            assert client.types()
+        finally:
+            client.close()
+        assert http_status(port, "prometheus", PASSWORD) == 200
+        rss_kib = int(Path(f"/proc/{daemon.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0])
+        assert rss_kib < 512 * 1024, rss_kib
+        lines = [line for line in daemon.log().splitlines() if "keeping the last good" in line]
+        assert len(lines) == 2, lines

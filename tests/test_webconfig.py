@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from OpenSSL import SSL
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -234,13 +236,43 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
 
 
-def test_an_unknown_user_costs_a_check_and_is_refused(held) -> None:
-    """An unknown user's password is checked against a decoy hash (timing tells nothing), then refused."""
+def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
+    """An unknown user is refused at once: a flood of made-up users costs no check and takes no place."""
     clock, checks, queued = held
-    verdict = checks.check(b"mallory", b"anything", {"alice": hashed("right").encode()})
-    assert isinstance(verdict, Deferred) and len(queued) == 1
+    users = {"alice": hashed("right").encode()}
+    for name in (b"mallory", b"Alice", b"alice\0", b"\xff"):
+        assert checks.check(name, b"anything", users) is False
+    assert not queued and checks.checked == 0 and not checks.pending
+
+
+def test_a_password_beyond_bcrypts_72_bytes_is_refused_without_bcrypt(held) -> None:
+    """bcrypt 5 raises on a password over 72 bytes (older ones cut it): it is wrong at once, never checked."""
+    clock, checks, queued = held
+    right = "r" * 72
+    users = {"alice": hashed(right).encode()}
+    assert checks.check(b"alice", (right + "x").encode(), users) is False
+    assert not queued and checks.checked == 0
+    assert isinstance(checks.check(b"alice", right.encode(), users), Deferred)  # 72 bytes: checked
     run(queued)
-    assert verdict.result is False
+
+
+def test_over_long_passwords_get_401_and_one_line(held) -> None:
+    """Fifty requests with a 100-byte password: 401 each, one warning for them all, no traceback."""
+    clock, checks, queued = held
+    root = Protected(page_tree(), WebConfig(users={"alice": hashed("right").encode()}), checks, clock)
+    with capturedLogs() as events:
+        for _ in range(50):
+            request = request_for(b"metrics", "alice", "p" * 100)
+            assert render(root.getChildWithDefault(b"metrics", request), request) == b"Unauthorized\n"
+            assert request.responseCode == 401
+        run(queued)
+        clock.advance(11)
+    assert not queued
+    lines = [e for e in events if e.get("log_level") and e["log_level"].name in ("warn", "error", "critical")]
+    assert len(lines) == 2, lines  # the first, and the count when the burst is over
+    assert "over bcrypt's" in lines[0]["log_format"] and (lines[0]["size"], lines[0]["most"]) == (100, 72)
+    assert not [e for e in events if "log_failure" in e]
+    root.stop()
 
 
 def request_for(path: bytes, user: str | None = None, password: str = "") -> DummyRequest:
@@ -355,18 +387,64 @@ def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: 
     web_config(path, users={"alice": hashed("two")})
     clock.advance(1)
     assert security.failed_reloads == 2 and security.root.config.tls is not None
-    web_config(path, tls=tls)
+    web_config(path, tls=tls, users={"carol": hashed("four")})
     clock.advance(1)
     assert security.reloads == 2
     key.write_text(pki.client_key.read_text())  # the key of another certificate
     clock.advance(1)
-    assert security.failed_reloads == 3 and security.loaded.config.users == {}
+    assert security.failed_reloads == 3 and set(security.loaded.config.users) == {"carol"}
     security.stopService()
     lines = [line for line in logged if "--web-config" in line]
     assert sum("keeping the last good configuration" in line for line in lines) == 3
     assert any("turns TLS off, which only a restart can do" in line for line in lines)
     assert any("reloaded (changed): TLS TLS12 to TLS13" in line for line in lines)
     assert not clock.getDelayedCalls()
+
+
+@pytest.mark.parametrize("text", ["", "basic_auth_users:\n", "# cut\n", "rate_limit: {burst: 2, interval: 1s}\n"])
+def test_a_reload_that_would_turn_basic_auth_off_is_refused(tmp_path: Path, held, logged, text: str) -> None:
+    """An emptied file (what `> FILE` does first), one cut after basic_auth_users:, one without users:
+    the users stay, one line says why; a restart is what turns basic auth off."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    security = security_for(path, clock, held)
+    security.startService()
+    path.write_text(text)
+    clock.advance(1)
+    assert security.failed_reloads == 1 and security.reloads == 0
+    assert set(security.root.config.users) == {"alice"}
+    request = request_for(b"metrics")
+    assert render(security.root.getChildWithDefault(b"metrics", request), request) == b"Unauthorized\n"
+    web_config(path, users={"bob": hashed("two")})
+    clock.advance(1)
+    assert security.reloads == 1 and set(security.root.config.users) == {"bob"}
+    security.stopService()
+    assert any("turns basic auth off, which only a restart can do" in line for line in logged)
+
+
+def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) -> None:
+    """A FIFO (it would block), a device (/dev/zero fills memory), a file over MAX_SIZE: one line each, at once."""
+    from atopgpud_tw.server.web.webconfig import MAX_SIZE, read
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yml"
+    big.write_bytes(b"#" * (MAX_SIZE + 1))
+    for path, said in [(fifo, "not a regular file"), ("/dev/zero", "not a regular file"),
+                       (big, "larger than"), (tmp_path, "is a directory")]:
+        with pytest.raises(WebConfigError, match=said):
+            read(str(path))
+
+
+def test_certificate_files_are_read_the_same_way(tmp_path: Path) -> None:
+    """cert_file naming /dev/zero or a FIFO is a one-line error, not a hang."""
+    from atopgpud_tw.server.web.webconfig import TLSSettings
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for name in ("/dev/zero", str(fifo)):
+        with pytest.raises(WebConfigError, match="not a regular file"):
+            build_context(TLSSettings(cert_file=name, key_file=name))
 
 
 def test_a_certificate_named_before_it_exists_is_read_once_it_appears(pki: Pki, tmp_path: Path, held) -> None:

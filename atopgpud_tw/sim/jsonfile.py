@@ -1,7 +1,8 @@
 """Reading a JSON file a user named: every way it can be wrong is one line.
 
 A fifo or a device (``/dev/zero``) would block or fill memory, so only a
-regular file is read, opened without blocking and at most `MAX_SIZE` bytes.
+regular file is read, opened without blocking and at most `MAX_SIZE` bytes
+(`regularfile.read_regular`).
 Text that is not UTF-8, JSON nested past Python's recursion limit, integers
 of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
 """
@@ -9,10 +10,10 @@ of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
+
+from atopgpud_tw.regularfile import read_regular
 
 #: far beyond any scenario or calibration recording (those are some 100 KiB)
 MAX_SIZE = 16 * 2**20
@@ -39,20 +40,7 @@ def read_json(path: str | Path, error: type[Exception]) -> Any:
 
 
 def _read(path: str | Path) -> bytes:
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(descriptor).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(0, "is a directory")
-        if not stat.S_ISREG(mode):
-            raise OSError(0, "not a regular file")
-        with os.fdopen(descriptor, "rb", closefd=False) as stream:
-            data = stream.read(MAX_SIZE + 1)
-    finally:
-        os.close(descriptor)
-    if len(data) > MAX_SIZE:
-        raise OSError(0, f"larger than {MAX_SIZE // 2**20} MiB")
-    return data
+    return read_regular(path, MAX_SIZE)
 
 
 def _no_constant(name: str) -> Any:

@@ -17,7 +17,18 @@ from typing import Iterable, Mapping, NamedTuple
 
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
-from atopgpud_tw.readers.smi.values import MEMORY, Card, SmiReportError, card_of, integer, kib, reading, text_at, within
+from atopgpud_tw.readers.smi.values import (
+    MAX_TEXT,
+    MEMORY,
+    Card,
+    SmiReportError,
+    card_of,
+    integer,
+    kib,
+    reading,
+    text_at,
+    within,
+)
 from atopgpud_tw.snapshot import DeviceSample, merge_processes
 
 #: profile names per (card bus id, GPU instance id, compute instance id)
@@ -79,9 +90,9 @@ def parse_mig_names(text: str) -> dict[tuple[str, int], str]:
     card = None
     for line in text.splitlines():
         if found := _GPU_LINE.match(line):
-            card = found[1]
+            card = found[1][:MAX_TEXT]
         elif (found := _MIG_LINE.match(line)) and card is not None:
-            names[(card, int(found[2]))] = mig_profile(found[1])
+            names[(card, int(found[2]))] = mig_profile(found[1][:MAX_TEXT])
     return names
 
 
@@ -91,9 +102,9 @@ def parse_mig_uuids(text: str) -> dict[tuple[str, int], str]:
     card = None
     for line in text.splitlines():
         if found := _GPU_LINE.match(line):
-            card = found[1]
+            card = found[1][:MAX_TEXT]
         elif (found := _MIG_LINE.match(line)) and card is not None and (uuid := _MIG_UUID.search(line)):
-            uuids[(card, int(found[2]))] = uuid[1]
+            uuids[(card, int(found[2]))] = uuid[1][:MAX_TEXT]
     return uuids
 
 

@@ -16,8 +16,9 @@ from typing import Iterable
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.identity import CardKeys
 from atopgpud_tw.readers.smi.mig import Profiles, instances_of, slots_of
-from atopgpud_tw.readers.smi.stream import OVER, PROCESS_FIELDS, ProcessList, read_report
+from atopgpud_tw.readers.smi.stream import CUT, OVER, PROCESS_FIELDS, ProcessList, read_report
 from atopgpud_tw.readers.smi.values import (
+    MAX_TEXT,
     MEMORY,
     Card,
     card_info,
@@ -54,6 +55,21 @@ def parse_report(
     return devices, problems
 
 
+def note_cut_texts(root: ET.Element, problems: Problems) -> None:
+    """The texts the parser cut to `MAX_TEXT` (stream.py), one trouble each, by GPU and element."""
+    for element in root:
+        if element.tag == "gpu":
+            owner = (element.get("id") or "").strip() or "?"
+            cut = [(e.tag, e.get(CUT)) for e in element.iter() if e.get(CUT) is not None]
+        else:
+            owner = "report"
+            cut = [(element.tag, element.get(CUT))] if element.get(CUT) is not None else []
+        for tag, size in cut:
+            problems.add(f"{owner} {tag} long",
+                         f"{'GPU ' + owner if owner != 'report' else 'the report'}: <{tag}> is longer than "
+                         f"{MAX_TEXT} characters ({size}): its start and end are kept, about an ellipsis")
+
+
 def note_preamble(preamble: str, problems: Problems) -> None:
     """What nvidia-smi printed before its report (`read_report`), as a trouble of the poll."""
     if preamble:
@@ -80,6 +96,7 @@ def read_devices(
     """
     mig_mode(mig)
     problems = Problems()
+    note_cut_texts(root, problems)
     devices: list[DeviceSample] = []
     found = [(gpu, card_of(gpu, position, problems)) for position, gpu in enumerate(root.findall("gpu"))]
     cards = [(gpu, card) for gpu, card in found if card is not None]

@@ -21,7 +21,11 @@ dropped.  What it may cost is capped:
   parsing thread holds up the reactor too), tuples of strings it soon leaves
   alone;
 - no entity declarations (nvidia-smi never writes one), so that no text is
-  expanded beyond what was printed.
+  expanded beyond what was printed;
+- at most `MAX_TEXT` characters of an element's text (its start and its end
+  about an ellipsis), and of each of its attributes, are kept: the rest is read
+  past, and the element marked (`CUT`, the length it had), for report.py to say so once (a
+  product name of 30 MB made a 503 MB ``/metrics`` page).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from atopgpud_tw.figures import FIGURES
-from atopgpud_tw.readers.smi.values import SmiReportError, first_line
+from atopgpud_tw.readers.smi.values import MAX_TEXT, SmiReportError, first_line
 
 #: seconds the parsing thread sleeps after each chunk, so that the reactor gets the interpreter
 YIELD = 0.0002
@@ -64,6 +68,12 @@ MAX_DEPTH = 64
 MAX_PREAMBLE = 64 * 1024
 #: the attribute marking a ``<processes>`` whose GPU listed more than the caps allow, saying how
 OVER = "atopgpud-over"
+#: the attribute marking an element whose text was cut to `MAX_TEXT`, saying how long it was
+CUT = "atopgpud-cut"
+#: what stands for the middle of a cut text: its first `_HEAD` and last `_TAIL` characters are kept
+ELLIPSIS = "\u2026"
+_HEAD = MAX_TEXT // 2 - 1
+_TAIL = MAX_TEXT // 2
 
 _REPORT_START = re.compile(rb"<\?xml|<nvidia_smi_log[\s>/]")
 _ENTITY = b"<!ENTITY"
@@ -160,6 +170,14 @@ class _Keeper:
         self._fields: list[str | None] | None = None
         self._field: int | None = None
         self._text: list[str] = []
+        self._text_size = 0
+        #: the kept elements open; the text since the last start or end, held until the next
+        #: (`_flush`): its characters, the first of them (all, until cut), the last once cut
+        self._open: list[ET.Element] = []
+        self._size = 0
+        self._held: list[str] = []
+        self._last: str | None = None
+        self._blank = True
 
     def start(self, tag: str, attributes: dict[str, str]) -> None:
         depth = len(self._tags)
@@ -168,12 +186,19 @@ class _Keeper:
         if depth == 4 and self._fields is not None:
             index = _FIELD.get(tag)
             if index is not None and self._fields[index] is None:
-                self._field, self._text = index, []
+                self._field, self._text, self._text_size = index, [], 0
         keep = (not self._kept or self._kept[-1]) and self._keeps(tag, depth)
         self._tags.append(tag)
         self._kept.append(keep)
         if keep:
+            self._flush()
+            longest = max(map(len, attributes.values()), default=0)
+            if longest > MAX_TEXT:
+                attributes = {name: value[:MAX_TEXT] for name, value in attributes.items()}
             element = self._builder.start(tag, attributes)
+            if longest > MAX_TEXT:
+                element.set(CUT, str(longest))
+            self._open.append(element)
             if depth == 2 and isinstance(element, ProcessList):
                 self._list = element
 
@@ -184,13 +209,38 @@ class _Keeper:
         if self._fields is not None and depth <= 4:
             self._end_field(depth)
         elif kept:
+            self._flush()
             self._builder.end(tag)
+            self._open.pop()
 
     def data(self, text: str) -> None:
         if self._field is not None:
-            self._text.append(text)
+            if self._text_size < MAX_TEXT:
+                self._text.append(text[: MAX_TEXT - self._text_size])
+            self._text_size += len(text)
         elif self._kept and self._kept[-1] and self._fields is None:
+            self._size += len(text)
+            self._blank = self._blank and not text.strip()
+            if self._last is not None:
+                self._last = (self._last + text)[-_TAIL:]
+                return
+            self._held.append(text)
+            if self._size > MAX_TEXT:
+                held = "".join(self._held)
+                self._held, self._last = [held[:_HEAD]], held[-_TAIL:]
+
+    def _flush(self) -> None:
+        """Hand the text held to the builder: whole, or its first and last characters
+        about an ellipsis (so that a cut figure never reads as a number), the element
+        it belongs to marked."""
+        text = "".join(self._held)
+        if self._last is not None and not self._blank:
+            text += ELLIPSIS + self._last
+            if self._open:
+                self._open[-1].set(CUT, str(self._size))
+        if text:
             self._builder.data(text)
+        self._held, self._last, self._size, self._blank = [], None, 0, True
 
     def close(self) -> ET.Element:
         return self._builder.close()

@@ -23,6 +23,8 @@ from atopgpud_tw.snapshot import NO_INFO, DeviceInfo, clamp_percent
 MAX_MEMORY_MIB = 2**32
 #: pids and instance ids beyond this are no Linux pid (PID_MAX_LIMIT is 2**22)
 MAX_PID = 2**31 - 1
+#: characters of a text kept (a product name, a UUID, a version, a MIG profile; figures are far shorter)
+MAX_TEXT = 256
 #: what nvidia-smi prints for a value it cannot give, brackets and case aside
 _NOT_AVAILABLE = {
     "n/a",

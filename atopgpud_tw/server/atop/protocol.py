@@ -13,6 +13,15 @@ whose uid cannot be told share one count), the reply bytes a client may leave
 unread, how long it may stay silent, and, on UNIX sockets, who may connect at
 all (`access.AllowList`).  The factory provides `accepting.IAdmission`, so a
 fair port refuses a user whose share is taken before it builds a connection.
+
+The slots, across every listener (`Slots`): root and each ``--allow-uid`` user
+have slots kept for them (``--reserved-clients`` each) that no other uid can
+take, however many uids an attacker controls; the rest are shared, one uid
+taking at most its share of them (``--max-clients-per-uid``).  When the shared
+slots are all taken and a uid holding less than an even part of them asks for
+one, the longest-silent connection of the uid holding the most is closed for it;
+and connections silent for ``--busy-idle-timeout`` are closed at once.  Who is
+refused is logged once per uid and burst.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from zope.interface import implementer
 
 from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.problems import UidBurstLogs
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.exits import ClientQueue
 from atopgpud_tw.server.atop.turns import Turns
@@ -43,9 +52,11 @@ class Limits:
     """What one client, and all of them, may take."""
 
     max_clients: int = 256
-    #: clients of one uid at once; None: three quarters of `max_clients`, so that
-    #: a quarter is always left to other users
+    #: clients of one uid in the shared slots at once; None: three quarters of
+    #: them, so that a quarter is always left to other users
     max_clients_per_uid: int | None = None
+    #: slots kept for root and for each --allow-uid user, which no other uid can take
+    reserved_clients: int = 8
     #: reply bytes a client may leave unread beyond the transport's own buffer
     max_unsent: int = 1024 * 1024
     #: seconds a new connection may take to send its first request
@@ -53,14 +64,36 @@ class Limits:
     #: seconds a client may stay silent between requests (atop asks every
     #: interval; its logging mode asks every 10 minutes)
     idle_timeout: float = 3 * 3600.0
+    #: seconds a client may stay silent while the shared slots are all taken
+    busy_idle_timeout: float = 60.0
     allow: AllowList = field(default_factory=AllowList)
 
     @property
+    def privileged(self) -> frozenset[int]:
+        """The uids with slots kept for them: root and the --allow-uid users."""
+        return frozenset({0}) | self.allow.uids
+
+    @property
+    def reserve(self) -> int:
+        """The slots kept for each privileged uid: `reserved_clients`, less where they
+        would take more than half of `max_clients`, at least one."""
+        return max(1, min(self.reserved_clients, self.max_clients // 2 // len(self.privileged)))
+
+    @property
+    def shared(self) -> int:
+        """The slots any uid may take (at least one)."""
+        return max(1, self.max_clients - self.reserve * len(self.privileged))
+
+    @property
     def uid_share(self) -> int:
-        """The clients one uid may have connected at once."""
+        """The shared slots one uid may hold at once."""
         if self.max_clients_per_uid is not None:
-            return min(self.max_clients_per_uid, self.max_clients)
-        return max(1, self.max_clients - self.max_clients // 4)
+            return min(self.max_clients_per_uid, self.shared)
+        return max(1, self.shared - self.shared // 4)
+
+    def kept_for(self, uid: int | None) -> int:
+        """The slots kept for `uid`: `reserve` for root and --allow-uid users, else none."""
+        return self.reserve if uid in self.privileged else 0
 
 
 #: request bytes a client may send ahead of its turns before it is no longer read
@@ -85,6 +118,8 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self._paused = False
         self._backlog = 0
         self.queue: ClientQueue | None = None
+        #: when the client last asked (or connected), on the factory's clock
+        self.last_asked = 0.0
 
     # -- connection --
 
@@ -95,6 +130,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             self.transport.abortConnection()
             return
         self.setTimeout(factory.limits.first_request_timeout)
+        self.last_asked = factory.clock.seconds()
         self.queue = factory.board.attach()
         self.transport.registerProducer(self, True)
 
@@ -114,6 +150,12 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self.log.info("closing idle connection from {peer}", peer=self._peer())
         self._closing = True
         self.transport.loseConnection()
+
+    def give_up_slot(self) -> None:
+        """Close at once for another client (the factory has already forgotten it)."""
+        self.setTimeout(None)
+        self._closing = True
+        self.transport.abortConnection()
 
     # -- requests --
 
@@ -164,6 +206,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self._write(reply)
         if self._closing:
             return False
+        self.last_asked = self.factory.clock.seconds()
         self.setTimeout(self.factory.limits.idle_timeout)
         return len(self._buffer) - start >= size
 
@@ -216,41 +259,103 @@ class AtopGpuFactory(Factory):
         self.connections: dict[AtopGpuProtocol, int | None] = {}
         #: connections per uid (None: TCP clients whose uid cannot be told)
         self.per_uid: Counter[int | None] = Counter()
+        #: shared slots taken (connections beyond each uid's kept slots)
+        self.shared_taken = 0
         self.turns = Turns(clock)
-        self._refused_full = BurstLog(clock)
-        self._refused_share = BurstLog(clock)
+        self._refused = UidBurstLogs(clock)
+        self._closed_for_room = UidBurstLogs(clock)
+        self._last_sweep = float("-inf")
         self.gate = Gate(self.limits.allow, clock)
         self._diag = SockDiag()
 
+    def _in_shared(self, uid: int | None, count: int) -> int:
+        return max(0, count - self.limits.kept_for(uid))
+
     def room_for(self, uid: int | None, family: int) -> bool:
-        """Whether a connection of `uid` may be admitted now (`IAdmission`); refusals
-        are logged once per burst."""
-        if len(self.connections) >= self.limits.max_clients:
-            self._refused_full.event(
-                lambda: self.log.warn(
-                    "refusing connections: {count} clients connected (--max-clients)",
-                    count=len(self.connections),
-                ),
-                "connections refused (--max-clients)",
-            )
-            return False
-        if self.per_uid[uid] >= self.limits.uid_share:
-            self._refused_share.event(
-                lambda: self.log.warn(
-                    "refusing connections of {who}: {count} connected, its share of --max-clients "
-                    "(--max-clients-per-uid)",
-                    who=f"uid {uid}" if uid is not None else "TCP clients of unknown uid",
-                    count=self.per_uid[uid],
-                ),
-                "connections refused (--max-clients-per-uid)",
-            )
-            return False
+        """Whether a connection of `uid` may be admitted now (`IAdmission`), making room
+        for it if it is owed some; refusals are logged once per uid and burst."""
         if family == socket.AF_UNIX and uid is not None and self.gate.refuses_uid(uid):
             return False
+        limits = self.limits
+        count = self.per_uid[uid]
+        if count >= limits.kept_for(uid):  # it needs a shared slot
+            held = count - limits.kept_for(uid)
+            if held >= limits.uid_share:
+                self._refuse(uid, lambda: f"{held} connected, its share of the shared slots (--max-clients-per-uid)")
+                return False
+            if self.shared_taken >= limits.shared and not self._make_room(uid, held):
+                self._refuse(uid, lambda: f"the {limits.shared} shared slots are taken ({self._holders()}; "
+                                          "--max-clients)")
+                return False
         return True
 
+    def _refuse(self, uid: int | None, why: Callable[[], str]) -> None:
+        """Log a refusal of `uid` once per burst; `why` is only worked out for the line."""
+        who = f"uid {uid}" if uid is not None else "TCP clients of unknown uid"
+        self._refused.event(
+            uid,
+            lambda: self.log.warn("refusing connections of {who}: {why}", who=who, why=why()),
+            f"connections of {who} refused",
+        )
+
+    def _holders(self, most: int = 3) -> str:
+        top = Counter({uid: self._in_shared(uid, n) for uid, n in self.per_uid.items()}).most_common(most)
+        return ", ".join(f"{'uid ' + str(uid) if uid is not None else 'unknown uid'} holds {n}" for uid, n in top if n)
+
+    def _make_room(self, uid: int | None, held: int) -> bool:
+        """With every shared slot taken: close the connections silent for
+        --busy-idle-timeout (at most once a second); else, if `uid` holds less than an
+        even part of the shared slots, the longest-silent one of the uid holding the
+        most.  Whether a shared slot is free now."""
+        now = self.clock.seconds()
+        if now - self._last_sweep >= 1.0:
+            self._last_sweep = now
+            cutoff = now - self.limits.busy_idle_timeout
+            for protocol in [p for p in self._shared_connections() if p.last_asked < cutoff]:
+                self._close_for_room(protocol, "silent for more than {timeout:g} s while the shared slots "
+                                               "are all taken (--busy-idle-timeout)")
+            if self.shared_taken < self.limits.shared:
+                return True
+        shared = {u: self._in_shared(u, n) for u, n in self.per_uid.items()}
+        holders = sum(1 for n in shared.values() if n) + (0 if held else 1)
+        even = self.limits.shared // holders
+        biggest = max(shared, key=lambda u: shared[u])
+        if held >= even or shared[biggest] <= held + 1:
+            return False
+        silent = min((p for p in self._shared_connections() if self.connections[p] == biggest),
+                     key=lambda p: p.last_asked)
+        self._close_for_room(silent, "its uid holds more than an even part of the shared slots, "
+                                     "and another uid less (--max-clients)")
+        return True
+
+    def _shared_connections(self) -> list[AtopGpuProtocol]:
+        """The connections in shared slots: for a uid with kept slots, all but its
+        most recently asking ones."""
+        by_uid: dict[int | None, list[AtopGpuProtocol]] = {}
+        for protocol, uid in self.connections.items():
+            by_uid.setdefault(uid, []).append(protocol)
+        shared = []
+        for uid, protocols in by_uid.items():
+            kept = self.limits.kept_for(uid)
+            if kept:
+                protocols.sort(key=lambda p: p.last_asked, reverse=True)
+            shared.extend(protocols[kept:])
+        return shared
+
+    def _close_for_room(self, protocol: AtopGpuProtocol, why: str) -> None:
+        uid = self.connections[protocol]
+        who = f"uid {uid}" if uid is not None else "TCP clients of unknown uid"
+        self._closed_for_room.event(
+            uid,
+            lambda: self.log.warn("closing a connection of {who} to make room: " + why, who=who,
+                                  timeout=self.limits.busy_idle_timeout),
+            f"connections of {who} closed to make room",
+        )
+        self.forget(protocol)
+        protocol.give_up_slot()
+
     def admit(self, protocol: AtopGpuProtocol) -> bool:
-        """Whether a new connection may stay; refusals are logged once per burst."""
+        """Whether a new connection may stay; refusals are logged once per uid and burst."""
         handle = _handle(protocol.transport)
         uid = peer_uid(handle, self._diag) if handle is not None else None
         family = handle.family if handle is not None else socket.AF_INET
@@ -258,22 +363,30 @@ class AtopGpuFactory(Factory):
             return False
         if not self.gate.admits(protocol.transport):
             return False
-        self.connections[protocol] = uid
-        self.per_uid[uid] += 1
+        self.take_slot(protocol, uid)
         return True
+
+    def take_slot(self, protocol: AtopGpuProtocol, uid: int | None) -> None:
+        """Count an admitted connection of `uid`: in one of its kept slots, else a shared one."""
+        self.connections[protocol] = uid
+        count = self.per_uid[uid]
+        self.shared_taken += self._in_shared(uid, count + 1) - self._in_shared(uid, count)
+        self.per_uid[uid] = count + 1
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
         if protocol in self.connections:
             uid = self.connections.pop(protocol)
-            self.per_uid[uid] -= 1
+            count = self.per_uid[uid]
+            self.shared_taken -= self._in_shared(uid, count) - self._in_shared(uid, count - 1)
+            self.per_uid[uid] = count - 1
             if not self.per_uid[uid]:
                 del self.per_uid[uid]
         self.turns.forget(protocol)
 
     def stopFactory(self) -> None:
         self.turns.stop()
-        self._refused_full.stop()
-        self._refused_share.stop()
+        self._refused.stop()
+        self._closed_for_room.stop()
         self.gate.stop()
         self._diag.close()
 

@@ -21,8 +21,8 @@ readable in that turn (an atop asking) are served first, not after a drain.
 3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
    protocols, taken from the users waiting in turn (round robin by uid), so
    one user's hundred waiting connections do not come before another's one.
-   The factory, if it provides `IAdmission`, may refuse a uid at once (its
-   share of ``--max-clients`` is taken, or it is not allowed): that connection is
+   The factory, if it provides `IAdmission`, may refuse a uid at once (no slot
+   of ``--max-clients`` is left to it, or it is not allowed): that connection is
    closed before anything is built.  A user's connections beyond
    `PENDING_PER_UID` waiting are closed at once.  Those left wait for the next
    turn (a ``callLater(0)``), checked again for a hang-up before they are admitted.

@@ -10,7 +10,7 @@ when it connected, so nothing is read from /proc (which ``ProtectProc=invisible`
 hides); /proc is the fallback on kernels older than 4.13.  TCP clients carry no
 credentials: keep TCP on loopback, or off, where this matters.  (A TCP client on
 this host still has a uid, its socket's owner, which `peer_uid` finds through
-`sockdiag` to give each user a share of ``--max-clients``; the allow-list does
+`sockdiag` to count each user's slots of ``--max-clients``; the allow-list does
 not rely on it.)
 """
 

@@ -24,7 +24,7 @@ from zope.interface import implementer
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
 from atopgpud_tw.server.system.access import peer_name
-from atopgpud_tw.server.web.passwords import PasswordChecks
+from atopgpud_tw.server.web.passwords import MAX_PASSWORD, PasswordChecks
 from atopgpud_tw.server.web.webconfig import WebConfig
 
 _PLAIN = b"text/plain; charset=utf-8"
@@ -154,6 +154,7 @@ class Protected:
         self._wrong = BurstLog(clock)
         self._busy = BurstLog(clock)
         self._limited = BurstLog(clock)
+        self._too_long = BurstLog(clock)
 
     @property
     def config(self) -> WebConfig:
@@ -184,6 +185,13 @@ class Protected:
         if given is None:
             return unauthorized()  # a first request without a password is no refusal worth a line
 
+        if len(given[1]) > MAX_PASSWORD:
+            peer = self._peer(request)
+            self._too_long.event(lambda: self.log.warn(
+                "refusing metrics requests from {peer}: a password of {size} bytes, over bcrypt's {most}",
+                peer=peer, size=len(given[1]), most=MAX_PASSWORD), "metrics requests refused: password too long")
+            return unauthorized()
+
         def page() -> IResource:
             return getChildForRequest(self.inner.getChildWithDefault(name, request), request)
 
@@ -201,9 +209,13 @@ class Protected:
             return unauthorized()
         return _Waiting(verdict, page, refused)
 
-    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
+    @staticmethod
+    def _peer(request: Request) -> str:
         channel = getattr(request, "channel", None)
-        peer = peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
+        return peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
+
+    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
+        peer = self._peer(request)
 
         def line() -> None:
             self._wrong.event(lambda: self.log.warn(
@@ -222,3 +234,4 @@ class Protected:
         self._wrong.stop()
         self._busy.stop()
         self._limited.stop()
+        self._too_long.stop()

@@ -11,8 +11,13 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
   user, the stored hash and the password, so Prometheus scraping every few
   seconds pays for one check a minute, and a repeated wrong password for one;
   checks of the same credentials at once share one run;
-- an unknown user is checked against a fixed hash all the same, so that timing
-  does not tell which users exist (as the exporter toolkit does).
+- an unknown user is refused at once, without a check, so that a flood of
+  made-up users costs nothing and takes no place from the scraper (the time
+  taken does tell whether a user name exists: the names are not the secret, the
+  passwords are);
+- a password over `MAX_PASSWORD` bytes is wrong at once: bcrypt hashes no more
+  (bcrypt 5 raises on a longer one, older versions cut it), so no hash can have
+  been made of it.
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
 from atopgpud_tw.lognames import ClassLogger
+from atopgpud_tw.problems import BurstLog
 
 THREADS = 2
 MAX_PENDING = 8
 CACHE_SECONDS = 60.0
 CACHE_ENTRIES = 1024
-#: the hash an unknown user's password is checked against (of a random password, cost 10)
-_DECOY = b"$2b$10$2thMTePuXDojWuITd2f5DeBjXJlYPdyzLfzwwvMbBbFs7IzmgdmPW"
+#: the longest password bcrypt hashes, in bytes
+MAX_PASSWORD = 72
 
 
 class PasswordChecks:
@@ -55,6 +61,7 @@ class PasswordChecks:
         self.checked = 0
         self.refused = 0
         self._started = False
+        self._failed = BurstLog(reactor)
 
     def start(self) -> None:
         if not self._started:
@@ -62,6 +69,7 @@ class PasswordChecks:
             self.pool.start()
 
     def stop(self) -> None:
+        self._failed.stop()
         if self._started:
             self._started = False
             self.pool.stop()
@@ -69,15 +77,17 @@ class PasswordChecks:
     def check(self, user: bytes, password: bytes, users: dict[str, bytes]) -> bool | Deferred[bool] | None:
         """True or False at once when known; a Deferred when bcrypt must run; None when too many are pending."""
         name = user.decode("utf-8", "replace")
-        hashed = users.get(name)
-        known = hashed is not None and hmac.compare_digest(name.encode("utf-8", "replace"), user)
-        stored = hashed if known and hashed is not None else _DECOY
+        stored = users.get(name)
+        if stored is None or not hmac.compare_digest(name.encode("utf-8", "replace"), user):
+            return False  # an unknown user: no check
+        if len(password) > MAX_PASSWORD:
+            return False  # no bcrypt hash is of such a password
         key = hashlib.sha256(b"\0".join((user, stored, password))).digest()
         cached = self.verdicts.get(key)
         if cached is not None:
             if cached[1] > self.now():
                 self.verdicts.move_to_end(key)
-                return cached[0] and known
+                return cached[0]
             del self.verdicts[key]
         running = self.pending.get(key)
         if running is not None:
@@ -95,11 +105,13 @@ class PasswordChecks:
             self.verdicts[key] = (right, self.now() + self.cache_seconds)
             while len(self.verdicts) > CACHE_ENTRIES:
                 self.verdicts.popitem(last=False)
-            return right and known
+            return right
 
         def failed(failure: Any) -> bool:
             del self.pending[key]
-            self.log.failure("a bcrypt check failed", failure)
+            self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
+                                                      error=failure.getErrorMessage()),
+                               "bcrypt checks failed")
             return False
 
         done.addCallbacks(verdict, failed)

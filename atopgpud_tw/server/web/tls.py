@@ -30,9 +30,10 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from atopgpud_tw.regularfile import read_regular
 from atopgpud_tw.server.system.access import peer_name
 from atopgpud_tw.server.web.webbounds import BoundedChannel
-from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, TLSSettings, WebConfigError
+from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError
 
 _VERSIONS = {"TLS10": SSL.TLS1_VERSION, "TLS11": SSL.TLS1_1_VERSION, "TLS12": SSL.TLS1_2_VERSION,
              "TLS13": SSL.TLS1_3_VERSION}
@@ -64,8 +65,7 @@ def _pem(text: str | None, path: str | None, what: str) -> tuple[bytes, str]:
         return text.encode("utf-8"), f"tls_server_config.{what}"
     assert path is not None
     try:
-        with open(path, "rb") as handle:
-            return handle.read(), f"tls_server_config.{what}_file {path}"
+        return read_regular(path, MAX_SIZE), f"tls_server_config.{what}_file {path}"
     except OSError as error:
         cause = error.strerror or error
         raise WebConfigError(f"tls_server_config.{what}_file {path}: cannot be read ({cause})") from None

@@ -22,6 +22,8 @@ The file is the YAML every exporter built on the exporter toolkit takes
       interval: 1s            # one token per interval (0: no limit), Go's duration syntax
       burst: 20
 
+`read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
+the reactor at a reload, ``/dev/zero`` fill memory), as `tls` its certificates.
 `parse` checks the text only, as strictly as the toolkit's Go parser does (an
 unknown key, a duplicate key or a value of the wrong type is an error), and
 reads no other file; `tls` loads the certificates.  What the toolkit has and
@@ -38,6 +40,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from atopgpud_tw.regularfile import read_regular
+
+#: the largest web configuration, or certificate file, read (a real one is a few KiB)
+MAX_SIZE = 1024 * 1024
 #: client_auth_type values, as Go's crypto/tls names them (RequireClientCert: the toolkit's old name)
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
@@ -149,8 +155,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 def read(path: str) -> WebConfig:
     """The configuration in the file at `path` (relative file names are its folder's)."""
     try:
-        with open(path, "rb") as handle:
-            text = handle.read()
+        text = read_regular(path, MAX_SIZE)
     except OSError as error:
         raise WebConfigError(f"cannot be read ({error.strerror or error})") from None
     return parse(text, os.path.dirname(os.path.abspath(path)))

@@ -9,7 +9,10 @@ read, and re-reads on a change and on SIGHUP (`signals.SignalService`).  A
 reload that fails keeps the last good configuration and says so in one line;
 one that works says what it turned on.  Whether the listener speaks TLS is
 fixed at start-up (a port does not change protocol under its clients): a
-reload that turns TLS on or off is refused the same way.
+reload that turns TLS on or off is refused the same way.  So is one that would
+turn basic auth off: a file emptied (what ``> FILE`` does first) or cut after
+``basic_auth_users:`` parses as no users, and would have let every request in;
+a restart turns it off on purpose.
 """
 
 from __future__ import annotations
@@ -127,6 +130,9 @@ class WebSecurity(Service):
                     "turns TLS " + ("off" if loaded.context is None else "on")
                     + ", which only a restart can do"
                 )
+            if self.loaded.config.users and not loaded.config.users:
+                raise WebConfigError("turns basic auth off, which only a restart can do "
+                                     "(no basic_auth_users: an emptied or half-written file?)")
         except WebConfigError as error:
             self.failed_reloads += 1
             self.log.warn("--web-config {path} ({why}): {error}; keeping the last good configuration",
