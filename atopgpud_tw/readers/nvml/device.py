@@ -469,7 +469,8 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
-    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us))
+    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us),
+                                 answered_us=ended_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
