@@ -102,3 +102,28 @@ def test_a_few_slow_samples_calls_read_no_idle_spell():
         counters.fold(snapshot, due, due - 2.0)
         figures.append((snapshot.devices[0].gpu_busy, snapshot.devices[0].mem_busy))
     assert figures == [(80, 30)] * 30, figures
+
+
+def test_a_process_that_ends_during_the_busy_call_keeps_its_start_time():
+    """A process first listed, then ending while the slow process-utilization call runs, its pid taken by
+    a new process before the next poll: two lives, the first reported once (was: its start time
+    read after the busy call found no process, and the new one was taken for it: one life, no exit)."""
+    clock = [0.0]
+    processes = [{"pid": 100, "sm_util": 30, "start": 1.8, "stop": 2.3}, {"pid": 100, "sm_util": 50, "start": 2.6}]
+    reader, nvml = make_reader({"gpus": [{"gpu_util": 60, "processes": processes}]}, clock)
+    model = nvml._nvml.nvmlLib.model
+    reader._call_clock = lambda: clock[0]
+    answer = model.nvmlDeviceGetProcessUtilization
+
+    def slow(handle, since):  # noqa: ANN001, ANN202 - the model's own signature
+        clock[0] += 0.4
+        return answer(handle, since)
+
+    model.nvmlDeviceGetProcessUtilization = slow
+    counters = Counters()
+    exits = []
+    for poll in range(1, 6):
+        clock[0] = max(clock[0], poll * 1.0)
+        exits += counters.fold(reader.read(clock[0])[0], poll * 1.0, poll - 1.0)
+    assert [(e.totals.pid, e.totals.started) for e in exits] == [(100, 180)]
+    assert [(p.pid, p.started) for p in counters.devices[0].processes.values()] == [(100, 260)]
