@@ -3,16 +3,19 @@
 A random simulated host (one to three GPUs at constant loads, processes that
 start, stop, run on two GPUs at once and give their pid to a later process),
 read by the NVML reader on simulated time and folded into the counters, while
-the reader's calls take random time (now and then a great deal), polls start
-late at random, and the host's wall clock is stepped forward and back, between
-polls and inside calls, and the host suspended.  The oracle is the scenario:
+the reader's calls take random time (now and then a great deal) and polls
+start late at random.  `cases` can also step the host's wall clock forward and
+back, between polls and inside calls, and suspend the host; those are left out
+of the random hosts (`HOSTS`) while what they found is not exact (`STEPS`,
+strict expected failures, docs/fidelity.md).  The oracle is the scenario:
 
 - every GPU counts one sample per poll, and its busy and memory busy sums are
-  its load times its samples, within one poll's worth; its memory sum exactly;
+  the sums of its load over the time each poll's samples call covered (the
+  simulator's `true_load`), within one poll's worth; its memory sum exactly;
 - every process's life is counted once, under the start time the scenario
   gives it, with one sample per poll whose process list showed it (the time of
   that call, as the simulator answered it, decides), its busy sums within one
-  poll's worth of its load times its samples, its memory sum exactly;
+  poll's worth of its pid's load over those polls' time, its memory sum exactly;
 - no sum ever goes down;
 - every life that ended is reported as exited once, and no other.
 
