@@ -73,3 +73,57 @@ def test_late_polls_lose_no_busy_on_the_last_gpu(seed):
             assert counted.samples == totals.samples, (seed, process)
             assert abs(counted.gpu_busy_cum - process["sm_util"] * counted.samples) <= process["sm_util"], (
                 seed, process, counted.gpu_busy_cum, counted.samples)
+
+
+def test_a_few_slow_samples_calls_read_no_idle_spell():
+    """The GPU samples call taking 0.9 s in two polls and 1 ms in the others, on a constant load:
+    every poll reads the load (was: the driver's clock learnt from the slow calls' starts, whose
+    answers held samples taken until they ended, ran ahead of it, and for the 16 polls that
+    remembered them the time between its newest sample and that "now" was read as idle: 68 for 80)."""
+    clock = [0.0]
+    reader, nvml = make_reader({"gpus": [{"gpu_util": 80, "mem_util": 30}]}, clock)
+    model = nvml._nvml.nvmlLib.model
+    reader._call_clock = lambda: clock[0]
+    answer = model.nvmlDeviceGetSamples
+    slow_polls = {5, 7}
+    poll = [0]
+
+    def timed(handle, kind, since):  # noqa: ANN001, ANN202 - the model's own signature
+        clock[0] += 0.9 if poll[0] in slow_polls else 0.001
+        return answer(handle, kind, since)
+
+    model.nvmlDeviceGetSamples = timed
+    counters = Counters()
+    figures = []
+    for poll[0] in range(1, 31):
+        due = poll[0] * 2.0
+        clock[0] = max(clock[0], due)
+        snapshot, _ = reader.read(clock[0])
+        counters.fold(snapshot, due, due - 2.0)
+        figures.append((snapshot.devices[0].gpu_busy, snapshot.devices[0].mem_busy))
+    assert figures == [(80, 30)] * 30, figures
+
+
+def test_a_process_that_ends_during_the_busy_call_keeps_its_start_time():
+    """A process first listed, then ending while the slow process-utilization call runs, its pid taken by
+    a new process before the next poll: two lives, the first reported once (was: its start time
+    read after the busy call found no process, and the new one was taken for it: one life, no exit)."""
+    clock = [0.0]
+    processes = [{"pid": 100, "sm_util": 30, "start": 1.8, "stop": 2.3}, {"pid": 100, "sm_util": 50, "start": 2.6}]
+    reader, nvml = make_reader({"gpus": [{"gpu_util": 60, "processes": processes}]}, clock)
+    model = nvml._nvml.nvmlLib.model
+    reader._call_clock = lambda: clock[0]
+    answer = model.nvmlDeviceGetProcessUtilization
+
+    def slow(handle, since):  # noqa: ANN001, ANN202 - the model's own signature
+        clock[0] += 0.4
+        return answer(handle, since)
+
+    model.nvmlDeviceGetProcessUtilization = slow
+    counters = Counters()
+    exits = []
+    for poll in range(1, 6):
+        clock[0] = max(clock[0], poll * 1.0)
+        exits += counters.fold(reader.read(clock[0])[0], poll * 1.0, poll - 1.0)
+    assert [(e.totals.pid, e.totals.started) for e in exits] == [(100, 180)]
+    assert [(p.pid, p.started) for p in counters.devices[0].processes.values()] == [(100, 260)]

@@ -70,6 +70,16 @@ INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND = (CODES[n] for n in ("INVALID_ARGUME
 
 
 @dataclass(frozen=True)
+class Load:
+    """What a GPU truly did over a span of time (`SimulatedNvml.true_load`): busy %, memory
+    busy %, and by pid (SM busy %, memory busy %)."""
+
+    gpu: float
+    mem: float
+    processes: dict[int, tuple[float, float]]
+
+
+@dataclass(frozen=True)
 class Handle:
     """A device handle: a card, or a MIG instance of a card."""
 
@@ -576,6 +586,33 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         if not out:
             raise NvmlFault(NOT_FOUND)
         return out
+
+    def true_load(self, index: int, start: float, end: float) -> Load:
+        """The truth of what GPU `index` (a card out of MIG mode, its load per sample period)
+        did over simulated time from `start` to `end`, by the rules its answers follow: the
+        mean over the driver's sample periods that end in ``(start, end]`` (none: the last
+        one that ended by `end`) of the GPU's busy and memory busy % and, by pid, of its
+        processes' SM and memory busy % (0 for a period in which none of that pid ran).
+        What a poll whose window was that span reads, were it exact (an oracle for tests)."""
+        gpu = self.scenario.gpus[index]
+        period, phase, repeat = gpu.sample_period, gpu.sample_phase, self.scenario.repeat
+        last = math.floor((end - phase) / period + 1e-9)
+        first = min(last, math.floor((start - phase) / period + 1e-9) + 1)
+        spans = [(phase + (k - 1) * period, phase + k * period) for k in range(first, last + 1)]
+        gpu_level, mem_level = _period_level(gpu, "gpu", repeat), _period_level(gpu, "mem", repeat)
+        levels = [(proc.pid, _process_levels(proc, repeat)) for proc in gpu.processes]
+        sums: dict[int, list[float]] = {pid: [0.0, 0.0] for pid, _ in levels}
+        for begin, until in spans:
+            for pid, level in levels:
+                sm, mem = level(begin, until)
+                sums[pid][0] += round(sm)
+                sums[pid][1] += round(mem)
+        count = len(spans)
+        return Load(
+            sum(gpu_level(begin, until) for begin, until in spans) / count,
+            sum(mem_level(begin, until) for begin, until in spans) / count,
+            {pid: (sm / count, mem / count) for pid, (sm, mem) in sums.items()},
+        )
 
     def _answers(self, gpu: GpuSpec) -> Answers:
         """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""

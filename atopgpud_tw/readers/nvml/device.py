@@ -469,7 +469,8 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     if kind in device.samples_failed and pairs:
         device.samples_failed.discard(kind)
         _unknown_since_failure(stream, pairs)
-    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us))
+    value, periods = stream.fold(pairs, now_us, whole=not stamps.set_back_during(now_us, ended_us),
+                                 answered_us=ended_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
@@ -537,6 +538,10 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
         # none is counted for a later process (a pid reused after a poll that listed nobody)
         _skip_process_busy(device, attempt, poll)
         return ()
+    starts = poll.starts
+    # right after the lists were taken, before the busy call (which may take long): a kept start
+    # time then is of the process they listed, and one that exits in between is still read
+    started = repeat(None) if starts is None else list(starts.of(list(kinds)))
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
     pids = list(kinds)
@@ -551,9 +556,6 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
             gpu = mem = repeat(0)
     else:  # failed (None), or no per-process figures (UNSUPPORTED)
         gpu = mem = repeat(busy)
-    starts = poll.starts
-    # after the lists were taken: a kept start time then is of the process they listed
-    started = repeat(None) if starts is None else starts.of(pids)
     return tuple(map(_process_sample, zip(pids, kinds.values(), memory.values(), gpu, mem, started)))
 
 

@@ -327,13 +327,22 @@ class SampleStream:
         period = self.period_us or 0
         return period + max(20_000, period // 10)
 
-    def fold(self, pairs: list[tuple[int, float]], now_us: int, whole: bool = True) -> tuple[int | None, int]:
+    def fold(self, pairs: list[tuple[int, float]], now_us: int, whole: bool = True,
+             answered_us: int | None = None) -> tuple[int | None, int]:
         """This poll's figure from the (stamp, value) pairs the driver returned
         (none: NOT_FOUND), and how many sample periods came to an end since the
         previous poll, dry ones too; None when the buffer never had a sample.
         Not `whole`: the answer may lack the newest samples (the clock was set back
         while the call ran, and the samples taken since were stamped below the one
-        asked with), so no time after its newest sample is taken for a dry spell."""
+        asked with), so no time after its newest sample is taken for a dry spell.
+
+        `now_us` is when the call was made and `answered_us` when it returned (the
+        same when not given): the driver answered somewhere between, so the lag of
+        its newest sample is taken at the end (a slow call's answer may hold samples
+        taken until then) and its "now" at the start (it may have answered at once):
+        the driver's clock is never placed ahead of itself, which would read the time
+        between its newest sample and that "now" as idle."""
+        answered = now_us if answered_us is None else max(now_us, answered_us)
         since = self.before = self.since
         fresh = sorted([pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100])
         stamps = [stamp for stamp, _ in fresh]
@@ -358,7 +367,7 @@ class SampleStream:
             value, newest = fold_first_read(fresh, period)
             self.since = self.covered_to = newest
             self.window_end = newest
-            self.lags.append(now_us - newest)
+            self.lags.append(answered - newest)
             self.last = value
             return value, sum(1 for stamp in stamps if stamp > newest - FIRST_WINDOW_US)
         if not self.zero_seen and any(value == 0 for _, value in fresh):
@@ -378,7 +387,7 @@ class SampleStream:
         periods = 0
         if fresh:
             newest = fresh[-1][0]
-            self.lags.append(now_us - newest)
+            self.lags.append(answered - newest)
             self.since = newest
             periods = round((newest - since) / period) if period else len(fresh)
         if driver_now is None or not period or self.window_end is None:

@@ -1,0 +1,354 @@
+"""A property test: random hosts, random delays, random clock steps; the scenario's own truth.
+
+A random simulated host (one to three GPUs at constant loads, processes that
+start, stop, run on two GPUs at once and give their pid to a later process),
+read by the NVML reader on simulated time and folded into the counters, while
+the reader's calls take random time (now and then a great deal) and polls
+start late at random.  `cases` can also step the host's wall clock forward and
+back, between polls and inside calls, and suspend the host; those are left out
+of the random hosts (`HOSTS`) while what they found is not exact (`STEPS`,
+strict expected failures, docs/fidelity.md).  The oracle is the scenario:
+
+- every GPU counts one sample per poll, and its busy and memory busy sums are
+  the sums of its load over the time each poll's samples call covered (the
+  simulator's `true_load`), within one poll's worth; its memory sum exactly;
+- every process's life is counted once, under the start time the scenario
+  gives it, with one sample per poll whose process list showed it (the time of
+  that call, as the simulator answered it, decides), its busy sums within one
+  poll's worth of its pid's load over those polls' time, its memory sum exactly;
+- no sum ever goes down;
+- every life that ended is reported as exited once, and no other.
+
+The examples hypothesis found are kept (``@example``), with what each was.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from sim_readers import make_reader
+
+from atopgpud_tw.counters import Counters
+from atopgpud_tw.sim.nvml import SimulatedNvml
+from atopgpud_tw.sim.scenario import parse_scenario
+
+#: the reader's calls that take (random) time: its sample buffers and the process list
+SLOW = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetComputeRunningProcesses")
+#: polls per example
+POLLS = 30
+#: pids the processes are given (few, so that they are reused)
+PIDS = (4100, 4101, 4102, 4103)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The wall clock set `seconds` at `at` (seconds into the run); `inside`: during the
+    first slow call made less than a poll before `at`, which is made to last until
+    `tail` seconds after it."""
+
+    at: float
+    seconds: float
+    inside: bool = False
+    tail: float = 0.1
+
+
+@dataclass(frozen=True)
+class Case:
+    interval: float
+    #: per GPU: (GPU busy %, memory busy %, memory MiB)
+    gpus: tuple[tuple[int, int, int], ...]
+    #: per life: (pid's index, GPUs' indices, start, stop or None, SM %, memory busy %, MiB)
+    lives: tuple[tuple[int, tuple[int, ...], float, float | None, int, int, int], ...]
+    steps: tuple[Step, ...] = ()
+    #: (when, seconds): the host sleeps
+    suspends: tuple[tuple[float, float], ...] = ()
+    #: the delays' and late polls' generator
+    seed: int = 0
+    #: a slow call's usual length, seconds (now and then 30 times that)
+    delay: float = 0.003
+    #: the share of polls that start late (by up to half an interval)
+    late: float = 0.3
+    #: the longest a call takes, seconds (None: an eighth of the interval)
+    slowest: float | None = None
+
+    def scenario(self) -> dict[str, Any]:
+        cards = []
+        for index, (gpu, mem, mib) in enumerate(self.gpus):
+            processes = [
+                {"pid": PIDS[pid], "sm_util": sm, "mem_util": busy, "memory_mib": life_mib, "start": start,
+                 "stop": stop}
+                for pid, on, start, stop, sm, busy, life_mib in self.lives if index in on
+            ]
+            cards.append({"busid": f"00000000:{0x17 + index:02X}:00.0", "gpu_util": gpu, "mem_util": mem,
+                          "memory_used_mib": mib, "processes": processes})
+        return {
+            "gpus": cards,
+            "clock_steps": [[step.at, step.seconds] for step in self.steps],
+            "suspends": [list(suspend) for suspend in self.suspends],
+        }
+
+
+@dataclass
+class Played:
+    """What a run left: the counters after each poll, the exits, the list calls' times."""
+
+    #: per poll, per device: (samples, GPU busy, memory busy, memory, {life: (pid, started, samples, busy,
+    #: memory busy, memory)})
+    history: list[list[tuple[int, int, int, int, dict[int, tuple[int, int | None, int, int, int, int]]]]]
+    #: (device index, life) of every exit, in order
+    exits: list[tuple[int, int]]
+    #: per GPU, the simulated time of each poll's process list (its last call)
+    listed_at: list[list[float]]
+    #: per GPU, the simulated time each poll's GPU samples call answered (its last)
+    sampled_at: list[list[float]]
+
+
+def play(case: Case) -> Played:
+    """Poll the case's host `POLLS` times on simulated time."""
+    draw = random.Random(case.seed)
+    clock = [0.0]
+    data = case.scenario()
+    reader, nvml = make_reader(data, clock)
+    model = nvml._nvml.nvmlLib.model
+    reader.host_offsets = model.host_offsets  # the simulated host's clocks, as the daemon reads its own
+    reader._call_clock = lambda: clock[0]  # each call's time, as the daemon's reactor clock gives it
+    inside = sorted((step.at, step.tail) for step in case.steps if step.inside)
+    listed: dict[int, float] = {}
+    sampled: dict[int, float] = {}
+
+    def slowed(name: str) -> None:
+        answer = getattr(model, name)
+
+        def delayed(handle: Any, *args: Any) -> Any:
+            while inside and inside[0][0] - case.interval <= clock[0]:
+                # the call in flight when the clock is set: it ends `tail` after the step
+                at, tail = inside.pop(0)
+                clock[0] = max(clock[0], at) + tail
+            slowest = case.interval / 8 if case.slowest is None else case.slowest
+            clock[0] += min(draw.random() * case.delay * (30 if draw.random() < 0.05 else 1), slowest)
+            if name == "nvmlDeviceGetComputeRunningProcesses":
+                listed[handle.gpu] = clock[0]
+            elif name == "nvmlDeviceGetSamples" and args[0] == 1:  # the GPU's samples
+                sampled[handle.gpu] = clock[0]
+            return answer(handle, *args)
+
+        setattr(model, name, delayed)
+
+    for name in SLOW:
+        slowed(name)
+    counters = Counters()
+    played = Played([], [], [[] for _ in case.gpus], [[] for _ in case.gpus])
+    for poll in range(1, POLLS + 1):
+        due = poll * case.interval
+        late = draw.random() * case.interval / 2 if draw.random() < case.late else 0.0
+        clock[0] = max(clock[0], due + late)
+        snapshot, _ = reader.read(clock[0])
+        played.exits += [(e.device_index, e.totals.life) for e in counters.fold(snapshot, due, due - case.interval)]
+        for index in range(len(case.gpus)):
+            played.listed_at[index].append(listed[index])
+            played.sampled_at[index].append(sampled[index])
+        played.history.append([
+            (d.samples, d.gpu_busy_total, d.mem_busy_total, d.memory_used_cum_kib,
+             {p.life: (p.pid, p.started, p.samples, p.gpu_busy_cum, p.mem_busy_cum, p.memory_cum_kib)
+              for p in d.processes.values()})
+            for d in counters.devices
+        ])
+    return played
+
+
+def check(case: Case, played: Played) -> None:
+    history = played.history
+    last = history[-1]
+    assert len(last) == len(case.gpus)
+    # never down
+    for before, after in zip(history, history[1:]):
+        for old, new in zip(before, after):
+            assert all(b >= a for a, b in zip(old[:4], new[:4])), (old[:4], new[:4])
+            for life, sums in new[4].items():
+                if life in old[4]:
+                    assert all(b >= a for a, b in zip(old[4][life][2:], sums[2:])), (life, old[4][life], sums)
+    # the truth, by the simulator's own rules: each poll's load over the time its samples call
+    # covered (the first: the second before it), when each process ran, and the start time it has
+    scenario = parse_scenario(case.scenario())
+    at = [0.0]
+    host = SimulatedNvml(scenario, clock=lambda: at[0])
+    for index, gpu in enumerate(scenario.gpus):
+        times = played.sampled_at[index]
+        loads = [host.true_load(index, start, end) for start, end in zip([times[0] - 1.0, *times], times)]
+        samples, gpu_sum, mem_sum, memory, _ = last[index]
+        where = f"GPU {index}"
+        assert samples == POLLS, where
+        # one poll's worth: the most one poll reads (the load, constant here)
+        truth = sum(load.gpu for load in loads)
+        assert abs(gpu_sum - truth) <= max(gpu.gpu_util, 1), (where, "busy", gpu_sum, truth)
+        truth = sum(load.mem for load in loads)
+        assert abs(mem_sum - truth) <= max(gpu.mem_util, 1), (where, "memory busy", mem_sum, truth)
+        assert memory == gpu.memory_used_mib * 1024 * samples, where
+        # every life: counted once, under its start time, for the polls that listed it
+        counted: dict[tuple[int, int | None], list[tuple[int, tuple[int, ...]]]] = {}
+        for life, sums in {life: sums for poll in history for life, sums in poll[index][4].items()}.items():
+            counted.setdefault((sums[0], sums[1]), []).append((life, sums))
+        expected = {}
+        for process in gpu.processes:
+            polls = [n for n, t in enumerate(played.listed_at[index]) if process.alive(t)]
+            if polls:
+                at[0] = process.start
+                # one poll's worth: the most one poll of its pid reads (another life of the pid
+                # may end in the period this one starts in: the driver lists both under the pid)
+                worth = [max(p.sm_util, 1) for p in gpu.processes if p.pid == process.pid], [
+                    max(p.mem_util, 1) for p in gpu.processes if p.pid == process.pid]
+                expected[(process.pid, host.process_start_time(process.pid))] = (
+                    polls, process, sum(loads[n].processes[process.pid][0] for n in polls),
+                    sum(loads[n].processes[process.pid][1] for n in polls), max(worth[0]), max(worth[1]))
+        assert set(counted) == set(expected), (where, sorted(counted), sorted(expected))
+        for key, (polls, process, sm, busy, sm_worth, busy_worth) in expected.items():
+            found = counted[key]
+            where = f"GPU {index} pid {key[0]} started {key[1]}"
+            assert len(found) == 1, (where, "counted as more than one process", found)
+            _, (_, _, samples, sm_sum, busy_sum, memory) = found[0]
+            assert samples == len(polls), (where, samples, len(polls))
+            assert abs(sm_sum - sm) <= sm_worth, (where, "SM busy", sm_sum, sm)
+            assert abs(busy_sum - busy) <= busy_worth, (where, "memory busy", busy_sum, busy)
+            assert memory == process.memory_mib * 1024 * samples, (where, memory)
+    # every life that ended reported once, no other
+    assert len(played.exits) == len(set(played.exits)), played.exits
+    lives = {(index, life) for poll in history for index, device in enumerate(poll) for life in device[4]}
+    still = {(index, life) for index, device in enumerate(last) for life in device[4]}
+    assert set(played.exits) == lives - still, played.exits
+
+
+# -- the strategy --
+
+INTERVALS = (0.5, 1.0, 2.0)
+percent = st.integers(0, 100)
+
+
+@st.composite
+def cases(draw: st.DrawFn, steps_: int = 3, back: bool = True, suspends_: int = 2, delays: bool = True,
+          inside: bool = True) -> Case:
+    interval = draw(st.sampled_from(INTERVALS))
+    length = POLLS * interval
+    gpus = tuple(draw(st.lists(st.tuples(percent, percent, st.integers(0, 4096)), min_size=1, max_size=3)))
+    lives = []
+    for pid in range(len(PIDS)):
+        at = 0.0
+        for _ in range(draw(st.integers(0, 3))):
+            # a life from `at` on: from the start (0: running before the reader), or later; for ever, or not
+            start = at if at == 0 and draw(st.booleans()) else round(at + draw(st.floats(0.01, length / 2)), 2)
+            stop = None if draw(st.integers(0, 3)) == 0 else round(start + draw(st.floats(0.05, length / 2)), 2)
+            on = tuple(sorted(draw(st.sets(st.integers(0, len(gpus) - 1), min_size=1, max_size=2))))
+            lives.append((pid, on, start, stop, draw(percent), draw(percent), draw(st.integers(0, 2048))))
+            if stop is None:
+                break
+            at = stop
+    steps = []
+    for _ in range(draw(st.integers(0, steps_))):
+        at = round(draw(st.floats(interval, length - 2 * interval)), 3)
+        seconds = draw(st.one_of(st.floats(0.2, 120), st.floats(-120, -0.2)) if back else st.floats(0.2, 120))
+        steps.append(Step(at, round(seconds, 3), inside and draw(st.booleans()), round(draw(st.floats(0.0, 1.5)), 3)))
+    suspends = tuple(
+        (round(draw(st.floats(interval, length - interval)), 3), round(draw(st.floats(1, 600)), 1))
+        for _ in range(draw(st.integers(0, suspends_)))
+    )
+    return Case(
+        interval, gpus, tuple(lives), tuple(steps), suspends, draw(st.integers(0, 2**16)),
+        draw(st.sampled_from((0.0, 0.003, 0.03) if delays else (0.0,))),
+        draw(st.sampled_from((0.0, 0.3) if delays else (0.0,))),
+    )
+
+
+#: what was found: each passes now (its fix and its own test named)
+FOUND = (
+    # a few slow GPU samples calls among fast ones set the driver's clock ahead of itself: 62 for
+    # 80 for 16 polls (test_late_polls.py::test_a_few_slow_samples_calls_read_no_idle_spell)
+    Case(interval=2.0, gpus=((63, 49, 120), (80, 84, 3358)), lives=(
+        (1, (0, 1), 0.0, 3.79, 2, 13, 1910), (2, (1,), 0.0, None, 26, 35, 2)), seed=67, delay=0.03, slowest=1.0),
+    # a process first listed ended while the busy call ran: no start time, and the next process of
+    # its pid was taken for it (test_late_polls.py::test_a_process_that_ends_during_the_busy_call_...)
+    Case(interval=0.5, gpus=((3, 91, 172), (4, 58, 202)), lives=(
+        (0, (1,), 0.0, 0.55, 91, 21, 488), (0, (0, 1), 0.75, 4.37, 1, 47, 438), (0, (1,), 11.51, 18.5, 33, 27, 1146),
+        (1, (0, 1), 0.0, 6.22, 62, 12, 8), (1, (1,), 13.72, 14.09, 5, 73, 1622), (3, (0, 1), 0.0, 0.2, 97, 15, 400),
+        (3, (1,), 1.75, 1.95, 18, 56, 1530), (3, (0, 1), 8.36, None, 40, 25, 200)), seed=208, delay=0.03, late=0.0),
+)
+
+
+def examples(found: tuple[Case, ...]) -> Any:
+    def kept(test: Any) -> Any:
+        for case in reversed(found):
+            test = example(case)(test)
+        return test
+
+    return kept
+
+
+#: hosts with churn, slow calls and late polls (the host clocks' steps and suspends: see STEPS)
+HOSTS = cases(steps_=0, suspends_=0)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(HOSTS)
+@examples(FOUND)
+def test_random_hosts_equal_their_scenario(case: Case) -> None:
+    """200 random hosts (the slow set: `slow`, left out of the quick loop with `e2e`)."""
+    check(case, play(case))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(HOSTS)
+@examples(FOUND)
+def test_a_few_random_hosts_equal_their_scenario(case: Case) -> None:
+    """The same, a handful of hosts: for the quick loop."""
+    check(case, play(case))
+
+
+#: what clock steps of the wall clock do that the oracle does not allow, measured on these
+#: (docs/fidelity.md, "A clock step while a call is in flight"): not fixed yet
+STEPS = (
+    pytest.param(
+        Case(interval=2.0, gpus=((51, 16, 362), (22, 28, 417)), lives=(
+            (1, (0,), 0.0, 0.5, 36, 5, 638), (1, (0, 1), 3.92, 7.6, 65, 96, 70), (1, (0, 1), 9.5, 9.55, 55, 83, 1218)),
+            steps=(Step(34.776, 97.853, inside=True, tail=0.0), Step(3.173, 61.003, inside=True, tail=0.0)),
+            seed=3, delay=0.0, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="a forward step inside a call that ends at the step's "
+                                "very moment: GPU 0 at 51 % sums 1302 for 1530 over 30 polls (4.5 polls' worth)"),
+        id="forward step ending a call",
+    ),
+    pytest.param(
+        Case(interval=1.0, gpus=((91, 88, 167),), lives=(
+            (0, (0,), 0.0, None, 39, 34, 1094), (1, (0,), 6.95, 14.46, 40, 72, 366), (2, (0,), 0.21, 14.48, 63, 24, 33),
+            (2, (0,), 25.95, 27.95, 96, 19, 254), (2, (0,), 28.95, 40.76, 85, 59, 142),
+            (3, (0,), 0.0, 4.0, 23, 82, 790), (3, (0,), 8.43, 21.2, 56, 66, 371), (3, (0,), 34.38, 47.35, 67, 13, 366)),
+            steps=(Step(13.842, 78.987), Step(2.72, 32.94), Step(13.062, 42.505)), seed=810, delay=0.0, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="two forward steps 0.8 s apart between polls: a process at "
+                                "40 % sums 246 for 286.7 (a poll's worth and 0.7)"),
+        id="forward steps between polls",
+    ),
+    pytest.param(
+        Case(interval=1.0, gpus=((0, 0, 0), (6, 0, 0)), lives=(
+            (1, (0,), 0.0, None, 0, 0, 0), (2, (0,), 1.0, 2.0, 0, 0, 0), (2, (0,), 3.0, 4.0, 0, 0, 0),
+            (2, (0,), 5.0, None, 0, 0, 0)), suspends=((1.062, 1.0), (1.0, 1.0)), seed=0, delay=0.03, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="two suspends of 1 s, 62 ms apart, and slow calls: GPU 1 at "
+                                "6 % sums 173 for 180 (a poll's worth and 1)"),
+        id="two suspends",
+    ),
+    pytest.param(
+        Case(interval=1.0, gpus=((40, 54, 115),), lives=(
+            (0, (0,), 4.05, None, 79, 73, 366), (1, (0,), 5.5, 9.85, 21, 37, 1034), (3, (0,), 4.05, None, 93, 49, 1)),
+            seed=357, delay=0.03, late=0.3, slowest=1.0),
+        marks=pytest.mark.xfail(strict=True, reason="calls of up to 0.9 s at 1 s polls (longer than the eighth of "
+                                "an interval HOSTS allows): a new process at 79 % sums 1964 for 2054 (1.1 polls' "
+                                "worth), its first two polls read 34"),
+        id="calls near a poll long",
+    ),
+)
+
+
+@pytest.mark.parametrize("case", STEPS)
+def test_what_is_not_exact_yet(case: Case) -> None:
+    check(case, play(case))
