@@ -4,7 +4,7 @@
 a booted systemd.  ``pytest -m "not e2e"`` is the quick inner loop; a test that
 starts a process without the mark fails, so the marker stays true.  ``slow`` marks
 a long run that starts nothing (a property test's hundreds of examples): it is
-given ``e2e`` too, so the quick loop leaves it out, and runs beside the e2e worker.
+given ``e2e`` too, so the quick loop leaves it out.
 
 The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``,
 ``connections``, ``sim_readers``, ``metrics_text``, ``clocked``, ``smi_doubles`` ...)
@@ -50,21 +50,21 @@ E2E_FIXTURES = {
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: starts a process (daemon, stand-in nvidia-smi, atop, systemd)")
     config.addinivalue_line("markers", "slow: a long run in one process (a property test's hundreds of examples): "
-                            "marked e2e too, so the quick loop leaves it out, but not run in the e2e worker")
+                            "marked e2e too, so the quick loop leaves it out")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Which worker runs what is by file (pyproject's --dist loadfile): a module's module-scoped
+    # daemon, container or package is one, and its tests may build on each other (install,
+    # upgrade, remove, purge), in order. (Not xdist_group marks with --dist loadgroup: with
+    # pytest 9.2 xdist 3.8 can no longer add a group to a test's node id, and every test went
+    # to whichever worker was free.)
     for item in items:
         if Path(str(item.fspath)).stem in E2E_MODULES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("slow") is not None:
-            # out of the quick loop (-m "not e2e"); it starts nothing, so it shares no machine
-            # with a daemon and runs beside the e2e worker
+            # out of the quick loop (-m "not e2e"), though it starts nothing
             item.add_marker(pytest.mark.e2e)
-        elif item.get_closest_marker("e2e") is not None:
-            # one worker runs them all, in order (--dist loadgroup): daemons, atop and a
-            # booted systemd do not share the machine with each other
-            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
