@@ -141,6 +141,9 @@ class DeviceTotals:
     mem_busy_now: int = UNSUPPORTED
     memory_total_kib: int = 0
     memory_used_kib: int = 0
+    #: free and reserved memory at the last read (None: the reader does not report it)
+    memory_free_kib: int | None = None
+    memory_reserved_kib: int | None = None
     samples: int = 0
     #: None until the first reading decides whether the device supports the value
     gpu_busy_cum: int | None = None
@@ -290,7 +293,10 @@ class Counters:
         if sample.memory_total_kib is not None:
             device.memory_total_kib = sample.memory_total_kib
         if sample.memory_used_kib is not None:
+            # (a read that failed keeps the last figures, as it does the used)
             device.memory_used_kib = sample.memory_used_kib
+            device.memory_free_kib = sample.memory_free_kib
+            device.memory_reserved_kib = sample.memory_reserved_kib
         gpu = _reading(device.gpu_busy_cum, sample.gpu_busy)
         mem = _reading(device.mem_busy_cum, sample.mem_busy)
         if None not in (gpu, mem, sample.memory_used_kib):

@@ -471,6 +471,11 @@ INFO = Family("atopgpud_gpu_info", "gauge", "What each GPU (or MIG instance) is,
               "CUDA driver and VBIOS versions and MIG profile (empty where unknown); join on uuid.",
               ("index", "busid", "uuid", "name", "serial", "driver_version", "cuda_driver_version", "vbios",
                "mig_profile"))
+#: what each MIG instance is part of, value 1: a series of its own rather than labels on every series
+#: (which would change every series' identity, and a card's series have none of them)
+MIG_INFO = Family("atopgpud_mig_info", "gauge", "Each MIG instance, value 1: its UUID, its card's UUID "
+                  "(parent_uuid), its GPU and compute instance ids and its profile; join on uuid.",
+                  ("index", "busid", "uuid", "parent_uuid", "gpu_instance", "compute_instance", "mig_profile"))
 #: the labels of `INFO` that say what a device is, in its order
 INVENTORY = (
     Inventory("uuid", "uuid", "nvmlDeviceGetUUID", "uuid"),

@@ -49,6 +49,8 @@ class DeviceInfo:
     (``atopgpud_gpu_info``) carries them as labels, and an empty label is a
     series still there.  `uuid` is the card's ``GPU-...`` UUID, or a MIG
     instance's own ``MIG-...`` UUID; `mig_profile` is empty for a whole card.
+    A MIG instance also has its card's UUID (`parent_uuid`) and its GPU and
+    compute instance ids (``atopgpud_mig_info``); all three are empty for a card.
     """
 
     uuid: str = ""
@@ -57,6 +59,9 @@ class DeviceInfo:
     driver_version: str = ""
     cuda_version: str = ""
     mig_profile: str = ""
+    parent_uuid: str = ""
+    gpu_instance: str = ""
+    compute_instance: str = ""
 
 
 NO_INFO = DeviceInfo()
@@ -104,6 +109,9 @@ class DeviceSample:
     mem_busy: int | None = UNSUPPORTED
     memory_total_kib: int | None = 0
     memory_used_kib: int | None = 0
+    #: free and reserved memory as the driver reports them (None: not read, or not reported)
+    memory_free_kib: int | None = None
+    memory_reserved_kib: int | None = None
     processes: tuple[ProcessSample, ...] | None = ()
     present: bool = True
     #: what the device is (its UUID, serial, versions): read once, carried by every sample
@@ -287,9 +295,15 @@ def fold_instances(
     total: int | None = 0
     used: int | None = 0
     merged: dict[int, ProcessSample] | None = {}
+    # free and reserved: summed where every instance reports them
+    free: int | None = 0
+    reserved: int | None = 0
     for part in instances:
         if not part.present:
             continue
+        free = None if free is None or part.memory_free_kib is None else free + part.memory_free_kib
+        if reserved is not None:
+            reserved = None if part.memory_reserved_kib is None else reserved + part.memory_reserved_kib
         if total is not None:
             total = None if part.memory_total_kib is None else total + part.memory_total_kib
         if used is not None:
@@ -314,6 +328,8 @@ def fold_instances(
         mem_busy=UNSUPPORTED,
         memory_total_kib=total,
         memory_used_kib=used,
+        memory_free_kib=None if total is None or not total else free,
+        memory_reserved_kib=None if total is None or not total else reserved,
         processes=None if merged is None else tuple(merged.values()),
         info=info,
     )

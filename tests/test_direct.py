@@ -151,7 +151,7 @@ def test_a_full_sample_array_is_asked_again_larger(monkeypatch):
 
 
 def test_memory_is_the_wrapper_s_in_both_versions():
-    """Total and used bytes from one kept structure per version: v2's used leaves the reserved
+    """Total, used, free and reserved bytes from one kept structure per version: v2's used leaves the reserved
     memory out, as the binding's v2 answer does; v1's counts it; a driver without the v2 symbol
     raises the table's FUNCTION_NOT_FOUND (the reader then reads v1)."""
     for driver in ("current", "470"):
@@ -160,12 +160,14 @@ def test_memory_is_the_wrapper_s_in_both_versions():
         handle = nvml.nvmlDeviceGetHandleByIndex(0)
         v1 = nvml.nvmlDeviceGetMemoryInfo(handle)
         for _ in range(2):  # the structures are kept: asked again, the same answers
-            assert memory(handle) == (v1.total, v1.used)
+            # (v1 has no reserved field: its used counts it)
+            assert memory(handle) == (v1.total, v1.used, v1.free, None)
         if driver == "470":
             with pytest.raises(nvml.NVMLError_FunctionNotFound):
                 memory(handle, nvml.nvmlMemory_v2)
             continue
         v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
-        assert memory(handle, nvml.nvmlMemory_v2) == (v2.total, v2.used)
+        assert memory(handle, nvml.nvmlMemory_v2) == (v2.total, v2.used, v2.free, v2.reserved)
+        assert v2.total == v2.used + v2.free + v2.reserved
         with pytest.raises(nvml.NVMLError):
             memory(handle, 1)  # a structure version the driver does not know

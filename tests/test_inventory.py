@@ -61,8 +61,10 @@ def test_nvml_reads_what_each_device_is_once():
     assert first == DeviceInfo(
         uuid="MIG-5111a7ed-0000-4000-8000-000000001000", serial="1324321002473", vbios="92.00.45.00.03",
         driver_version="999.99.99-sim", cuda_version="12.8", mig_profile="3g.40gb",
+        parent_uuid=CARD_UUID, gpu_instance="1", compute_instance="0",
     )
     assert second.uuid == "MIG-5111a7ed-0000-4000-8000-000000005000" and second.mig_profile == "2g.20gb"
+    assert (second.parent_uuid, second.gpu_instance, second.compute_instance) == (CARD_UUID, "5", "0")
     # GeForce boards have no serial: an empty label, not a missing series
     assert whole == DeviceInfo(uuid="GPU-5111a7ed-0000-4000-8000-000000000001", serial="",
                                vbios="96.00.5E.00.01", driver_version="999.99.99-sim", cuda_version="12.8")

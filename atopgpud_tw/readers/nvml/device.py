@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from twisted.logger import Logger
 
@@ -355,7 +355,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     poll = poll or DevicePoll()
     attempt = Attempt(device, problems, device.where)
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
-    total, used = read_memory(device, attempt)
+    memory = read_memory(device, attempt)
     processes = attempt.run(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
     return DeviceSample(
@@ -365,8 +365,10 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
         task_support=device.task_support,
         gpu_busy=gpu_busy,
         mem_busy=mem_busy,
-        memory_total_kib=total,
-        memory_used_kib=used,
+        memory_total_kib=memory.total,
+        memory_used_kib=memory.used,
+        memory_free_kib=memory.free,
+        memory_reserved_kib=memory.reserved,
         processes=processes,
         info=device.info,
     )
@@ -493,23 +495,38 @@ def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]])
         stream.cover = [part for part in stream.cover if part[1] > oldest]
 
 
-def read_memory(device: NvmlDevice, attempt: Attempt) -> tuple[int | None, int | None]:
-    """Total and used memory in KiB (0 when unsupported, ``None`` when the read failed).
+class MemoryKib(NamedTuple):
+    """A device's memory in KiB: total and used (0 when unsupported), free and reserved (None
+    where not reported: reserved through v1); every one None when the read failed."""
+
+    total: int | None
+    used: int | None
+    free: int | None = None
+    reserved: int | None = None
+
+
+def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
+    """Total, used, free and reserved memory in KiB (`MemoryKib`).
 
     Through the v2 structure where the driver has it (510 on): its "used"
-    leaves out the memory the driver reserves, as nvidia-smi's "Used" does;
-    v1's "used" includes it.  Both through the function table (`direct`).
+    leaves out the memory the driver reserves, as nvidia-smi's "Used" does,
+    and "reserved" has it; v1's "used" includes it and has no "reserved".
+    Both through the function table (`direct`).
     """
     memory = attempt.run(_memory_info, device)
     if memory is None:
-        return None, None
+        return MemoryKib(None, None)
     if memory is UNSUPPORTED:
-        return 0, 0
-    return memory[0] // 1024, memory[1] // 1024
+        return MemoryKib(0, 0)
+    reserved = memory[3]
+    return MemoryKib(
+        memory[0] // 1024, memory[1] // 1024, memory[2] // 1024, None if reserved is None else reserved // 1024
+    )
 
 
-def _memory_info(device: NvmlDevice) -> tuple[int, int]:
-    """(total, used) bytes, from the v2 structure where the binding and the driver have it."""
+def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
+    """(total, used, free, reserved) bytes, from the v2 structure where the binding and the driver
+    have it (reserved None from v1)."""
     version = device.session.function("nvmlMemory_v2")
     if version is not None:
         try:

@@ -138,13 +138,15 @@ class _Memory:
     """One memory structure of the binding's, kept from call to call, read as 64-bit words
     (the structure's own fields go through the binding's Python ``__getattribute__``)."""
 
-    __slots__ = ("struct", "ref", "u64", "total", "used")
+    __slots__ = ("struct", "ref", "u64", "total", "used", "free", "reserved")
 
     def __init__(self, struct_type: Any) -> None:
         self.struct: Any = None
         self.ref: Any = None
         self.u64: Any = None
-        self.total = self.used = 0
+        self.total = self.used = self.free = 0
+        #: v1 has no reserved field (its "used" counts the reserved memory)
+        self.reserved: int | None = None
         if struct_type is None:
             return
         self.struct = struct_type()
@@ -152,6 +154,9 @@ class _Memory:
         self.u64 = (ctypes.c_uint64 * (ctypes.sizeof(struct_type) // 8)).from_buffer(self.struct)
         self.total = _words(struct_type, "total", 8)[0]
         self.used = _words(struct_type, "used", 8)[0]
+        self.free = _words(struct_type, "free", 8)[0]
+        if hasattr(struct_type, "reserved"):
+            self.reserved = _words(struct_type, "reserved", 8)[0]
 
 
 class DirectCalls:
@@ -249,9 +254,10 @@ class DirectCalls:
         (stamp, step), (value, vstep) = self._stamp64, self._value32
         return array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
 
-    def memory(self, handle: Any, version: int | None = None) -> tuple[int, int]:
-        """(total, used) bytes, as the binding's ``nvmlDeviceGetMemoryInfo(handle, version)``
-        reads them: the v2 structure and symbol for a version, v1's without one."""
+    def memory(self, handle: Any, version: int | None = None) -> tuple[int, int, int, int | None]:
+        """(total, used, free, reserved) bytes, as the binding's ``nvmlDeviceGetMemoryInfo(handle,
+        version)`` reads them: the v2 structure and symbol for a version, v1's without one (reserved
+        None: v1 has no such field)."""
         if version:
             memory = self._memory_v2
             if memory.struct is None:
@@ -264,7 +270,8 @@ class DirectCalls:
         if ret != SUCCESS:
             raise self._error(ret)
         words = memory.u64
-        return words[memory.total], words[memory.used]
+        reserved = None if memory.reserved is None else words[memory.reserved]
+        return words[memory.total], words[memory.used], words[memory.free], reserved
 
     def process_utilization(self, handle: Any, since: int) -> tuple[list[int], list[int], list[int], list[int]]:
         array = self._array(PROCESS_UTILIZATION)

@@ -49,8 +49,8 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         problems.add(
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
-        total, used = read_memory(card, Attempt(card, problems))
-        return [_card_sample(card, total, used, ())]
+        memory = read_memory(card, Attempt(card, problems))
+        return [_card_sample(card, memory.total, memory.used, (), memory.free, memory.reserved)]
     # one DevicePoll for the card's instances: an instance's read learns nothing into it
     # (no rates under MIG), so each sees it as a fresh one
     each = DevicePoll(starts=poll.starts)
@@ -261,7 +261,10 @@ def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
         instance = card.instance(handle, key, busid, profile)
         instance.task_support = probe_support(instance)
-        instance.info = replace(card.info, uuid=_instance_uuid(probe), mig_profile=profile)
+        instance.info = replace(
+            card.info, uuid=_instance_uuid(probe), mig_profile=profile, parent_uuid=card.info.uuid,
+            gpu_instance=str(gpu_instance), compute_instance=str(compute_instance),
+        )
         uuid = instance.info.uuid
     else:
         uuid = _instance_uuid(probe)
@@ -322,13 +325,15 @@ def _unread(instance: NvmlDevice) -> DeviceSample:
 
 
 def _card_sample(
-    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None
+    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None,
+    free: int | None = None, reserved: int | None = None,
 ) -> DeviceSample:
     """A card in MIG mode as one device: no utilization of its own."""
     return DeviceSample(
         card.key, card.busid, card.name, card.task_support,
         gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
-        memory_total_kib=total, memory_used_kib=used, processes=processes, info=card.info,
+        memory_total_kib=total, memory_used_kib=used, memory_free_kib=free, memory_reserved_kib=reserved,
+        processes=processes, info=card.info,
     )
 
 

@@ -23,6 +23,7 @@ from atopgpud_tw.readers.smi.values import (
     Card,
     SmiReportError,
     card_of,
+    free_reserved,
     integer,
     kib,
     reading,
@@ -176,6 +177,7 @@ def instances_of(
         processes = None if mine is None else merge_processes(mine, memory="max")
         used = reading(element, MEMORY[1], kib, 0, (key, card.busid), problems)
         used = within(used, slot.memory_total_kib, (key, card.busid), problems)
+        free, reserved = free_reserved(element, (key, card.busid), problems)
         name = profiles.get((card.busid, gi, ci)) or fallback_profile(slot)
         busid = mig_busid(card.busid, gi, ci)
         devices.append(
@@ -185,9 +187,14 @@ def instances_of(
                 name,
                 memory_total_kib=slot.memory_total_kib,
                 memory_used_kib=used,
+                memory_free_kib=free,
+                memory_reserved_kib=reserved,
                 processes=processes,
                 # -q -x has no MIG device UUID: nvidia-smi -L's, with the card's versions
-                info=replace(card.info, uuid=(uuids or {}).get((card.busid, gi, ci), ""), mig_profile=name),
+                info=replace(
+                    card.info, uuid=(uuids or {}).get((card.busid, gi, ci), ""), mig_profile=name,
+                    parent_uuid=card.info.uuid, gpu_instance=str(gi), compute_instance=str(ci),
+                ),
             )
         )
     ids = {(slot.gpu_instance, slot.compute_instance) for slot, _ in slots}

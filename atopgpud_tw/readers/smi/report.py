@@ -23,6 +23,7 @@ from atopgpud_tw.readers.smi.values import (
     Card,
     card_info,
     card_of,
+    free_reserved,
     integer,
     kib,
     percent,
@@ -134,6 +135,7 @@ def _whole_card(
         busy = [reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (reading(gpu, path, kib, 0, owner, problems) for path in MEMORY)
     used = within(used, total, owner, problems)
+    free, reserved = free_reserved(gpu, owner, problems)
     return DeviceSample(
         card.key,
         card.busid,
@@ -142,6 +144,8 @@ def _whole_card(
         mem_busy=busy[1],
         memory_total_kib=total,
         memory_used_kib=used,
+        memory_free_kib=free,
+        memory_reserved_kib=reserved,
         processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
         info=card.info,
     )

@@ -115,6 +115,20 @@ def value_of(
     return value
 
 
+#: free and reserved memory, beside `MEMORY` (reserved since the 510 drivers' schema)
+MEMORY_FREE_RESERVED = ("fb_memory_usage/free", "fb_memory_usage/reserved")
+
+
+def free_reserved(element: ET.Element, owner: tuple[str, str], problems: Problems) -> tuple[int | None, int | None]:
+    """The free and reserved memory in KiB under `element` (None where absent or N/A, or unreadable
+    with a problem)."""
+    found: list[int | None] = []
+    for path in MEMORY_FREE_RESERVED:
+        text = text_at(element, path)
+        found.append(None if text is None or not_available(text) else value_of(text, path, kib, 0, owner, problems))
+    return found[0], found[1]
+
+
 def within(used: int | None, total: int | None, owner: tuple[str, str], problems: Problems) -> int | None:
     """`used`, unless it is more than a known `total` (0: not known): then None and a problem."""
     if used is None or not total or used <= total:

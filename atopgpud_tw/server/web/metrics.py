@@ -35,7 +35,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import distribution_version
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
-from atopgpud_tw.figures import INFO, INVENTORY
+from atopgpud_tw.figures import INFO, INVENTORY, MIG_INFO
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
@@ -171,6 +171,10 @@ class BoardCollector:
                          "sample.")
         used = gauge("atopgpud_gpu_memory_used_bytes", "Memory in use at the last sample.")
         total = gauge("atopgpud_gpu_memory_total_bytes", "Memory on the GPU.")
+        free = gauge("atopgpud_gpu_memory_free_bytes", "Memory free at the last sample, as the driver reports "
+                     "it (total less used and reserved).")
+        reserved = gauge("atopgpud_gpu_memory_reserved_bytes", "Memory the driver reserves for itself at the "
+                         "last sample (not in used; where the driver reports it).")
         samples = counter("atopgpud_gpu_samples", "Samples taken of the GPU (atop's gpusamples).")
         busy_cum = counter("atopgpud_gpu_busy_percent_seconds", "Each sample's GPU busy percentage times the "
                            f"seconds it covers{_SPAN}, summed: rate() is the busy percentage.")
@@ -180,12 +184,16 @@ class BoardCollector:
                            f"seconds it covers{_SPAN}, summed.")
         timed, interval = self.board.counters.timed, self.interval
         info = GaugeMetricFamily(INFO.name, INFO.help, labels=INFO_LABELS)
+        mig_info = GaugeMetricFamily(MIG_INFO.name, MIG_INFO.help, labels=list(MIG_INFO.labels))
         for index, device in enumerate(devices):
             labels = [str(index), device.busid, device.name, device.info.uuid]
             what = device.info
             shown = {row.label: getattr(what, row.attribute) for row in INVENTORY}
             info.add_metric([str(index), device.busid, what.uuid, device.name,
                              *(shown[label] for label in INFO_LABELS[4:])], 1)
+            if what.parent_uuid or what.gpu_instance:
+                mig_info.add_metric([str(index), device.busid, what.uuid, what.parent_uuid, what.gpu_instance,
+                                     what.compute_instance, what.mig_profile], 1)
             present.add_metric(labels, 1 if device.present else 0)
             if device.present:
                 # the last sample of a GPU that is gone is not "now"
@@ -194,13 +202,18 @@ class BoardCollector:
                 if _known(device.mem_busy_now):
                     mem_busy.add_metric(labels, device.mem_busy_now)
                 used.add_metric(labels, device.memory_used_kib * KIB)
+                if device.memory_free_kib is not None:
+                    free.add_metric(labels, device.memory_free_kib * KIB)
+                if device.memory_reserved_kib is not None:
+                    reserved.add_metric(labels, device.memory_reserved_kib * KIB)
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
             _add_busy_seconds(busy_cum, mem_busy_cum, labels, device, timed, interval)
             used_cum.add_metric(
                 labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
             )
-        yield from (info, present, busy, mem_busy, used, total, samples, busy_cum, mem_busy_cum, used_cum)
+        yield from (info, mig_info, present, busy, mem_busy, used, total, free, reserved, samples, busy_cum,
+                    mem_busy_cum, used_cum)
 
     def _processes(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         names = PROCESS_LABELS + CONTEXT_LABELS if self.process_context else PROCESS_LABELS
