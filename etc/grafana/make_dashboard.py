@@ -76,7 +76,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
     ]),
     ("Memory", [
         Panel("Memory used", "bytes", [q("atopgpud_gpu_memory_used_bytes{$sel}"),
-                                       q("atopgpud_gpu_memory_total_bytes{$sel}", "{{instance}} {{busid}} total")]),
+                                       q("atopgpud_gpu_memory_total_bytes{$sel}", "{{instance}} {{busid}} total"),
+                                       q("atopgpud_gpu_memory_reserved_bytes{$sel}",
+                                         "{{instance}} {{busid}} reserved")],
+              description="Used leaves out what the driver reserves (shown apart where the driver reports it)."),
         Panel("Memory used, share", "percent",
               [q("100 * atopgpud_gpu_memory_used_bytes{$sel} / atopgpud_gpu_memory_total_bytes{$sel}")]),
     ]),
