@@ -28,19 +28,19 @@ class Kind(NamedTuple):
 KINDS: tuple[Kind, ...] = (
     Kind(
         "nvml-init", "nvml", "cannot set up NVML (<why>)",
-        "nvmlInit failed: the library is there but the kernel module is not loaded, its version differs "
-        "from the library's, or the device files cannot be opened. atop shows no GPU meanwhile and "
-        "`/-/ready` answers 503.",
-        "Run `nvidia-smi` as the daemon's user: it fails with the same cause. Load the driver "
-        "(`modprobe nvidia`), or reboot after a driver upgrade that left the old module loaded. "
-        "The daemon tries again on its own, at growing intervals, and logs `recovered` when it can.",
+        "Setting NVML up again failed for a reason other than the driver's coming and going (which "
+        "has its own line, below the list): `<why>` names it, such as no permission to use the GPUs, "
+        "or an NVML error. atop shows no GPU meanwhile.",
+        "Run `nvidia-smi` as the daemon's user: it fails the same way. For a permission, check the "
+        "mode and group of `/dev/nvidia*`. The daemon tries again on its own, at growing intervals, "
+        "and logs `recovered` when it can.",
     ),
     Kind(
         "nvml-reinit", "nvml", "NVML is being set up again",
-        "The driver went away under the daemon (NVML said it was uninitialized or unloaded, as during a "
-        "driver reload or upgrade); the daemon shut NVML down and is waiting to set it up again.",
-        "Nothing, if a driver upgrade or reload is under way. If it lasts, check that the driver is "
-        "loaded (`nvidia-smi`).",
+        "NVML is not set up, or no GPU is left to read, and the daemon is waiting for its next try "
+        "to set it up and look for GPUs again (its tries back off to once a minute).",
+        "Nothing if it recovers; if it lasts, see the `nvml` lines logged just before it (a lost GPU, "
+        "the driver gone) and `nvidia-smi`.",
     ),
     Kind(
         "gpu-lost", "nvml", "GPU <bus id>: <call>: NVML_ERROR_GPU_IS_LOST",
