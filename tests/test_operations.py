@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import time
 from pathlib import Path
+
+import pytest
+from daemon import run_daemon
 
 from atopgpud_tw.problem_kinds import KINDS
 
@@ -106,3 +110,44 @@ def test_operations_page_stands_alone() -> None:
     for target in re.findall(r"\]\(([^)#]+)", page):
         assert not target.startswith(("../", "/")), target
         assert (ROOT / "docs" / target).exists(), target
+
+
+def line_pattern(line: str) -> re.Pattern[str]:
+    """A kind's `line` as a pattern: ``<...>`` any text, ``[...]`` what may be left out."""
+    pattern = ""
+    for part in re.split(r"(<[^<>]*>|\[[^\]]*\])", line):
+        if part.startswith("<") and part.endswith(">"):
+            pattern += ".+"
+        elif part.startswith("[") and part.endswith("]") and len(part) > 2:
+            pattern += f"(?:{line_pattern(part[1:-1]).pattern})?"
+        else:
+            pattern += re.escape(part)
+    return re.compile(pattern)
+
+
+@pytest.mark.e2e
+def test_the_daemons_problem_lines_are_the_tables(tmp_path: Path) -> None:
+    """A simulated host with a failing call, a lost GPU and a MIG card with no instances: each
+    trouble line the daemon logs (and its recovery) has the words of a kind of the table, and these
+    three kinds are among them."""
+    scenario = {"gpus": [
+        {"busid": "00000000:17:00.0",
+         "faults": [{"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_UNKNOWN", "from": 0}]},
+        {"busid": "00000000:65:00.0",
+         "faults": [{"call": "nvmlDeviceGetMemoryInfo", "error": "NVML_ERROR_GPU_IS_LOST", "from": 0}]},
+        {"busid": "00000000:B3:00.0", "mig": []},
+    ]}
+    with run_daemon(tmp_path, ["--interval", "0.1"], scenario) as daemon:
+        deadline = time.monotonic() + 60  # a bound on waiting, not on how fast: the three come at the first poll
+        while daemon.log().count("[atopgpud_tw.problems.ProblemLog#warn]") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    lines = re.findall(r"\[atopgpud_tw\.problems\.ProblemLog#\w+\] (nvml): (.*)", daemon.log())
+    assert lines, daemon.log()
+    patterns = {kind.name: line_pattern(kind.line) for kind in KINDS if "nvml" in kind.reader.split()}
+    seen = set()
+    for _, text in lines:
+        text = re.sub(r"^recovered \((.*)\)$", r"\1", text)
+        matched = {name for name, pattern in patterns.items() if pattern.fullmatch(text)}
+        assert matched, f"a problem line of no kind in atopgpud_tw/problem_kinds.py: {text!r}"
+        seen |= matched
+    assert {"nvml-call", "gpu-lost", "mig-empty"} <= seen, lines
