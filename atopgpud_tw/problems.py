@@ -258,6 +258,7 @@ class Problems(Mapping[str, str]):
     not logged again; a key no longer reported has recovered.  The text is what is
     logged; a trouble keeps the words it was first logged with, so that its
     recovery names it.  Of two texts under one key in one poll, the later stands.
+    Each kind of trouble has its cause and action in `problem_kinds.KINDS`.
     """
 
     def __init__(self) -> None:
