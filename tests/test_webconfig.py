@@ -79,7 +79,9 @@ BAD = [
     ("http_server_config:\n  headers: [a]\n", "headers must be a mapping, not a list"),
     ("basic_auth_users:\n  alice: secret\n", "basic_auth_users.alice: not a bcrypt hash"),
     ("basic_auth_users:\n  alice: 5\n", "a bcrypt hash is a string, not a number"),
-    (f"basic_auth_users:\n  alice: '{'$2y$03$' + 'a' * 53}'\n", "bcrypt cost 03 is not from 4 to 31"),
+    (f"basic_auth_users:\n  alice: '{'$2y$03$' + 'a' * 53}'\n", "bcrypt cost 03 is not from 4 to 14"),
+    (f"basic_auth_users:\n  alice: '{'$2y$15$' + 'a' * 53}'\n", "bcrypt cost 15 is not from 4 to 14"),
+    (f"basic_auth_users:\n  alice: '{'$2b$31$' + 'a' * 53}'\n", "bcrypt cost 31 is not from 4 to 14"),
     (f"basic_auth_users:\n  'a:b': '{HASH}'\n", "is not a user name"),
     ("basic_auth_users: [alice]\n", "basic_auth_users must be a mapping of user names to bcrypt hashes"),
     ("basic_auth_users:\n  alice: x\n  alice: y\n", "line 3: alice is given twice"),
@@ -420,6 +422,62 @@ def test_a_reload_that_would_turn_basic_auth_off_is_refused(tmp_path: Path, held
     assert security.reloads == 1 and set(security.root.config.users) == {"bob"}
     security.stopService()
     assert any("turns basic auth off, which only a restart can do" in line for line in logged)
+
+
+def test_a_reload_with_a_cost_over_the_bound_keeps_the_last_good(tmp_path: Path, held, logged) -> None:
+    """A hash of cost 15 (some 2.6 s a check; 31 would be days) in a reload is one line; the last good users stay."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    security = security_for(path, clock, held)
+    security.startService()
+    path.write_text(f"basic_auth_users:\n  alice: '{'$2y$15$' + 'a' * 53}'\n")
+    clock.advance(1)
+    assert security.failed_reloads == 1 and security.reloads == 0
+    assert security.root.config.users["alice"].startswith(b"$2")
+    assert not security.root.config.users["alice"].startswith(b"$2y$15$")
+    security.stopService()
+    lines = [line for line in logged if "keeping the last good" in line]
+    assert len(lines) == 1 and "bcrypt cost 15 is not from 4 to 14" in lines[0]
+
+
+STOPPING = """
+import sys, threading
+from twisted.internet import reactor
+from atopgpud_tw.server.web import passwords
+
+never = threading.Event()
+started = []
+
+def stuck(password, stored, stopping=None):
+    started.append(password)
+    never.wait()  # a check that would take for ever (a cost-31 hash)
+    return False
+
+passwords._bcrypt_check = stuck
+checks = passwords.PasswordChecks(reactor, threads=2, max_pending=8)
+users = {"alice": b"$2y$10$" + b"a" * 53}
+
+def begin():
+    for n in range(6):  # two running, four queued
+        assert checks.check(b"alice", b"wrong%d" % n, users) is not None
+    reactor.callLater(0.2, reactor.stop)
+
+reactor.addSystemEventTrigger("before", "shutdown", checks.stop)
+reactor.callWhenRunning(begin)
+reactor.run()
+print("stopped with", len(checks.pending), "pending,", len(started), "started", flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_stopping_waits_for_no_pending_check() -> None:
+    """Two checks that never end and four queued: the reactor stops, the process exits, nothing joined or run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STOPPING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "stopped with 6 pending" in done.stdout
 
 
 def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) -> None:
