@@ -238,6 +238,37 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
 
 
+def test_the_right_verdict_is_renewed_by_use_and_never_waits_behind_a_flood(held) -> None:
+    """Scraped every 30 s for 5 minutes, the right password is checked once; left unused past its verdict while
+    wrong passwords fill every pending place, it is still checked (in its own thread), never answered 503."""
+    clock, checks, queued = held
+    users = {"alice": hashed("right").encode()}
+    first = checks.check(b"alice", b"right", users)
+    run(queued)
+    assert isinstance(first, Deferred) and first.result is True
+    for _ in range(10):
+        clock.advance(passwords.CACHE_SECONDS / 2)
+        assert checks.check(b"alice", b"right", users) is True
+    assert checks.checked == 1
+    clock.advance(passwords.CACHE_SECONDS + 1)  # the scraper paused; its verdict lapsed
+    flood = [checks.check(b"alice", b"guess%d" % n, users) for n in range(2)]
+    assert all(isinstance(each, Deferred) for each in flood)
+    assert checks.check(b"alice", b"guess-more", users) is None  # the flood is at its bound: 503
+    again = checks.check(b"alice", b"right", users)
+    assert isinstance(again, Deferred)  # not None: checked beside the flood
+    assert checks.check(b"bob", b"right", users) is False
+    run(queued)
+    assert again.result is True and [each.result for each in flood] == [False, False]
+    root = Protected(page_tree(), WebConfig(users=users), checks, clock)
+    for n in range(3):
+        checks.check(b"alice", b"guess-again%d" % n, users)
+    good = request_for(b"metrics", "alice", "right")
+    assert render(root.getChildWithDefault(b"metrics", good), good) == b"page"
+    checks.forget()  # the users changed: nothing is known right any more
+    assert checks.check(b"alice", b"right", users) is None
+    root.stop()
+
+
 def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
     """An unknown user is refused at once: a flood of made-up users costs no check and takes no place."""
     clock, checks, queued = held

@@ -8,9 +8,15 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
   `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
   once (503), so a flood of wrong passwords costs at most `THREADS` cores;
 - a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
-  user, the stored hash and the password, so Prometheus scraping every few
-  seconds pays for one check a minute, and a repeated wrong password for one;
-  checks of the same credentials at once share one run;
+  user, the stored hash and the password, so a repeated wrong password pays for
+  one check a minute; a right verdict is renewed by each use, so Prometheus
+  scraping every few seconds pays for one check in all; checks of the same
+  credentials at once share one run;
+- credentials once found right (until the users change) are checked again, when
+  their verdict has expired or was pushed out of the cache, in a thread of their
+  own and outside the `MAX_PENDING` bound: a flood of wrong passwords fills the
+  shared pool, never the real scraper's way (it got 503 on every scrape once its
+  verdict expired);
 - an unknown user is refused at once, without a check, so that a flood of
   made-up users costs nothing and takes no place from the scraper (the time
   taken does tell whether a user name exists: the names are not the secret, the
@@ -77,7 +83,12 @@ class PasswordChecks:
         self.cache_seconds = cache_seconds
         self.now = now
         self.pool = _Pool(minthreads=0, maxthreads=threads, name="atopgpud-bcrypt")
+        #: checks of credentials once found right: one thread, no bound but the number of such credentials
+        self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
+        #: the keys of credentials found right since the users last changed, oldest first
+        self.known: OrderedDict[bytes, None] = OrderedDict()
         self.pending: dict[bytes, Deferred[bool]] = {}
+        self.pending_known: dict[bytes, Deferred[bool]] = {}
         self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self.checked = 0
         self.refused = 0
@@ -87,15 +98,18 @@ class PasswordChecks:
     def start(self) -> None:
         if not self._started:
             self._started = True
-            if self.pool.stopping.is_set():  # started again after a stop: a pool of its own
+            if self.pool.stopping.is_set():  # started again after a stop: pools of their own
                 self.pool = _Pool(minthreads=0, maxthreads=self.pool.max, name="atopgpud-bcrypt")
+                self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
             self.pool.start()
+            self.known_pool.start()
 
     def stop(self) -> None:
         self._failed.stop()
         if self._started:
             self._started = False
             self.pool.stop()
+            self.known_pool.stop()
 
     def check(self, user: bytes, password: bytes, users: dict[str, bytes]) -> bool | Deferred[bool] | None:
         """True or False at once when known; a Deferred when bcrypt must run; None when too many are pending."""
@@ -110,29 +124,38 @@ class PasswordChecks:
         if cached is not None:
             if cached[1] > self.now():
                 self.verdicts.move_to_end(key)
+                if cached[0]:  # renewed by use: the scraper's verdict does not lapse while it scrapes
+                    self.verdicts[key] = (True, self.now() + self.cache_seconds)
                 return cached[0]
             del self.verdicts[key]
-        running = self.pending.get(key)
+        known = key in self.known
+        pending = self.pending_known if known else self.pending
+        running = pending.get(key)
         if running is not None:
             return _share(running)
-        if len(self.pending) >= self.max_pending:
+        if not known and len(self.pending) >= self.max_pending:
             self.refused += 1
             return None
         self.start()
         self.checked += 1
-        done: Deferred[bool] = deferToThreadPool(self.reactor, self.pool, _bcrypt_check, password, stored,
-                                                      self.pool.stopping)
-        self.pending[key] = done
+        pool = self.known_pool if known else self.pool
+        done: Deferred[bool] = deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping)
+        pending[key] = done
 
         def verdict(right: bool) -> bool:
-            del self.pending[key]
+            del pending[key]
             self.verdicts[key] = (right, self.now() + self.cache_seconds)
             while len(self.verdicts) > CACHE_ENTRIES:
                 self.verdicts.popitem(last=False)
+            if right:
+                self.known[key] = None
+                self.known.move_to_end(key)
+                while len(self.known) > CACHE_ENTRIES:
+                    self.known.popitem(last=False)
             return right
 
         def failed(failure: Any) -> bool:
-            del self.pending[key]
+            del pending[key]
             self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
                                                       error=failure.getErrorMessage()),
                                "bcrypt checks failed")
@@ -142,8 +165,9 @@ class PasswordChecks:
         return _share(done)
 
     def forget(self) -> None:
-        """Drop every cached verdict (the users changed)."""
+        """Drop every cached verdict and every credential known right (the users changed)."""
         self.verdicts.clear()
+        self.known.clear()
 
 
 def _bcrypt_check(password: bytes, stored: bytes, stopping: threading.Event | None = None) -> bool:
