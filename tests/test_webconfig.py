@@ -609,11 +609,38 @@ def test_tls_keeps_the_connection_bound_and_a_handshake_deadline(pki: Pki, tmp_p
     first, transport = connect(factory)
     assert first is not None and len(site.guard.channels) == 1
     assert connect(factory) == (None, None)  # full: closed before a handshake
-    clock.advance(site.guard.limits.head_timeout)
+    clock.advance(5)
     assert transport.disconnecting or getattr(transport, "aborted", False)
     first.connectionLost(Failure(ConnectionDone()))
-    assert not site.guard.channels
-    assert any("no TLS handshake within 10.0 s" in line for line in logged)
+    assert not site.guard.channels and not site.guard.handshakes
+    assert any("no TLS handshake within 5.0 s" in line for line in logged)
+    site.guard.stop()
+    assert not clock.getDelayedCalls()
+
+
+def test_stalled_handshakes_from_one_address_hold_at_most_four_places(pki: Pki, tmp_path: Path, logged) -> None:
+    """Ten connections from one address that never finish their handshake: each newer one beyond 4 closes that
+    address's oldest, so at most 4 places are held, and the next connection (the scraper) is still let in."""
+    clock = task.Clock()
+    site, factory = tls_site(pki, tmp_path, clock, max_clients=8)
+    opened, closed = [], []
+    for _ in range(10):
+        protocol, transport = connect(factory)
+        assert protocol is not None  # never refused: the oldest stalled one made room
+        opened.append((protocol, transport))
+        for old, gone in opened:
+            if (getattr(gone, "aborted", False) or gone.disconnecting) and old not in closed:
+                closed.append(old)
+                old.connectionLost(Failure(ConnectionDone()))
+    assert len(closed) == 6
+    assert len(site.guard.channels) == 4 and len(site.guard.handshakes["127.0.0.1"]) == 4
+    assert sum("over 4 TLS handshakes in flight from 127.0.0.1" in line for line in logged) == 1
+    scraper, transport = connect(factory)
+    assert scraper is not None and len(site.guard.channels) == 5
+    for protocol, _ in [*opened, (scraper, transport)]:
+        if protocol not in closed:
+            protocol.connectionLost(Failure(ConnectionDone()))
+    assert not site.guard.channels and not site.guard.handshakes
     site.guard.stop()
     assert not clock.getDelayedCalls()
 
