@@ -251,6 +251,21 @@ def test_a_bad_file_at_start_is_one_line_and_exit_2(tmp_path: Path, pki) -> None
                      "cannot be read (No such file or directory)"]
 
 
+def test_a_bcrypt_cost_over_the_bound_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A hash of cost 15 (some 2.6 s of a core a check, a stop behind each) ends start-up: exit 2, one line."""
+    path = web_config(tmp_path / "web.yml", users={"prometheus": "$2y$15$" + "a" * 53})
+    daemon = Daemon(tmp_path, ["--metrics", f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)],
+                    scenario=SCENARIO).start(wait=False)
+    assert daemon.proc is not None
+    try:
+        assert daemon.proc.wait(30) == 2
+    finally:
+        daemon.stop()
+    lines = daemon.log().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"atopgpud: --web-config {path}: basic_auth_users.prometheus: "
+                                                   "bcrypt cost 15 is not from 4 to 14"), lines
+
+
 #: for each client_auth_type: whether a client with no certificate, one the CA signed, and a self-signed one
 #: gets the page (Go's meanings, https://pkg.go.dev/crypto/tls#ClientAuthType)
 CLIENT_AUTH = {

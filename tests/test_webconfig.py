@@ -79,7 +79,9 @@ BAD = [
     ("http_server_config:\n  headers: [a]\n", "headers must be a mapping, not a list"),
     ("basic_auth_users:\n  alice: secret\n", "basic_auth_users.alice: not a bcrypt hash"),
     ("basic_auth_users:\n  alice: 5\n", "a bcrypt hash is a string, not a number"),
-    (f"basic_auth_users:\n  alice: '{'$2y$03$' + 'a' * 53}'\n", "bcrypt cost 03 is not from 4 to 31"),
+    (f"basic_auth_users:\n  alice: '{'$2y$03$' + 'a' * 53}'\n", "bcrypt cost 03 is not from 4 to 14"),
+    (f"basic_auth_users:\n  alice: '{'$2y$15$' + 'a' * 53}'\n", "bcrypt cost 15 is not from 4 to 14"),
+    (f"basic_auth_users:\n  alice: '{'$2b$31$' + 'a' * 53}'\n", "bcrypt cost 31 is not from 4 to 14"),
     (f"basic_auth_users:\n  'a:b': '{HASH}'\n", "is not a user name"),
     ("basic_auth_users: [alice]\n", "basic_auth_users must be a mapping of user names to bcrypt hashes"),
     ("basic_auth_users:\n  alice: x\n  alice: y\n", "line 3: alice is given twice"),
@@ -234,6 +236,37 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert not queued and checks.checked == 2
     clock.advance(passwords.CACHE_SECONDS + 1)
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
+
+
+def test_the_right_verdict_is_renewed_by_use_and_never_waits_behind_a_flood(held) -> None:
+    """Scraped every 30 s for 5 minutes, the right password is checked once; left unused past its verdict while
+    wrong passwords fill every pending place, it is still checked (in its own thread), never answered 503."""
+    clock, checks, queued = held
+    users = {"alice": hashed("right").encode()}
+    first = checks.check(b"alice", b"right", users)
+    run(queued)
+    assert isinstance(first, Deferred) and first.result is True
+    for _ in range(10):
+        clock.advance(passwords.CACHE_SECONDS / 2)
+        assert checks.check(b"alice", b"right", users) is True
+    assert checks.checked == 1
+    clock.advance(passwords.CACHE_SECONDS + 1)  # the scraper paused; its verdict lapsed
+    flood = [checks.check(b"alice", b"guess%d" % n, users) for n in range(2)]
+    assert all(isinstance(each, Deferred) for each in flood)
+    assert checks.check(b"alice", b"guess-more", users) is None  # the flood is at its bound: 503
+    again = checks.check(b"alice", b"right", users)
+    assert isinstance(again, Deferred)  # not None: checked beside the flood
+    assert checks.check(b"bob", b"right", users) is False
+    run(queued)
+    assert again.result is True and [each.result for each in flood] == [False, False]
+    root = Protected(page_tree(), WebConfig(users=users), checks, clock)
+    for n in range(3):
+        checks.check(b"alice", b"guess-again%d" % n, users)
+    good = request_for(b"metrics", "alice", "right")
+    assert render(root.getChildWithDefault(b"metrics", good), good) == b"page"
+    checks.forget()  # the users changed: nothing is known right any more
+    assert checks.check(b"alice", b"right", users) is None
+    root.stop()
 
 
 def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
@@ -422,6 +455,62 @@ def test_a_reload_that_would_turn_basic_auth_off_is_refused(tmp_path: Path, held
     assert any("turns basic auth off, which only a restart can do" in line for line in logged)
 
 
+def test_a_reload_with_a_cost_over_the_bound_keeps_the_last_good(tmp_path: Path, held, logged) -> None:
+    """A hash of cost 15 (some 2.6 s a check; 31 would be days) in a reload is one line; the last good users stay."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    security = security_for(path, clock, held)
+    security.startService()
+    path.write_text(f"basic_auth_users:\n  alice: '{'$2y$15$' + 'a' * 53}'\n")
+    clock.advance(1)
+    assert security.failed_reloads == 1 and security.reloads == 0
+    assert security.root.config.users["alice"].startswith(b"$2")
+    assert not security.root.config.users["alice"].startswith(b"$2y$15$")
+    security.stopService()
+    lines = [line for line in logged if "keeping the last good" in line]
+    assert len(lines) == 1 and "bcrypt cost 15 is not from 4 to 14" in lines[0]
+
+
+STOPPING = """
+import sys, threading
+from twisted.internet import reactor
+from atopgpud_tw.server.web import passwords
+
+never = threading.Event()
+started = []
+
+def stuck(password, stored, stopping=None):
+    started.append(password)
+    never.wait()  # a check that would take for ever (a cost-31 hash)
+    return False
+
+passwords._bcrypt_check = stuck
+checks = passwords.PasswordChecks(reactor, threads=2, max_pending=8)
+users = {"alice": b"$2y$10$" + b"a" * 53}
+
+def begin():
+    for n in range(6):  # two running, four queued
+        assert checks.check(b"alice", b"wrong%d" % n, users) is not None
+    reactor.callLater(0.2, reactor.stop)
+
+reactor.addSystemEventTrigger("before", "shutdown", checks.stop)
+reactor.callWhenRunning(begin)
+reactor.run()
+print("stopped with", len(checks.pending), "pending,", len(started), "started", flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_stopping_waits_for_no_pending_check() -> None:
+    """Two checks that never end and four queued: the reactor stops, the process exits, nothing joined or run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STOPPING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "stopped with 6 pending" in done.stdout
+
+
 def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) -> None:
     """A FIFO (it would block), a device (/dev/zero fills memory), a file over MAX_SIZE: one line each, at once."""
     from atopgpud_tw.server.web.webconfig import MAX_SIZE, read
@@ -520,11 +609,38 @@ def test_tls_keeps_the_connection_bound_and_a_handshake_deadline(pki: Pki, tmp_p
     first, transport = connect(factory)
     assert first is not None and len(site.guard.channels) == 1
     assert connect(factory) == (None, None)  # full: closed before a handshake
-    clock.advance(site.guard.limits.head_timeout)
+    clock.advance(5)
     assert transport.disconnecting or getattr(transport, "aborted", False)
     first.connectionLost(Failure(ConnectionDone()))
-    assert not site.guard.channels
-    assert any("no TLS handshake within 10.0 s" in line for line in logged)
+    assert not site.guard.channels and not site.guard.handshakes
+    assert any("no TLS handshake within 5.0 s" in line for line in logged)
+    site.guard.stop()
+    assert not clock.getDelayedCalls()
+
+
+def test_stalled_handshakes_from_one_address_hold_at_most_four_places(pki: Pki, tmp_path: Path, logged) -> None:
+    """Ten connections from one address that never finish their handshake: each newer one beyond 4 closes that
+    address's oldest, so at most 4 places are held, and the next connection (the scraper) is still let in."""
+    clock = task.Clock()
+    site, factory = tls_site(pki, tmp_path, clock, max_clients=8)
+    opened, closed = [], []
+    for _ in range(10):
+        protocol, transport = connect(factory)
+        assert protocol is not None  # never refused: the oldest stalled one made room
+        opened.append((protocol, transport))
+        for old, gone in opened:
+            if (getattr(gone, "aborted", False) or gone.disconnecting) and old not in closed:
+                closed.append(old)
+                old.connectionLost(Failure(ConnectionDone()))
+    assert len(closed) == 6
+    assert len(site.guard.channels) == 4 and len(site.guard.handshakes["127.0.0.1"]) == 4
+    assert sum("over 4 TLS handshakes in flight from 127.0.0.1" in line for line in logged) == 1
+    scraper, transport = connect(factory)
+    assert scraper is not None and len(site.guard.channels) == 5
+    for protocol, _ in [*opened, (scraper, transport)]:
+        if protocol not in closed:
+            protocol.connectionLost(Failure(ConnectionDone()))
+    assert not site.guard.channels and not site.guard.handshakes
     site.guard.stop()
     assert not clock.getDelayedCalls()
 

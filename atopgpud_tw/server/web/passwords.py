@@ -8,22 +8,33 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
   `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
   once (503), so a flood of wrong passwords costs at most `THREADS` cores;
 - a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
-  user, the stored hash and the password, so Prometheus scraping every few
-  seconds pays for one check a minute, and a repeated wrong password for one;
-  checks of the same credentials at once share one run;
+  user, the stored hash and the password, so a repeated wrong password pays for
+  one check a minute; a right verdict is renewed by each use, so Prometheus
+  scraping every few seconds pays for one check in all; checks of the same
+  credentials at once share one run;
+- credentials once found right (until the users change) are checked again, when
+  their verdict has expired or was pushed out of the cache, in a thread of their
+  own and outside the `MAX_PENDING` bound: a flood of wrong passwords fills the
+  shared pool, never the real scraper's way (it got 503 on every scrape once its
+  verdict expired);
 - an unknown user is refused at once, without a check, so that a flood of
   made-up users costs nothing and takes no place from the scraper (the time
   taken does tell whether a user name exists: the names are not the secret, the
   passwords are);
 - a password over `MAX_PASSWORD` bytes is wrong at once: bcrypt hashes no more
   (bcrypt 5 raises on a longer one, older versions cut it), so no hash can have
-  been made of it.
+  been made of it;
+- stopping waits for no check: the pool's threads are daemon threads and are
+  not joined, and a check still queued is not run (`_Pool`), so SIGTERM with
+  checks pending exits at once rather than after them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable
@@ -44,6 +55,22 @@ CACHE_ENTRIES = 1024
 MAX_PASSWORD = 72
 
 
+class _Pool(ThreadPool):
+    """A thread pool whose stop waits for nobody: daemon threads, not joined; work still queued is dropped."""
+
+    threadFactory = functools.partial(threading.Thread, daemon=True)  # type: ignore[assignment]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()  # a queued check sees it and returns at once
+        self.joined = True  # no new work
+        self.started = False
+        self._team.quit()  # idle workers end; a busy one ends after its check, and the process need not wait
+
+
 class PasswordChecks:
     """bcrypt checks in a bounded pool of their own, their verdicts cached a while."""
 
@@ -55,8 +82,13 @@ class PasswordChecks:
         self.max_pending = max_pending
         self.cache_seconds = cache_seconds
         self.now = now
-        self.pool = ThreadPool(minthreads=0, maxthreads=threads, name="atopgpud-bcrypt")
+        self.pool = _Pool(minthreads=0, maxthreads=threads, name="atopgpud-bcrypt")
+        #: checks of credentials once found right: one thread, no bound but the number of such credentials
+        self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
+        #: the keys of credentials found right since the users last changed, oldest first
+        self.known: OrderedDict[bytes, None] = OrderedDict()
         self.pending: dict[bytes, Deferred[bool]] = {}
+        self.pending_known: dict[bytes, Deferred[bool]] = {}
         self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self.checked = 0
         self.refused = 0
@@ -66,13 +98,18 @@ class PasswordChecks:
     def start(self) -> None:
         if not self._started:
             self._started = True
+            if self.pool.stopping.is_set():  # started again after a stop: pools of their own
+                self.pool = _Pool(minthreads=0, maxthreads=self.pool.max, name="atopgpud-bcrypt")
+                self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
             self.pool.start()
+            self.known_pool.start()
 
     def stop(self) -> None:
         self._failed.stop()
         if self._started:
             self._started = False
             self.pool.stop()
+            self.known_pool.stop()
 
     def check(self, user: bytes, password: bytes, users: dict[str, bytes]) -> bool | Deferred[bool] | None:
         """True or False at once when known; a Deferred when bcrypt must run; None when too many are pending."""
@@ -87,28 +124,38 @@ class PasswordChecks:
         if cached is not None:
             if cached[1] > self.now():
                 self.verdicts.move_to_end(key)
+                if cached[0]:  # renewed by use: the scraper's verdict does not lapse while it scrapes
+                    self.verdicts[key] = (True, self.now() + self.cache_seconds)
                 return cached[0]
             del self.verdicts[key]
-        running = self.pending.get(key)
+        known = key in self.known
+        pending = self.pending_known if known else self.pending
+        running = pending.get(key)
         if running is not None:
             return _share(running)
-        if len(self.pending) >= self.max_pending:
+        if not known and len(self.pending) >= self.max_pending:
             self.refused += 1
             return None
         self.start()
         self.checked += 1
-        done: Deferred[bool] = deferToThreadPool(self.reactor, self.pool, _bcrypt_check, password, stored)
-        self.pending[key] = done
+        pool = self.known_pool if known else self.pool
+        done: Deferred[bool] = deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping)
+        pending[key] = done
 
         def verdict(right: bool) -> bool:
-            del self.pending[key]
+            del pending[key]
             self.verdicts[key] = (right, self.now() + self.cache_seconds)
             while len(self.verdicts) > CACHE_ENTRIES:
                 self.verdicts.popitem(last=False)
+            if right:
+                self.known[key] = None
+                self.known.move_to_end(key)
+                while len(self.known) > CACHE_ENTRIES:
+                    self.known.popitem(last=False)
             return right
 
         def failed(failure: Any) -> bool:
-            del self.pending[key]
+            del pending[key]
             self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
                                                       error=failure.getErrorMessage()),
                                "bcrypt checks failed")
@@ -118,11 +165,14 @@ class PasswordChecks:
         return _share(done)
 
     def forget(self) -> None:
-        """Drop every cached verdict (the users changed)."""
+        """Drop every cached verdict and every credential known right (the users changed)."""
         self.verdicts.clear()
+        self.known.clear()
 
 
-def _bcrypt_check(password: bytes, stored: bytes) -> bool:
+def _bcrypt_check(password: bytes, stored: bytes, stopping: threading.Event | None = None) -> bool:
+    if stopping is not None and stopping.is_set():
+        return False  # queued when the daemon stopped: nobody waits for the verdict
     # $2y$ (htpasswd's) is $2b$ by another name; bcrypt reads both, the prefix changed only for clarity
     return bcrypt.checkpw(password, stored)
 

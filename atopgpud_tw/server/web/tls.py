@@ -5,7 +5,12 @@ certificates read with the ``cryptography`` library, so that a bad file is one
 line); `Contexts` hands the current one to each new connection, so a reload
 changes what the next handshake sees and leaves open connections as they are;
 `TLSSiteFactory` is Twisted's TLS (`twisted.protocols.tls`) around the metrics
-site, and `TLSChannel` the site's channel with a deadline for the handshake.
+site, and `TLSChannel` the site's channel with a deadline for the handshake
+(`WebLimits.handshake_timeout`, 5 s) and at most
+`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address:
+a newer one closes that address's oldest, so slow or stalled handshakes hold
+at most 4 of the listener's places per address, each for at most 5 s, and a
+scraper's handshake (milliseconds) is never the oldest for long.
 
 client_auth_type maps onto OpenSSL's verify modes as Go's crypto/tls defines
 the five (https://pkg.go.dev/crypto/tls#ClientAuthType):
@@ -190,18 +195,34 @@ class TLSSiteFactory(TLSMemoryBIOFactory):
 
 @implementer(IHandshakeListener)
 class TLSChannel(BoundedChannel):
-    """The metrics site's channel under TLS: the handshake must end within the head
-    deadline (`WebLimits.head_timeout`), and a failed one is logged once per burst."""
+    """The metrics site's channel under TLS: the handshake must end within
+    `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
+    flight per peer address, and a failed one is logged once per burst."""
 
     def __init__(self) -> None:
         super().__init__()
         self._handshake: Any = None
         self._shaken = False
+        self._address = ""
 
     def connectionMade(self) -> None:
         super().connectionMade()
         if self in self.guard.channels:
-            self._handshake = self.guard.clock.callLater(self.limits.head_timeout, self._too_slow)
+            self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
+            peer = self.transport.getPeer()
+            self._address = str(getattr(peer, "host", None) or "local")
+            flight = self.guard.handshakes.setdefault(self._address, [])
+            flight.append(self)
+            if len(flight) > self.limits.max_handshakes_per_peer:
+                oldest = flight[0]
+                oldest._stop_waiting()
+                self.guard.cut(
+                    "metrics TLS handshakes cut: too many from one address",
+                    "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
+                    peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
+                    address=self._address,
+                )
+                oldest.transport.abortConnection()
 
     def handshakeCompleted(self) -> None:
         """Called by Twisted's TLS (`IHandshakeListener`)."""
@@ -222,13 +243,19 @@ class TLSChannel(BoundedChannel):
         if self._handshake is not None and self._handshake.active():
             self._handshake.cancel()
         self._handshake = None
+        flight = self.guard.handshakes.get(self._address)
+        if flight is not None and self in flight:
+            flight.remove(self)
+            if not flight:
+                del self.guard.handshakes[self._address]
 
     def _too_slow(self) -> None:
         self._handshake = None
+        self._stop_waiting()
         self.guard.cut(
             "metrics TLS handshakes cut: too slow",
             "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
-            peer=peer_name(self.transport), seconds=self.limits.head_timeout,
+            peer=peer_name(self.transport), seconds=self.limits.handshake_timeout,
         )
         self.transport.abortConnection()
 

@@ -53,6 +53,10 @@ class WebLimits:
     max_body: int = 1024
     #: request line and headers, bytes
     max_head: int = 8192
+    #: seconds from a TLS connection's start to the end of its handshake (a scraper's takes milliseconds)
+    handshake_timeout: float = 5.0
+    #: TLS handshakes in flight from one peer address; a newer one closes that peer's oldest
+    max_handshakes_per_peer: int = 4
 
 
 class WebGuard:
@@ -64,6 +68,8 @@ class WebGuard:
         self.limits = limits
         self.clock = clock
         self.channels: set[BoundedChannel] = set()
+        #: per peer address, the TLS connections whose handshake is in flight, oldest first
+        self.handshakes: dict[str, list[Any]] = {}
         self._bursts: dict[str, BurstLog] = {}
 
     def room(self) -> bool:

@@ -76,6 +76,10 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 #: a bcrypt hash in the modular crypt format: $2a$, $2b$ or $2y$ (htpasswd -B), cost, 53 characters
 _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+#: the lowest and highest bcrypt cost taken: each step doubles a check (cost 10: some 80 ms, 14: some 1.3 s of a
+#: core), and a cost of 31 would hold a checking thread for days and a stop behind it
+MIN_COST = 4
+MAX_COST = 14
 
 
 class WebConfigError(ValueError):
@@ -351,7 +355,8 @@ def _users(value: Any) -> dict[str, bytes]:
         if match is None:
             raise WebConfigError(f"basic_auth_users.{name}: not a bcrypt hash ($2y$10$ and 53 characters, "
                                  "as htpasswd -nBC 10 makes)")
-        if not 4 <= int(match.group(1)) <= 31:
-            raise WebConfigError(f"basic_auth_users.{name}: bcrypt cost {match.group(1)} is not from 4 to 31")
+        if not MIN_COST <= int(match.group(1)) <= MAX_COST:
+            raise WebConfigError(f"basic_auth_users.{name}: bcrypt cost {match.group(1)} is not from {MIN_COST} "
+                                 f"to {MAX_COST} (each step doubles the time of a check; htpasswd -nBC 10 is usual)")
         users[name] = hashed.strip().encode("ascii")
     return users
