@@ -170,7 +170,9 @@ def test_a_flood_of_wrong_passwords_leaves_atop_answered(secured, pki) -> None:
           f"{statuses.count(0)} cut; atop: {answered} answers, slowest {slowest * 1000:.1f} ms")
     assert statuses and set(statuses) <= {401, 503, 0}
     assert 503 in statuses  # the bound was reached, and answered at once
-    assert statuses.count(0) < len(statuses) / 2
+    # (many are cut: one peer address has at most 4 TLS handshakes in flight, and the flood's
+    # 20 clients share 127.0.0.1, so a fifth closes the oldest)
+    assert statuses.count(401) + statuses.count(503) >= 20
     assert https_get(port, pki, "prometheus", PASSWORD) == 200  # and the right password still works
 
 
