@@ -253,9 +253,8 @@ def test_a_bad_file_at_start_is_one_line_and_exit_2(tmp_path: Path, pki) -> None
                      "cannot be read (No such file or directory)"]
 
 
-def test_a_bcrypt_cost_over_the_bound_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    """A hash of cost 15 (some 2.6 s of a core a check, a stop behind each) ends start-up: exit 2, one line."""
-    path = web_config(tmp_path / "web.yml", users={"prometheus": "$2y$15$" + "a" * 53})
+def refused_at_start(tmp_path: Path, path: Path) -> list[str]:
+    """The lines of a daemon started with `path` as its --web-config, which must end start-up (exit 2)."""
     daemon = Daemon(tmp_path, ["--metrics", f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)],
                     scenario=SCENARIO).start(wait=False)
     assert daemon.proc is not None
@@ -263,7 +262,13 @@ def test_a_bcrypt_cost_over_the_bound_at_start_is_one_line_and_exit_2(tmp_path: 
         assert daemon.proc.wait(30) == 2
     finally:
         daemon.stop()
-    lines = daemon.log().strip().splitlines()
+    return daemon.log().strip().splitlines()
+
+
+def test_a_bcrypt_cost_over_the_bound_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A hash of cost 15 (some 2.6 s of a core a check, a stop behind each) ends start-up: exit 2, one line."""
+    path = web_config(tmp_path / "web.yml", users={"prometheus": "$2y$15$" + "a" * 53})
+    lines = refused_at_start(tmp_path, path)
     assert len(lines) == 1 and lines[0].startswith(f"atopgpud: --web-config {path}: basic_auth_users.prometheus: "
                                                    "bcrypt cost 15 is not from 4 to 14"), lines
 
@@ -357,14 +362,7 @@ def test_a_device_or_fifo_as_the_file_at_start_is_one_line_and_exit_2(tmp_path: 
     if kind == "fifo":
         path = tmp_path / "web.yml"
         os.mkfifo(path)
-    daemon = Daemon(tmp_path, ["--metrics", f"tcp:{free_port()}:interface=127.0.0.1", "--web-config", str(path)],
-                    scenario=SCENARIO).start(wait=False)
-    assert daemon.proc is not None
-    try:
-        assert daemon.proc.wait(30) == 2
-    finally:
-        daemon.stop()
-    assert daemon.log().strip().splitlines() == [f"atopgpud: --web-config {path}: cannot be read (not a regular file)"]
+    assert refused_at_start(tmp_path, path) == [f"atopgpud: --web-config {path}: cannot be read (not a regular file)"]
 
 
 def test_a_reload_of_an_emptied_file_or_of_dev_zero_keeps_basic_auth_and_atop(tmp_path: Path) -> None:
