@@ -83,7 +83,7 @@ def reading(
     element: ET.Element,
     path: str,
     parse: Callable[[str], int | None],
-    unavailable: int,
+    unavailable: int | None,
     owner: tuple[str, str],
     problems: Problems,
 ) -> int | None:
@@ -98,7 +98,7 @@ def value_of(
     text: str | None,
     path: str,
     parse: Callable[[str], int | None],
-    unavailable: int,
+    unavailable: int | None,
     owner: tuple[str, str],
     problems: Problems,
 ) -> int | None:
@@ -122,11 +122,8 @@ MEMORY_FREE_RESERVED = ("fb_memory_usage/free", "fb_memory_usage/reserved")
 def free_reserved(element: ET.Element, owner: tuple[str, str], problems: Problems) -> tuple[int | None, int | None]:
     """The free and reserved memory in KiB under `element` (None where absent or N/A, or unreadable
     with a problem)."""
-    found: list[int | None] = []
-    for path in MEMORY_FREE_RESERVED:
-        text = text_at(element, path)
-        found.append(None if text is None or not_available(text) else value_of(text, path, kib, 0, owner, problems))
-    return found[0], found[1]
+    free, reserved = (reading(element, path, kib, None, owner, problems) for path in MEMORY_FREE_RESERVED)
+    return free, reserved
 
 
 def within(used: int | None, total: int | None, owner: tuple[str, str], problems: Problems) -> int | None:
