@@ -301,7 +301,8 @@ def fold_instances(
     for part in instances:
         if not part.present:
             continue
-        free = None if free is None or part.memory_free_kib is None else free + part.memory_free_kib
+        if free is not None:
+            free = None if part.memory_free_kib is None else free + part.memory_free_kib
         if reserved is not None:
             reserved = None if part.memory_reserved_kib is None else reserved + part.memory_reserved_kib
         if total is not None:

@@ -291,7 +291,7 @@ class AtopGpuFactory(Factory):
 
     def _refuse(self, uid: int | None, why: Callable[[], str]) -> None:
         """Log a refusal of `uid` once per burst; `why` is only worked out for the line."""
-        who = f"uid {uid}" if uid is not None else "TCP clients of unknown uid"
+        who = _who(uid)
         self._refused.event(
             uid,
             lambda: self.log.warn("refusing connections of {who}: {why}", who=who, why=why()),
@@ -344,7 +344,7 @@ class AtopGpuFactory(Factory):
 
     def _close_for_room(self, protocol: AtopGpuProtocol, why: str) -> None:
         uid = self.connections[protocol]
-        who = f"uid {uid}" if uid is not None else "TCP clients of unknown uid"
+        who = _who(uid)
         self._closed_for_room.event(
             uid,
             lambda: self.log.warn("closing a connection of {who} to make room: " + why, who=who,
@@ -399,3 +399,7 @@ def _handle(transport: Any) -> socket.socket | None:
         return None
     return handle if isinstance(handle, socket.socket) else None
 
+
+def _who(uid: int | None) -> str:
+    """Whose connections, in a log line."""
+    return f"uid {uid}" if uid is not None else "TCP clients of unknown uid"

@@ -82,9 +82,8 @@ class PasswordChecks:
         self.max_pending = max_pending
         self.cache_seconds = cache_seconds
         self.now = now
-        self.pool = _Pool(minthreads=0, maxthreads=threads, name="atopgpud-bcrypt")
-        #: checks of credentials once found right: one thread, no bound but the number of such credentials
-        self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
+        self.threads = threads
+        self.pool, self.known_pool = self._pools()
         #: the keys of credentials found right since the users last changed, oldest first
         self.known: OrderedDict[bytes, None] = OrderedDict()
         self.pending: dict[bytes, Deferred[bool]] = {}
@@ -95,12 +94,17 @@ class PasswordChecks:
         self._started = False
         self._failed = BurstLog(reactor)
 
+    def _pools(self) -> tuple[_Pool, _Pool]:
+        """The checking pool, and the one for credentials once found right: one thread, no bound
+        but the number of such credentials."""
+        return (_Pool(minthreads=0, maxthreads=self.threads, name="atopgpud-bcrypt"),
+                _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known"))
+
     def start(self) -> None:
         if not self._started:
             self._started = True
             if self.pool.stopping.is_set():  # started again after a stop: pools of their own
-                self.pool = _Pool(minthreads=0, maxthreads=self.pool.max, name="atopgpud-bcrypt")
-                self.known_pool = _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known")
+                self.pool, self.known_pool = self._pools()
             self.pool.start()
             self.known_pool.start()
 
