@@ -30,8 +30,8 @@ from zope.interface import implementer
 
 #: syslog priorities (sd-daemon(3), syslog(3)) of Twisted's log levels
 PRIORITIES = {LogLevel.debug: 7, LogLevel.info: 6, LogLevel.warn: 4, LogLevel.error: 3, LogLevel.critical: 2}
-#: what ``--log-level`` takes, lowest first
-LEVELS = ("debug", "info", "warn", "error", "critical")
+#: what ``--log-level`` takes, lowest first: Twisted's levels
+LEVELS = tuple(level.name for level in LogLevel.iterconstants())
 DEFAULT_LEVEL = "info"
 
 
