@@ -124,11 +124,12 @@ def check_socket(host: Host, reach: Reach, listen: str, used: bool | None) -> Ch
     if reach.error is None:
         return Check(name, OK, f"answers as {_user(reach.uid)}, {reach.devices} devices" if reach.uid is not None
                      else f"answers, {reach.devices} devices")
-    if reach.refused:
-        return Check(name, FAIL, f"closed the connection unanswered: you ({_user(host.caller[0])}) are refused "
-                     "(see access), or --max-clients is full", "see access")
+    text = (f"closed the connection unanswered: you ({_user(host.caller[0])}) are refused (--allow-uid), "
+            "or --max-clients is full") if reach.refused else reach.error
     if used is False:
-        return Check(name, NOTE, f"{reach.error} (the installed atop does not use it)")
+        return Check(name, NOTE, f"{text} (the installed atop does not use it)")
+    if reach.refused:
+        return Check(name, FAIL, text, "see access")
     if host.daemon is None:
         return Check(name, FAIL, reach.error, "systemctl enable --now atopgpud atopgpud.socket")
     listens = " ".join((host.daemon.options or {}).get("listen", ["?"]))
@@ -146,6 +147,8 @@ def check_access(host: Host) -> Check:
     if not allow.restricts:
         return Check("access", OK, "no --allow-uid/--allow-gid: every local user may connect")
     uid, gids = host.caller
+    if host.atop_version is not None and host.atop_version < UNIX_ATOP:
+        return Check("access", OK, "the installed atop connects over TCP, which --allow-uid/--allow-gid do not guard")
     if allow.admits(Peer(0, uid, gids)):
         return Check("access", OK, f"--allow-uid/--allow-gid admit you ({_user(uid)}); root always")
     return Check("access", FAIL, f"--allow-uid/--allow-gid refuse you ({_user(uid)}): your atop gets no GPU",
