@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import pytest
-from systemd_container import VENV, Container, container_fixture, exec_start_dropin
+from systemd_container import UNITS, VENV, Container, container_fixture, exec_start_dropin, not_possible
 
 pytestmark = pytest.mark.timeout(1800)  # a cold cache runs debootstrap in the first test's setup
 
-box = container_fixture()
+#: cgroup v2 and the bpf() system call (nspawn's filter leaves it out) give the container systemd's IP firewall
+box = container_fixture(nspawn_environment={"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
+                        nspawn_options=["--system-call-filter=bpf", "--capability=CAP_BPF,CAP_NET_ADMIN"])
 
 SERVICE = "atopgpud.service"
 UNIX, TCP = "unix:@atopgpud_nvidia", "tcp:127.0.0.1:59123"
@@ -82,7 +85,9 @@ def test_a_healthy_host_passes(box: Container, shim: str) -> None:
     found = doctor(box, shim, "a healthy host")
     assert statuses(found) == {"exit": "0", UNIX: "OK", TCP: "OK", "access": "OK", "atop": "OK",
                                "atop.service": "OK", "NVML": "OK", "devices": "OK", "MIG": "OK", "/proc": "OK"}, found
-    assert "as uid " in found[f"{UNIX} text"] and "(_atopgpud)" in found[f"{UNIX} text"], found
+    pid = box.systemctl("show", SERVICE, "-p", "MainPID", "--value").stdout.strip()
+    uid = box.run(["stat", "-c", "%u", f"/proc/{pid}"], check=True).stdout.strip()  # the dynamic user's
+    assert uid != "0" and f"answers as uid {uid}" in found[f"{UNIX} text"], (uid, found)
     assert "atop 2.8.1" in found["atop text"] and "999.99.99-sim" in found["NVML text"]
     assert "-k" in found["atop.service text"]
 
@@ -129,3 +134,45 @@ def test_no_atop_no_nvml_and_proc_subset_pid(box: Container, shim: str) -> None:
                                "atop.service": "--", "NVML": "FAIL", "devices": "OK", "MIG": "--",
                                "/proc": "FAIL"}, found
     assert "libnvidia-ml" in found["NVML text"] and "subset=pid" in found["/proc text"]
+
+
+def documented_dropin() -> str:
+    """The [Service] lines of the drop-in docs/metrics.md gives for a Prometheus on another host."""
+    page = (UNITS / ".." / "docs" / "metrics.md").read_text()
+    scraping = page.split("## Scraping", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```ini\n\[Service\]\n(.*?)```", scraping, re.S)[1]  # type: ignore[index]
+
+
+#: an old-style alias (SIOCSIFADDR on lo:N, as ifconfig does) gives the container's loopback an address
+#: outside localhost, for the listener and for a scraper of an allowed and of another address
+ADD_ADDRESS = ("import fcntl, socket, struct, sys; fcntl.ioctl(socket.socket(), 0x8916, struct.pack('16sH2s4s8s', "
+               "sys.argv[1].encode(), socket.AF_INET, bytes(2), socket.inet_aton(sys.argv[2]), bytes(8)))")
+#: a scrape of --metrics at 192.0.2.10 from the source address argv[1]: exit 0 once the page's status line came
+SCRAPE = ("import socket, sys; s = socket.create_connection(('192.0.2.10', 9445), timeout=float(sys.argv[2]), "
+          "source_address=(sys.argv[1], 0)); s.sendall(b'GET /metrics HTTP/1.0\\r\\n\\r\\n'); "
+          "sys.exit(0 if s.recv(12) == b'HTTP/1.0 200' else 3)")
+
+
+def test_the_documented_dropin_lets_a_remote_prometheus_scrape(box: Container, shim: str) -> None:
+    """The container boots with a BPF firewall (cgroup v2, bpf() allowed); its loopback gets 192.0.2.10
+    (the listener and the Prometheus of docs/metrics.md's drop-in) and 192.0.2.99 (someone else).  The
+    shipped unit drops a scrape from 192.0.2.10; with the documented drop-in installed, systemctl show
+    lists its addresses besides localhost's, the scrape from 192.0.2.10 gets the page, and one from
+    192.0.2.99 is still dropped."""
+    for label, address in (("lo:1", "192.0.2.10"), ("lo:2", "192.0.2.99")):
+        box.run(["python3", "-c", ADD_ADDRESS, label, address], check=True)
+
+    def scraped(source: str, wait: float) -> bool:
+        done = box.run(["python3", "-c", SCRAPE, source, str(wait)], timeout=wait + 30)
+        assert done.returncode in (0, 1), done  # 1: no connection (a dropped SYN times out)
+        return done.returncode == 0
+
+    metrics = ("--reader", "sim", "--metrics", "tcp:9445:interface=0.0.0.0")
+    host(box, shim, extra=metrics, atop_running=False)
+    if scraped("192.0.2.10", 5):
+        not_possible("no BPF firewall in the container: IPAddressDeny=any lets a scrape through")
+    host(box, shim, extra=metrics, unit=documented_dropin(), atop_running=False)
+    allowed = box.systemctl("show", SERVICE, "-p", "IPAddressAllow", "--value").stdout.split()
+    assert {"192.0.2.10/32", "198.51.100.0/24", "127.0.0.0/8", "::1/128"} <= set(allowed), allowed
+    assert scraped("192.0.2.10", 60)
+    assert not scraped("192.0.2.99", 5)

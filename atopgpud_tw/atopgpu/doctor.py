@@ -28,8 +28,8 @@ OK, FAIL, NOTE = "OK", "FAIL", "--"
 #: atop's two ways in: (endpoint, the daemon's --listen for it, API version); atop 2.13 and later use the first
 SOCKETS = ((client.DEFAULT_CONNECT, client.DEFAULT_CONNECT, 2),
            ("tcp:127.0.0.1:59123", "tcp:59123:interface=127.0.0.1", 1))
-#: the first atop on the abstract socket, and the first with GPU statistics at all
-UNIX_ATOP, FIRST_ATOP = (2, 13), (2, 4)
+#: the first atop on the abstract socket (older ones: TCP)
+UNIX_ATOP = (2, 13)
 #: atop's options that take an argument (its getopt string): in a cluster, what follows one is its argument
 _ATOP_ARGUMENT_FLAGS = "beJLPrtz"
 _UNIT_FIX = "systemctl edit atopgpud: ProtectProc=default and ProcSubset=all (as the shipped unit has them)"
@@ -69,7 +69,7 @@ class Daemon:
 
 @dataclass
 class Host:
-    """Everything the verdicts look at."""
+    """Everything the verdicts look at: what the sockets answered, the daemon, the caller's uid and groups, ..."""
 
     reaches: list[Reach]
     daemon: Daemon | None
@@ -88,9 +88,9 @@ class Host:
     unit_proc: dict[str, str] = field(default_factory=dict)
 
 
-def _user(uid: int | None) -> str:
+def _user(uid: int) -> str:
     try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})" if uid is not None else "uid ?"
+        return f"uid {uid}, {pwd.getpwuid(uid).pw_name}"
     except KeyError:
         return f"uid {uid}"
 
@@ -107,23 +107,11 @@ def has_k(args: Sequence[str]) -> bool:
     return False
 
 
-def proc_view(host: Host) -> set[str]:
-    """The daemon's /proc mount options: its own mount's where it runs, else the host's and its unit's."""
-    if host.daemon is not None and host.daemon.proc_options is not None:
-        return host.daemon.proc_options
-    view = set(host.host_proc)
-    if host.unit_proc.get("ProtectProc", "default") != "default":
-        view.add(f"hidepid={host.unit_proc['ProtectProc']}")
-    if host.unit_proc.get("ProcSubset") == "pid":
-        view.add("subset=pid")
-    return view
-
-
 def check_socket(host: Host, reach: Reach, listen: str, used: bool | None) -> Check:
     name = reach.endpoint
     if reach.error is None:
-        return Check(name, OK, f"answers as {_user(reach.uid)}, {reach.devices} devices" if reach.uid is not None
-                     else f"answers, {reach.devices} devices")
+        who = "" if reach.uid is None else f" as {_user(reach.uid)};"
+        return Check(name, OK, f"answers{who} {reach.devices} devices")
     text = (f"closed the connection unanswered: you ({_user(host.caller[0])}) are refused (--allow-uid), "
             "or --max-clients is full") if reach.refused else reach.error
     if used is False:
@@ -160,7 +148,7 @@ def check_atop(host: Host) -> Check:
     if version is None:
         return Check("atop", FAIL, "atop is not installed (or not on PATH)", "apt-get install atop")
     shown = ".".join(map(str, version))
-    if version < FIRST_ATOP:
+    if version < (2, 4):
         return Check("atop", FAIL, f"atop {shown} has no GPU statistics (2.4 and later)", "upgrade atop")
     way = "@atopgpud_nvidia, API 2" if version >= UNIX_ATOP else "TCP 127.0.0.1:59123, API 1"
     when = "only when started with -k" if host.atop_needs_k else "by itself (it has no -k)"
@@ -220,12 +208,15 @@ def check_mig(host: Host) -> Check:
 
 
 def check_proc(host: Host) -> Check:
-    view = proc_view(host)
-    hidepid = next((o.split("=", 1)[1] for o in view if o.startswith("hidepid=")), "0")
-    gid = next((o.split("=", 1)[1] for o in view if o.startswith("gid=")), None)
-    groups = host.daemon.groups if host.daemon is not None else frozenset()
+    # the daemon's /proc mount options: its own mount's where it runs, else the host's and its unit's
+    view = host.daemon.proc_options if host.daemon is not None else None
+    if view is None:
+        view = host.host_proc | {f"hidepid={host.unit_proc.get('ProtectProc', 'default')}", "subset=" +
+                                 host.unit_proc.get("ProcSubset", "all")} - {"hidepid=default"}
+    named = dict(option.partition("=")[::2] for option in view)
+    hidepid, gid = named.get("hidepid", "0"), named.get("gid", "")
     wrong = []
-    if hidepid not in ("0", "off") and not (gid is not None and gid.isdigit() and int(gid) in groups):
+    if hidepid not in ("0", "off") and not (gid.isdigit() and host.daemon and int(gid) in host.daemon.groups):
         wrong.append(f"hidepid={hidepid}: the daemon sees only its own user's processes (no user, workload)")
     if "subset=pid" in view:
         wrong.append("subset=pid: NVML cannot read /proc/driver/nvidia")
@@ -259,8 +250,9 @@ def reach(endpoint: str, version: int) -> Reach:
             uid = peer.uid if peer is not None else None
             try:
                 return Reach(endpoint, uid=uid, devices=len(client.take_reading(link, version).types))
-            except client.BadReply as error:
-                return Reach(endpoint, str(error), "closed the connection" in str(error), uid)
+            except client.ClientError as error:  # closed unanswered, or reset: refused
+                shut = any(words in str(error) for words in ("closed the connection", "connection lost"))
+                return Reach(endpoint, str(error).removeprefix(f"{endpoint}: "), shut, uid)
     except client.ClientError as error:
         return Reach(endpoint, str(error).removeprefix(f"{endpoint}: "))
 
@@ -340,6 +332,9 @@ def atop_unit_args(show: dict[str, str]) -> list[str] | None:
 
 
 def _atop_facts(host: Host) -> None:
+    show = unit_show("atop.service", "LoadState", "MainPID", "ExecStart", "Environment", "EnvironmentFiles")
+    host.atop_unit = show.get("LoadState", "not-found")
+    host.atop_args = atop_unit_args(show)
     if shutil.which("atop") is None:
         return
     version = subprocess.run(["atop", "-V"], capture_output=True, text=True, timeout=10, check=False)
@@ -347,9 +342,6 @@ def _atop_facts(host: Host) -> None:
     host.atop_version = tuple(int(n) for n in found.groups() if n is not None) if found else (0,)
     usage = subprocess.run(["atop", "-h"], capture_output=True, text=True, timeout=10, check=False)
     host.atop_needs_k = bool(re.search(r"^\s*-k\s.*atopgpud", usage.stdout + usage.stderr, re.M))
-    show = unit_show("atop.service", "LoadState", "MainPID", "ExecStart", "Environment", "EnvironmentFiles")
-    host.atop_unit = show.get("LoadState", "not-found")
-    host.atop_args = atop_unit_args(show)
 
 
 def nvml_facts(host: Host, nvml: Any = None) -> None:
@@ -357,21 +349,19 @@ def nvml_facts(host: Host, nvml: Any = None) -> None:
     try:
         nvml = nvml or importlib.import_module("pynvml")
         nvml.nvmlInit()
+        try:
+            version = nvml.nvmlSystemGetDriverVersion()
+            host.driver = version.decode() if isinstance(version, bytes) else str(version)
+            for index in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    mode = nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByIndex(index))
+                    host.mig.append((int(mode[0]), int(mode[1])))
+                except nvml.NVMLError:
+                    host.mig.append(None)
+        finally:
+            nvml.nvmlShutdown()
     except Exception as error:  # ImportError, NVMLError
         host.nvml_error, host.nvml_code = f"{type(error).__name__}: {error}", getattr(error, "value", None)
-        return
-    try:
-        version = nvml.nvmlSystemGetDriverVersion()
-        host.driver = version.decode() if isinstance(version, bytes) else str(version)
-        for index in range(nvml.nvmlDeviceGetCount()):
-            try:
-                host.mig.append(tuple(nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByIndex(index))))  # type: ignore[arg-type]
-            except nvml.NVMLError:
-                host.mig.append(None)
-    except nvml.NVMLError as error:
-        host.nvml_error, host.nvml_code = f"{type(error).__name__}: {error}", getattr(error, "value", None)
-    finally:
-        nvml.nvmlShutdown()
 
 
 def gather() -> Host:
