@@ -37,7 +37,7 @@ def healthy(**changes: object) -> Host:
     """A host where atop 2.8.1 (-k) gets its figures; `changes` break it."""
     options = {"listen": ["unix:@atopgpud_nvidia", "tcp:59123:interface=127.0.0.1"], "allow-uid": set(),
                "allow-gid": set(), "mig": "instances"}
-    host = Host([Reach(UNIX, uid=998, devices=2), Reach(TCP, devices=2)], Daemon(40, 998, frozenset({44}), options),
+    host = Host([Reach(UNIX, uid=998, devices=2), Reach(TCP, devices=2)], Daemon(40, frozenset({44}), options),
                 (0, frozenset({0})), atop_version=(2, 8, 1), atop_needs_k=True, atop_unit="loaded",
                 atop_args=["-k", "-w", "/var/log/atop/atop_20261204", "600"], driver="550.54.15",
                 mig=[(0, 0), None], host_proc={"rw"}, unit_proc={"ProtectProc": "default", "ProcSubset": "all"})
@@ -59,7 +59,7 @@ def test_a_healthy_host_passes_every_check() -> None:
 
 def test_the_socket_atop_uses_must_answer_the_other_need_not() -> None:
     gone = Reach(TCP, "connection refused; is atopgpud running?")
-    daemon = Daemon(40, 998, options={"listen": ["unix:@elsewhere"], "allow-uid": set(), "allow-gid": set()})
+    daemon = Daemon(40, options={"listen": ["unix:@elsewhere"], "allow-uid": set(), "allow-gid": set()})
     check = verdict(healthy(reaches=[Reach(UNIX, "connection refused"), gone], daemon=daemon), TCP)
     assert check.status == FAIL and "listens on unix:@elsewhere" in check.text
     assert "--listen tcp:59123:interface=127.0.0.1" in check.fix
@@ -72,7 +72,7 @@ def test_the_socket_atop_uses_must_answer_the_other_need_not() -> None:
 def test_a_refused_caller_fails_both_its_socket_and_access() -> None:
     options = {"listen": [], "allow-uid": {1001}, "allow-gid": set()}
     closed = Reach(UNIX, "the daemon closed the connection", refused=True, uid=998)
-    host = healthy(reaches=[closed, Reach(TCP, devices=2)], daemon=Daemon(40, 998, options=options),
+    host = healthy(reaches=[closed, Reach(TCP, devices=2)], daemon=Daemon(40, options=options),
                    caller=(4242, frozenset({4242})), atop_version=(2, 13, 0))
     assert verdict(host, UNIX).status == FAIL and "refused" in verdict(host, UNIX).text
     access = verdict(host, "access")
@@ -82,9 +82,9 @@ def test_a_refused_caller_fails_both_its_socket_and_access() -> None:
     assert verdict(old, UNIX).status == NOTE and "refused" in verdict(old, UNIX).text
     assert verdict(old, "access").status == OK and "TCP" in verdict(old, "access").text
     newer = {"atop_version": (2, 13, 0)}
-    assert verdict(healthy(daemon=Daemon(40, 998, options=options), **newer), "access").status == OK  # root
+    assert verdict(healthy(daemon=Daemon(40, options=options), **newer), "access").status == OK  # root
     by_group = {**options, "allow-gid": {4242}}
-    assert verdict(healthy(daemon=Daemon(40, 998, options=by_group), caller=(4242, frozenset({4242})), **newer),
+    assert verdict(healthy(daemon=Daemon(40, options=by_group), caller=(4242, frozenset({4242})), **newer),
                    "access").status == OK
     assert verdict(healthy(daemon=None), "access").status == NOTE
 
@@ -145,7 +145,9 @@ def test_nvml_that_cannot_start_fails_with_the_fix_for_its_error(tmp_path: Path)
 
     host = healthy()
     doctor.nvml_facts(host, NoLibrary())
-    assert host.nvml_code == nvml_codes.LIBRARY_NOT_FOUND and "libnvidia-ml" in verdict(host, "NVML").fix
+    check = verdict(host, "NVML")
+    assert host.nvml_code == nvml_codes.LIBRARY_NOT_FOUND and "libnvidia-ml.so.1" in check.text
+    assert check.fix == "install the NVIDIA driver"
 
 
 def test_more_devices_than_atops_32_fail() -> None:
@@ -169,16 +171,16 @@ def test_proc_options_are_those_of_the_last_proc_mount() -> None:
 
 
 def test_what_proc_hides_from_the_daemon_fails() -> None:
-    hidden = Daemon(40, 998, frozenset({44}), None, doctor.proc_mount_options(MOUNTINFO))
+    hidden = Daemon(40, frozenset({44}), None, doctor.proc_mount_options(MOUNTINFO))
     check = verdict(healthy(daemon=hidden), "/proc")
     assert check.status == FAIL and "hidepid=invisible" in check.text and "subset=pid" in check.text
     assert "ProtectProc=default" in check.fix
     # not running: its unit's settings count
     assert verdict(healthy(daemon=None, unit_proc={"ProtectProc": "invisible"}), "/proc").status == FAIL
     # the host's own hidepid, with gid= a group of the daemon's: it sees everything
-    on_host = healthy(host_proc={"hidepid=2", "gid=44"}, daemon=Daemon(40, 998, frozenset({44})))
+    on_host = healthy(host_proc={"hidepid=2", "gid=44"}, daemon=Daemon(40, frozenset({44})))
     assert verdict(on_host, "/proc").status == OK
-    check = verdict(healthy(host_proc={"hidepid=2"}, daemon=Daemon(40, 998, frozenset({44}))), "/proc")
+    check = verdict(healthy(host_proc={"hidepid=2"}, daemon=Daemon(40, frozenset({44}))), "/proc")
     assert check.status == FAIL and "fstab" in check.fix
 
 

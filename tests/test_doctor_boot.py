@@ -133,7 +133,7 @@ def test_no_atop_no_nvml_and_proc_subset_pid(box: Container, shim: str) -> None:
     assert statuses(found) == {"exit": "1", UNIX: "OK", TCP: "OK", "access": "OK", "atop": "FAIL",
                                "atop.service": "--", "NVML": "FAIL", "devices": "OK", "MIG": "--",
                                "/proc": "FAIL"}, found
-    assert "libnvidia-ml" in found["NVML text"] and "subset=pid" in found["/proc text"]
+    assert "libnvidia-ml.so.1) is not installed" in found["NVML text"] and "subset=pid" in found["/proc text"]
 
 
 def documented_dropin() -> str:

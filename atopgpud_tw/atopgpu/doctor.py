@@ -58,10 +58,9 @@ class Reach:
 
 @dataclass
 class Daemon:
-    """The running atopgpud as /proc shows it: its uid and groups, its options and its view of /proc."""
+    """The running atopgpud as /proc shows it: its groups, its options and its view of /proc."""
 
     pid: int
-    uid: int
     groups: frozenset[int] = frozenset()
     options: dict[str, Any] | None = None
     proc_options: set[str] | None = None
@@ -166,11 +165,10 @@ def check_atop_service(host: Host) -> Check:
 
 
 _NVML_FIXES = {
-    nvml_codes.LIBRARY_NOT_FOUND: "install the NVIDIA driver (it brings libnvidia-ml.so.1)",
-    nvml_codes.DRIVER_NOT_LOADED: "load the kernel module: modprobe nvidia (or install the driver)",
-    nvml_codes.LIB_RM_VERSION_MISMATCH: "the library and the kernel module are of two driver versions: "
-                                        "reboot (or reload the nvidia modules)",
-    nvml_codes.NO_PERMISSION: "give the daemon's user access to /dev/nvidia* (group video)",
+    nvml_codes.LIBRARY_NOT_FOUND: "install the NVIDIA driver",
+    nvml_codes.DRIVER_NOT_LOADED: "modprobe nvidia (see dmesg), or install the driver",
+    nvml_codes.LIB_RM_VERSION_MISMATCH: "reboot, or unload and load the nvidia modules",
+    nvml_codes.NO_PERMISSION: "check the mode and group of /dev/nvidia* (the daemon is in group video)",
 }
 
 
@@ -287,16 +285,15 @@ def find_daemon(proc: Path = Path("/proc")) -> Daemon | None:
         if not ("atopgpud" in names[:2] or ("twistd" in names[:2] and "atopgpud" in names)):
             continue
         status = dict(line.split(":", 1) for line in _read(entry / "status").splitlines() if ":" in line)
-        if "Uid" not in status:
+        if "Gid" not in status:
             continue
         options: Options | None = Options()
         try:
             options.parseOptions(argv[names.index("atopgpud") + 1:])  # type: ignore[union-attr]
         except (usage.UsageError, SystemExit):
             options = None
-        return Daemon(int(entry.name), int(status["Uid"].split()[0]),
-                      frozenset(map(int, status.get("Groups", "").split() + status["Gid"].split()[:1])),
-                      dict(options) if options is not None else None,
+        groups = frozenset(map(int, status.get("Groups", "").split() + status["Gid"].split()[:1]))
+        return Daemon(int(entry.name), groups, dict(options) if options is not None else None,
                       proc_mount_options(_read(entry / "mountinfo")))
     return None
 
@@ -361,7 +358,9 @@ def nvml_facts(host: Host, nvml: Any = None) -> None:
         finally:
             nvml.nvmlShutdown()
     except Exception as error:  # ImportError, NVMLError
-        host.nvml_error, host.nvml_code = f"{type(error).__name__}: {error}", getattr(error, "value", None)
+        from atopgpud_tw.readers.nvml.reader import describe_init_failure
+
+        host.nvml_error, host.nvml_code = describe_init_failure(error), getattr(error, "value", None)
 
 
 def gather() -> Host:
