@@ -87,7 +87,7 @@ def test_a_healthy_host_passes(box: Container, shim: str) -> None:
                                "atop.service": "OK", "NVML": "OK", "devices": "OK", "MIG": "OK", "/proc": "OK"}, found
     pid = box.systemctl("show", SERVICE, "-p", "MainPID", "--value").stdout.strip()
     uid = box.run(["stat", "-c", "%u", f"/proc/{pid}"], check=True).stdout.strip()  # the dynamic user's
-    assert uid != "0" and f"answers as uid {uid}" in found[f"{UNIX} text"], (uid, found)
+    assert uid != "0" and f"answers as uid {uid}:" in found[f"{UNIX} text"], (uid, found)
     assert "atop 2.8.1" in found["atop text"] and "999.99.99-sim" in found["NVML text"]
     assert "-k" in found["atop.service text"]
 

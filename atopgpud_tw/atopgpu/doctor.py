@@ -109,8 +109,8 @@ def has_k(args: Sequence[str]) -> bool:
 def check_socket(host: Host, reach: Reach, listen: str, used: bool | None) -> Check:
     name = reach.endpoint
     if reach.error is None:
-        who = "" if reach.uid is None else f" as {_user(reach.uid)};"
-        return Check(name, OK, f"answers{who} {reach.devices} devices")
+        who = "" if reach.uid is None else f" as {_user(reach.uid)}"
+        return Check(name, OK, f"answers{who}: {reach.devices} devices")
     text = (f"closed the connection unanswered: you ({_user(host.caller[0])}) are refused (--allow-uid), "
             "or --max-clients is full") if reach.refused else reach.error
     if used is False:
@@ -248,8 +248,8 @@ def reach(endpoint: str, version: int) -> Reach:
             uid = peer.uid if peer is not None else None
             try:
                 return Reach(endpoint, uid=uid, devices=len(client.take_reading(link, version).types))
-            except client.ClientError as error:  # closed unanswered, or reset: refused
-                shut = any(words in str(error) for words in ("closed the connection", "connection lost"))
+            except client.ClientError as error:  # closed (or reset) unanswered: refused
+                shut = any(words in str(error) for words in ("closed the connection", "connection lost", "not sent"))
                 return Reach(endpoint, str(error).removeprefix(f"{endpoint}: "), shut, uid)
     except client.ClientError as error:
         return Reach(endpoint, str(error).removeprefix(f"{endpoint}: "))
