@@ -13,7 +13,7 @@ import pytest
 from scenarios import A10, H100
 
 from atopgpud_tw import nvml_codes
-from atopgpud_tw.atopgpu import doctor
+from atopgpud_tw.atopgpu import cli, doctor
 from atopgpud_tw.atopgpu.doctor import FAIL, NOTE, OK, Daemon, Host, Reach
 from atopgpud_tw.sim import SimulatedNvml, binding_over, fresh_pynvml, parse_scenario
 
@@ -187,7 +187,7 @@ def test_what_proc_hides_from_the_daemon_fails() -> None:
 def test_the_command_prints_a_line_per_check_and_fails_when_one_fails(monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(doctor, "gather", lambda: healthy())
-    assert doctor.main([]) == 0
+    assert cli.main(["doctor"]) == 0  # the atopgpu command's subcommand
     assert len(capsys.readouterr().out.splitlines()) == 9
     monkeypatch.setattr(doctor, "gather", lambda: healthy(atop_version=None))
     assert doctor.main(["--json"]) == 1
