@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from OpenSSL import SSL
 from twisted.internet import task
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import ConnectionDone
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -395,7 +395,7 @@ def security_for(path: Path, clock: task.Clock, held) -> WebSecurity:
     _, checks, _ = held
     root = Protected(page_tree(), loaded.config, checks, clock)
     contexts = Contexts(loaded.context) if loaded.context is not None else None
-    return WebSecurity(str(path), loaded, root, contexts, clock)
+    return WebSecurity(str(path), loaded, root, contexts, clock, run=maybeDeferred)
 
 
 def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: Path, held, logged) -> None:
@@ -565,6 +565,89 @@ def test_sighup_reloads_through_the_signal_service(tmp_path: Path, held) -> None
     signals.hangup(None)
     assert security.reloads == 1
     assert signal.SIGHUP  # the handler itself is exercised end to end in test_web_tls.py
+
+
+def test_reloads_are_coalesced_while_one_is_built(tmp_path: Path, held, logged) -> None:
+    """50 SIGHUPs while a reload is built: that one build, then one more at the next look (reading the file
+    as the burst left it), then none; a build finished after the stop is not applied."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    built: list[Deferred] = []
+
+    def run(work, *args):
+        done: Deferred = Deferred()
+        built.append(done)
+        done.addCallback(lambda _: work(*args))
+        return done
+
+    security = security_for(path, clock, held)
+    security.run = run
+    security.startService()
+    for _ in range(50):
+        security.hangup()
+    web_config(path, users={"bob": hashed("two")})
+    assert len(built) == 1
+    built[0].callback(None)
+    assert security.reloads == 1
+    clock.advance(1)
+    assert len(built) == 2 and security.builds == 2
+    built[1].callback(None)
+    assert set(security.root.config.users) == {"bob"}
+    for _ in range(3):
+        clock.advance(1)
+    assert len(built) == 2
+    security.hangup()
+    security.stopService()
+    built[2].callback(None)
+    assert security.reloads == 2 and sum("reloaded (SIGHUP)" in line for line in logged) == 2
+
+
+RELOADS_IN_A_THREAD = """
+import os, signal, sys, threading
+from twisted.internet import reactor
+from atopgpud_tw.server.system.signals import SignalService
+from atopgpud_tw.server.web import websecure
+
+threads = []
+real = websecure.attempt
+
+def attempt(*args):
+    threads.append(threading.current_thread() is threading.main_thread())
+    return real(*args)
+
+site = type("Site", (), {"resource": None})()
+_, security = websecure.secure_site(sys.argv[1], site, reactor)
+websecure.attempt = attempt  # the reloads' builds, not start-up's
+signals = SignalService(reactor)
+signals.hangup_hooks.append(security.hangup)
+
+def burst():
+    signals.install()
+    for _ in range(50):
+        os.kill(os.getpid(), signal.SIGHUP)
+    reactor.callLater(2.5, reactor.stop)
+
+security.startService()
+reactor.callWhenRunning(burst)
+reactor.run()
+print("builds", security.builds, "reloads", security.reloads, "on the reactor", sum(threads), flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_fifty_sighups_build_a_few_reloads_none_on_the_reactor(tmp_path: Path) -> None:
+    """Real SIGHUPs on a real reactor: the reload is built in a thread (never the reactor's), and 50 of them
+    at once are one or two builds, not 50."""
+    import subprocess
+    import sys
+
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    done = subprocess.run([sys.executable, "-c", RELOADS_IN_A_THREAD, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    builds, reloads, on_reactor = int(words[1]), int(words[3]), int(words[7])
+    assert 1 <= builds <= 2 and reloads == builds and on_reactor == 0, done.stdout
 
 
 # -- TLS on the site's bounds -------------------------------------------------------------------
