@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from OpenSSL import SSL
 from twisted.internet import task
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import ConnectionDone
 from twisted.logger import capturedLogs
@@ -269,6 +270,38 @@ def test_the_right_verdict_is_renewed_by_use_and_never_waits_behind_a_flood(held
     root.stop()
 
 
+def test_a_first_check_from_another_address_pushes_out_the_floods_newest(held) -> None:
+    """Wrong passwords from one address fill every pending place; the scraper's first check (never known
+    right) from another address takes the flood's newest place (that request: 503), not a 503 of its own;
+    the flood's next one is 503; two addresses holding one each refuse a third as before."""
+    clock, checks, queued = held
+    users = {"alice": hashed("right").encode()}
+    root = Protected(page_tree(), WebConfig(users=users), checks, clock)
+    flood = []
+    for n in range(2):
+        request = request_for(b"metrics", "alice", f"guess{n}")
+        request.client = IPv4Address("TCP", "10.0.0.1", 4000 + n)
+        request.render = lambda resource, request=request: render(resource, request)
+        root.getChildWithDefault(b"metrics", request).render(request)
+        flood.append(request)
+    assert checks.check(b"alice", b"guess-more", users, "10.0.0.1") is None
+    scraper = request_for(b"metrics", "alice", "right")
+    scraper.client = IPv4Address("TCP", "10.0.0.2", 5000)
+    scraper.render = lambda resource: render(resource, scraper)
+    root.getChildWithDefault(b"metrics", scraper).render(scraper)
+    assert flood[1].responseCode == 503 and checks.refused == 1
+    assert checks.check(b"alice", b"guess-again", users, "10.0.0.1") is None
+    run(queued)
+    assert b"".join(scraper.written) == b"page" and flood[0].responseCode == 401
+    assert checks.checked == 3 and not checks.pending and not checks.owners
+    assert checks.check(b"alice", b"right", users, "10.0.0.3") is True  # cached; the pushed-out one never ran
+    for peer in ("10.0.0.1", "10.0.0.2"):
+        checks.check(b"alice", b"x" + peer.encode(), users, peer)
+    assert checks.check(b"alice", b"y", users, "10.0.0.3") is None
+    run(queued)
+    root.stop()
+
+
 def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
     """An unknown user is refused at once: a flood of made-up users costs no check and takes no place."""
     clock, checks, queued = held
@@ -479,7 +512,7 @@ from atopgpud_tw.server.web import passwords
 never = threading.Event()
 started = []
 
-def stuck(password, stored, stopping=None):
+def stuck(password, stored, *skip):
     started.append(password)
     never.wait()  # a check that would take for ever (a cost-31 hash)
     return False

@@ -77,7 +77,11 @@ def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
 
 def peer_name(transport: Any) -> str:
     """A client as the log names it: its address, or its socket's name."""
-    peer = transport.getPeer()
+    return address_name(transport.getPeer())
+
+
+def address_name(peer: Any) -> str:
+    """A client's address (an `IAddress`) as the log names it."""
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 

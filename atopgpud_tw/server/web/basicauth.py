@@ -23,7 +23,7 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.system.access import address_name
 from atopgpud_tw.server.web.passwords import MAX_PASSWORD, PasswordChecks
 from atopgpud_tw.server.web.webconfig import WebConfig
 
@@ -112,17 +112,22 @@ class _Waiting:
 
     isLeaf = True
 
-    def __init__(self, verdict: Deferred[bool], then: Callable[[], IResource], refused: Callable[[], None]) -> None:
+    def __init__(self, verdict: Deferred[bool | None], then: Callable[[], IResource], refused: Callable[[], None],
+                 busy: Callable[[], IResource]) -> None:
         self.verdict = verdict
         self.then = then
         self.refused = refused
+        self.busy = busy
 
     def render(self, request: Request) -> Any:
         gone: list[bool] = []
         request.notifyFinish().addErrback(lambda _: gone.append(True))
 
-        def decided(right: bool) -> None:
+        def decided(right: bool | None) -> None:
             if gone:
+                return
+            if right is None:  # pushed out by another address's check
+                request.render(self.busy())
                 return
             if not right:
                 self.refused()
@@ -195,24 +200,26 @@ class Protected:
         def page() -> IResource:
             return getChildForRequest(self.inner.getChildWithDefault(name, request), request)
 
-        verdict = self.checks.check(given[0], given[1], dict(config.users))
+        verdict = self.checks.check(given[0], given[1], dict(config.users), self._peer(request))
         if verdict is None:
-            self._busy.event(lambda: self.log.warn(
-                "answering metrics requests 503: {count} password checks already pending",
-                count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
-            return busy()
+            return self._busy_answer()
         refused = self._refused(request, given[0])
         if verdict is True:
             return self.inner.getChildWithDefault(name, request)
         if verdict is False:
             refused()
             return unauthorized()
-        return _Waiting(verdict, page, refused)
+        return _Waiting(verdict, page, refused, self._busy_answer)
+
+    def _busy_answer(self) -> IResource:
+        self._busy.event(lambda: self.log.warn(
+            "answering metrics requests 503: {count} password checks already pending",
+            count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
+        return busy()
 
     @staticmethod
     def _peer(request: Request) -> str:
-        channel = getattr(request, "channel", None)
-        return peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
+        return address_name(request.getClientAddress())
 
     def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
         peer = self._peer(request)
