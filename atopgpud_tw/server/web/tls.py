@@ -7,10 +7,11 @@ changes what the next handshake sees and leaves open connections as they are;
 `TLSSiteFactory` is Twisted's TLS (`twisted.protocols.tls`) around the metrics
 site, and `TLSChannel` the site's channel with a deadline for the handshake
 (`WebLimits.handshake_timeout`, 5 s) and at most
-`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address:
-a newer one closes that address's oldest, so slow or stalled handshakes hold
-at most 4 of the listener's places per address, each for at most 5 s, and a
-scraper's handshake (milliseconds) is never the oldest for long.
+`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address
+(and per uid, for a client on this host: the socket's owner, as the atop
+listeners tell it): a newer one closes that peer's oldest, so slow or stalled
+handshakes hold at most 4 of the listener's places per peer, each for at most
+5 s, and a scraper's handshake (milliseconds) is never the oldest for long.
 
 client_auth_type maps onto OpenSSL's verify modes as Go's crypto/tls defines
 the five (https://pkg.go.dev/crypto/tls#ClientAuthType):
@@ -36,7 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw.regularfile import read_regular
-from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.system.access import peer_name, peer_uid
 from atopgpud_tw.server.web.webbounds import BoundedChannel
 from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError
 
@@ -210,7 +211,7 @@ class TLSChannel(BoundedChannel):
         if self in self.guard.channels:
             self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
             peer = self.transport.getPeer()
-            self._address = str(getattr(peer, "host", None) or "local")
+            self._address = self._group(peer)
             flight = self.guard.handshakes.setdefault(self._address, [])
             flight.append(self)
             if len(flight) > self.limits.max_handshakes_per_peer:
@@ -223,6 +224,16 @@ class TLSChannel(BoundedChannel):
                     address=self._address,
                 )
                 oldest.transport.abortConnection()
+
+    def _group(self, peer: Any) -> str:
+        """Whose handshakes these are: the peer's address, and, for a client on this host, its uid (a local
+        user's stalled handshakes take no place of another user's, Prometheus's on the same host)."""
+        address = str(getattr(peer, "host", None) or "local")
+        try:
+            uid = peer_uid(self.transport.transport.getHandle(), self.guard.diag)
+        except AttributeError:  # no socket under it (a test's transport)
+            uid = None
+        return address if uid is None else f"{address} (uid {uid})"
 
     def handshakeCompleted(self) -> None:
         """Called by Twisted's TLS (`IHandshakeListener`)."""

@@ -38,6 +38,7 @@ from zope.interface import implementer
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
 from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.system.sockdiag import SockDiag
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class WebGuard:
         self.channels: set[BoundedChannel] = set()
         #: per peer address, the TLS connections whose handshake is in flight, oldest first
         self.handshakes: dict[str, list[Any]] = {}
+        #: tells a local TCP client's uid (`tls.TLSChannel`)
+        self.diag = SockDiag()
         self._bursts: dict[str, BurstLog] = {}
 
     def room(self) -> bool:
@@ -102,6 +105,7 @@ class WebGuard:
     def stop(self) -> None:
         for burst in self._bursts.values():
             burst.stop()
+        self.diag.close()
 
 
 class BoundedRequest(Request):
