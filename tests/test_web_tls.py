@@ -391,6 +391,7 @@ def test_a_reload_of_an_emptied_file_or_of_dev_zero_keeps_basic_auth_and_atop(tm
             client.close()
         assert http_status(port, "prometheus", PASSWORD) == 200
         rss_kib = int(Path(f"/proc/{daemon.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0])
+        print(f"/dev/zero as the file at a reload: daemon RSS {rss_kib} KiB")
         assert rss_kib < 512 * 1024, rss_kib
         lines = [line for line in daemon.log().splitlines() if "keeping the last good" in line]
         assert len(lines) == 2, lines
