@@ -302,6 +302,26 @@ def test_a_first_check_from_another_address_pushes_out_the_floods_newest(held) -
     root.stop()
 
 
+def test_the_bcrypt_checker_is_twisted_creds_checker(held) -> None:
+    """PasswordChecks is a twisted.cred credentials checker: a Portal logs in with the right password (the user
+    name as avatar id), refuses a wrong one (UnauthorizedLogin) and says Busy beyond the bound."""
+    from twisted.cred.checkers import ICredentialsChecker
+    from twisted.cred.credentials import UsernamePassword
+    from twisted.cred.error import UnauthorizedLogin
+    from zope.interface.verify import verifyObject
+
+    clock, checks, queued = held
+    assert verifyObject(ICredentialsChecker, checks)
+    checks.users = {"alice": hashed("right").encode()}
+    right, wrong = (checks.requestAvatarId(UsernamePassword(b"alice", password)) for password in (b"right", b"no"))
+    busy = checks.requestAvatarId(UsernamePassword(b"alice", b"third"))
+    run(queued)
+    assert right.result == b"alice"
+    assert wrong.result.check(UnauthorizedLogin) and busy.result.check(passwords.Busy)
+    for done in (wrong, busy):
+        done.addErrback(lambda _: None)
+
+
 def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
     """An unknown user is refused at once: a flood of made-up users costs no check and takes no place."""
     clock, checks, queued = held

@@ -45,9 +45,13 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import bcrypt
-from twisted.internet.defer import Deferred
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
+from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
@@ -76,9 +80,16 @@ class _Pool(ThreadPool):
         self._team.quit()  # idle workers end; a busy one ends after its check, and the process need not wait
 
 
-class PasswordChecks:
-    """bcrypt checks in a bounded pool of their own, their verdicts cached a while."""
+class Busy(Exception):
+    """Too many checks pending: try again (503)."""
 
+
+@implementer(ICredentialsChecker)
+class PasswordChecks:
+    """bcrypt checks in a bounded pool of their own, their verdicts cached a while; `twisted.cred`'s
+    checker of `users` (a login's avatar id: the user name; `Busy` or `UnauthorizedLogin` when refused)."""
+
+    credentialInterfaces = (IUsernamePassword,)
     log = ClassLogger("atopgpud_tw.passwords.PasswordChecks")
 
     def __init__(self, reactor: Any, threads: int = THREADS, max_pending: int = MAX_PENDING,
@@ -100,6 +111,17 @@ class PasswordChecks:
         self.refused = 0
         self._started = False
         self._failed = BurstLog(reactor)
+        #: the users and their hashes `requestAvatarId` checks against
+        self.users: dict[str, bytes] = {}
+
+    def requestAvatarId(self, credentials: Any) -> Deferred[bytes | tuple[()]]:
+        """`twisted.cred`: the user's name if the password is right (the client's address, when the
+        credentials carry one as `peer`, is whom a pending check is counted to)."""
+        user = credentials.username
+        verdict = self.check(user, credentials.password, self.users, getattr(credentials, "peer", ""))
+        if isinstance(verdict, Deferred):
+            return verdict.addCallback(_avatar, user)
+        return maybeDeferred(_avatar, verdict, user)
 
     def _pools(self) -> tuple[_Pool, _Pool]:
         """The checking pool, and the one for credentials once found right: one thread, no bound
@@ -205,6 +227,14 @@ class PasswordChecks:
         """Drop every cached verdict and every credential known right (the users changed)."""
         self.verdicts.clear()
         self.known.clear()
+
+
+def _avatar(verdict: bool | None, user: bytes) -> bytes | tuple[()]:
+    if verdict is None:
+        raise Busy()
+    if not verdict:
+        raise UnauthorizedLogin()
+    return user
 
 
 def _bcrypt_check(password: bytes, stored: bytes, *skip: threading.Event) -> bool | None:

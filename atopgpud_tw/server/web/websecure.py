@@ -191,8 +191,6 @@ class WebSecurity(Service):
             return
         if self.contexts is not None and loaded.context is not None:
             self.contexts.context = loaded.context
-        if loaded.config.users != self.loaded.config.users:
-            self.root.checks.forget()
         self.root.config = loaded.config
         self.loaded = loaded
         self.reloads += 1
