@@ -173,6 +173,31 @@ def test_every_client_auth_type_builds_a_context(pki: Pki, tmp_path: Path, mode:
                                                                         "RequireAndVerifyClientCert"))
 
 
+def test_what_twisteds_certificate_options_cannot_do(pki: Pki) -> None:
+    """Why the client certificates are set by hand on CertificateOptions' context: it cannot ask for a certificate
+    without verifying it against CAs (RequestClientCert, RequireAnyClientCert: verify=True needs caCerts, and
+    without verify it asks for none), nor check client_allowed_sans (no verify callback); and it always prefers
+    the server's order of suites (prefer_server_cipher_suites: false has no effect)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from twisted.internet.ssl import CertificateOptions
+
+    key = serialization.load_pem_private_key(pki.server_key.read_bytes(), password=None)
+    cert = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    with pytest.raises(ValueError, match="if and only if enabling certificate verification"):
+        CertificateOptions(privateKey=key, certificate=cert, verify=True)
+    context = CertificateOptions(privateKey=key, certificate=cert).getContext()
+    assert context.get_verify_mode() == SSL.VERIFY_NONE
+    assert context.set_options(0) & SSL.OP_CIPHER_SERVER_PREFERENCE
+    asking = load_context(pki, "RequestClientCert")
+    assert asking.get_verify_mode() == SSL.VERIFY_PEER  # asked, accepted unverified (test_web_tls.py)
+
+
+def load_context(pki: Pki, mode: str) -> SSL.Context:
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "client_auth_type": mode}
+    return build_context(parse("tls_server_config: " + json.dumps(tls) + "\n", "/").tls)
+
+
 def test_inline_pem_builds_the_same_context(pki: Pki) -> None:
     """cert, key and client_ca given inline, as the toolkit allows."""
     settings = parse(

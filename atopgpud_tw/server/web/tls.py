@@ -1,8 +1,8 @@
 """TLS on the metrics listener: an OpenSSL context from ``tls_server_config``, swapped on reload.
 
-`build_context` turns `webconfig.TLSSettings` into a pyOpenSSL context (the
-certificates read with the ``cryptography`` library, so that a bad file is one
-line); `Contexts` hands the current one to each new connection, so a reload
+`build_context` turns `webconfig.TLSSettings` into a pyOpenSSL context through
+Twisted's `CertificateOptions` (the certificates read with the ``cryptography``
+library, so that a bad file is one line); `Contexts` hands the current one to each new connection, so a reload
 changes what the next handshake sees and leaves open connections as they are;
 `TLSSiteFactory` is Twisted's TLS (`twisted.protocols.tls`) around the metrics
 site, and `TLSChannel` the site's channel with a deadline for the handshake
@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLServerConnectionCreator
 from twisted.internet.protocol import connectionDone
+from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -41,8 +42,8 @@ from atopgpud_tw.server.system.access import peer_name, peer_uid
 from atopgpud_tw.server.web.webbounds import BoundedChannel
 from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError
 
-_VERSIONS = {"TLS10": SSL.TLS1_VERSION, "TLS11": SSL.TLS1_1_VERSION, "TLS12": SSL.TLS1_2_VERSION,
-             "TLS13": SSL.TLS1_3_VERSION}
+_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
+             "TLS13": TLSVersion.TLSv1_3}
 #: Go's names of the TLS 1.2 (and older) suites it offers (https://pkg.go.dev/crypto/tls#CipherSuites),
 #: as OpenSSL names them
 CIPHERS = {
@@ -88,7 +89,13 @@ def _certificates(data: bytes, name: str) -> list[x509.Certificate]:
 
 
 def build_context(settings: TLSSettings) -> SSL.Context:
-    """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do."""
+    """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do.
+
+    Twisted's `CertificateOptions` makes it (certificate chain, key, versions, ciphers, sessions); the client
+    certificates are set on its context after (`_client_certificates`), as it can neither ask for a
+    certificate it does not verify (RequestClientCert, RequireAnyClientCert) nor check client_allowed_sans,
+    and it always prefers the server's order of suites (prefer_server_cipher_suites: false is taken and
+    has no effect, as in Go since 1.18)."""
     chain_data, chain_name = _pem(settings.cert, settings.cert_file, "cert")
     chain = _certificates(chain_data, chain_name)
     key_data, key_name = _pem(settings.key, settings.key_file, "key")
@@ -98,33 +105,27 @@ def build_context(settings: TLSSettings) -> SSL.Context:
         cause = "it is encrypted" if "encrypted" in str(error).lower() or isinstance(error, TypeError) else \
             "no PEM private key in it"
         raise WebConfigError(f"{key_name}: {cause}") from None
-    context = SSL.Context(SSL.TLS_SERVER_METHOD)
-    context.set_min_proto_version(_VERSIONS[settings.min_version])
-    context.set_max_proto_version(_VERSIONS[settings.max_version])
-    options = SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION
-    if settings.prefer_server_cipher_suites:
-        options |= SSL.OP_CIPHER_SERVER_PREFERENCE
-    context.set_options(options)
-    try:
-        context.use_certificate(chain[0])
-        for extra in chain[1:]:
-            context.add_extra_chain_cert(extra)
-        context.use_privatekey(key)  # type: ignore[arg-type]  # any of cryptography's private keys OpenSSL takes
-        context.check_privatekey()
-    except (SSL.Error, TypeError, ValueError):
-        raise WebConfigError(f"{key_name} is not the key of {chain_name}'s certificate") from None
     ciphers = [name for name in settings.cipher_suites if name not in TLS13_SUITES]
     unknown = [name for name in ciphers if name not in CIPHERS]
     if unknown:
         raise WebConfigError(f"tls_server_config.cipher_suites: {unknown[0]!r} is not a cipher suite "
                              "(Go's names, such as TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
-    if ciphers:
-        try:
-            context.set_cipher_list(":".join(CIPHERS[name] for name in ciphers).encode("ascii"))
-        except SSL.Error:
-            raise WebConfigError("tls_server_config.cipher_suites: OpenSSL offers none of them") from None
+    try:
+        options = CertificateOptions(  # cryptography's objects, which pyOpenSSL takes (its own are deprecated)
+            privateKey=key, certificate=chain[0], extraCertChain=chain[1:], enableSessions=True,  # type: ignore[arg-type]
+            enableSessionTickets=True, insecurelyLowerMinimumTo=_VERSIONS[settings.min_version],
+            lowerMaximumSecurityTo=_VERSIONS[settings.max_version],
+            acceptableCiphers=AcceptableCiphers.fromOpenSSLCipherString(":".join(CIPHERS[name] for name in ciphers))
+            if ciphers else None,
+        )
+    except ValueError:
+        raise WebConfigError("tls_server_config.cipher_suites: OpenSSL offers none of them") from None
+    try:
+        context = options.getContext()
+    except SSL.Error:
+        raise WebConfigError(f"{key_name} is not the key of {chain_name}'s certificate") from None
+    context.set_options(SSL.OP_NO_RENEGOTIATION)
     _client_certificates(context, settings)
-    context.set_session_id(b"atopgpud")  # resumed sessions of verified clients need an id context
     return context
 
 
