@@ -5,7 +5,6 @@ SIGHUP, a bad reload keeps the last good; a flood of wrong passwords leaves atop
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import os
 import signal
@@ -15,7 +14,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from daemon import Daemon, free_port, run_daemon
@@ -400,47 +398,55 @@ def test_a_reload_of_an_emptied_file_or_of_dev_zero_keeps_basic_auth_and_atop(tm
 # -- issue 37's attacks, measured (figures in docs/reliability.md) ---------------------------------
 
 
-@contextlib.contextmanager
-def flooding(attack, threads: int) -> Iterator[list]:  # noqa: ANN001
-    """`threads` threads calling attack(number, results) until the block ends; what they append is yielded."""
-    results: list = []
-    stop = threading.Event()
+#: 20 threads sending ever new wrong passwords for USER to 127.0.0.1:PORT until standard input closes; then it
+#: prints how many requests got 401 and how many 503
+FLOOD = """
+import base64, http.client, itertools, sys, threading
+port, user, stop, codes, numbers = int(sys.argv[1]), sys.argv[2], threading.Event(), [], itertools.count()
 
-    def loop(number: int) -> None:
-        while not stop.is_set():
-            attack(number, results)
+def flood():
+    while not stop.is_set():
+        token = base64.b64encode(f"{user}:guess-{next(numbers)}".encode()).decode()
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("GET", "/metrics", headers={"Authorization": "Basic " + token})
+            codes.append(connection.getresponse().status)
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            connection.close()
 
-    running = [threading.Thread(target=loop, args=(n,)) for n in range(threads)]
-    for thread in running:
-        thread.start()
-    try:
-        yield results
-    finally:
-        stop.set()
-        for thread in running:
-            thread.join(30)
+for _ in range(20):
+    threading.Thread(target=flood, daemon=True).start()
+sys.stdin.read()
+stop.set()
+print(codes.count(401), codes.count(503), flush=True)
+"""
 
 
-def test_first_checks_from_another_address_get_through_a_wrong_password_flood(tmp_path: Path) -> None:
-    """20 threads on 127.0.0.1 send ever-new wrong passwords (cost 10) and fill every pending check; 16 scrapes
-    from 127.0.0.2, each the first check of its user's right password, each get 200 (each took a flood's place,
-    where they got 503 on 16 of 16)."""
+@pytest.mark.usefixtures("as_others")
+@pytest.mark.parametrize("flooder", ["another address", "another local uid"])
+def test_first_checks_get_through_a_wrong_password_flood(tmp_path: Path, flooder: str) -> None:
+    """20 threads send ever-new wrong passwords (cost 10) and fill every pending check: root on 127.0.0.1 while
+    the scraper is on 127.0.0.2, or uid 1000 on the scraper's own 127.0.0.1.  16 scrapes, each the first check
+    of its user's right password, each get 200 (each took a flood's place, where they got 503 on 16 of 16)."""
     users = {f"scraper{n}": hashed(f"{PASSWORD}-{n}", cost=10) for n in range(16)}
     config = web_config(tmp_path / "web.yml", users=users)
     port = free_port()
+    source = "127.0.0.2" if flooder == "another address" else "127.0.0.1"
+    uid = 0 if flooder == "another address" else 1000
     with run_daemon(tmp_path, ["--metrics", f"tcp:{port}:interface=127.0.0.1", "--web-config", str(config)],
                     scenario=SCENARIO) as daemon:
-        guesses = iter(range(10**9))
-
-        def guess(number: int, results: list) -> None:
-            results.append(get(port, "scraper0", f"guess-{next(guesses)}"))
-
-        with flooding(guess, 20) as statuses:
-            wait_until(lambda: statuses.count(503) >= 20, "the flood did not fill the checks", daemon)
-            scrapes = [get(port, f"scraper{n}", f"{PASSWORD}-{n}", source="127.0.0.2") for n in range(16)]
-            flood_during = (len(statuses), statuses.count(401), statuses.count(503))
-    print(f"first checks during the flood: {scrapes.count(200)} of 16 got 200; flood: {flood_during[0]} "
-          f"requests, {flood_during[1]} 401, {flood_during[2]} 503")
+        attacker = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                                     SYSTEM_PYTHON, "-c", FLOOD, str(port), "scraper0"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: "password checks already pending" in daemon.log(), "the flood filled no check", daemon)
+            scrapes = [get(port, f"scraper{n}", f"{PASSWORD}-{n}", source=source) for n in range(16)]
+        finally:
+            refused, busy = attacker.communicate("", timeout=60)[0].split()
+    print(f"first checks during a flood from {flooder}: {scrapes.count(200)} of 16 got 200; the flood got "
+          f"{refused} 401 and {busy} 503")
     assert scrapes == [200] * 16, scrapes
 
 

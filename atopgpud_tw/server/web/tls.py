@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw.regularfile import read_regular
-from atopgpud_tw.server.system.access import peer_name, peer_uid
+from atopgpud_tw.server.system.access import peer_name
 from atopgpud_tw.server.web.webbounds import BoundedChannel
 from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError
 
@@ -199,21 +199,18 @@ class TLSSiteFactory(TLSMemoryBIOFactory):
 class TLSChannel(BoundedChannel):
     """The metrics site's channel under TLS: the handshake must end within
     `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
-    flight per peer address, and a failed one is logged once per burst."""
+    flight per peer (`BoundedChannel.peer`), and a failed one is logged once per burst."""
 
     def __init__(self) -> None:
         super().__init__()
         self._handshake: Any = None
         self._shaken = False
-        self._address = ""
 
     def connectionMade(self) -> None:
         super().connectionMade()
         if self in self.guard.channels:
             self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
-            peer = self.transport.getPeer()
-            self._address = self._group(peer)
-            flight = self.guard.handshakes.setdefault(self._address, [])
+            flight = self.guard.handshakes.setdefault(self.peer, [])
             flight.append(self)
             if len(flight) > self.limits.max_handshakes_per_peer:
                 oldest = flight[0]
@@ -222,19 +219,9 @@ class TLSChannel(BoundedChannel):
                     "metrics TLS handshakes cut: too many from one address",
                     "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
                     peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
-                    address=self._address,
+                    address=self.peer,
                 )
                 oldest.transport.abortConnection()
-
-    def _group(self, peer: Any) -> str:
-        """Whose handshakes these are: the peer's address, and, for a client on this host, its uid (a local
-        user's stalled handshakes take no place of another user's, Prometheus's on the same host)."""
-        address = str(getattr(peer, "host", None) or "local")
-        try:
-            uid = peer_uid(self.transport.transport.getHandle(), self.guard.diag)
-        except AttributeError:  # no socket under it (a test's transport)
-            uid = None
-        return address if uid is None else f"{address} (uid {uid})"
 
     def handshakeCompleted(self) -> None:
         """Called by Twisted's TLS (`IHandshakeListener`)."""
@@ -255,11 +242,11 @@ class TLSChannel(BoundedChannel):
         if self._handshake is not None and self._handshake.active():
             self._handshake.cancel()
         self._handshake = None
-        flight = self.guard.handshakes.get(self._address)
+        flight = self.guard.handshakes.get(self.peer)
         if flight is not None and self in flight:
             flight.remove(self)
             if not flight:
-                del self.guard.handshakes[self._address]
+                del self.guard.handshakes[self.peer]
 
     def _too_slow(self) -> None:
         self._handshake = None

@@ -37,7 +37,7 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.system.access import peer_key, peer_name
 from atopgpud_tw.server.system.sockdiag import SockDiag
 
 
@@ -71,7 +71,7 @@ class WebGuard:
         self.channels: set[BoundedChannel] = set()
         #: per peer address, the TLS connections whose handshake is in flight, oldest first
         self.handshakes: dict[str, list[Any]] = {}
-        #: tells a local TCP client's uid (`tls.TLSChannel`)
+        #: tells a local TCP client's uid (`BoundedChannel.peer`)
         self.diag = SockDiag()
         self._bursts: dict[str, BurstLog] = {}
 
@@ -171,6 +171,7 @@ class BoundedChannel(HTTPChannel):
         self._held: Request | None = None
         self._admitted = False
         self._cut = False
+        self.peer = ""
 
     @property
     def limits(self) -> WebLimits:
@@ -183,6 +184,8 @@ class BoundedChannel(HTTPChannel):
             self.transport.abortConnection()
             return
         self._admitted = True
+        #: whom this connection's shares are counted to (TLS handshakes, password checks): `access.peer_key`
+        self.peer = peer_key(self.transport, self.guard.diag)
         super().connectionMade()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
