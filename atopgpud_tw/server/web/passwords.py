@@ -7,11 +7,11 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
   the ``bcrypt`` library lets go of the GIL while it hashes), with at most
   `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
   once (503), so a flood of wrong passwords costs at most `THREADS` cores; but
-  a client whose address holds fewer of those places than the address holding
-  the most takes that one's newest (which is answered 503): a flood from one
-  address, or a few, never keeps another address's first check out, and the
-  real scraper waits behind at most a few checks (only a flood from as many
-  addresses as there are places can fill them);
+  a client (`access.peer_key`: its address, and a local client's uid) holding
+  fewer of those places than the client holding the most takes that one's
+  newest (answered 503): a flood from one client, or a few, never keeps
+  another's first check out (only one from as many clients as there are places
+  can fill them);
 - a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
   user, the stored hash and the password, so a repeated wrong password pays for
   one check a minute; a right verdict is renewed by each use, so Prometheus
