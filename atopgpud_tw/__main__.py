@@ -5,15 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-from atopgpud_tw.lazy import defer_unused, without_tls_unless_asked
+from twisted.python import usage
+from twisted.scripts import twistd
 
-defer_unused()  # before Twisted is imported: what its imports bring and the daemon never uses
-without_tls_unless_asked(sys.argv[1:])  # pyOpenSSL only for a daemon that serves TLS
-
-from twisted.python import usage  # noqa: E402
-from twisted.scripts import twistd  # noqa: E402
-
-from atopgpud_tw.plugin import atopgpud  # noqa: E402
+from atopgpud_tw.plugin import atopgpud
 
 
 def _only_atopgpud(interface: object, package: object = None) -> list[object]:
