@@ -5,10 +5,30 @@ from __future__ import annotations
 import os
 import sys
 
-from twisted.python import usage
-from twisted.scripts import twistd
+#: what on a command line asks for TLS: the metrics' web config, or a Twisted ``ssl:`` endpoint
+TLS_WANTED = ("--web-config", "ssl:")
 
-from atopgpud_tw.plugin import atopgpud
+
+def without_tls_unless_asked(argv: list[str]) -> bool:
+    """Keep pyOpenSSL out of a daemon whose command line asks for no TLS; whether it was.
+
+    ``twisted.internet.tcp`` imports its TLS mixins (pyOpenSSL, ``cryptography``: some
+    13 MB of RSS) whenever pyOpenSSL can be imported; marked absent (None in
+    ``sys.modules``, which makes its import fail) Twisted takes its branch for a host
+    without it.  Called before Twisted is imported.
+    """
+    if "OpenSSL" in sys.modules or any(word in arg for arg in argv for word in TLS_WANTED):
+        return False
+    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    return True
+
+
+without_tls_unless_asked(sys.argv[1:])
+
+from twisted.python import usage  # noqa: E402
+from twisted.scripts import twistd  # noqa: E402
+
+from atopgpud_tw.plugin import atopgpud  # noqa: E402
 
 
 def _only_atopgpud(interface: object, package: object = None) -> list[object]:

@@ -20,8 +20,8 @@ SIMULATOR = ("atopgpud_tw.sim",)
 #: too), health readings (a scrape), --workloads, the codec's reply parsing (clients) and P lines
 OWN_LATER = ("atopgpud_tw.figures", "atopgpud_tw.health", "atopgpud_tw.workloads",
              "atopgpud_tw.codec.parse", "atopgpud_tw.codec.contexts")
-#: --version's alone
-VERSION_ONLY = ("importlib.metadata",)
+#: importlib.metadata (--version), pyOpenSSL (TLS): loaded only when asked for
+ONLY_WHEN_ASKED = ("importlib.metadata", "OpenSSL", "cryptography")
 
 #: runs the atopgpud command in this process and writes its modules to argv[1] as it exits
 PROBE = textwrap.dedent("""
@@ -95,7 +95,7 @@ def test_nvml_start_up_loads_neither_web_stack_nor_simulator(tmp_path):
     nvidia-smi reader."""
     modules = start_up_modules(tmp_path, "--reader", "nvml", serve=False)
     assert "atopgpud_tw.readers.nvml.reader" in modules and "atopgpud_tw.tap" in modules
-    assert loaded(modules, WEB + SIMULATOR + ("atopgpud_tw.readers.smi",) + VERSION_ONLY) == []
+    assert loaded(modules, WEB + SIMULATOR + ("atopgpud_tw.readers.smi",) + ONLY_WHEN_ASKED) == []
     assert loaded(modules, OWN_LATER) == []
 
 
@@ -104,7 +104,7 @@ def test_default_start_up_loads_neither_web_stack_nor_simulator(tmp_path):
     """The default reader (auto: nvml, then nvidia-smi) loads no web stack and no simulator."""
     modules = start_up_modules(tmp_path, "--nvidia-smi", str(tmp_path / "absent"), serve=False)
     assert "atopgpud_tw.readers.nvml.reader" in modules
-    assert loaded(modules, WEB + SIMULATOR + VERSION_ONLY) == []
+    assert loaded(modules, WEB + SIMULATOR + ONLY_WHEN_ASKED) == []
 
 
 @pytest.mark.e2e
@@ -113,7 +113,7 @@ def test_a_serving_daemon_loads_no_web_stack(tmp_path):
     here) has loaded no web stack, no nvidia-smi reader."""
     modules = start_up_modules(tmp_path, "--reader", "sim", serve=True)
     assert "atopgpud_tw.sim" in modules and "twisted.internet.epollreactor" in modules
-    assert loaded(modules, WEB + ("atopgpud_tw.readers.smi",) + VERSION_ONLY) == []
+    assert loaded(modules, WEB + ("atopgpud_tw.readers.smi",) + ONLY_WHEN_ASKED) == []
     assert loaded(modules, OWN_LATER) == ["atopgpud_tw.figures"]  # the simulator's own
 
 
@@ -173,3 +173,31 @@ def test_metrics_loads_the_web_stack(tmp_path):
     modules = start_up_modules(tmp_path, "--reader", "sim", "--metrics", f"unix:@{unique_name()}", serve=True)
     assert loaded(modules, ("twisted.web.server", "prometheus_client", "atopgpud_tw.server.web.metrics"))
     assert "ssl" in modules  # prometheus_client's own import
+
+
+TLS_PROBE = textwrap.dedent("""
+    import sys
+    import atopgpud_tw.__main__  # the command: it looks at sys.argv before it imports Twisted
+    from twisted.internet import tcp, unix  # Twisted's branch for a host without pyOpenSSL when hidden
+    try:
+        import OpenSSL  # noqa: F401
+        available = True
+    except ImportError:
+        available = False
+    print(available, "twisted.internet._newtls" in sys.modules)
+""")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("argv, expected", [
+    ((), "False False"),
+    (("--reader", "sim", "--metrics", "tcp:0"), "False False"),
+    (("--web-config", "web.yml", "--metrics", "tcp:0"), "True True"),
+    (("--web-config=web.yml",), "True True"),
+    (("--metrics", "ssl:9445:privateKey=k.pem"), "True True"),
+])
+def test_pyopenssl_only_for_a_command_line_that_serves_tls(argv: tuple[str, ...], expected: str) -> None:
+    """The command keeps pyOpenSSL (and Twisted's TLS mixins, which Twisted imports whenever it
+    can) out unless TLS is asked for."""
+    out = subprocess.run([sys.executable, "-c", TLS_PROBE, *argv], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == expected.split()
