@@ -5,10 +5,25 @@ from __future__ import annotations
 import os
 import sys
 
-from atopgpud_tw.lazy import defer_unused, without_tls_unless_asked
+#: what on a command line asks for TLS: the metrics' web config, or a Twisted ``ssl:`` endpoint
+TLS_WANTED = ("--web-config", "ssl:")
 
-defer_unused()  # before Twisted is imported: what its imports bring and the daemon never uses
-without_tls_unless_asked(sys.argv[1:])  # pyOpenSSL only for a daemon that serves TLS
+
+def without_tls_unless_asked(argv: list[str]) -> bool:
+    """Keep pyOpenSSL out of a daemon whose command line asks for no TLS; whether it was.
+
+    ``twisted.internet.tcp`` imports its TLS mixins (pyOpenSSL, ``cryptography``: some
+    13 MB of RSS) whenever pyOpenSSL can be imported; marked absent (None in
+    ``sys.modules``, which makes its import fail) Twisted takes its branch for a host
+    without it.  Called before Twisted is imported.
+    """
+    if "OpenSSL" in sys.modules or any(word in arg for arg in argv for word in TLS_WANTED):
+        return False
+    sys.modules["OpenSSL"] = None  # type: ignore[assignment]
+    return True
+
+
+without_tls_unless_asked(sys.argv[1:])
 
 from twisted.python import usage  # noqa: E402
 from twisted.scripts import twistd  # noqa: E402

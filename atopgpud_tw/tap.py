@@ -6,6 +6,7 @@ import grp
 import os
 import pwd
 import sys
+from dataclasses import replace
 from typing import Any, Callable
 
 from twisted.application.service import IService, MultiService
@@ -24,7 +25,7 @@ from atopgpud_tw.server.system.activation import ActivationError, inherited_sock
 from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
 from atopgpud_tw.server.system.journal import DEFAULT_LEVEL, LEVELS
 from atopgpud_tw.server.system.journal import install as install_journal
-from atopgpud_tw.server.system.listening import ListeningService, listen_all
+from atopgpud_tw.server.system.listening import Listener, ListeningService, listen_all
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
 from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT, GROUPINGS, MIG_MODES
@@ -295,9 +296,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
     )
     factory = AtopGpuFactory(board, limits, reactor)
-    listeners: list[tuple[str, Any, Any]] = []
-    for description in options["listen"]:
-        listeners.append((description, _endpoint(reactor, "--listen", description), factory))
+    listeners = [Listener(description, _endpoint(reactor, "--listen", description), factory)
+                 for description in options["listen"]]
     if options["metrics"]:
         from atopgpud_tw.server.web.metrics import make_site  # prometheus_client only when asked for
         from atopgpud_tw.server.web.metrics_health import HealthCache
@@ -324,20 +324,20 @@ def makeService(options: Options, reactor: Any = None) -> IService:
             signals.hangup_hooks.append(security.hangup)
         if limits.allow.restricts:
             site = GatedFactory(site, Gate(limits.allow, reactor, " on --metrics"))
-        listeners.append(
-            (f"{options['metrics']} (--metrics)", _endpoint(reactor, "--metrics", options["metrics"]), site)
-        )
+        endpoint = _endpoint(reactor, "--metrics", options["metrics"])
+        listeners.append(Listener(f"{options['metrics']} (--metrics)", endpoint, site))
     try:
         chosen = take_inherited(reactor, listeners, inherited_sockets())
     except ActivationError as error:
         raise SystemExit(f"atopgpud: {error}") from None
     checked = []
-    for description, endpoint, served, inherited in chosen:
-        if inherited is not None:
-            log.info("serving {socket}, passed by systemd", socket=inherited.describe())
-        exposed = PROCESS_LISTS if served is factory else _EXPOSED_METRICS if options["metrics-processes"] else None
-        group = options["socket-group"] if inherited is None else None  # systemd's: SocketGroup=
-        checked.append((description, CheckedEndpoint(endpoint, group, exposed), served))
+    for listener in chosen:
+        if listener.passed is not None:
+            log.info("serving {socket}, passed by systemd", socket=listener.passed.describe())
+        exposed = (PROCESS_LISTS if listener.factory is factory
+                   else _EXPOSED_METRICS if options["metrics-processes"] else None)
+        group = options["socket-group"] if listener.passed is None else None  # systemd's: SocketGroup=
+        checked.append(replace(listener, endpoint=CheckedEndpoint(listener.endpoint, group, exposed)))
     for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
         ListeningService(port).setServiceParent(top)
     NotifyService(notifier, poller.status, reactor, lambda: poller.waiting,

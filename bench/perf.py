@@ -197,29 +197,24 @@ def _against(key: str, factor: float, better: str) -> Callable[[dict, dict | Non
     return check
 
 
-def _own_within_reference_poll(ours: dict, ref: dict | None) -> bool | None:
-    """Our own work per poll (no simulator, no reactor floor) at most the reference's whole poll (no simulator)."""
-    return None if ref is None else ours["own_ms"] <= ref["poll_ms"]
+def _own_work(factor: float) -> Callable[[dict, dict | None], bool | None]:
+    """Our own work per poll (no simulator, no reactor floor) at most factor x the reference's whole poll
+    (no simulator)."""
+    return lambda ours, ref: None if ref is None else ours["own_ms"] <= factor * ref["poll_ms"]
 
 
-#: case: [(description, check over (ours, reference or None))]
+#: case: [(description, check over (ours, reference or None))]: docs/PERFORMANCE.md's kept targets
+#: (peak RSS and CPU per second are held against nvitop-exporter's: bench/exporter.py)
 TARGETS: dict[str, list[tuple[str, Callable[[dict, dict | None], bool | None]]]] = {
-    "tiny-1": [
-        ("own work per poll <= reference's poll", _own_within_reference_poll),
-        ("peak RSS <= 1.3x reference", _against("rss_peak_kib", 1.3, "low")),
-    ],
-    "large-32": [
-        ("own work per poll <= reference's poll", _own_within_reference_poll),
-        ("requests/s >= 5x reference", _against("rate", 5.0, "high")),
-        ("peak RSS <= 1.3x reference", _against("rss_peak_kib", 1.3, "low")),
-    ],
+    "tiny-1": [("own work per poll <= 3x reference's poll", _own_work(3.0))],
+    "large-32": [("requests/s >= 5x reference", _against("rate", 5.0, "high"))],
     "slow-4": [
         ("latency max < 20 ms", lambda o, r: o["max_ms"] < 20),
         ("latency p99 < 5 ms", lambda o, r: o["p99_ms"] < 5),
     ],
     "huge-32": [
+        ("own work per poll <= 0.6x reference's poll", _own_work(0.6)),
         ("every reply within 8192 bytes", lambda o, r: o["reply_bytes"] <= 8192),
-        ("peak RSS <= 1.3x reference", _against("rss_peak_kib", 1.3, "low")),
     ],
     "mig-32": [("every reply within 8192 bytes", lambda o, r: o["reply_bytes"] <= 8192)],
 }

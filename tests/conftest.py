@@ -4,7 +4,10 @@
 a booted systemd.  ``pytest -m "not e2e"`` is the quick inner loop; a test that
 starts a process without the mark fails, so the marker stays true.  ``slow`` marks
 a long run that starts nothing (a property test's hundreds of examples): it is
-given ``e2e`` too, so the quick loop leaves it out.
+given ``e2e`` too, so the quick loop leaves it out.  ``quick_cases(n)`` on a parametrized
+test keeps n of its cases in the quick loop (the same n on every run, spread over the
+matrix) and marks the others ``slow``: the whole matrix runs in the suite.  ``lint`` marks a
+test that runs a linter's command (ruff): it starts no daemon, and the quick loop keeps it.
 
 The helper modules beside this file (``daemon``, ``scenarios``, ``snapshots``,
 ``connections``, ``sim_readers``, ``metrics_text``, ``clocked``, ``smi_doubles`` ...)
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -36,7 +40,7 @@ sys.dont_write_bytecode = False
 E2E_MODULES = {
     "test_activation", "test_atop", "test_daemon", "test_descriptors", "test_driver_behaviours_daemon",
     "test_listen_failures", "test_notify", "test_prometheus", "test_rules", "test_signals", "test_smi_daemon",
-    "test_smi_reader", "test_startup_daemon", "test_systemd_boot", "test_style",
+    "test_smi_reader", "test_startup_daemon", "test_systemd_boot",
     "test_atop_limits",
 }
 
@@ -51,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: starts a process (daemon, stand-in nvidia-smi, atop, systemd)")
     config.addinivalue_line("markers", "slow: a long run in one process (a property test's hundreds of examples): "
                             "marked e2e too, so the quick loop leaves it out")
+    config.addinivalue_line("markers", "lint: runs a linter's command (ruff), and stays in the quick loop")
+    config.addinivalue_line("markers", "quick_cases(n): n of a parametrized test's cases stay in the quick loop; "
+                            "the others are marked slow")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,12 +66,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # upgrade, remove, purge), in order. (Not xdist_group marks with --dist loadgroup: with
     # pytest 9.2 xdist 3.8 can no longer add a group to a test's node id, and every test went
     # to whichever worker was free.)
+    _sample_matrices(items)
     for item in items:
         if Path(str(item.fspath)).stem in E2E_MODULES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("slow") is not None:
             # out of the quick loop (-m "not e2e"), though it starts nothing
             item.add_marker(pytest.mark.e2e)
+
+
+def _sample_matrices(items: list[pytest.Item]) -> None:
+    """Mark slow all but `quick_cases(n)`'s n cases of each test that has the marker: a choice
+    seeded by the test's name, so every run and every xdist worker makes the same."""
+    matrices: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("quick_cases") is not None:
+            matrices.setdefault(item.nodeid.partition("[")[0], []).append(item)
+    for name, cases in matrices.items():
+        count = cases[0].get_closest_marker("quick_cases").args[0]  # type: ignore[union-attr]
+        kept = set(random.Random(name).sample(range(len(cases)), min(count, len(cases))))
+        for index, item in enumerate(cases):
+            if index not in kept:
+                item.add_marker(pytest.mark.slow)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -110,7 +133,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _guarded(start: Any) -> Any:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         item = _current[0]
-        if item is not None and item.get_closest_marker("e2e") is None:
+        if item is not None and item.get_closest_marker("e2e") is None and item.get_closest_marker("lint") is None:
             raise AssertionError(f"{item.nodeid} starts a process: mark it @pytest.mark.e2e")
         return start(*args, **kwargs)
 

@@ -24,6 +24,7 @@ from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint, U
 from twisted.internet.task import Clock
 
 from atopgpud_tw.server.system.activation import ActivationError, Inherited, address_of, take_inherited
+from atopgpud_tw.server.system.listening import Listener
 
 ACTIVATE = shutil.which("systemd-socket-activate")
 needs_activate = pytest.mark.skipif(
@@ -157,13 +158,13 @@ def test_endpoint_addresses():
 def test_matching_takes_each_passed_socket_once():
     clock = Clock()
     listeners = [
-        ("unix:@a", UNIXServerEndpoint(clock, "\0a"), "atop"),
-        ("tcp:59123", TCP4ServerEndpoint(clock, 59123), "atop"),
-        ("tcp:9445:interface=127.0.0.1", TCP4ServerEndpoint(clock, 9445, interface="127.0.0.1"), "metrics"),
+        Listener("unix:@a", UNIXServerEndpoint(clock, "\0a"), "atop"),
+        Listener("tcp:59123", TCP4ServerEndpoint(clock, 59123), "atop"),
+        Listener("tcp:9445:interface=127.0.0.1", TCP4ServerEndpoint(clock, 9445, interface="127.0.0.1"), "metrics"),
     ]
     # all interfaces over IPv6 (ListenStream=59123) is what tcp:59123 asks for
     chosen = take_inherited(clock, listeners, [passed("tcp6", "::", 59123), passed("unix", b"\0a")])
-    assert [c[3] is not None for c in chosen] == [True, True, False]
+    assert [c.passed is not None for c in chosen] == [True, True, False]
     with pytest.raises(ActivationError, match=r"systemd passed 127.0.0.2:9445 \(test.socket\), which no"):
         take_inherited(clock, listeners, [passed("tcp4", "127.0.0.2", 9445)])
     with pytest.raises(ActivationError, match="@b"):

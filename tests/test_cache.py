@@ -91,6 +91,7 @@ def random_devices(rng: random.Random) -> list[DeviceTotals]:
     return devices
 
 
+@pytest.mark.quick_cases(2)
 @pytest.mark.parametrize("seed", range(8))
 def test_prepared_bodies_match_uncached_rendering(seed):
     """PreparedStats gives the bytes, the sent exits and the cut flag of render_stats.

@@ -86,6 +86,7 @@ def check(scenario: dict, seed: int = 0, call_s: float = 0.0, every: float = 1.0
                     assert abs(busy - want) <= bound, f"{where}: pid {pid} busy {busy}, not {want}"
 
 
+@pytest.mark.quick_cases(5)
 @pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
 def test_each_behaviour(behaviour):
     """Interval averages within 1 point of the load, every poll's figure within 2."""
@@ -93,11 +94,13 @@ def test_each_behaviour(behaviour):
         check(host(behaviour), seed)
 
 
+@pytest.mark.quick_cases(6)
 @pytest.mark.parametrize("pair", compatible_pairs(), ids=" + ".join)
 def test_every_two_behaviours(pair):
     check(host(*pair))
 
 
+@pytest.mark.quick_cases(3)
 @pytest.mark.parametrize("every", [1.0, 0.25])
 @pytest.mark.parametrize("behaviour", ["plain", "jitter 5 ms", "process utilization once per call", "period 1/2 s"])
 def test_calls_that_take_time(behaviour, every):

@@ -201,6 +201,7 @@ def check_exits(run: Run, error: str, where: str) -> None:
         assert run.exits == [], f"{where}: false exits {run.exits}"
 
 
+@pytest.mark.quick_cases(8)
 @pytest.mark.parametrize("polls", [1, 10])
 @pytest.mark.parametrize("error", ERRORS)
 @pytest.mark.parametrize("call", POLL_CALLS)
@@ -218,6 +219,7 @@ def test_fault_window_leaves_nothing_behind(call: str, error: str, polls: int) -
         check_nothing_lost(run, AT - 2, where, processes=False)
 
 
+@pytest.mark.quick_cases(5)
 @pytest.mark.parametrize("error", ERRORS)
 @pytest.mark.parametrize("call", ["nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization"])
 @pytest.mark.parametrize(
@@ -355,6 +357,7 @@ def mig_host(faults: list[dict]) -> dict:
     }]}
 
 
+@pytest.mark.quick_cases(8)
 @pytest.mark.parametrize("mig", ["instances", "card"])
 @pytest.mark.parametrize("polls", [1, 10])
 @pytest.mark.parametrize("error", ERRORS)
@@ -392,6 +395,7 @@ def test_fault_window_on_a_mig_card(call: str, error: str, polls: int, mig: str)
             assert (procs1[pid][1] - procs0[pid][1], procs1[pid][2] - procs0[pid][2]) == (CHECKED, CHECKED * mib * 1024)
 
 
+@pytest.mark.quick_cases(5)
 @pytest.mark.parametrize("error", ["UNKNOWN", "NOT_SUPPORTED"])
 @pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
 def test_samples_fault_with_every_driver_behaviour(behaviour: str, error: str) -> None:

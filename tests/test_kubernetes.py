@@ -116,6 +116,7 @@ def _operator_check(doc: dict[str, Any]) -> None:
     assert read == doc, "fields the CRD does not have were dropped"
 
 
+@pytest.mark.quick_cases(1)
 @pytest.mark.parametrize("kind", sorted(OPERATOR_KINDS))
 def test_operator_resource_is_valid_for_its_crd(kind):
     """The ServiceMonitor and the PrometheusRule validate against prometheus-operator's CRD schemas."""

@@ -60,6 +60,7 @@ def late_polls(seed: int) -> tuple[dict, Counters]:
     return scenario, counters
 
 
+@pytest.mark.quick_cases(1)
 @pytest.mark.parametrize("seed", [8, 13, 21])
 def test_late_polls_lose_no_busy_on_the_last_gpu(seed):
     """Each counter is the load times its samples, within one poll's worth (was, seed 8: every

@@ -65,6 +65,7 @@ def some_samples(rng: random.Random) -> list[UtilSample]:
     return rows
 
 
+@pytest.mark.quick_cases(30)
 @pytest.mark.parametrize("seed", range(300))
 def test_columns_fold_as_their_entries(seed):
     """Stale entries, figures above 100 %, a pid twice at one stamp or at two: every fold reads the

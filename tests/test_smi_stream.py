@@ -56,7 +56,7 @@ def test_elements_not_read_are_not_kept() -> None:
             assert all(len(entry) == len(stream.PROCESS_FIELDS) for entry in listing.entries)
 
 
-@pytest.mark.parametrize("size", [1, 7, 100, 8192])
+@pytest.mark.parametrize("size", [pytest.param(1, marks=pytest.mark.slow), 7, 100, 8192])
 def test_any_slicing_gives_the_same_report(size: int) -> None:
     """The output may come in chunks of any size, cut anywhere (a preamble's too)."""
     data = b"WARNING: infoROM is corrupted at gpu 0000:17:00.0\n" + (FIXTURES / "mig.xml").read_bytes()

@@ -47,6 +47,7 @@ STEPS = [-1, -5.5, -60, -3600, -86400, 1, 7.25, 3600, 86400]
 MOMENTS = [7.3, 8.0, 8.02]
 
 
+@pytest.mark.quick_cases(6)
 @pytest.mark.parametrize("mode", ["per-period", "per-call"])
 @pytest.mark.parametrize("period", [1 / 6, 1.0])
 @pytest.mark.parametrize("step", STEPS)
@@ -64,6 +65,7 @@ def test_a_constant_load_reads_the_same_across_a_wall_clock_step(mode, period, s
             assert all(b is None or a >= b for a, b in zip(after, before)), (at, cums)
 
 
+@pytest.mark.quick_cases(3)
 @pytest.mark.parametrize("clock", ["epoch", "boottime"])
 @pytest.mark.parametrize("asleep", [1, 45.5, 3600, 86400])
 def test_time_asleep_is_neither_busy_nor_idle(clock, asleep):
@@ -127,6 +129,7 @@ def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
     assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
 
 
+@pytest.mark.quick_cases(4)
 @pytest.mark.parametrize("driver", [
     {"sample_jitter_ms": 20},
     {"sample_jitter_ms": 30, "process_utilization": "per-call"},

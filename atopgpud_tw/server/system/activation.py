@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from twisted.internet import defer, endpoints, fdesc, tcp, unix
@@ -28,6 +28,7 @@ from twisted.python.systemd import ListenFDs
 from zope.interface import implementer
 
 from atopgpud_tw.server.system.accepting import FairPort, FairTCPPort
+from atopgpud_tw.server.system.listening import Listener
 
 #: ("unix", name as bytes) or ("tcp", ip address, port)
 Address = tuple[Any, ...]
@@ -124,23 +125,19 @@ def _same(wanted: Address | None, passed: Address) -> bool:
     return wanted == passed
 
 
-def take_inherited(
-    reactor: Any,
-    listeners: Sequence[tuple[str, IStreamServerEndpoint, Any]],
-    inherited: Sequence[Inherited],
-) -> list[tuple[str, IStreamServerEndpoint, Any, Inherited | None]]:
+def take_inherited(reactor: Any, listeners: Sequence[Listener], inherited: Sequence[Inherited]) -> list[Listener]:
     """Each listener, with the passed socket that takes its endpoint's place if any.
 
     ActivationError names a passed socket that no listener matches.
     """
     left = list(inherited)
     chosen = []
-    for description, endpoint, factory in listeners:
-        match = next((item for item in left if _same(address_of(endpoint), item.address)), None)
+    for listener in listeners:
+        match = next((item for item in left if _same(address_of(listener.endpoint), item.address)), None)
         if match is not None:
             left.remove(match)
-            endpoint = InheritedEndpoint(reactor, match)
-        chosen.append((description, endpoint, factory, match))
+            listener = replace(listener, endpoint=InheritedEndpoint(reactor, match), passed=match)
+        chosen.append(listener)
     if left:
         raise ActivationError(
             "systemd passed " + ", ".join(item.describe() for item in left)

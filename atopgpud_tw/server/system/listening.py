@@ -11,7 +11,8 @@ service that only closes it at shutdown.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from twisted.application.service import Service
 from twisted.internet import error, main
@@ -22,6 +23,20 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
+
+if TYPE_CHECKING:
+    from atopgpud_tw.server.system.activation import Inherited
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One endpoint to listen on: what messages call it, the endpoint, the factory it serves,
+    and the socket systemd passed in the endpoint's place, if any (`activation.take_inherited`)."""
+
+    description: str
+    endpoint: IStreamServerEndpoint
+    factory: Any
+    passed: Inherited | None = None
 
 
 class ListeningService(Service):
@@ -39,10 +54,8 @@ class ListeningService(Service):
         return self.port.stopListening()
 
 
-def listen_all(
-    listeners: Sequence[tuple[str, IStreamServerEndpoint, Any]], clock: IReactorTime | None = None
-) -> list[IListeningPort]:
-    """Listen on each (description, endpoint, factory) now.
+def listen_all(listeners: Sequence[Listener], clock: IReactorTime | None = None) -> list[IListeningPort]:
+    """Listen on each listener now.
 
     If one cannot listen, those already listening are closed (a filesystem
     socket's file and lock file removed) and SystemExit says which and why.
@@ -50,13 +63,14 @@ def listen_all(
     burst (`AcceptLog`).
     """
     ports: list[IListeningPort] = []
-    for description, endpoint, factory in listeners:
+    for listener in listeners:
         outcome: list[Any] = []
-        endpoint.listen(factory).addBoth(outcome.append)
+        listener.endpoint.listen(listener.factory).addBoth(outcome.append)
         if outcome and not isinstance(outcome[0], Failure):
             ports.append(outcome[0])
             if clock is not None and hasattr(outcome[0], "_logger"):
-                outcome[0]._logger = Logger(namespace="atopgpud_tw.listening", observer=AcceptLog(description, clock))
+                accepts = AcceptLog(listener.description, clock)
+                outcome[0]._logger = Logger(namespace="atopgpud_tw.listening", observer=accepts)
             continue
         for port in ports:
             _close_now(port)
@@ -65,7 +79,7 @@ def listen_all(
         else:
             _remove_own_lock(outcome[0].value)
             cause = describe(outcome[0].value)
-        raise SystemExit(f"atopgpud: cannot listen on {description}: {cause}")
+        raise SystemExit(f"atopgpud: cannot listen on {listener.description}: {cause}")
     return ports
 
 
