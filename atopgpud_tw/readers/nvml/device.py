@@ -22,18 +22,19 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, NOT_SUPPORTED
+from atopgpud_tw.nvml_codes import NOT_SUPPORTED
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
-    DeviceLost,
     Failed,
     Missing,
     NotFound,
     NvmlSession,
     Outcome,
-    Reinitialise,
     Unsupported,
+    answer,
+    call_sized,
+    given,
     outcome,
 )
 from atopgpud_tw.readers.nvml.direct import MEMORY, PROCESS_UTILIZATION, SAMPLES, DirectCalls
@@ -246,22 +247,6 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
-#: times one poll asks again for a list or samples that outgrew the array it was given
-SIZE_RETRIES = 3
-
-
-def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
-    """`NvmlDevice.call` for a function that fills an array: INSUFFICIENT_SIZE (the list
-    outgrew the array, which `direct` has grown) is asked again, a few times."""
-    for _ in range(SIZE_RETRIES):
-        try:
-            return device.call(function, *args, variant=variant)
-        except Failed as failure:
-            if failure.value != INSUFFICIENT_SIZE:
-                raise
-    return device.call(function, *args, variant=variant)
-
-
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
     """One process list ("C" or "G") as columns (pids, used bytes or None), through the
     newest function the driver has.
@@ -272,10 +257,10 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
     """
     newest, *older = PROCESS_LISTS[kind]
     for function in (newest, *older):
-        try:
-            listed = call_sized(device, function)
-        except Missing:
+        listed = answer(call_sized, device, function)
+        if isinstance(listed, Missing):
             continue  # remembered: the next poll goes straight to the one that works
+        given(listed)
         if device.list_functions.get(kind) == function:
             return listed
         device.list_functions[kind] = function
@@ -300,13 +285,9 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 def probe_support(device: NvmlDevice) -> int:
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        try:
-            list_processes(device, kind)
+        # a passing failure says nothing about support (the poll finds out the rest)
+        if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
             support |= bit
-        except Unsupported:
-            pass
-        except (Failed, NotFound, DeviceLost, Reinitialise):
-            support |= bit  # a passing failure says nothing about support (the poll finds out the rest)
     return support
 
 
@@ -356,7 +337,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     attempt = Attempt(device, problems, device.where)
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     memory = read_memory(device, attempt)
-    processes = attempt.run(_read_processes, device, attempt, poll, unsupported=())
+    processes = attempt(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
     return DeviceSample(
         key=device.key,
@@ -395,19 +376,19 @@ def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     rates: Any = _UNASKED
-    gpu = attempt.run(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
     if gpu is None:
         poll.samples_failed = True
     elif gpu is _NO_SAMPLES:
-        rates = attempt.call(RATES)
+        rates = attempt(device.call, RATES)
         return _busy(poll, _rate(rates, 0)), _rate(rates, 1)
     elif gpu is _NOTHING_NEW:
-        rates = attempt.call(RATES)
+        rates = attempt(device.call, RATES)
         gpu = _nothing_new(device, GPU_UTILIZATION_SAMPLES, _rate(rates, 0))
-    mem = attempt.run(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
     if mem is _NO_SAMPLES or mem is _NOTHING_NEW:
         if rates is _UNASKED:
-            rates = attempt.call(RATES)
+            rates = attempt(device.call, RATES)
         if mem is _NO_SAMPLES:
             gpu, mem = _rate(rates, 0), _rate(rates, 1)
         else:
@@ -456,13 +437,12 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     now_us = poll.call_time_us()
     name = _STAMP_KINDS.get(kind) or f"samples {kind}"
     asked = stamps.ask(name, stream.since, now_us)
-    try:
-        raws, values = call_sized(device, SAMPLES, kind, asked)
-    except NotFound:
-        raws, values = [], []
-    except (Failed, DeviceLost, Reinitialise):
+    found = answer(call_sized, device, SAMPLES, kind, asked, catch=Outcome)
+    if isinstance(found, NotFound):
+        found = [], []
+    elif isinstance(found, Outcome) and not isinstance(found, Unsupported):
         device.samples_failed.add(kind)
-        raise
+    raws, values = given(found)
     # placed as of the call's end: a step of the host clock while it ran is seen there, and the
     # stamps of its answer taken after the step go to the segment that began with the call
     ended_us = poll.call_time_us()
@@ -513,7 +493,7 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
     and "reserved" has it; v1's "used" includes it and has no "reserved".
     Both through the function table (`direct`).
     """
-    memory = attempt.run(_memory_info, device)
+    memory = attempt(_memory_info, device)
     if memory is None:
         return MemoryKib(None, None)
     if memory is UNSUPPORTED:
@@ -529,10 +509,9 @@ def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
     have it (reserved None from v1)."""
     version = device.session.function("nvmlMemory_v2")
     if version is not None:
-        try:
-            return device.call(MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")  # type: ignore[no-any-return]
-        except Missing:
-            pass  # a driver before 510, or a binding without the v2 structure
+        found = answer(device.call, MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")
+        if not isinstance(found, Missing):  # (missing: a driver before 510, or a binding without v2)
+            return given(found)  # type: ignore[no-any-return]
     return device.call(MEMORY)  # type: ignore[no-any-return]
 
 
@@ -655,10 +634,10 @@ def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = N
     stamps = device.stamps if poll is None else _stamp_map(device, poll)
     now_us = poll.call_time_us() if poll is not None else (stamps.seen_at or 0)
     asked = stamps.ask("processes", since, now_us)
-    try:
-        pids, raw, sm, mem = call_sized(device, PROCESS_UTILIZATION, asked)
-    except NotFound:
+    found = answer(call_sized, device, PROCESS_UTILIZATION, asked)
+    if isinstance(found, NotFound):
         return ProcessSamples([], [], [], [])  # nothing ran since then
+    pids, raw, sm, mem = given(found)
     if poll is not None:
         now_us = poll.call_time_us()  # as of the call's end (`_sampled`)
     steady = stamps.steady("processes", raw, now_us, asked, pids)
