@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import NOT_SUPPORTED
+from atopgpud_tw.nvml_codes import GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES, NOT_SUPPORTED
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
@@ -63,11 +63,6 @@ from atopgpud_tw.snapshot import (
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
-#: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
-MIG_ENABLED = 1
-#: nvmlDeviceGetSamples sample types
-GPU_UTILIZATION_SAMPLES = 1
-MEMORY_UTILIZATION_SAMPLES = 2
 #: what a reading returns when the sample buffer is not there: use the rates call
 _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new

@@ -25,7 +25,19 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from atopgpud_tw.nvml_codes import NOT_SUPPORTED, SUCCESS, TIMEOUT
+from atopgpud_tw.nvml_codes import (
+    EVENT_XID,
+    NOT_SUPPORTED,
+    SUCCESS,
+    TIMEOUT,
+    VALUE_TYPE_DOUBLE,
+    VALUE_TYPE_SIGNED_INT,
+    VALUE_TYPE_SIGNED_LONG_LONG,
+    VALUE_TYPE_UNSIGNED_INT,
+    VALUE_TYPE_UNSIGNED_LONG,
+    VALUE_TYPE_UNSIGNED_LONG_LONG,
+    VALUE_TYPE_UNSIGNED_SHORT,
+)
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
     Failed,
@@ -44,11 +56,14 @@ if TYPE_CHECKING:
     from atopgpud_tw.figures import Ask, Figure, Labels
     from atopgpud_tw.health import CardHealth, Series
 
-EVENT_XID = 0x8
 #: events taken from the set per reading at most (a storm is counted over later readings)
 MAX_EVENTS = 1000
 #: nvmlValueType_t -> the member of c_nvmlValue_t that holds it
-VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+VALUE_MEMBERS = {
+    VALUE_TYPE_DOUBLE: "dVal", VALUE_TYPE_UNSIGNED_INT: "uiVal", VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", VALUE_TYPE_SIGNED_INT: "siVal",
+    VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 @cache

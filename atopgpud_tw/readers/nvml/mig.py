@@ -16,6 +16,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from atopgpud_tw.nvml_codes import DEVICE_MIG_ENABLE
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
 from atopgpud_tw.readers.nvml.calls import (
@@ -32,7 +33,6 @@ from atopgpud_tw.readers.nvml.calls import (
     nothing_there,
 )
 from atopgpud_tw.readers.nvml.device import (
-    MIG_ENABLED,
     DevicePoll,
     MigState,
     NvmlDevice,
@@ -115,7 +115,7 @@ def _mode_enabled(card: NvmlDevice) -> bool:
     """Whether the card's current MIG mode is on; one that cannot be in MIG mode is not
     (no problem, given up or not)."""
     mode = answer(card.call, MIG_MODE)
-    return not isinstance(mode, Unsupported) and given(mode) == MIG_ENABLED
+    return not isinstance(mode, Unsupported) and given(mode) == DEVICE_MIG_ENABLE
 
 
 def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:
