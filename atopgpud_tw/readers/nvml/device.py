@@ -16,9 +16,8 @@ Everything here runs in the reader's worker thread.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import repeat
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from twisted.logger import Logger
 
@@ -57,8 +56,7 @@ from atopgpud_tw.snapshot import (
     DeviceSample,
     ProcessSample,
     clamp_percent,
-    merge_kind,
-    merge_memory,
+    merge_by_pid,
 )
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
@@ -511,9 +509,14 @@ def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:
-    lists = []
+    """The processes of both lists, one per pid in the order they are first listed, with memory
+    in KiB (`UNSUPPORTED` where NVML cannot tell: WDDM, some vGPU guests), busy figures and
+    start times."""
+    pids: list[int] = []
+    kinds: list[str] = []
+    kib: list[int | None] = []
     for kind in ("C", "G"):
-        listed = attempt(partial(list_processes, device, kind), unsupported=())
+        listed = attempt(list_processes, device, kind, unsupported=())
         if listed is None:
             # a partial list would make processes seem to end: they count no sample now.
             # Their busy samples of this poll are taken off the buffer all the same, so
@@ -522,9 +525,16 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
             _skip_process_busy(device, attempt, poll)
             return None
         if listed:  # (not `()`: the list is not supported)
-            lists.append((kind, listed))
-    kinds, memory = _merge_lists(lists)
-    if not kinds:
+            pids += listed[0]
+            kinds += [kind] * len(listed[0])
+            kib += [UNSUPPORTED if m is None else m // 1024 for m in listed[1]]
+    merged = dict(zip(pids, zip(kinds, kib)))  # (kind, KiB) by pid
+    if len(merged) < len(pids):
+        # a pid in both lists (one allocation listed under both kinds), or twice in one, is one
+        # process: `merge_by_pid`'s "max" rule
+        rows = merge_by_pid(map(ProcessSample, pids, kinds, kib), "max").values()
+        merged = {row.pid: (row.kind, row.memory_kib) for row in rows}
+    if not merged:
         # the last processes left: their samples are taken off the buffer now, so that
         # none is counted for a later process (a pid reused after a poll that listed nobody)
         _skip_process_busy(device, attempt, poll)
@@ -532,71 +542,15 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     starts = poll.starts
     # right after the lists were taken, before the busy call (which may take long): a kept start
     # time then is of the process they listed, and one that exits in between is still read
-    started = repeat(None) if starts is None else list(starts.of(list(kinds)))
+    started = repeat(None) if starts is None else list(starts.of(list(merged)))
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
-    busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
-    pids = list(kinds)
-    # a column per field, each made in one pass of C, and a ProcessSample per row made in C too
-    # (the named tuple's own constructor is Python); only the start times are read per pid
-    gpu: Iterable[Any]
-    mem: Iterable[Any]
-    if isinstance(busy, dict):
-        if busy:
-            gpu, mem = zip(*map(busy.get, pids, repeat(_IDLE)))
-        else:
-            gpu = mem = repeat(0)
-    else:  # failed (None), or no per-process figures (UNSUPPORTED)
-        gpu = mem = repeat(busy)
-    return tuple(map(_process_sample, zip(pids, kinds.values(), memory.values(), gpu, mem, started)))
-
-
-#: what a listed pid with no process sample in the poll was: idle
-_IDLE = (0, 0)
-#: a `ProcessSample` from a row of its fields, made in C
-_process_sample = partial(tuple.__new__, ProcessSample)
-#: KiB from bytes (``m >> 10`` is ``m // 1024`` for the unsigned counts the driver gives), in C
-_kib = (10).__rrshift__
-
-
-def _merge_lists(
-    lists: list[tuple[str, tuple[list[int], list[Any]]]],
-) -> tuple[dict[int, str], dict[int, int | None]]:
-    """The processes of both lists, by pid in the order they are first listed: kind
-    and memory in KiB (`UNSUPPORTED` where NVML cannot tell: WDDM, some vGPU guests).
-
-    A pid in both lists (one allocation listed under both kinds), or twice in one,
-    is one process: `merge_processes`'s "max" rule.  The usual lists (no pid
-    twice) are merged a list at a time, in C; the rest entry by entry.
-    """
-    kinds: dict[int, str] = {}
-    memory: dict[int, int | None] = {}
-    for kind, (pids, used) in lists:
-        if not pids:
-            continue
-        kib: list[Any]
-        if None in used:
-            kib = [UNSUPPORTED if m is None else m // 1024 for m in used]
-        else:
-            kib = list(map(_kib, used))
-        if not kinds:
-            kinds = dict.fromkeys(pids, kind)
-            if len(kinds) == len(pids):
-                memory = dict(zip(pids, kib))
-                continue
-            kinds = {}
-        elif kinds.keys().isdisjoint(pids) and len(set(pids)) == len(pids):
-            kinds.update(dict.fromkeys(pids, kind))
-            memory.update(zip(pids, kib))
-            continue
-        for pid, memory_kib in zip(pids, kib):
-            seen = kinds.get(pid)
-            if seen is None:
-                kinds[pid] = kind
-                memory[pid] = memory_kib
-            else:
-                kinds[pid] = merge_kind(seen, kind)
-                memory[pid] = merge_memory(memory[pid], memory_kib, "max")
-    return kinds, memory
+    busy = UNSUPPORTED if device.is_mig_instance else attempt(_process_busy, device, poll)
+    # a listed pid with no sample in the poll was idle; without figures (failed: None, or
+    # UNSUPPORTED), each process has that
+    figures = busy if isinstance(busy, dict) else {}
+    gpu, mem = zip(*map(figures.get, merged, repeat((0, 0) if isinstance(busy, dict) else (busy, busy))))
+    kinds, kib = zip(*merged.values())  # type: ignore[assignment]
+    return tuple(map(ProcessSample._make, zip(merged, kinds, kib, gpu, mem, started)))
 
 
 def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
