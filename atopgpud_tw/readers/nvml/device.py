@@ -122,8 +122,6 @@ class NvmlDevice:
     list_functions: dict[str, str] = field(default_factory=dict)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
-    #: every function called on the device, by name, as found (`_function`)
-    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
     #: `where`, made once: the hang watch is told it at every call
     _where: str = field(default="", init=False, repr=False)
 
@@ -162,14 +160,11 @@ class NvmlDevice:
         support = self.support.get(key) if self.support else None
         if support is not None and support.believed and not support.may_ask(session.now):
             raise Unsupported(key)
-        bound = self._bound.get(function)
+        bound = self._function(function)
         if bound is None:
-            bound = self._bound[function] = self._function(function)
-            if bound is None:
-                # a binding too old to have the function: it can never work here
-                del self._bound[function]
-                self.missing.add(key)
-                raise Missing(key)
+            # a binding too old to have the function: it can never work here
+            self.missing.add(key)
+            raise Missing(key)
         watch = session.watch
         try:
             if watch is None:
