@@ -70,9 +70,8 @@ VALUE_MEMBERS = {
 def asked() -> tuple[Figure, ...]:
     """The figures NVML is asked for: the rows of the table of figures that have an NVML call.
 
-    The table (figures.py, with health.py) is loaded at the first reading, a scrape of
-    ``/metrics``: a daemon without ``--metrics`` never reads it (`XidEvents` is made at
-    start-up, and needs none of it).
+    Read at the first reading, a scrape of ``/metrics`` (`XidEvents` is made at start-up,
+    and needs none of it).
     """
     from atopgpud_tw.figures import FIGURES
 
