@@ -302,7 +302,7 @@ def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -
     found = answer(read_device, instance, problems, poll, catch=DeviceLost)
     if not isinstance(found, DeviceLost):
         return found  # type: ignore[no-any-return]
-    problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {found.cause}")
+    Attempt(instance, problems, f"MIG instance {instance.busid}").note(found.cause, key="lost")
     return placeholder(instance).absent()
 
 
