@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from atopgpud_tw.figures import FIGURES, MEMORY_TEMPERATURE, Figure, Play
+from atopgpud_tw.figures import ENGINE_BUSY, FIGURES, MEMORY_TEMPERATURE, Figure, Play
 from atopgpud_tw.nvml_codes import (
     EVENT_XID,
     INVALID_ARGUMENT,
@@ -65,13 +65,11 @@ VIOLATIONS = _by_arguments("nvmlDeviceGetViolationStatus")
 LINK_ERRORS = _by_arguments("nvmlDeviceGetNvLinkErrorCounter")
 #: the engines' utilization functions -> field
 ENGINES = {f.nvml.function: f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.pick == 0
-           and f.family.name == "atopgpud_gpu_engine_busy_percent"}
-ECC = {
-    (0, 0): "ecc_corrected_volatile",
-    (0, 1): "ecc_corrected_aggregate",
-    (1, 0): "ecc_uncorrected_volatile",
-    (1, 1): "ecc_uncorrected_aggregate",
-}
+           and f.family is ENGINE_BUSY}
+#: nvmlMemoryErrorType_t and nvmlEccCounterType_t -> field
+ECC = {args: play.field for args, play in _by_arguments("nvmlDeviceGetTotalEccErrors").items()}
+#: the fields of nvmlDeviceGetRemappedRows' answers, in their order (the table's)
+REMAPPED = tuple(f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.function == "nvmlDeviceGetRemappedRows")
 
 
 @dataclass
@@ -203,9 +201,8 @@ class HealthDriver:
         return int(self._value("nvmlDeviceGetTotalEccErrors", handle, name))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
-        names = ("correctable", "uncorrectable", "pending", "failed")
-        played = [self._gpu(handle).health.played(f"remapped_rows_{n}") for n in names]
-        first, now = self._played("nvmlDeviceGetRemappedRows", handle, "remapped_rows_correctable")
+        played = [self._gpu(handle).health.played(name) for name in REMAPPED]
+        first, now = self._played("nvmlDeviceGetRemappedRows", handle, REMAPPED[0])
         if any(p is None for p in played):
             raise NvmlFault(NOT_SUPPORTED)
         return tuple(int(p.at(now)) for p in played)  # type: ignore[union-attr,return-value]
