@@ -5,7 +5,9 @@ reading or a recorded problem (`Attempt`).
 One mapping turns what the binding raises into one of the outcomes below
 (`outcome`): a device's choke point (`device.NvmlDevice.call`) raises it, with
 what the device remembers of its calls, and so do the calls that take no
-device's memory along (`NvmlSession.call`: GPM's sample buffers, XID events).
+device's memory along (`NvmlSession.call`: discovery, the inventory, GPM's
+sample buffers, XID events).  Code that branches on an outcome takes it as a
+value (`answer`): no other module catches one (tests/test_layout.py).
 Two of them are not about the reading at all, and are no kind of `Failed`:
 `DeviceLost` (the device cannot be read in this poll) and `Reinitialise` (NVML
 itself has to be set up again).  They pass through `Attempt` untouched, up to

@@ -1,16 +1,12 @@
-"""One NVML device: the choke point every call goes through, and one poll of it.
+"""One NVML device: the choke point its calls go through, and one poll of it.
 
-`NvmlDevice.call` maps NVML's errors to the outcomes of `calls` (`calls.outcome`),
-with what the device remembers: NOT_SUPPORTED (and a function the binding or
-the driver lacks, `NVMLLibraryMismatchError` included) is remembered per device
-and not asked again (`support.Support`); NOT_FOUND is the idle case;
-GPU_IS_LOST makes the device absent for the poll; UNINITIALIZED,
-DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH mean NVML must be set up again;
-anything else, an unexpected exception included, fails that one reading for
-this poll.  `calls.Attempt` turns those into readings and problems.
-The calls of every poll (samples, process utilization, process lists) go
-through the function table with arrays kept from poll to poll (`direct`).
-Everything here runs in the reader's worker thread.
+`NvmlDevice.call` raises what `calls.outcome` makes of an error, with what the
+device remembers: a function the binding or the driver lacks, and NOT_SUPPORTED
+once it has held (`support.Support`), are not asked again.  `calls.Attempt`
+turns the outcomes into readings and problems.  The calls of every poll
+(samples, process utilization, process lists) go through the function table
+with arrays kept from poll to poll (`direct`).  Everything here runs in the
+reader's worker thread.
 """
 
 from __future__ import annotations

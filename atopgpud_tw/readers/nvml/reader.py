@@ -1,11 +1,9 @@
 """The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator).
 
-Every NVML call goes through `NvmlDevice.call`, the one choke point that maps
-errors: NOT_SUPPORTED is remembered per device and the call is not made again;
-NOT_FOUND is the idle case; GPU_IS_LOST makes that device absent for the poll;
-UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH (and a library that
-lacks a symbol) mean NVML must be set up again, which `NvmlReader` does with
-backoff while reporting every device absent.  All of it runs in one daemon
+Every NVML call's error is mapped once (`calls.outcome`: design.md, "Polling"):
+a lost GPU is absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
+LIB_RM_VERSION_MISMATCH mean NVML must be set up again, which `NvmlReader` does
+with backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
 A card in MIG mode is read as its MIG instances, or as their sum
@@ -75,6 +73,7 @@ def _inventory_calls() -> dict[str, str]:
     from atopgpud_tw.figures import INVENTORY
 
     return {row.attribute: row.nvml for row in INVENTORY}
+
 
 _KEY = attrgetter("key")
 
@@ -353,7 +352,7 @@ class NvmlReader:
             snapshot, problems = self._read(now)
         except Exception:
             self._shutdown()
-            self._schedule_retry(now)
+            self._retry.failed(now)
             raise
         finally:
             self._starts.sweep()  # the pids this poll did not list let go of their pidfds
@@ -374,7 +373,7 @@ class NvmlReader:
                 else:
                     self._initialise()
             except Exception as error:
-                self._schedule_retry(now)
+                self._retry.failed(now)
                 value = getattr(error, "value", None)
                 if value in LIFECYCLE:
                     where = "discovery" if self._initialised else "nvmlInit"
@@ -394,7 +393,7 @@ class NvmlReader:
             if isinstance(found, Reinitialise):
                 self._went_down(found.value, found.cause.split(":")[0], now)
                 self._shutdown()
-                self._schedule_retry(now)
+                self._retry.failed(now)
                 return self._absent(), problems
             if isinstance(found, DeviceLost):
                 lost = True
@@ -499,9 +498,6 @@ class NvmlReader:
 
     def _absent(self) -> Snapshot:
         return Snapshot(tuple(s.absent() for s in self._known.values()))
-
-    def _schedule_retry(self, now: float) -> None:
-        self._retry.failed(now)
 
     def _shutdown(self) -> None:
         if self._initialised:
