@@ -214,6 +214,19 @@ def test_gzip_pages_are_the_plain_page_compressed():
     assert scrape(site, b"application/openmetrics-text; version=1.0.0", b"gzip").endswith(b"# EOF\n")
 
 
+def test_a_gzip_page_is_compressed_once_for_the_scrapes_of_a_poll():
+    """The whole page is one gzip member, compressed once: the next scrape with the same parts gets the same
+    bytes without compressing again; a change of a fresh figure is compressed anew."""
+    site, board, _ = site_with(processes=3)
+    page = site.resource.children[b"metrics"].page
+    kind = "text/plain; version=0.0.4; charset=utf-8"
+    scrape(site, b"", b"gzip")
+    first = page._gzipped[kind][1]
+    assert scrape(site, b"", b"gzip") == gzip.decompress(first) and page._gzipped[kind][1] is first
+    board.attach()
+    assert b"atopgpud_clients_connected 1.0" in scrape(site, b"", b"gzip") and page._gzipped[kind][1] is not first
+
+
 def test_the_polled_part_is_rendered_once_per_poll():
     """Scrapes of one poll share one rendering of the GPU series; a poll renders anew;
     the health series are fresh on every scrape."""

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from OpenSSL import SSL
 from twisted.internet import task
-from twisted.internet.defer import Deferred
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import ConnectionDone
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -172,6 +173,31 @@ def test_every_client_auth_type_builds_a_context(pki: Pki, tmp_path: Path, mode:
                                                                         "RequireAndVerifyClientCert"))
 
 
+def test_what_twisteds_certificate_options_cannot_do(pki: Pki) -> None:
+    """Why the client certificates are set by hand on CertificateOptions' context: it cannot ask for a certificate
+    without verifying it against CAs (RequestClientCert, RequireAnyClientCert: verify=True needs caCerts, and
+    without verify it asks for none), nor check client_allowed_sans (no verify callback); and it always prefers
+    the server's order of suites (prefer_server_cipher_suites: false has no effect)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from twisted.internet.ssl import CertificateOptions
+
+    key = serialization.load_pem_private_key(pki.server_key.read_bytes(), password=None)
+    cert = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    with pytest.raises(ValueError, match="if and only if enabling certificate verification"):
+        CertificateOptions(privateKey=key, certificate=cert, verify=True)
+    context = CertificateOptions(privateKey=key, certificate=cert).getContext()
+    assert context.get_verify_mode() == SSL.VERIFY_NONE
+    assert context.set_options(0) & SSL.OP_CIPHER_SERVER_PREFERENCE
+    asking = load_context(pki, "RequestClientCert")
+    assert asking.get_verify_mode() == SSL.VERIFY_PEER  # asked, accepted unverified (test_web_tls.py)
+
+
+def load_context(pki: Pki, mode: str) -> SSL.Context:
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "client_auth_type": mode}
+    return build_context(parse("tls_server_config: " + json.dumps(tls) + "\n", "/").tls)
+
+
 def test_inline_pem_builds_the_same_context(pki: Pki) -> None:
     """cert, key and client_ca given inline, as the toolkit allows."""
     settings = parse(
@@ -267,6 +293,58 @@ def test_the_right_verdict_is_renewed_by_use_and_never_waits_behind_a_flood(held
     checks.forget()  # the users changed: nothing is known right any more
     assert checks.check(b"alice", b"right", users) is None
     root.stop()
+
+
+def test_a_first_check_from_another_address_pushes_out_the_floods_newest(held) -> None:
+    """Wrong passwords from one address fill every pending place; the scraper's first check (never known
+    right) from another address takes the flood's newest place (that request: 503), not a 503 of its own;
+    the flood's next one is 503; two addresses holding one each refuse a third as before."""
+    clock, checks, queued = held
+    users = {"alice": hashed("right").encode()}
+    root = Protected(page_tree(), WebConfig(users=users), checks, clock)
+    flood = []
+    for n in range(2):
+        request = request_for(b"metrics", "alice", f"guess{n}")
+        request.client = IPv4Address("TCP", "10.0.0.1", 4000 + n)
+        request.render = lambda resource, request=request: render(resource, request)
+        root.getChildWithDefault(b"metrics", request).render(request)
+        flood.append(request)
+    assert checks.check(b"alice", b"guess-more", users, "10.0.0.1") is None
+    scraper = request_for(b"metrics", "alice", "right")
+    scraper.client = IPv4Address("TCP", "10.0.0.2", 5000)
+    scraper.render = lambda resource: render(resource, scraper)
+    root.getChildWithDefault(b"metrics", scraper).render(scraper)
+    assert flood[1].responseCode == 503 and checks.refused == 1
+    assert checks.check(b"alice", b"guess-again", users, "10.0.0.1") is None
+    run(queued)
+    assert b"".join(scraper.written) == b"page" and flood[0].responseCode == 401
+    assert checks.checked == 3 and not checks.pending and not checks.owners
+    assert checks.check(b"alice", b"right", users, "10.0.0.3") is True  # cached; the pushed-out one never ran
+    for peer in ("10.0.0.1", "10.0.0.2"):
+        checks.check(b"alice", b"x" + peer.encode(), users, peer)
+    assert checks.check(b"alice", b"y", users, "10.0.0.3") is None
+    run(queued)
+    root.stop()
+
+
+def test_the_bcrypt_checker_is_twisted_creds_checker(held) -> None:
+    """PasswordChecks is a twisted.cred credentials checker: a Portal logs in with the right password (the user
+    name as avatar id), refuses a wrong one (UnauthorizedLogin) and says Busy beyond the bound."""
+    from twisted.cred.checkers import ICredentialsChecker
+    from twisted.cred.credentials import UsernamePassword
+    from twisted.cred.error import UnauthorizedLogin
+    from zope.interface.verify import verifyObject
+
+    clock, checks, queued = held
+    assert verifyObject(ICredentialsChecker, checks)
+    checks.users = {"alice": hashed("right").encode()}
+    right, wrong = (checks.requestAvatarId(UsernamePassword(b"alice", password)) for password in (b"right", b"no"))
+    busy = checks.requestAvatarId(UsernamePassword(b"alice", b"third"))
+    run(queued)
+    assert right.result == b"alice"
+    assert wrong.result.check(UnauthorizedLogin) and busy.result.check(passwords.Busy)
+    for done in (wrong, busy):
+        done.addErrback(lambda _: None)
 
 
 def test_an_unknown_user_is_refused_without_bcrypt(held) -> None:
@@ -395,7 +473,7 @@ def security_for(path: Path, clock: task.Clock, held) -> WebSecurity:
     _, checks, _ = held
     root = Protected(page_tree(), loaded.config, checks, clock)
     contexts = Contexts(loaded.context) if loaded.context is not None else None
-    return WebSecurity(str(path), loaded, root, contexts, clock)
+    return WebSecurity(str(path), loaded, root, contexts, clock, run=maybeDeferred)
 
 
 def test_a_change_reloads_and_a_bad_one_keeps_the_last_good(pki: Pki, tmp_path: Path, held, logged) -> None:
@@ -479,7 +557,7 @@ from atopgpud_tw.server.web import passwords
 never = threading.Event()
 started = []
 
-def stuck(password, stored, stopping=None):
+def stuck(password, stored, *skip):
     started.append(password)
     never.wait()  # a check that would take for ever (a cost-31 hash)
     return False
@@ -565,6 +643,89 @@ def test_sighup_reloads_through_the_signal_service(tmp_path: Path, held) -> None
     signals.hangup(None)
     assert security.reloads == 1
     assert signal.SIGHUP  # the handler itself is exercised end to end in test_web_tls.py
+
+
+def test_reloads_are_coalesced_while_one_is_built(tmp_path: Path, held, logged) -> None:
+    """50 SIGHUPs while a reload is built: that one build, then one more at the next look (reading the file
+    as the burst left it), then none; a build finished after the stop is not applied."""
+    clock = held[0]
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    built: list[Deferred] = []
+
+    def run(work, *args):
+        done: Deferred = Deferred()
+        built.append(done)
+        done.addCallback(lambda _: work(*args))
+        return done
+
+    security = security_for(path, clock, held)
+    security.run = run
+    security.startService()
+    for _ in range(50):
+        security.hangup()
+    web_config(path, users={"bob": hashed("two")})
+    assert len(built) == 1
+    built[0].callback(None)
+    assert security.reloads == 1
+    clock.advance(1)
+    assert len(built) == 2 and security.builds == 2
+    built[1].callback(None)
+    assert set(security.root.config.users) == {"bob"}
+    for _ in range(3):
+        clock.advance(1)
+    assert len(built) == 2
+    security.hangup()
+    security.stopService()
+    built[2].callback(None)
+    assert security.reloads == 2 and sum("reloaded (SIGHUP)" in line for line in logged) == 2
+
+
+RELOADS_IN_A_THREAD = """
+import os, signal, sys, threading
+from twisted.internet import reactor
+from atopgpud_tw.server.system.signals import SignalService
+from atopgpud_tw.server.web import websecure
+
+threads = []
+real = websecure.attempt
+
+def attempt(*args):
+    threads.append(threading.current_thread() is threading.main_thread())
+    return real(*args)
+
+site = type("Site", (), {"resource": None})()
+_, security = websecure.secure_site(sys.argv[1], site, reactor)
+websecure.attempt = attempt  # the reloads' builds, not start-up's
+signals = SignalService(reactor)
+signals.hangup_hooks.append(security.hangup)
+
+def burst():
+    signals.install()
+    for _ in range(50):
+        os.kill(os.getpid(), signal.SIGHUP)
+    reactor.callLater(2.5, reactor.stop)
+
+security.startService()
+reactor.callWhenRunning(burst)
+reactor.run()
+print("builds", security.builds, "reloads", security.reloads, "on the reactor", sum(threads), flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_fifty_sighups_build_a_few_reloads_none_on_the_reactor(tmp_path: Path) -> None:
+    """Real SIGHUPs on a real reactor: the reload is built in a thread (never the reactor's), and 50 of them
+    at once are one or two builds, not 50."""
+    import subprocess
+    import sys
+
+    path = web_config(tmp_path / "web.yml", users={"alice": hashed("one")})
+    done = subprocess.run([sys.executable, "-c", RELOADS_IN_A_THREAD, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    builds, reloads, on_reactor = int(words[1]), int(words[3]), int(words[7])
+    assert 1 <= builds <= 2 and reloads == builds and on_reactor == 0, done.stdout
 
 
 # -- TLS on the site's bounds -------------------------------------------------------------------

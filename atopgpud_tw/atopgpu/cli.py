@@ -286,7 +286,8 @@ def make_parser() -> argparse.ArgumentParser:
     """The command line of ``atopgpu``."""
     parser = _Parser(
         prog="atopgpu",
-        description="Show the GPU and per-process figures a running atopgpud serves to atop.",
+        description="Show the GPU and per-process figures a running atopgpud serves to atop. "
+        "'atopgpu doctor' checks instead why atop would show none (atopgpu doctor --help).",
     )
     parser.add_argument("--connect", default=DEFAULT_CONNECT, metavar="ENDPOINT",
                         help="where the daemon listens: unix:@NAME, unix:/path, "
@@ -398,7 +399,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script: 0 on success, 1 no daemon, 2 bad usage, 3 bad reply."""
+    """The console script: 0 on success, 1 no daemon, 2 bad usage, 3 bad reply; ``doctor``: its checks."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["doctor"]:
+        from atopgpud_tw.atopgpu.doctor import main as doctor
+
+        return doctor(argv[1:])
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.count is not None and args.watch is None:

@@ -159,6 +159,10 @@ class Connection:
         """Close the socket (the daemon then forgets this client)."""
         self._sock.close()
 
+    def getHandle(self) -> socket.socket:  # noqa: N802 (a transport's name, for access.peer_of)
+        """The socket, as a Twisted transport gives it (`access.peer_of` reads the daemon's credentials)."""
+        return self._sock
+
     def ask(self, command: str, version: int, asked: int | None = None, limit: int = codec.ATOP_REPLY_LIMIT) -> bytes:
         """Send one request for a reply of `version` (with the version byte `asked`,
         if given: `codec.WIDE_REQUEST`); the reply body, once its prelude has been checked

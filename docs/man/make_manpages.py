@@ -51,6 +51,13 @@ def client_help() -> str:
     return make_parser().format_help()
 
 
+def doctor_help() -> str:
+    """``atopgpu doctor --help``, as the command prints it."""
+    from atopgpud_tw.atopgpu.doctor import make_parser
+
+    return make_parser().format_help()
+
+
 def joined(text: str, line: str) -> str:
     """`text` with the wrapped `line` after it: a word broken after its hyphen is whole again."""
     line = line.strip()
@@ -169,17 +176,22 @@ def daemon_page() -> str:
 
 def client_page() -> str:
     options, description = client_options(client_help())
+    doctor, doctor_description = client_options(doctor_help())
     return page(
-        "atopgpu", 1, "show the figures a running atopgpud serves", "[\\fIoptions\\fR]",
+        "atopgpu", 1, "show the figures a running atopgpud serves",
+        "[\\fIoptions\\fR]\n.br\n\\fBatopgpu doctor\\fR [\\fB\\-\\-json\\fR]",
         [escape(description)],
         options,
-        [".SH EXIT STATUS",
+        [".SH DOCTOR", escape(doctor_description), *option_items(doctor),
+         ".SH EXIT STATUS",
          "0 on success; 1 when the daemon cannot be reached or answers wrongly; 2 for a bad option.",
+         "\\fBatopgpu doctor\\fR: 0 when every check passes, 1 when one fails.",
          ".SH EXAMPLES",
          ".nf",
          "atopgpu",
          "atopgpu \\-\\-watch 5 \\-\\-by workload",
          "atopgpu \\-\\-health \\-\\-metrics\\-url http://127.0.0.1:9445/metrics",
+         "atopgpu doctor",
          ".fi",
          ".SH SEE ALSO",
          "\\fBatopgpud\\fR(8), \\fBatop\\fR(1)"],

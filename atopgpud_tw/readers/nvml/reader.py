@@ -196,7 +196,7 @@ class NvmlReader:
         except Exception as error:
             code = getattr(error, "value", None)  # an NVMLError's code
             if code not in WAIT_FOR_DRIVER:
-                raise ReaderUnavailable(_describe_init_failure(error)) from None
+                raise ReaderUnavailable(describe_init_failure(error)) from None
             # the driver is not there yet (a boot) or not yet reloaded: wait for it
             where = "discovery" if self._initialised else "nvmlInit"
             self._shutdown()
@@ -380,7 +380,7 @@ class NvmlReader:
                     self._shutdown()
                     self._went_down(value, where, now)
                 else:
-                    problems.add("init", f"cannot set up NVML ({_describe_init_failure(error)})")
+                    problems.add("init", f"cannot set up NVML ({describe_init_failure(error)})")
                 return self._absent(), problems
             self._came_back(now)
         elif self._missing() and self._rediscovery.due(now):
@@ -587,7 +587,8 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
     return f"{answered}: NVML was shut down beneath the daemon and is set up again; {looking}"
 
 
-def _describe_init_failure(error: BaseException) -> str:
+def describe_init_failure(error: BaseException) -> str:
+    """Why NVML could not be set up, in words (the daemon's start-up line and problem, `atopgpu doctor`)."""
     error = getattr(error, "error", None) or error  # (an outcome: what the binding raised)
     value = getattr(error, "value", None)
     if value == LIBRARY_NOT_FOUND:

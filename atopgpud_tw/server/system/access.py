@@ -75,9 +75,27 @@ def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
     return diag.owner(local, remote) if is_local(local, remote) else None
 
 
+def peer_key(transport: Any, diag: Any) -> str:
+    """Whom a client's share of a bounded thing is counted to: its address (every UNIX-socket client's is
+    "local") and, for a client on this host, the uid that owns its socket, so that one local user's flood
+    takes no share of another user's on the same address.  `transport` may wrap the socket's (TLS)."""
+    address = str(getattr(transport.getPeer(), "host", None) or "local")
+    while transport is not None:
+        handle = getattr(transport, "getHandle", lambda: None)()
+        if isinstance(handle, socket.socket):
+            uid = peer_uid(handle, diag)
+            return address if uid is None else f"{address} (uid {uid})"
+        transport = getattr(transport, "transport", None)
+    return address
+
+
 def peer_name(transport: Any) -> str:
     """A client as the log names it: its address, or its socket's name."""
-    peer = transport.getPeer()
+    return address_name(transport.getPeer())
+
+
+def address_name(peer: Any) -> str:
+    """A client's address (an `IAddress`) as the log names it."""
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 

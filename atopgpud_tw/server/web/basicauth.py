@@ -4,48 +4,63 @@
 bucket, as the toolkit's), sets ``http_server_config.headers`` on every
 response, then passes the request on, or answers 401 (with
 ``WWW-Authenticate: Basic``) or 503 (too many password checks pending,
-`passwords.PasswordChecks`), for every page of the listener.  A request whose
-password is being checked waits in `_Waiting` and is rendered once the verdict
-is in.
+`passwords.PasswordChecks`), for every page of the listener.  The password is
+checked through `twisted.cred`: the header decoded by ``twisted.web.guard``'s
+`BasicCredentialFactory`, a `Portal` whose checker is the bcrypt one and whose
+realm (`Protected` itself) hands out the site.  A request whose password is
+being checked waits in `_Waiting` and is rendered once the verdict is in.
+
+``twisted.web.guard.HTTPAuthSessionWrapper`` itself does not serve: any failure
+of a login but a refusal becomes a 500 with a logged traceback (the checker's
+"busy" must be a 503 with ``Retry-After``), its 401 has a body and headers of
+its own, and it has no place for the rate limit, the configured headers, the
+client's address the checks are queued by, or the damped log lines.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Callable
 
+from twisted.cred.credentials import UsernamePassword
+from twisted.cred.error import LoginFailed, UnauthorizedLogin
+from twisted.cred.portal import IRealm, Portal
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.guard import BasicCredentialFactory
 from twisted.web.resource import IResource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.access import peer_name
-from atopgpud_tw.server.web.passwords import MAX_PASSWORD, PasswordChecks
+from atopgpud_tw.server.system.access import address_name
+from atopgpud_tw.server.web.passwords import MAX_PASSWORD, Busy, PasswordChecks
 from atopgpud_tw.server.web.webconfig import WebConfig
 
 _PLAIN = b"text/plain; charset=utf-8"
 
 
-def credentials(request: Request) -> tuple[bytes, bytes] | None:
+_BASIC = BasicCredentialFactory(b"atopgpud")
+
+
+class Credentials(UsernamePassword):
+    """A user and password, and the address of the client that gave them (the checks are queued by it)."""
+
+    def __init__(self, username: bytes, password: bytes, peer: str = "") -> None:
+        super().__init__(username, password)
+        self.peer = peer
+
+
+def credentials(request: Request) -> UsernamePassword | None:
     """The user and password of a request's ``Authorization: Basic`` header; None without one."""
-    header = request.getHeader(b"authorization")
-    if not header:
-        return None
-    scheme, _, encoded = header.partition(b" ")
-    if scheme.lower() != b"basic":
+    scheme, _, encoded = (request.getHeader(b"authorization") or b"").partition(b" ")
+    if scheme.lower() != _BASIC.scheme:
         return None
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
+        return _BASIC.decode(encoded.strip(), request)  # type: ignore[no-any-return]
+    except LoginFailed:
         return None
-    user, colon, password = decoded.partition(b":")
-    if not colon:
-        return None
-    return user, password
 
 
 @implementer(IResource)
@@ -108,27 +123,17 @@ def busy() -> IResource:
 
 @implementer(IResource)
 class _Waiting:
-    """The request while its password is checked: rendered once the verdict is in."""
+    """The request while its password is checked: rendered once the answer (a resource) is in."""
 
     isLeaf = True
 
-    def __init__(self, verdict: Deferred[bool], then: Callable[[], IResource], refused: Callable[[], None]) -> None:
-        self.verdict = verdict
-        self.then = then
-        self.refused = refused
+    def __init__(self, answer: Deferred[IResource]) -> None:
+        self.answer = answer
 
     def render(self, request: Request) -> Any:
         gone: list[bool] = []
         request.notifyFinish().addErrback(lambda _: gone.append(True))
-
-        def decided(right: bool) -> None:
-            if gone:
-                return
-            if not right:
-                self.refused()
-            request.render(self.then() if right else unauthorized())
-
-        self.verdict.addCallback(decided)
+        self.answer.addCallback(lambda answer: None if gone else request.render(answer))
         return NOT_DONE_YET
 
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
@@ -138,9 +143,10 @@ class _Waiting:
         raise NotImplementedError
 
 
-@implementer(IResource)
+@implementer(IResource, IRealm)
 class Protected:
-    """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages."""
+    """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages (the realm's
+    one avatar)."""
 
     isLeaf = False
     log = ClassLogger("atopgpud_tw.basicauth.Protected")
@@ -150,6 +156,8 @@ class Protected:
         self.checks = checks
         self.clock = clock
         self._config = config
+        checks.users = dict(config.users)
+        self.portal = Portal(self, [checks])
         self.bucket = self._bucket(config)
         self._wrong = BurstLog(clock)
         self._busy = BurstLog(clock)
@@ -164,7 +172,14 @@ class Protected:
     def config(self, config: WebConfig) -> None:
         if config.rate_limit != self._config.rate_limit:
             self.bucket = self._bucket(config)
+        if config.users != self._config.users:
+            self.checks.forget()
+            self.checks.users = dict(config.users)
         self._config = config
+
+    def requestAvatar(self, avatarId: Any, mind: Any, *interfaces: Any) -> tuple[Any, IResource, Callable[[], None]]:
+        """The realm's side of a login: every user gets the site."""
+        return IResource, self.inner, lambda: None
 
     def _bucket(self, config: WebConfig) -> TokenBucket | None:
         if config.rate_limit is None:
@@ -185,34 +200,43 @@ class Protected:
         if given is None:
             return unauthorized()  # a first request without a password is no refusal worth a line
 
-        if len(given[1]) > MAX_PASSWORD:
+        if len(given.password) > MAX_PASSWORD:
             peer = self._peer(request)
             self._too_long.event(lambda: self.log.warn(
                 "refusing metrics requests from {peer}: a password of {size} bytes, over bcrypt's {most}",
-                peer=peer, size=len(given[1]), most=MAX_PASSWORD), "metrics requests refused: password too long")
+                peer=peer, size=len(given.password), most=MAX_PASSWORD), "metrics requests refused: password too long")
             return unauthorized()
+        # the checks are queued fairly by whom the connection is counted to (else by address)
+        peer = getattr(getattr(request, "channel", None), "peer", None) or self._peer(request)
+        login = self.portal.login(Credentials(given.username, given.password, peer), None, IResource)
+        refused = self._refused(request, given.username)
+        now: list[Any] = []
+        login.addBoth(now.append)
+        if now:  # a verdict known (or refused) at once: no waiting
+            return self._answer(now[0], refused, lambda site: site.getChildWithDefault(name, request))
+        return _Waiting(login.addCallback(lambda _: self._answer(
+            now[0], refused, lambda site: getChildForRequest(site.getChildWithDefault(name, request), request))))
 
-        def page() -> IResource:
-            return getChildForRequest(self.inner.getChildWithDefault(name, request), request)
+    def _answer(self, login: Any, refused: Callable[[], None], page: Callable[[IResource], IResource]) -> IResource:
+        """What a login's outcome answers: the page, 503 (checks busy) or 401."""
+        if not isinstance(login, Failure):
+            return page(login[1])
+        if login.check(Busy):
+            return self._busy_answer()
+        if not login.check(UnauthorizedLogin):
+            self.log.failure("a password check failed", login)
+        refused()
+        return unauthorized()
 
-        verdict = self.checks.check(given[0], given[1], dict(config.users))
-        if verdict is None:
-            self._busy.event(lambda: self.log.warn(
-                "answering metrics requests 503: {count} password checks already pending",
-                count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
-            return busy()
-        refused = self._refused(request, given[0])
-        if verdict is True:
-            return self.inner.getChildWithDefault(name, request)
-        if verdict is False:
-            refused()
-            return unauthorized()
-        return _Waiting(verdict, page, refused)
+    def _busy_answer(self) -> IResource:
+        self._busy.event(lambda: self.log.warn(
+            "answering metrics requests 503: {count} password checks already pending",
+            count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
+        return busy()
 
     @staticmethod
     def _peer(request: Request) -> str:
-        channel = getattr(request, "channel", None)
-        return peer_name(channel.transport) if channel is not None and channel.transport is not None else "a client"
+        return address_name(request.getClientAddress())
 
     def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
         peer = self._peer(request)

@@ -11,16 +11,14 @@ reactor thread (so they are one poll's figures, whole), then encoded and
 compressed in a thread, once per poll and format, while the reactor goes on
 answering atop; scrapes that come meanwhile wait for that one rendering.
 
-A gzip page is one gzip member: the fresh part deflated on its own, then the
-cached part's deflate stream; each ends on a byte boundary without a last block,
-so they follow one another as pigz joins its blocks, and a last empty block and
-the CRC of the whole end the member.
+A gzip page is the whole page compressed once (`gzip.compress`), and kept for
+the scrapes that find the same parts (the same fresh text, the same health and
+polled renderings): a burst of scrapes between two polls costs one compression.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
+import gzip as gzip_format
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -34,34 +32,24 @@ InThread = Callable[[Callable[[], "Rendered"]], "Deferred[Rendered]"]
 
 _EOF = b"# EOF\n"
 _GZIP_LEVEL = 6  # level 9 costs 3 to 8 times the CPU for the same size on these pages
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no time, OS unknown
-_FINAL_BLOCK = b"\x03\x00"  # an empty last block (fixed Huffman codes)
 #: seconds one rendering of the health part serves every scrape (given a clock)
 HEALTH_TTL = 0.5
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """The polled part of one poll in one format, plain and deflated."""
+    """The polled part of one poll in one format."""
 
     generation: int | None
     text: bytes
-    deflated: bytes
 
 
 @dataclass(eq=False)
 class _Part:
-    """One part of a page: its text, and its deflate stream once a gzip scrape asked for it."""
+    """The health part of a page, and when it was rendered (kept for later scrapes)."""
 
     text: bytes
-    deflated: bytes | None = None
-    #: when it was rendered, for a part kept for later scrapes
     at: float | None = None
-
-    def deflate(self) -> bytes:
-        if self.deflated is None:
-            self.deflated = _deflate(self.text)  # kept with a cached part for the next scrape
-        return self.deflated
 
 
 class _Frozen:
@@ -101,21 +89,34 @@ class MetricsPage:
         self.in_thread = in_thread or _at_once
         self._cache: dict[str, Rendered] = {}
         self._pending: dict[tuple[str, int | None], list[Deferred[Rendered]]] = {}
+        #: per format, the last gzip page and the parts it was made of
+        self._gzipped: dict[str, tuple[tuple[Any, ...], bytes]] = {}
 
     def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
         """The page in the format of `encoder`, gzip-compressed if asked."""
         head = encoder(self.live)
         if (self.health is not None or self.polled is not None) and head.endswith(_EOF):
             head = head[: -len(_EOF)]  # OpenMetrics ends once, after the last part
-        parts = [_Part(head)]
+        parts: list[Any] = [head]
         if self.health is not None:
             parts.append(self._health_part(encoder, content_type))
         if self.polled is None:
-            return _join(parts + [_Part(b"")], gzip)
+            return self._join(parts, content_type, gzip)
         polled = self._polled(encoder, content_type)
         if isinstance(polled, Rendered):
-            return _join(parts + [_Part(polled.text, polled.deflated)], gzip)
-        return polled.addCallback(lambda rendered: _join(parts + [_Part(rendered.text, rendered.deflated)], gzip))
+            return self._join([*parts, polled], content_type, gzip)
+        return polled.addCallback(lambda rendered: self._join([*parts, rendered], content_type, gzip))
+
+    def _join(self, parts: list[Any], content_type: str, gzip: bool) -> bytes:
+        """The page from its parts (the fresh text, then renderings), plain or gzip-compressed."""
+        page = b"".join(part if isinstance(part, bytes) else part.text for part in parts)
+        if not gzip:
+            return page
+        key = tuple(parts)  # renderings kept are the same objects: compared at once
+        kept = self._gzipped.get(content_type)
+        if kept is None or kept[0] != key:
+            kept = self._gzipped[content_type] = (key, gzip_format.compress(page, _GZIP_LEVEL, mtime=0))
+        return kept[1]
 
     def _health_part(self, encoder: Encoder, content_type: str) -> _Part:
         assert self.health is not None
@@ -147,8 +148,7 @@ class MetricsPage:
         families = _Frozen(list(self.polled.collect()))  # here, in the reactor thread: one poll's figures
 
         def render() -> Rendered:
-            text = encoder(families)
-            return Rendered(generation, text, _deflate(text))
+            return Rendered(generation, encoder(families))
 
         self.in_thread(render).addBoth(self._rendered, key, content_type)
         return waiter
@@ -163,26 +163,3 @@ class MetricsPage:
                 waiter.errback(result)
             else:
                 waiter.callback(result)
-
-
-def _join(parts: list[_Part], gzip: bool) -> bytes:
-    """The page from its parts, plain or as one gzip member."""
-    if not gzip:
-        return b"".join(part.text for part in parts)
-    return _gzip(parts)
-
-
-def _deflate(data: bytes) -> bytes:
-    """A raw deflate stream of `data` ending on a byte boundary, not last."""
-    compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
-
-
-def _gzip(parts: list[_Part]) -> bytes:
-    """One gzip member holding the parts' texts in order, from their deflate streams."""
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part.text, crc)
-    size = sum(len(part.text) for part in parts)
-    trailer = struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF)
-    return _GZIP_HEADER + b"".join(part.deflate() for part in parts) + _FINAL_BLOCK + trailer

@@ -6,7 +6,12 @@ A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
 - `PasswordChecks` runs them in a thread pool of its own (`THREADS` threads;
   the ``bcrypt`` library lets go of the GIL while it hashes), with at most
   `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
-  once (503), so a flood of wrong passwords costs at most `THREADS` cores;
+  once (503), so a flood of wrong passwords costs at most `THREADS` cores; but
+  a client (`access.peer_key`: its address, and a local client's uid) holding
+  fewer of those places than the client holding the most takes that one's
+  newest (answered 503): a flood from one client, or a few, never keeps
+  another's first check out (only one from as many clients as there are places
+  can fill them);
 - a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
   user, the stored hash and the password, so a repeated wrong password pays for
   one check a minute; a right verdict is renewed by each use, so Prometheus
@@ -36,13 +41,17 @@ import hashlib
 import hmac
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import bcrypt
-from twisted.internet.defer import Deferred
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
+from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
@@ -71,9 +80,16 @@ class _Pool(ThreadPool):
         self._team.quit()  # idle workers end; a busy one ends after its check, and the process need not wait
 
 
-class PasswordChecks:
-    """bcrypt checks in a bounded pool of their own, their verdicts cached a while."""
+class Busy(Exception):
+    """Too many checks pending: try again (503)."""
 
+
+@implementer(ICredentialsChecker)
+class PasswordChecks:
+    """bcrypt checks in a bounded pool of their own, their verdicts cached a while; `twisted.cred`'s
+    checker of `users` (a login's avatar id: the user name; `Busy` or `UnauthorizedLogin` when refused)."""
+
+    credentialInterfaces = (IUsernamePassword,)
     log = ClassLogger("atopgpud_tw.passwords.PasswordChecks")
 
     def __init__(self, reactor: Any, threads: int = THREADS, max_pending: int = MAX_PENDING,
@@ -86,13 +102,26 @@ class PasswordChecks:
         self.pool, self.known_pool = self._pools()
         #: the keys of credentials found right since the users last changed, oldest first
         self.known: OrderedDict[bytes, None] = OrderedDict()
-        self.pending: dict[bytes, Deferred[bool]] = {}
-        self.pending_known: dict[bytes, Deferred[bool]] = {}
+        self.pending: dict[bytes, Deferred[bool | None]] = {}
+        self.pending_known: dict[bytes, Deferred[bool | None]] = {}
+        #: for each check in `pending`, oldest first: the peer it is counted to, and what skips it
+        self.owners: dict[bytes, tuple[str, threading.Event]] = {}
         self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self.checked = 0
         self.refused = 0
         self._started = False
         self._failed = BurstLog(reactor)
+        #: the users and their hashes `requestAvatarId` checks against
+        self.users: dict[str, bytes] = {}
+
+    def requestAvatarId(self, credentials: Any) -> Deferred[bytes | tuple[()]]:
+        """`twisted.cred`: the user's name if the password is right (the client's address, when the
+        credentials carry one as `peer`, is whom a pending check is counted to)."""
+        user = credentials.username
+        verdict = self.check(user, credentials.password, self.users, getattr(credentials, "peer", ""))
+        if isinstance(verdict, Deferred):
+            return verdict.addCallback(_avatar, user)
+        return maybeDeferred(_avatar, verdict, user)
 
     def _pools(self) -> tuple[_Pool, _Pool]:
         """The checking pool, and the one for credentials once found right: one thread, no bound
@@ -115,8 +144,10 @@ class PasswordChecks:
             self.pool.stop()
             self.known_pool.stop()
 
-    def check(self, user: bytes, password: bytes, users: dict[str, bytes]) -> bool | Deferred[bool] | None:
-        """True or False at once when known; a Deferred when bcrypt must run; None when too many are pending."""
+    def check(self, user: bytes, password: bytes, users: dict[str, bytes],
+              peer: str = "") -> bool | Deferred[bool | None] | None:
+        """True or False at once when known; a Deferred when bcrypt must run (its None: pushed out, busy);
+        None when too many are pending.  `peer` (the client's address) is whom a pending check is counted to."""
         name = user.decode("utf-8", "replace")
         stored = users.get(name)
         if stored is None or not hmac.compare_digest(name.encode("utf-8", "replace"), user):
@@ -137,36 +168,60 @@ class PasswordChecks:
         running = pending.get(key)
         if running is not None:
             return _share(running)
-        if not known and len(self.pending) >= self.max_pending:
+        if not known and len(self.pending) >= self.max_pending and not self._make_room(peer):
             self.refused += 1
             return None
         self.start()
         self.checked += 1
         pool = self.known_pool if known else self.pool
-        done: Deferred[bool] = deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping)
-        pending[key] = done
+        outcome: Deferred[bool | None] = Deferred()
+        pending[key] = outcome
+        cancelled = threading.Event()
+        if not known:
+            self.owners[key] = (peer, cancelled)
 
-        def verdict(right: bool) -> bool:
-            del pending[key]
-            self.verdicts[key] = (right, self.now() + self.cache_seconds)
-            while len(self.verdicts) > CACHE_ENTRIES:
-                self.verdicts.popitem(last=False)
-            if right:
-                self.known[key] = None
-                self.known.move_to_end(key)
-                while len(self.known) > CACHE_ENTRIES:
-                    self.known.popitem(last=False)
-            return right
+        def settled(right: bool | None) -> None:
+            if pending.get(key) is outcome:  # not pushed out meanwhile
+                del pending[key]
+                self.owners.pop(key, None)
+                outcome.callback(right)
 
-        def failed(failure: Any) -> bool:
-            del pending[key]
+        def verdict(right: bool | None) -> None:
+            if right is not None:
+                self._keep(key, right)
+            settled(right)
+
+        def failed(failure: Any) -> None:
             self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
                                                       error=failure.getErrorMessage()),
                                "bcrypt checks failed")
-            return False
+            settled(False)
 
-        done.addCallbacks(verdict, failed)
-        return _share(done)
+        deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping,
+                          cancelled).addCallbacks(verdict, failed)
+        return _share(outcome)
+
+    def _make_room(self, peer: str) -> bool:
+        """Every pending place is taken: push out the newest check of the peer holding the most, if `peer`
+        holds fewer than it (so one address's flood never keeps another's check out); False if none."""
+        held = Counter(owner for owner, _ in self.owners.values())
+        top, most = held.most_common(1)[0] if held else ("", 0)
+        if held[peer] + 1 >= most:
+            return False
+        victim = next(key for key in reversed(self.owners) if self.owners[key][0] == top)
+        self.owners.pop(victim)[1].set()  # a queued check is skipped; one running ends unheard
+        self.pending.pop(victim).callback(None)
+        return True
+
+    def _keep(self, key: bytes, right: bool) -> None:
+        self.verdicts[key] = (right, self.now() + self.cache_seconds)
+        while len(self.verdicts) > CACHE_ENTRIES:
+            self.verdicts.popitem(last=False)
+        if right:
+            self.known[key] = None
+            self.known.move_to_end(key)
+            while len(self.known) > CACHE_ENTRIES:
+                self.known.popitem(last=False)
 
     def forget(self) -> None:
         """Drop every cached verdict and every credential known right (the users changed)."""
@@ -174,18 +229,26 @@ class PasswordChecks:
         self.known.clear()
 
 
-def _bcrypt_check(password: bytes, stored: bytes, stopping: threading.Event | None = None) -> bool:
-    if stopping is not None and stopping.is_set():
-        return False  # queued when the daemon stopped: nobody waits for the verdict
+def _avatar(verdict: bool | None, user: bytes) -> bytes | tuple[()]:
+    if verdict is None:
+        raise Busy()
+    if not verdict:
+        raise UnauthorizedLogin()
+    return user
+
+
+def _bcrypt_check(password: bytes, stored: bytes, *skip: threading.Event) -> bool | None:
+    if any(event.is_set() for event in skip):
+        return None  # queued when the daemon stopped, or pushed out: nobody waits for the verdict
     # $2y$ (htpasswd's) is $2b$ by another name; bcrypt reads both, the prefix changed only for clarity
     return bcrypt.checkpw(password, stored)
 
 
-def _share(source: Deferred[bool]) -> Deferred[bool]:
+def _share(source: Deferred[bool | None]) -> Deferred[bool | None]:
     """A Deferred of `source`'s verdict that leaves `source` for others to wait on."""
-    shared: Deferred[bool] = Deferred()
+    shared: Deferred[bool | None] = Deferred()
 
-    def passed(value: bool) -> bool:
+    def passed(value: bool | None) -> bool | None:
         shared.callback(value)
         return value
 

@@ -1,16 +1,17 @@
 """TLS on the metrics listener: an OpenSSL context from ``tls_server_config``, swapped on reload.
 
-`build_context` turns `webconfig.TLSSettings` into a pyOpenSSL context (the
-certificates read with the ``cryptography`` library, so that a bad file is one
-line); `Contexts` hands the current one to each new connection, so a reload
+`build_context` turns `webconfig.TLSSettings` into a pyOpenSSL context through
+Twisted's `CertificateOptions` (the certificates read with the ``cryptography``
+library, so that a bad file is one line); `Contexts` hands the current one to each new connection, so a reload
 changes what the next handshake sees and leaves open connections as they are;
 `TLSSiteFactory` is Twisted's TLS (`twisted.protocols.tls`) around the metrics
 site, and `TLSChannel` the site's channel with a deadline for the handshake
 (`WebLimits.handshake_timeout`, 5 s) and at most
-`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address:
-a newer one closes that address's oldest, so slow or stalled handshakes hold
-at most 4 of the listener's places per address, each for at most 5 s, and a
-scraper's handshake (milliseconds) is never the oldest for long.
+`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address
+(and per uid, for a client on this host: the socket's owner, as the atop
+listeners tell it): a newer one closes that peer's oldest, so slow or stalled
+handshakes hold at most 4 of the listener's places per peer, each for at most
+5 s, and a scraper's handshake (milliseconds) is never the oldest for long.
 
 client_auth_type maps onto OpenSSL's verify modes as Go's crypto/tls defines
 the five (https://pkg.go.dev/crypto/tls#ClientAuthType):
@@ -31,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from OpenSSL import SSL, crypto
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLServerConnectionCreator
 from twisted.internet.protocol import connectionDone
+from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -40,8 +42,8 @@ from atopgpud_tw.server.system.access import peer_name
 from atopgpud_tw.server.web.webbounds import BoundedChannel
 from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError
 
-_VERSIONS = {"TLS10": SSL.TLS1_VERSION, "TLS11": SSL.TLS1_1_VERSION, "TLS12": SSL.TLS1_2_VERSION,
-             "TLS13": SSL.TLS1_3_VERSION}
+_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
+             "TLS13": TLSVersion.TLSv1_3}
 #: Go's names of the TLS 1.2 (and older) suites it offers (https://pkg.go.dev/crypto/tls#CipherSuites),
 #: as OpenSSL names them
 CIPHERS = {
@@ -87,7 +89,13 @@ def _certificates(data: bytes, name: str) -> list[x509.Certificate]:
 
 
 def build_context(settings: TLSSettings) -> SSL.Context:
-    """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do."""
+    """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do.
+
+    Twisted's `CertificateOptions` makes it (certificate chain, key, versions, ciphers, sessions); the client
+    certificates are set on its context after (`_client_certificates`), as it can neither ask for a
+    certificate it does not verify (RequestClientCert, RequireAnyClientCert) nor check client_allowed_sans,
+    and it always prefers the server's order of suites (prefer_server_cipher_suites: false is taken and
+    has no effect, as in Go since 1.18)."""
     chain_data, chain_name = _pem(settings.cert, settings.cert_file, "cert")
     chain = _certificates(chain_data, chain_name)
     key_data, key_name = _pem(settings.key, settings.key_file, "key")
@@ -97,33 +105,27 @@ def build_context(settings: TLSSettings) -> SSL.Context:
         cause = "it is encrypted" if "encrypted" in str(error).lower() or isinstance(error, TypeError) else \
             "no PEM private key in it"
         raise WebConfigError(f"{key_name}: {cause}") from None
-    context = SSL.Context(SSL.TLS_SERVER_METHOD)
-    context.set_min_proto_version(_VERSIONS[settings.min_version])
-    context.set_max_proto_version(_VERSIONS[settings.max_version])
-    options = SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION
-    if settings.prefer_server_cipher_suites:
-        options |= SSL.OP_CIPHER_SERVER_PREFERENCE
-    context.set_options(options)
-    try:
-        context.use_certificate(chain[0])
-        for extra in chain[1:]:
-            context.add_extra_chain_cert(extra)
-        context.use_privatekey(key)  # type: ignore[arg-type]  # any of cryptography's private keys OpenSSL takes
-        context.check_privatekey()
-    except (SSL.Error, TypeError, ValueError):
-        raise WebConfigError(f"{key_name} is not the key of {chain_name}'s certificate") from None
     ciphers = [name for name in settings.cipher_suites if name not in TLS13_SUITES]
     unknown = [name for name in ciphers if name not in CIPHERS]
     if unknown:
         raise WebConfigError(f"tls_server_config.cipher_suites: {unknown[0]!r} is not a cipher suite "
                              "(Go's names, such as TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
-    if ciphers:
-        try:
-            context.set_cipher_list(":".join(CIPHERS[name] for name in ciphers).encode("ascii"))
-        except SSL.Error:
-            raise WebConfigError("tls_server_config.cipher_suites: OpenSSL offers none of them") from None
+    try:
+        options = CertificateOptions(  # cryptography's objects, which pyOpenSSL takes (its own are deprecated)
+            privateKey=key, certificate=chain[0], extraCertChain=chain[1:], enableSessions=True,  # type: ignore[arg-type]
+            enableSessionTickets=True, insecurelyLowerMinimumTo=_VERSIONS[settings.min_version],
+            lowerMaximumSecurityTo=_VERSIONS[settings.max_version],
+            acceptableCiphers=AcceptableCiphers.fromOpenSSLCipherString(":".join(CIPHERS[name] for name in ciphers))
+            if ciphers else None,
+        )
+    except ValueError:
+        raise WebConfigError("tls_server_config.cipher_suites: OpenSSL offers none of them") from None
+    try:
+        context = options.getContext()
+    except SSL.Error:
+        raise WebConfigError(f"{key_name} is not the key of {chain_name}'s certificate") from None
+    context.set_options(SSL.OP_NO_RENEGOTIATION)
     _client_certificates(context, settings)
-    context.set_session_id(b"atopgpud")  # resumed sessions of verified clients need an id context
     return context
 
 
@@ -197,21 +199,18 @@ class TLSSiteFactory(TLSMemoryBIOFactory):
 class TLSChannel(BoundedChannel):
     """The metrics site's channel under TLS: the handshake must end within
     `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
-    flight per peer address, and a failed one is logged once per burst."""
+    flight per peer (`BoundedChannel.peer`), and a failed one is logged once per burst."""
 
     def __init__(self) -> None:
         super().__init__()
         self._handshake: Any = None
         self._shaken = False
-        self._address = ""
 
     def connectionMade(self) -> None:
         super().connectionMade()
         if self in self.guard.channels:
             self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
-            peer = self.transport.getPeer()
-            self._address = str(getattr(peer, "host", None) or "local")
-            flight = self.guard.handshakes.setdefault(self._address, [])
+            flight = self.guard.handshakes.setdefault(self.peer, [])
             flight.append(self)
             if len(flight) > self.limits.max_handshakes_per_peer:
                 oldest = flight[0]
@@ -220,7 +219,7 @@ class TLSChannel(BoundedChannel):
                     "metrics TLS handshakes cut: too many from one address",
                     "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
                     peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
-                    address=self._address,
+                    address=self.peer,
                 )
                 oldest.transport.abortConnection()
 
@@ -243,11 +242,11 @@ class TLSChannel(BoundedChannel):
         if self._handshake is not None and self._handshake.active():
             self._handshake.cancel()
         self._handshake = None
-        flight = self.guard.handshakes.get(self._address)
+        flight = self.guard.handshakes.get(self.peer)
         if flight is not None and self in flight:
             flight.remove(self)
             if not flight:
-                del self.guard.handshakes[self._address]
+                del self.guard.handshakes[self.peer]
 
     def _too_slow(self) -> None:
         self._handshake = None

@@ -37,7 +37,8 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.access import peer_name
+from atopgpud_tw.server.system.access import peer_key, peer_name
+from atopgpud_tw.server.system.sockdiag import SockDiag
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class WebGuard:
         self.channels: set[BoundedChannel] = set()
         #: per peer address, the TLS connections whose handshake is in flight, oldest first
         self.handshakes: dict[str, list[Any]] = {}
+        #: tells a local TCP client's uid (`BoundedChannel.peer`)
+        self.diag = SockDiag()
         self._bursts: dict[str, BurstLog] = {}
 
     def room(self) -> bool:
@@ -102,6 +105,7 @@ class WebGuard:
     def stop(self) -> None:
         for burst in self._bursts.values():
             burst.stop()
+        self.diag.close()
 
 
 class BoundedRequest(Request):
@@ -167,6 +171,7 @@ class BoundedChannel(HTTPChannel):
         self._held: Request | None = None
         self._admitted = False
         self._cut = False
+        self.peer = ""
 
     @property
     def limits(self) -> WebLimits:
@@ -179,6 +184,8 @@ class BoundedChannel(HTTPChannel):
             self.transport.abortConnection()
             return
         self._admitted = True
+        #: whom this connection's shares are counted to (TLS handshakes, password checks): `access.peer_key`
+        self.peer = peer_key(self.transport, self.guard.diag)
         super().connectionMade()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
