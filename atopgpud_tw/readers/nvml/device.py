@@ -147,6 +147,10 @@ class NvmlDevice:
 
         `variant` names what is remembered as unsupported or missing when it is
         not the function itself (one function asked for a newer structure).
+
+        Raises:
+            Outcome: what `calls.outcome` makes of the error, NOT_SUPPORTED a `Failed`
+            until it is believed (`Support`); `calls.answer` gives it as a value.
         """
         key = variant or function
         if key in self.missing:
