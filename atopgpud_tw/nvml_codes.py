@@ -1,6 +1,10 @@
-"""NVML's return codes (nvml.h), one table for the readers and the simulator alike.
+"""NVML's return codes and the other constants of nvml.h the readers and the simulator use,
+one table for both.
 
-Every module names a code from here; none types one as a number (tests/test_layout.py).
+Every module names them from here; none types one as a number (tests/test_layout.py).  Each
+has the value of nvidia-ml-py's ``NVML_<name>`` (tests/test_layout.py checks it); they are
+not read from the binding at import, which would load it (about 6 MB) in every program that
+names a code, the simulator's pynvml stand-in (shim/) included.
 """
 
 from __future__ import annotations
@@ -49,3 +53,26 @@ NAMES = {code: name for name, code in CODES.items()}
 LIFECYCLE = {code: NAMES[code] for code in (UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)}
 #: the codes that make a device absent for the poll
 LOST = (GPU_IS_LOST, GPU_NOT_FOUND)
+
+#: nvmlSamplingType_t: the utilization sample buffers
+GPU_UTILIZATION_SAMPLES = 1
+MEMORY_UTILIZATION_SAMPLES = 2
+#: nvmlValueType_t: what a sample or a field value holds
+VALUE_TYPE_DOUBLE = 0
+VALUE_TYPE_UNSIGNED_INT = 1
+VALUE_TYPE_UNSIGNED_LONG = 2
+VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+VALUE_TYPE_SIGNED_LONG_LONG = 4
+VALUE_TYPE_SIGNED_INT = 5
+VALUE_TYPE_UNSIGNED_SHORT = 6
+#: a counter NVML cannot give (NVML_VALUE_NOT_AVAILABLE_ulonglong)
+VALUE_NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
+#: nvmlDeviceGetMigMode's modes
+DEVICE_MIG_DISABLE = 0
+DEVICE_MIG_ENABLE = 1
+#: nvmlTemperatureSensors_t: the GPU's own sensor
+TEMPERATURE_GPU = 0
+#: nvmlEventTypeXidCriticalError
+EVENT_XID = 0x8
+#: the GPU and compute instance ids of what is on no MIG instance (0xFFFFFFFF; nvml.h names none)
+NO_INSTANCE = 0xFFFF_FFFF

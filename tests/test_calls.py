@@ -22,6 +22,9 @@ from atopgpud_tw.readers.nvml.calls import (
     Outcome,
     Reinitialise,
     Unsupported,
+    answer,
+    given,
+    nothing_there,
     outcome,
 )
 from atopgpud_tw.readers.nvml.device import NvmlDevice
@@ -141,30 +144,29 @@ class Device:
 def test_an_attempt_keys_each_problem_one_way(error: Exception, problems: dict[str, str]) -> None:
     """The health figures' problems are the polls' (one key format, `Attempt.note`)."""
     found = Problems()
-    assert Attempt(Device(error), found).call("nvmlFoo", unsupported=None) is None
+    device = Device(error)
+    assert Attempt(device, found)(device.call, "nvmlFoo", unsupported=None) is None
     assert dict(found) == problems
 
 
 @pytest.mark.parametrize(
     "error",
-    [Failed("nvmlFoo: NVML_ERROR_UNKNOWN", nvml_codes.UNKNOWN), NotFound("nvmlFoo"), Unsupported("nvmlFoo")],
+    [Failed("nvmlFoo: NVML_ERROR_UNKNOWN", nvml_codes.UNKNOWN), NotFound("nvmlFoo"), Unsupported("nvmlFoo"),
+     Failed("nvmlFoo: NVML_ERROR_INVALID_ARGUMENT", nvml_codes.INVALID_ARGUMENT)],
 )
-def test_an_attempt_s_three_ways_in_agree(error: Exception) -> None:
-    """``attempt(read)``, ``attempt.run(read, *args)`` and ``attempt.call(function)``: one value and one
-    problem for one outcome, `unsupported` and `idle` alike."""
+def test_an_answer_is_the_value_or_the_reading_s_outcome(error: Exception) -> None:
+    """`answer` gives a reading's outcome as the value, `given` raises it again; a poll's
+    outcomes pass unless caught; only INVALID_ARGUMENT is nothing there."""
     device = Device(error)
-    found = []
-    for way in ("closure", "run", "call"):
-        problems = Problems()
-        attempt = Attempt(device, problems)
-        if way == "closure":
-            value = attempt(lambda: device.call("nvmlFoo"), "none", 0)
-        elif way == "run":
-            value = attempt.run(device.call, "nvmlFoo", unsupported="none", idle=0)
-        else:
-            value = attempt.call("nvmlFoo", unsupported="none", idle=0)
-        found.append((value, dict(problems)))
-    assert found[0] == found[1] == found[2]
+    assert answer(device.call, "nvmlFoo") is error
+    with pytest.raises(type(error)):
+        given(answer(device.call, "nvmlFoo"))
+    assert answer(lambda value: value + 1, 2) == given(3) == 3
+    assert nothing_there(error) == (getattr(error, "value", None) == nvml_codes.INVALID_ARGUMENT)
+    lost = DeviceLost("nvmlFoo: NVML_ERROR_GPU_IS_LOST", nvml_codes.GPU_IS_LOST)
+    with pytest.raises(DeviceLost):
+        answer(Device(lost).call, "nvmlFoo")
+    assert answer(Device(lost).call, "nvmlFoo", catch=Interrupted) is lost
 
 
 def test_a_watched_call_is_noted_while_it_runs_and_its_long_duration_kept() -> None:
@@ -212,7 +214,8 @@ def test_a_function_the_binding_lacks_is_missing_and_asked_again_once_forgotten(
 @pytest.mark.parametrize("error", [DeviceLost("nvmlFoo: NVML_ERROR_GPU_IS_LOST"), Reinitialise("nvmlFoo: x")])
 def test_an_attempt_lets_a_lost_device_or_nvml_through(error: Exception) -> None:
     with pytest.raises(type(error)):
-        Attempt(Device(error), Problems()).call("nvmlFoo")
+        device = Device(error)
+        Attempt(device, Problems())(device.call, "nvmlFoo")
 
 
 @pytest.mark.parametrize("code", [nvml_codes.UNINITIALIZED, nvml_codes.GPU_IS_LOST, nvml_codes.UNKNOWN,

@@ -231,3 +231,45 @@ def test_nvml_codes_are_named_from_nvml_codes_only() -> None:
                                 for e in side.elts if _literal(e)]
                     typed += [f"{name}:{node.lineno} compares a code with {ast.unparse(n)}" for n in numbers]
     assert not typed, f"NVML codes typed as numbers (name them from atopgpud_tw.nvml_codes): {typed}"
+
+
+#: nvml_codes' constants that nvidia-ml-py names otherwise than ``NVML_<name>`` or ``NVML_ERROR_<name>``
+_BINDING_NAMES = {"EVENT_XID": "nvmlEventTypeXidCriticalError",
+                  "VALUE_NOT_AVAILABLE": "NVML_VALUE_NOT_AVAILABLE_ulonglong"}
+
+
+def test_every_nvml_constant_has_the_binding_s_value() -> None:
+    """Each constant of nvml_codes has the value nvidia-ml-py gives it, where the binding has it."""
+    import pynvml
+
+    from atopgpud_tw import nvml_codes
+
+    checked = {}
+    for name in _code_names():
+        for spelled in (_BINDING_NAMES.get(name), f"NVML_ERROR_{name}", f"NVML_{name}"):
+            if spelled and hasattr(pynvml, spelled):
+                bound = getattr(pynvml, spelled)
+                checked[name] = getattr(bound, "value", bound)  # (a ctypes number: its value)
+                break
+    assert {name: getattr(nvml_codes, name) for name in checked} == checked
+    assert {"GPU_UTILIZATION_SAMPLES", "VALUE_TYPE_UNSIGNED_INT", "DEVICE_MIG_ENABLE", "EVENT_XID",
+            "VALUE_NOT_AVAILABLE", "TEMPERATURE_GPU", "NOT_FOUND"} <= checked.keys()
+
+
+def test_nvml_outcomes_are_caught_in_calls_only() -> None:
+    """No module but readers/nvml/calls.py has an ``except`` clause on an NVML outcome: the others
+    branch on the value `calls.answer` gives (one answer type, one place that catches)."""
+    from atopgpud_tw.readers.nvml import calls
+
+    outcomes = {name for name, value in vars(calls).items()
+                if isinstance(value, type) and issubclass(value, calls.Outcome)} | {"READING"}
+    caught = []
+    for name in modules():
+        if name == "atopgpud_tw.readers.nvml.calls":
+            continue
+        for node in ast.walk(ast.parse(source(name).read_text())):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                named = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.type)
+                         if isinstance(n, (ast.Name, ast.Attribute))}
+                caught += [f"{name}:{node.lineno} except {ast.unparse(node.type)}" for _ in named & outcomes][:1]
+    assert not caught, f"NVML outcomes caught outside readers/nvml/calls.py (use calls.answer): {caught}"

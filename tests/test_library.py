@@ -14,7 +14,7 @@ from scenarios import a10_card
 from twisted.logger import globalLogPublisher
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml import device as nvml_device
+from atopgpud_tw.readers.nvml import calls as nvml_calls
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import SimulatedNvml, binding_over, parse_scenario, simulated_binding
 from atopgpud_tw.sim.library import GROWN_PID
@@ -264,7 +264,7 @@ def test_a_size_query_that_reports_a_capacity_reads_as_usual():
 def test_a_list_that_keeps_growing_is_given_up_on_and_memory_still_counts(monkeypatch):
     """Too small at every try of a poll: a bounded number of tries, one problem; the processes
     keep their memory; the next poll fills the array grown meanwhile."""
-    monkeypatch.setattr(nvml_device, "SIZE_RETRIES", 1)
+    monkeypatch.setattr(nvml_calls, "SIZE_RETRIES", 1)
     clock = [0.0]
     # one figure per compute-list call: at start-up, then polls 0, 1, 2
     processes = [{"pid": 300, "memory_mib": [100, 200, 300, 400], "sm_util": 20}]

@@ -32,7 +32,7 @@ SITES: dict[tuple[str, str], tuple[str, ...]] = {
     ("readers/nvml/mig.py", "(f'mig slot {slot}', f'MIG device {slot}')"): ("mig-slot",),
     ("readers/nvml/mig.py", "'mig identity'"): ("mig-identity",),
     ("readers/nvml/mig.py", "f'{card.key} mig-empty'"): ("mig-empty",),
-    ("readers/nvml/mig.py", "f'{instance.key} lost'"): ("mig-instance-lost",),
+    ("readers/nvml/mig.py", "'lost'"): ("mig-instance-lost",),
     ("readers/nvml/reader.py", "'init'"): ("nvml-init", "nvml-reinit"),
     ("readers/nvml/reader.py", "f'{card.key} lost'"): ("gpu-lost",),
     ("readers/nvml/reader.py", "f'{key} lost'"): ("gpu-lost",),

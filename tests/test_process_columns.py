@@ -1,4 +1,4 @@
-"""The process lists and process samples folded as columns give what folding them entry by entry gives."""
+"""The process samples folded as columns give what folding them entry by entry gives."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from atopgpud_tw.readers.nvml.device import _merge_lists
 from atopgpud_tw.readers.nvml.samples import (
     ProcessSamples,
     UtilSample,
@@ -16,41 +15,6 @@ from atopgpud_tw.readers.nvml.samples import (
     lists_busy_periods,
     samples_per_pid,
 )
-from atopgpud_tw.snapshot import UNSUPPORTED, merge_kind, merge_memory
-
-
-def merged_entry_by_entry(lists: list[tuple[str, tuple[list[int], list[int | None]]]]) -> dict:
-    found: dict[int, tuple[str, int | None]] = {}
-    for kind, (pids, used) in lists:
-        for pid, memory in zip(pids, used):
-            memory_kib = UNSUPPORTED if memory is None else memory // 1024
-            seen = found.get(pid)
-            if seen is None:
-                found[pid] = (kind, memory_kib)
-            else:
-                found[pid] = (merge_kind(seen[0], kind), merge_memory(seen[1], memory_kib, "max"))
-    return found
-
-
-def a_list(rng: random.Random, pids: list[int]) -> tuple[list[int], list[int | None]]:
-    listed = rng.sample(pids, rng.randint(0, len(pids)))
-    if listed and rng.random() < 0.3:
-        listed.append(rng.choice(listed))  # listed twice
-    used = [None if rng.random() < 0.1 else rng.randint(0, 1 << 36) for _ in listed]
-    return listed, used
-
-
-@pytest.mark.parametrize("seed", range(200))
-def test_merged_lists_are_the_entries_merged_one_by_one(seed):
-    """Both lists, a pid in both or twice in one, memory unknown: kinds and memory as the per-entry merge,
-    in the order pids are first listed."""
-    rng = random.Random(seed)
-    pids = rng.sample(range(100, 200), 8)
-    lists = [("C", a_list(rng, pids)), ("G", a_list(rng, pids))]
-    kinds, memory = _merge_lists(lists)
-    assert list(kinds) == list(memory)
-    assert {pid: (kinds[pid], memory[pid]) for pid in kinds} == merged_entry_by_entry(lists)
-    assert list(kinds) == list(merged_entry_by_entry(lists))
 
 
 def some_samples(rng: random.Random) -> list[UtilSample]:

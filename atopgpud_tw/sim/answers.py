@@ -14,10 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atopgpud_tw.nvml_codes import CODES, NAMES
-
-#: gpuInstanceId and computeInstanceId of a process not on a MIG instance
-NO_INSTANCE = 0xFFFFFFFF
+from atopgpud_tw.nvml_codes import CODES, NAMES, NO_INSTANCE
 
 
 class NvmlFault(Exception):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS
+from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NO_INSTANCE, NOT_SUPPORTED, SUCCESS
 from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_model import ENGINES, PLAIN
 from atopgpud_tw.sim.nvml import Handle
@@ -135,7 +135,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         target = ctypes.cast(out, ctypes.POINTER(library._b.c_nvmlEventData_t))[0]
         target.device = ctypes.cast(library.handle_id(Handle(gpu)), library._b.c_nvmlDevice_t)
         target.eventType, target.eventData = kind, data
-        target.gpuInstanceId = target.computeInstanceId = 0xFFFFFFFF
+        target.gpuInstanceId = target.computeInstanceId = NO_INSTANCE
         return SUCCESS
 
     def free(event_set: int | None) -> int:

@@ -20,18 +20,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from atopgpud_tw.figures import FIGURES, Figure, Play
-from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, TIMEOUT
+from atopgpud_tw.figures import ENGINE_BUSY, FIGURES, MEMORY_TEMPERATURE, Figure, Play
+from atopgpud_tw.nvml_codes import (
+    EVENT_XID,
+    INVALID_ARGUMENT,
+    NOT_SUPPORTED,
+    TEMPERATURE_GPU,
+    TIMEOUT,
+    VALUE_TYPE_UNSIGNED_INT,
+    VALUE_TYPE_UNSIGNED_LONG_LONG,
+)
 from atopgpud_tw.sim.answers import NvmlFault
 from atopgpud_tw.sim.health_scenario import LinkSpec, Played
 
-#: nvmlEventTypeXidCriticalError
-EVENT_XID = 0x8
-TEMPERATURE_GPU = 0
-FIELD_MEMORY_TEMP = 82
-#: nvmlValueType_t: NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-VALUE_UNSIGNED_INT = 1
-VALUE_UNSIGNED_LONG_LONG = 3
+#: the memory temperature's field (its row of the table), answered as an unsigned int
+FIELD_MEMORY_TEMP = next(f.nvml.field for f in FIGURES if f.family is MEMORY_TEMPERATURE and f.nvml)
 #: the driver's sampling period of the engines' utilization, in microseconds
 ENGINE_PERIOD_US = 167_000
 
@@ -62,13 +65,11 @@ VIOLATIONS = _by_arguments("nvmlDeviceGetViolationStatus")
 LINK_ERRORS = _by_arguments("nvmlDeviceGetNvLinkErrorCounter")
 #: the engines' utilization functions -> field
 ENGINES = {f.nvml.function: f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.pick == 0
-           and f.family.name == "atopgpud_gpu_engine_busy_percent"}
-ECC = {
-    (0, 0): "ecc_corrected_volatile",
-    (0, 1): "ecc_corrected_aggregate",
-    (1, 0): "ecc_uncorrected_volatile",
-    (1, 1): "ecc_uncorrected_aggregate",
-}
+           and f.family is ENGINE_BUSY}
+#: nvmlMemoryErrorType_t and nvmlEccCounterType_t -> field
+ECC = {args: play.field for args, play in _by_arguments("nvmlDeviceGetTotalEccErrors").items()}
+#: the fields of nvmlDeviceGetRemappedRows' answers, in their order (the table's)
+REMAPPED = tuple(f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.function == "nvmlDeviceGetRemappedRows")
 
 
 @dataclass
@@ -140,13 +141,13 @@ class HealthDriver:
             played = link.played(LINK_FIELD_IDS[field].field)
             if played is None or not link.active:
                 raise NvmlFault(NOT_SUPPORTED)
-            return VALUE_UNSIGNED_LONG_LONG, int(self._integral(played))
+            return VALUE_TYPE_UNSIGNED_LONG_LONG, int(self._integral(played))
         play = FIELD_IDS.get(field)
         if play is None:
             self._enter("nvmlDeviceGetFieldValues", handle)
             raise NvmlFault(NOT_SUPPORTED)
         value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
-        return (VALUE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_UNSIGNED_LONG_LONG,
+        return (VALUE_TYPE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_TYPE_UNSIGNED_LONG_LONG,
                                                                                    int(round(value)))
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> tuple[int, int]:
@@ -200,9 +201,8 @@ class HealthDriver:
         return int(self._value("nvmlDeviceGetTotalEccErrors", handle, name))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
-        names = ("correctable", "uncorrectable", "pending", "failed")
-        played = [self._gpu(handle).health.played(f"remapped_rows_{n}") for n in names]
-        first, now = self._played("nvmlDeviceGetRemappedRows", handle, "remapped_rows_correctable")
+        played = [self._gpu(handle).health.played(name) for name in REMAPPED]
+        first, now = self._played("nvmlDeviceGetRemappedRows", handle, REMAPPED[0])
         if any(p is None for p in played):
             raise NvmlFault(NOT_SUPPORTED)
         return tuple(int(p.at(now)) for p in played)  # type: ignore[union-attr,return-value]

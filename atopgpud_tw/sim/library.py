@@ -54,6 +54,7 @@ from atopgpud_tw.nvml_codes import (
     NAMES,
     SUCCESS,
     UNKNOWN,
+    VALUE_NOT_AVAILABLE,
 )
 from atopgpud_tw.sim.answers import NvmlFault, ProcessSample, RunningProcess, SymbolMismatch
 from atopgpud_tw.sim.gpm_library import gpm_table
@@ -61,8 +62,6 @@ from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_
 from atopgpud_tw.sim.library_symbols import LIBRARY_SYMBOLS
 from atopgpud_tw.sim.nvml import Handle, SimulatedNvml
 
-#: usedGpuMemory when the driver cannot tell (WDDM, vGPU guests)
-VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 #: pids of the processes a list gains between its size query and its fill
 GROWN_PID = 4_000_000
 #: what a reply the binding cannot decode looks like: not UTF-8

@@ -30,9 +30,20 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim.answers import (
+from atopgpud_tw.nvml_codes import (
+    DEVICE_MIG_DISABLE,
+    DEVICE_MIG_ENABLE,
+    DRIVER_NOT_LOADED,
+    GPU_UTILIZATION_SAMPLES,
+    INVALID_ARGUMENT,
+    MEMORY_UTILIZATION_SAMPLES,
     NO_INSTANCE,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    UNINITIALIZED,
+    VALUE_TYPE_UNSIGNED_INT,
+)
+from atopgpud_tw.sim.answers import (
     Answers,
     Memory,
     NvmlFault,
@@ -57,16 +68,10 @@ from atopgpud_tw.sim.scenario import (
     cycled,
 )
 
-NVML_GPU_UTILIZATION_SAMPLES = 1
-NVML_MEMORY_UTILIZATION_SAMPLES = 2
-NVML_VALUE_TYPE_UNSIGNED_INT = 1
-NVML_DEVICE_MIG_DISABLE = 0
 #: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
 SAMPLE_BUFFER = 100
-NVML_DEVICE_MIG_ENABLE = 1
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
-INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND = (CODES[n] for n in ("INVALID_ARGUMENT", "NOT_SUPPORTED", "NOT_FOUND"))
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                     continue
                 raise_fault(fault.error)
         if call != "nvmlInit" and not self._initialised:
-            raise NvmlFault(CODES["UNINITIALIZED"])
+            raise NvmlFault(UNINITIALIZED)
         return now
 
     def _next(self, key: tuple[Any, ...], value: Any) -> Any:
@@ -246,7 +251,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._enter("nvmlInit")
         loaded = self.scenario.driver_loaded_file
         if loaded is not None and not os.path.exists(loaded):
-            raise NvmlFault(CODES["DRIVER_NOT_LOADED"])
+            raise NvmlFault(DRIVER_NOT_LOADED)
         self._initialised += 1
 
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -325,7 +330,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         gpu = self._gpu(device)
         if not gpu.mig_capable or device.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
-        mode = NVML_DEVICE_MIG_DISABLE if gpu.mig is None else NVML_DEVICE_MIG_ENABLE
+        mode = DEVICE_MIG_DISABLE if gpu.mig is None else DEVICE_MIG_ENABLE
         return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
@@ -392,7 +397,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     ) -> tuple[int, list[Sample]]:
         self._enter("nvmlDeviceGetSamples", device)
         gpu = self._gpu(device)
-        field = {NVML_GPU_UTILIZATION_SAMPLES: "gpu", NVML_MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
+        field = {GPU_UTILIZATION_SAMPLES: "gpu", MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
         if field is None:
             raise NvmlFault(NOT_SUPPORTED)
         if gpu.mig is not None or not gpu.samples_supported or gpu.gpu_util is None or gpu.mem_util is None:
@@ -409,7 +414,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             if stamp <= timeStamp:
                 raise NvmlFault(NOT_FOUND)
             value = self._next((device.gpu, f"{field}_util"), getattr(gpu, f"{field}_util"))
-            return NVML_VALUE_TYPE_UNSIGNED_INT, [Sample(stamp, int(value))]
+            return VALUE_TYPE_UNSIGNED_INT, [Sample(stamp, int(value))]
         level = _period_level(gpu, field, self.scenario.repeat)
         periods = self._periods(gpu, timeStamp, self._sample_base_us(gpu))
         out = [Sample(stamp, level(start, end)) for stamp, start, end in periods]
@@ -417,7 +422,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             out = [s for s in out if s.value]
         if not out:
             raise NvmlFault(NOT_FOUND)
-        return NVML_VALUE_TYPE_UNSIGNED_INT, out
+        return VALUE_TYPE_UNSIGNED_INT, out
 
     def _sample_base_us(self, gpu: GpuSpec) -> int:
         """What the GPU's sample clock reads at simulated time 0, in microseconds."""

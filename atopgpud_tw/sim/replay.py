@@ -27,14 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from atopgpud_tw.nvml_codes import CODES
+from atopgpud_tw.nvml_codes import NOT_FOUND, NOT_SUPPORTED, VALUE_TYPE_UNSIGNED_INT
 from atopgpud_tw.sim.answers import Memory, NvmlFault, ProcessSample, Rates, RunningProcess, Sample
 from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
-#: nvmlValueType_t of the utilization samples: unsigned int
-VALUE_TYPE_UNSIGNED_INT = 1
 #: utilization samples the simulated driver keeps per device (as SimulatedNvml)
 SAMPLE_BUFFER = 100
 #: how far a real driver moves a sample's stamp between two calls that both return it (µs):
@@ -209,7 +207,7 @@ class Replayed:
         """nvmlDeviceGetUtilizationRates; NOT_SUPPORTED when the recording has none."""
         entry = _at(self.recording.rates, self._clock())
         if entry is None:
-            raise NvmlFault(CODES["NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         return Rates(entry[1], entry[2])
 
     def samples(self, device: Any, gpu: Any, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
@@ -219,7 +217,7 @@ class Replayed:
         kept = series[max(0, last - SAMPLE_BUFFER):last]
         out = [Sample(stamp + self._shift, value) for stamp, value in kept if stamp + self._shift > timeStamp]
         if not out:
-            raise NvmlFault(CODES["NOT_FOUND"])
+            raise NvmlFault(NOT_FOUND)
         return VALUE_TYPE_UNSIGNED_INT, out
 
     def memory(self, handle: Any, gpu: Any, version: Any, now: float) -> Memory:
@@ -238,7 +236,7 @@ class Replayed:
         """The compute or graphics list (pid, usedGpuMemory bytes); NOT_SUPPORTED when not recorded."""
         entry = _at(self.recording.compute if "C" in kinds else self.recording.graphics, self._clock())
         if entry is None:
-            raise NvmlFault(CODES["NOT_SUPPORTED"])
+            raise NvmlFault(NOT_SUPPORTED)
         return [RunningProcess(pid, used) for pid, used in entry[1]]
 
     def process_samples(self, handle: Any, gpu: Any, timeStamp: int, now: float) -> list[ProcessSample]:
@@ -256,5 +254,5 @@ class Replayed:
             if stamp + self._shift > timeStamp
         ]
         if not out:
-            raise NvmlFault(CODES["NOT_FOUND"])
+            raise NvmlFault(NOT_FOUND)
         return out

@@ -5,7 +5,9 @@ reading or a recorded problem (`Attempt`).
 One mapping turns what the binding raises into one of the outcomes below
 (`outcome`): a device's choke point (`device.NvmlDevice.call`) raises it, with
 what the device remembers of its calls, and so do the calls that take no
-device's memory along (`NvmlSession.call`: GPM's sample buffers, XID events).
+device's memory along (`NvmlSession.call`: discovery, the inventory, GPM's
+sample buffers, XID events).  Code that branches on an outcome takes it as a
+value (`answer`): no other module catches one (tests/test_layout.py).
 Two of them are not about the reading at all, and are no kind of `Failed`:
 `DeviceLost` (the device cannot be read in this poll) and `Reinitialise` (NVML
 itself has to be set up again).  They pass through `Attempt` untouched, up to
@@ -26,7 +28,16 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import FUNCTION_NOT_FOUND, LIFECYCLE, LOST, NAMES, NOT_FOUND, NOT_SUPPORTED
+from atopgpud_tw.nvml_codes import (
+    FUNCTION_NOT_FOUND,
+    INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT,
+    LIFECYCLE,
+    LOST,
+    NAMES,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+)
 from atopgpud_tw.problems import Problems
 from atopgpud_tw.readers.nvml.watchdog import CallWatch
 from atopgpud_tw.snapshot import UNSUPPORTED
@@ -34,7 +45,16 @@ from atopgpud_tw.snapshot import UNSUPPORTED
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
 class Outcome(Exception):
-    """What a call gave instead of an answer (each kind below)."""
+    """What a call gave instead of an answer (each kind below): raised by the calls, and
+    given as a value by `answer`.  `value` is the NVML code where there is one; `error`
+    is what the binding raised (None where nothing was called)."""
+
+    error: BaseException | None = None
+
+    def __init__(self, cause: str, value: int | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.value = value
 
 
 class Unsupported(Outcome):
@@ -53,20 +73,10 @@ class NotFound(Outcome):
 class Failed(Outcome):
     """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
 
-    def __init__(self, cause: str, value: int | None = None) -> None:
-        super().__init__(cause)
-        self.cause = cause
-        self.value = value
-
 
 class Interrupted(Outcome):
     """Not a reading that failed: the poll of the device, or of every device, stops here.
     `cause` says why (``"<function>: <error>"``), `value` is the NVML code."""
-
-    def __init__(self, cause: str, value: int | None = None) -> None:
-        super().__init__(cause)
-        self.cause = cause
-        self.value = value
 
 
 class DeviceLost(Interrupted):
@@ -99,14 +109,20 @@ def outcome(error: Exception, nvml: Any, function: str, key: str | None = None) 
       (a binding or driver bug): `Failed`, ``"<function>: <type>: <text>"``, no code.
     """
     key = key or function
+    found = _outcome(error, nvml, function, key)
+    found.error = error
+    return found
+
+
+def _outcome(error: Exception, nvml: Any, function: str, key: str) -> Outcome:
     if isinstance(error, nvml.NVMLError):
         value = getattr(error, "value", None)
         if value == FUNCTION_NOT_FOUND:
-            return Missing(key)
+            return Missing(key, value)
         if value == NOT_SUPPORTED:
-            return Unsupported(key)
+            return Unsupported(key, value)
         if value == NOT_FOUND:
-            return NotFound(function)
+            return NotFound(function, value)
         cause = f"{function}: {error_name(error)}"
         if value in LIFECYCLE:
             return Reinitialise(cause, value)
@@ -116,6 +132,48 @@ def outcome(error: Exception, nvml: Any, function: str, key: str | None = None) 
     if isinstance(error, getattr(nvml, "NVMLLibraryMismatchError", ())):
         return Missing(f"{key}: {error}")
     return Failed(f"{function}: {type(error).__name__}: {error}")
+
+
+#: the outcomes of a reading (`answer`'s default): the others stop the poll of a device or of all
+READING = (Unsupported, Failed, NotFound)
+
+
+def answer(call: Callable[..., Any], *args: Any, catch: Any = READING, **named: Any) -> Any:
+    """``call(*args, **named)``, or the outcome it raised of those in `catch`, as a value
+    (the one place, with `Attempt`, where an outcome is caught); the others pass."""
+    try:
+        return call(*args, **named)
+    except catch as found:
+        return found
+
+
+def given(found: Any) -> Any:
+    """An `answer`'s value, or its outcome raised again."""
+    if isinstance(found, Outcome):
+        raise found
+    return found
+
+
+def nothing_there(found: Any) -> bool:
+    """Whether an answer is INVALID_ARGUMENT, which a MIG slot, a destroyed MIG instance's
+    handle and a link past a card's last NVLink answer: nothing is there (no problem)."""
+    return isinstance(found, Failed) and found.value == INVALID_ARGUMENT
+
+
+#: times one poll asks again for a list or samples that outgrew the array it was given
+SIZE_RETRIES = 3
+
+
+def call_sized(device: Any, function: str, *args: Any, variant: str | None = None) -> Any:
+    """`device.call` (`NvmlDevice.call`) for a function that fills an array: INSUFFICIENT_SIZE
+    (the list outgrew the array, which `direct` has grown) is asked again, a few times."""
+    for _ in range(SIZE_RETRIES):
+        try:
+            return device.call(function, *args, variant=variant)
+        except Failed as failure:
+            if failure.value != INSUFFICIENT_SIZE:
+                raise
+    return device.call(function, *args, variant=variant)
 
 
 def as_text(value: Any) -> str:
@@ -179,8 +237,9 @@ NOTED: Any = object()
 
 
 class Attempt:
-    """One poll's readings of one device: ``attempt(read)`` is the reading `read()`
-    returns, or what its outcome means, with the problem recorded in `problems`.
+    """One poll's readings of one device: ``attempt(read, *args)`` is the reading
+    ``read(*args)`` returns (with `named` given to it too), or what its outcome means,
+    with the problem recorded in `problems`.
 
     - `Unsupported`: `unsupported` (``UNSUPPORTED`` unless said); while a figure
       that had answered is given up (`device.given_up`), its problem stands;
@@ -203,27 +262,12 @@ class Attempt:
         self.problems = problems
         self.subject = subject or f"GPU {device.busid}"
 
-    def __call__(self, read: Callable[[], Any], unsupported: Any = UNSUPPORTED, idle: Any = NOTED, *,
-                 key: str | None = None, part: tuple[str, str] | None = None) -> Any:
+    def __call__(self, read: Callable[..., Any], *args: Any, unsupported: Any = UNSUPPORTED, idle: Any = NOTED,
+                 key: str | None = None, part: tuple[str, str] | None = None, **named: Any) -> Any:
         try:
-            return read()
-        except (Unsupported, Failed, NotFound) as error:
+            return read(*args, **named)
+        except READING as error:
             return self._instead(error, unsupported, idle, key, part)
-
-    def run(self, read: Callable[..., Any], *args: Any, unsupported: Any = UNSUPPORTED, idle: Any = NOTED) -> Any:
-        """``attempt(lambda: read(*args))``, without a closure made for each reading."""
-        try:
-            return read(*args)
-        except (Unsupported, Failed, NotFound) as error:
-            return self._instead(error, unsupported, idle, None, None)
-
-    def call(self, function: str, *args: Any, variant: str | None = None, unsupported: Any = UNSUPPORTED,
-             idle: Any = NOTED) -> Any:
-        """``attempt(lambda: device.call(function, *args, variant=variant))``."""
-        try:
-            return self.device.call(function, *args, variant=variant)
-        except (Unsupported, Failed, NotFound) as error:
-            return self._instead(error, unsupported, idle, None, None)
 
     def _instead(self, error: Outcome, unsupported: Any, idle: Any, key: str | None,
                  part: tuple[str, str] | None) -> Any:

@@ -1,39 +1,35 @@
-"""One NVML device: the choke point every call goes through, and one poll of it.
+"""One NVML device: the choke point its calls go through, and one poll of it.
 
-`NvmlDevice.call` maps NVML's errors to the outcomes of `calls` (`calls.outcome`),
-with what the device remembers: NOT_SUPPORTED (and a function the binding or
-the driver lacks, `NVMLLibraryMismatchError` included) is remembered per device
-and not asked again (`support.Support`); NOT_FOUND is the idle case;
-GPU_IS_LOST makes the device absent for the poll; UNINITIALIZED,
-DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH mean NVML must be set up again;
-anything else, an unexpected exception included, fails that one reading for
-this poll.  `calls.Attempt` turns those into readings and problems.
-The calls of every poll (samples, process utilization, process lists) go
-through the function table with arrays kept from poll to poll (`direct`).
-Everything here runs in the reader's worker thread.
+`NvmlDevice.call` raises what `calls.outcome` makes of an error, with what the
+device remembers: a function the binding or the driver lacks, and NOT_SUPPORTED
+once it has held (`support.Support`), are not asked again.  `calls.Attempt`
+turns the outcomes into readings and problems.  The calls of every poll
+(samples, process utilization, process lists) go through the function table
+with arrays kept from poll to poll (`direct`).  Everything here runs in the
+reader's worker thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import repeat
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, NOT_SUPPORTED
+from atopgpud_tw.nvml_codes import GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES, NOT_SUPPORTED
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
-    DeviceLost,
     Failed,
     Missing,
     NotFound,
     NvmlSession,
     Outcome,
-    Reinitialise,
     Unsupported,
+    answer,
+    call_sized,
+    given,
     outcome,
 )
 from atopgpud_tw.readers.nvml.direct import MEMORY, PROCESS_UTILIZATION, SAMPLES, DirectCalls
@@ -56,17 +52,11 @@ from atopgpud_tw.snapshot import (
     DeviceSample,
     ProcessSample,
     clamp_percent,
-    merge_kind,
-    merge_memory,
+    merge_by_pid,
 )
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
-#: nvmlDeviceGetMigMode's "current" value for a card in MIG mode
-MIG_ENABLED = 1
-#: nvmlDeviceGetSamples sample types
-GPU_UTILIZATION_SAMPLES = 1
-MEMORY_UTILIZATION_SAMPLES = 2
 #: what a reading returns when the sample buffer is not there: use the rates call
 _NO_SAMPLES = object()
 #: what a reading of the sample buffer returns when it holds nothing new
@@ -128,8 +118,6 @@ class NvmlDevice:
     list_functions: dict[str, str] = field(default_factory=dict)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
-    #: every function called on the device, by name, as found (`_function`)
-    _bound: dict[str, Any] = field(default_factory=dict, repr=False)
     #: `where`, made once: the hang watch is told it at every call
     _where: str = field(default="", init=False, repr=False)
 
@@ -159,6 +147,10 @@ class NvmlDevice:
 
         `variant` names what is remembered as unsupported or missing when it is
         not the function itself (one function asked for a newer structure).
+
+        Raises:
+            Outcome: what `calls.outcome` makes of the error, NOT_SUPPORTED a `Failed`
+            until it is believed (`Support`); `calls.answer` gives it as a value.
         """
         key = variant or function
         if key in self.missing:
@@ -168,14 +160,11 @@ class NvmlDevice:
         support = self.support.get(key) if self.support else None
         if support is not None and support.believed and not support.may_ask(session.now):
             raise Unsupported(key)
-        bound = self._bound.get(function)
+        bound = self._function(function)
         if bound is None:
-            bound = self._bound[function] = self._function(function)
-            if bound is None:
-                # a binding too old to have the function: it can never work here
-                del self._bound[function]
-                self.missing.add(key)
-                raise Missing(key)
+            # a binding too old to have the function: it can never work here
+            self.missing.add(key)
+            raise Missing(key)
         watch = session.watch
         try:
             if watch is None:
@@ -246,22 +235,6 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
-#: times one poll asks again for a list or samples that outgrew the array it was given
-SIZE_RETRIES = 3
-
-
-def call_sized(device: NvmlDevice, function: str, *args: Any, variant: str | None = None) -> Any:
-    """`NvmlDevice.call` for a function that fills an array: INSUFFICIENT_SIZE (the list
-    outgrew the array, which `direct` has grown) is asked again, a few times."""
-    for _ in range(SIZE_RETRIES):
-        try:
-            return device.call(function, *args, variant=variant)
-        except Failed as failure:
-            if failure.value != INSUFFICIENT_SIZE:
-                raise
-    return device.call(function, *args, variant=variant)
-
-
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
     """One process list ("C" or "G") as columns (pids, used bytes or None), through the
     newest function the driver has.
@@ -272,10 +245,10 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
     """
     newest, *older = PROCESS_LISTS[kind]
     for function in (newest, *older):
-        try:
-            listed = call_sized(device, function)
-        except Missing:
+        listed = answer(call_sized, device, function)
+        if isinstance(listed, Missing):
             continue  # remembered: the next poll goes straight to the one that works
+        given(listed)
         if device.list_functions.get(kind) == function:
             return listed
         device.list_functions[kind] = function
@@ -300,13 +273,9 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 def probe_support(device: NvmlDevice) -> int:
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        try:
-            list_processes(device, kind)
+        # a passing failure says nothing about support (the poll finds out the rest)
+        if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
             support |= bit
-        except Unsupported:
-            pass
-        except (Failed, NotFound, DeviceLost, Reinitialise):
-            support |= bit  # a passing failure says nothing about support (the poll finds out the rest)
     return support
 
 
@@ -356,7 +325,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     attempt = Attempt(device, problems, device.where)
     gpu_busy, mem_busy = read_rates(device, attempt, poll)
     memory = read_memory(device, attempt)
-    processes = attempt.run(_read_processes, device, attempt, poll, unsupported=())
+    processes = attempt(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
     return DeviceSample(
         key=device.key,
@@ -395,19 +364,19 @@ def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     rates: Any = _UNASKED
-    gpu = attempt.run(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
     if gpu is None:
         poll.samples_failed = True
     elif gpu is _NO_SAMPLES:
-        rates = attempt.call(RATES)
+        rates = attempt(device.call, RATES)
         return _busy(poll, _rate(rates, 0)), _rate(rates, 1)
     elif gpu is _NOTHING_NEW:
-        rates = attempt.call(RATES)
+        rates = attempt(device.call, RATES)
         gpu = _nothing_new(device, GPU_UTILIZATION_SAMPLES, _rate(rates, 0))
-    mem = attempt.run(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
     if mem is _NO_SAMPLES or mem is _NOTHING_NEW:
         if rates is _UNASKED:
-            rates = attempt.call(RATES)
+            rates = attempt(device.call, RATES)
         if mem is _NO_SAMPLES:
             gpu, mem = _rate(rates, 0), _rate(rates, 1)
         else:
@@ -456,13 +425,12 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     now_us = poll.call_time_us()
     name = _STAMP_KINDS.get(kind) or f"samples {kind}"
     asked = stamps.ask(name, stream.since, now_us)
-    try:
-        raws, values = call_sized(device, SAMPLES, kind, asked)
-    except NotFound:
-        raws, values = [], []
-    except (Failed, DeviceLost, Reinitialise):
+    found = answer(call_sized, device, SAMPLES, kind, asked, catch=Outcome)
+    if isinstance(found, NotFound):
+        found = [], []
+    elif isinstance(found, Outcome) and not isinstance(found, Unsupported):
         device.samples_failed.add(kind)
-        raise
+    raws, values = given(found)
     # placed as of the call's end: a step of the host clock while it ran is seen there, and the
     # stamps of its answer taken after the step go to the segment that began with the call
     ended_us = poll.call_time_us()
@@ -513,7 +481,7 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
     and "reserved" has it; v1's "used" includes it and has no "reserved".
     Both through the function table (`direct`).
     """
-    memory = attempt.run(_memory_info, device)
+    memory = attempt(_memory_info, device)
     if memory is None:
         return MemoryKib(None, None)
     if memory is UNSUPPORTED:
@@ -529,17 +497,21 @@ def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
     have it (reserved None from v1)."""
     version = device.session.function("nvmlMemory_v2")
     if version is not None:
-        try:
-            return device.call(MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")  # type: ignore[no-any-return]
-        except Missing:
-            pass  # a driver before 510, or a binding without the v2 structure
+        found = answer(device.call, MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")
+        if not isinstance(found, Missing):  # (missing: a driver before 510, or a binding without v2)
+            return given(found)  # type: ignore[no-any-return]
     return device.call(MEMORY)  # type: ignore[no-any-return]
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:
-    lists = []
+    """The processes of both lists, one per pid in the order they are first listed, with memory
+    in KiB (`UNSUPPORTED` where NVML cannot tell: WDDM, some vGPU guests), busy figures and
+    start times."""
+    pids: list[int] = []
+    kinds: list[str] = []
+    kib: list[int | None] = []
     for kind in ("C", "G"):
-        listed = attempt(partial(list_processes, device, kind), unsupported=())
+        listed = attempt(list_processes, device, kind, unsupported=())
         if listed is None:
             # a partial list would make processes seem to end: they count no sample now.
             # Their busy samples of this poll are taken off the buffer all the same, so
@@ -548,9 +520,16 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
             _skip_process_busy(device, attempt, poll)
             return None
         if listed:  # (not `()`: the list is not supported)
-            lists.append((kind, listed))
-    kinds, memory = _merge_lists(lists)
-    if not kinds:
+            pids += listed[0]
+            kinds += [kind] * len(listed[0])
+            kib += [UNSUPPORTED if m is None else m // 1024 for m in listed[1]]
+    merged = dict(zip(pids, zip(kinds, kib)))  # (kind, KiB) by pid
+    if len(merged) < len(pids):
+        # a pid in both lists (one allocation listed under both kinds), or twice in one, is one
+        # process: `merge_by_pid`'s "max" rule
+        rows = merge_by_pid(map(ProcessSample, pids, kinds, kib), "max").values()
+        merged = {row.pid: (row.kind, row.memory_kib) for row in rows}
+    if not merged:
         # the last processes left: their samples are taken off the buffer now, so that
         # none is counted for a later process (a pid reused after a poll that listed nobody)
         _skip_process_busy(device, attempt, poll)
@@ -558,71 +537,15 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     starts = poll.starts
     # right after the lists were taken, before the busy call (which may take long): a kept start
     # time then is of the process they listed, and one that exits in between is still read
-    started = repeat(None) if starts is None else list(starts.of(list(kinds)))
+    started = repeat(None) if starts is None else list(starts.of(list(merged)))
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
-    busy = UNSUPPORTED if device.is_mig_instance else attempt(lambda: _process_busy(device, poll))
-    pids = list(kinds)
-    # a column per field, each made in one pass of C, and a ProcessSample per row made in C too
-    # (the named tuple's own constructor is Python); only the start times are read per pid
-    gpu: Iterable[Any]
-    mem: Iterable[Any]
-    if isinstance(busy, dict):
-        if busy:
-            gpu, mem = zip(*map(busy.get, pids, repeat(_IDLE)))
-        else:
-            gpu = mem = repeat(0)
-    else:  # failed (None), or no per-process figures (UNSUPPORTED)
-        gpu = mem = repeat(busy)
-    return tuple(map(_process_sample, zip(pids, kinds.values(), memory.values(), gpu, mem, started)))
-
-
-#: what a listed pid with no process sample in the poll was: idle
-_IDLE = (0, 0)
-#: a `ProcessSample` from a row of its fields, made in C
-_process_sample = partial(tuple.__new__, ProcessSample)
-#: KiB from bytes (``m >> 10`` is ``m // 1024`` for the unsigned counts the driver gives), in C
-_kib = (10).__rrshift__
-
-
-def _merge_lists(
-    lists: list[tuple[str, tuple[list[int], list[Any]]]],
-) -> tuple[dict[int, str], dict[int, int | None]]:
-    """The processes of both lists, by pid in the order they are first listed: kind
-    and memory in KiB (`UNSUPPORTED` where NVML cannot tell: WDDM, some vGPU guests).
-
-    A pid in both lists (one allocation listed under both kinds), or twice in one,
-    is one process: `merge_processes`'s "max" rule.  The usual lists (no pid
-    twice) are merged a list at a time, in C; the rest entry by entry.
-    """
-    kinds: dict[int, str] = {}
-    memory: dict[int, int | None] = {}
-    for kind, (pids, used) in lists:
-        if not pids:
-            continue
-        kib: list[Any]
-        if None in used:
-            kib = [UNSUPPORTED if m is None else m // 1024 for m in used]
-        else:
-            kib = list(map(_kib, used))
-        if not kinds:
-            kinds = dict.fromkeys(pids, kind)
-            if len(kinds) == len(pids):
-                memory = dict(zip(pids, kib))
-                continue
-            kinds = {}
-        elif kinds.keys().isdisjoint(pids) and len(set(pids)) == len(pids):
-            kinds.update(dict.fromkeys(pids, kind))
-            memory.update(zip(pids, kib))
-            continue
-        for pid, memory_kib in zip(pids, kib):
-            seen = kinds.get(pid)
-            if seen is None:
-                kinds[pid] = kind
-                memory[pid] = memory_kib
-            else:
-                kinds[pid] = merge_kind(seen, kind)
-                memory[pid] = merge_memory(memory[pid], memory_kib, "max")
-    return kinds, memory
+    busy = UNSUPPORTED if device.is_mig_instance else attempt(_process_busy, device, poll)
+    # a listed pid with no sample in the poll was idle; without figures (failed: None, or
+    # UNSUPPORTED), each process has that
+    figures = busy if isinstance(busy, dict) else {}
+    gpu, mem = zip(*map(figures.get, merged, repeat((0, 0) if isinstance(busy, dict) else (busy, busy))))
+    kinds, kib = zip(*merged.values())  # type: ignore[assignment]
+    return tuple(map(ProcessSample._make, zip(merged, kinds, kib, gpu, mem, started)))
 
 
 def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
@@ -655,10 +578,10 @@ def _process_samples(device: NvmlDevice, since: int, poll: DevicePoll | None = N
     stamps = device.stamps if poll is None else _stamp_map(device, poll)
     now_us = poll.call_time_us() if poll is not None else (stamps.seen_at or 0)
     asked = stamps.ask("processes", since, now_us)
-    try:
-        pids, raw, sm, mem = call_sized(device, PROCESS_UTILIZATION, asked)
-    except NotFound:
+    found = answer(call_sized, device, PROCESS_UTILIZATION, asked)
+    if isinstance(found, NotFound):
         return ProcessSamples([], [], [], [])  # nothing ran since then
+    pids, raw, sm, mem = given(found)
     if poll is not None:
         now_us = poll.call_time_us()  # as of the call's end (`_sampled`)
     steady = stamps.steady("processes", raw, now_us, asked, pids)

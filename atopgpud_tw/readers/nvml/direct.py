@@ -56,7 +56,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS
+from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS, VALUE_NOT_AVAILABLE
 
 #: nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization, by the names the reader calls them
 SAMPLES = "nvmlDeviceGetSamples"
@@ -78,8 +78,6 @@ NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, MEMORY, *LISTS})
 FIRST = {SAMPLES: 16, PROCESS_UTILIZATION: 32, "lists": 16}
 #: calls after which an array more than four times as large as any of them needed is shrunk
 SHRINK_AFTER = 60
-#: usedGpuMemory when NVML cannot tell
-NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
 
 
 class Array:
@@ -297,8 +295,8 @@ class DirectCalls:
         (pid, ps), (memory, ms) = self._process
         pids = array.u32[pid:pid + count * ps:ps]
         used: list[Any] = array.u64[memory:memory + count * ms:ms]
-        if NOT_AVAILABLE in used:  # (a scan in C: most drivers always tell)
-            used = [None if m == NOT_AVAILABLE else m for m in used]
+        if VALUE_NOT_AVAILABLE in used:  # (a scan in C: most drivers always tell)
+            used = [None if m == VALUE_NOT_AVAILABLE else m for m in used]
         return pids, used
 
 

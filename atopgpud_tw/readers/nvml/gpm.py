@@ -44,7 +44,7 @@ from twisted.logger import Logger
 from atopgpud_tw.nvml_codes import NOT_SUPPORTED, SUCCESS
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
-from atopgpud_tw.readers.nvml.calls import Attempt, Failed, NvmlSession, Outcome, Unsupported
+from atopgpud_tw.readers.nvml.calls import Attempt, Failed, NvmlSession, Outcome, Unsupported, answer, given
 from atopgpud_tw.readers.nvml.device import NvmlDevice
 from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFigures, clamp_percent
 
@@ -214,18 +214,16 @@ class GpmReader:
         attempt = Attempt(card, problems, subject=where)
 
         def take() -> GpmFigures | str:
-            try:
-                return self._sample(card, stream, gpu_instance, now)
-            except Unsupported as refused:
-                attempt.note(f"{refused}: not supported", key=f"gpm {gpu_instance}")
+            found = answer(self._sample, card, stream, gpu_instance, now)
+            if isinstance(found, Unsupported):
+                attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
                 return NO_GPM
-            except Failed as failed:
-                if failed.value == NOT_SUPPORTED:
-                    # GPM did not measure while it said so: its next figures start afresh
-                    # instead of reaching back over the gap (other failures pass, and the
-                    # next figures cover them: GPM's counters ran on)
-                    self._free(card, [stream])
-                raise
+            if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
+                # GPM did not measure while it said so: its next figures start afresh
+                # instead of reaching back over the gap (other failures pass, and the
+                # next figures cover them: GPM's counters ran on)
+                self._free(card, [stream])
+            return given(found)  # type: ignore[no-any-return]
 
         # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it); a
         # failure: no figures in this poll. The problem's cause names the function that failed.
@@ -273,10 +271,8 @@ class GpmReader:
         where = None if card is None else card.where
         for stream in streams:
             for buffer in stream.buffers():
-                try:
-                    self.session.call("nvmlGpmSampleFree", buffer, where=where)
-                except Outcome:
-                    pass  # a buffer of a library shut down beneath us: nothing more to give back
+                # (failing: a buffer of a library shut down beneath us: nothing more to give back)
+                answer(self.session.call, "nvmlGpmSampleFree", buffer, where=where, catch=Outcome)
             stream.previous = stream.spare = None
 
 

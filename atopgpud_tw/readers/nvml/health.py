@@ -22,10 +22,22 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, TIMEOUT
+from atopgpud_tw.nvml_codes import (
+    EVENT_XID,
+    NOT_SUPPORTED,
+    SUCCESS,
+    TIMEOUT,
+    VALUE_TYPE_DOUBLE,
+    VALUE_TYPE_SIGNED_INT,
+    VALUE_TYPE_SIGNED_LONG_LONG,
+    VALUE_TYPE_UNSIGNED_INT,
+    VALUE_TYPE_UNSIGNED_LONG,
+    VALUE_TYPE_UNSIGNED_LONG_LONG,
+    VALUE_TYPE_UNSIGNED_SHORT,
+)
 from atopgpud_tw.readers.nvml.calls import (
     Attempt,
     Failed,
@@ -34,6 +46,9 @@ from atopgpud_tw.readers.nvml.calls import (
     NvmlSession,
     Outcome,
     Unsupported,
+    answer,
+    given,
+    nothing_there,
 )
 from atopgpud_tw.readers.nvml.device import NvmlDevice
 
@@ -41,20 +56,22 @@ if TYPE_CHECKING:
     from atopgpud_tw.figures import Ask, Figure, Labels
     from atopgpud_tw.health import CardHealth, Series
 
-EVENT_XID = 0x8
 #: events taken from the set per reading at most (a storm is counted over later readings)
 MAX_EVENTS = 1000
 #: nvmlValueType_t -> the member of c_nvmlValue_t that holds it
-VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+VALUE_MEMBERS = {
+    VALUE_TYPE_DOUBLE: "dVal", VALUE_TYPE_UNSIGNED_INT: "uiVal", VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", VALUE_TYPE_SIGNED_INT: "siVal",
+    VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 @cache
 def asked() -> tuple[Figure, ...]:
     """The figures NVML is asked for: the rows of the table of figures that have an NVML call.
 
-    The table (figures.py, with health.py) is loaded at the first reading, a scrape of
-    ``/metrics``: a daemon without ``--metrics`` never reads it (`XidEvents` is made at
-    start-up, and needs none of it).
+    Read at the first reading, a scrape of ``/metrics`` (`XidEvents` is made at start-up,
+    and needs none of it).
     """
     from atopgpud_tw.figures import FIGURES
 
@@ -65,45 +82,47 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
     """Every health figure of one card, as it is now (runs in the worker thread)."""
     from atopgpud_tw.health import CardHealth
 
-    rows = asked()
     reading = CardHealth(device.key, device.busid, device.name, uuid=device.info.uuid)
-    values = reading.values
     attempt = Attempt(device, reading.problems)
-
-    def ask(function: str, *args: Any, variant: str | None = None) -> Any:
-        """The answer, or None: not supported (a problem while given up after it had
-        answered), or failed in this reading (a problem)."""
-        return attempt.call(function, *args, variant=variant, unsupported=None)
-
-    try:
-        answers: dict[tuple[Any, ...], Any] = {}
-        fields: list[tuple[Figure, int | None]] = []
-        for figure in rows:
-            how = figure.nvml
-            assert how is not None
-            if how.per_link:
-                continue  # asked per active link, below
-            if how.field is not None:
-                fields.append((figure, None))
-            else:
-                _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
-        if any(figure.nvml and figure.nvml.per_link for figure in rows):
-            for link in _active_links(device, attempt):
-                for figure in rows:
-                    how = figure.nvml
-                    if how is None or not how.per_link:
-                        continue
-                    labels = (*figure.labels, ("link", str(link)))
-                    if how.field is not None:
-                        fields.append((figure, link))
-                    else:
-                        _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
-        _field_values(device, values, ask, fields)
-    except Interrupted as failure:  # the card lost, or NVML to be set up again
+    failure = answer(_read_values, device, attempt, reading.values, catch=Interrupted)
+    if failure is not None:  # the card lost, or NVML to be set up again
         reading.values = {}
         reading.lost = True
         attempt.note(failure.cause, key="health lost")
     return reading
+
+
+def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, float]) -> None:
+    rows = asked()
+
+    def ask(function: str, *args: Any, variant: str | None = None) -> Any:
+        """The answer, or None: not supported (a problem while given up after it had
+        answered), or failed in this reading (a problem)."""
+        return attempt(device.call, function, *args, variant=variant, unsupported=None)
+
+    answers: dict[tuple[Any, ...], Any] = {}
+    fields: list[tuple[Figure, int | None]] = []
+    for figure in rows:
+        how = figure.nvml
+        assert how is not None
+        if how.per_link:
+            continue  # asked per active link, below
+        if how.field is not None:
+            fields.append((figure, None))
+        else:
+            _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
+    if any(figure.nvml and figure.nvml.per_link for figure in rows):
+        for link in _active_links(device, attempt):
+            for figure in rows:
+                how = figure.nvml
+                if how is None or not how.per_link:
+                    continue
+                labels = (*figure.labels, ("link", str(link)))
+                if how.field is not None:
+                    fields.append((figure, link))
+                else:
+                    _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
+    _field_values(device, values, ask, fields)
 
 
 def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], how: Ask, link: tuple[int, ...]) -> Any:
@@ -150,19 +169,15 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
     """The card's active NVLinks: links are asked in order until one the card does not have."""
 
     def state(link: int) -> Any:
-        try:
-            return device.call("nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
-        except Failed as failure:
-            if failure.value == INVALID_ARGUMENT:
-                return _NO_LINK  # past the last link: not a problem
-            raise
+        found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
+        return _NO_LINK if nothing_there(found) else given(found)  # (past the last link: not a problem)
 
     from atopgpud_tw.figures import NVLINK_MAX_LINKS
 
     active = []
     for link in range(NVLINK_MAX_LINKS):
         # not supported: no NVLink at all (link 0), or no more links; not asked again but at its backoff
-        found = attempt(partial(state, link), unsupported=_NO_LINK)
+        found = attempt(state, link, unsupported=_NO_LINK)
         if found is None or found is _NO_LINK:
             break
         if found:
@@ -223,46 +238,43 @@ class XidEvents:
         counts and the cards that report XIDs."""
         if self._unavailable or not devices:
             return dict(self.counts), set(self.supported)
-        try:
-            if self._set is None:
-                self._set = self.session.call("nvmlEventSetCreate")
-                self._registered = {}
-            self._register(devices)
-            if self._registered:
-                self._take()
-        except Unsupported:
+        failure = answer(self._drain, devices, catch=Outcome)
+        if isinstance(failure, Unsupported):
             self._unavailable = True  # a driver or a binding without events (or without XID events)
-        except Failed as failure:
+        elif failure is not None:
             self._set = None  # NVML set up again, or the set gone: a new one next time
-            self._unavailable = failure.value is None  # no NVML error: a binding that cannot do events
-        except Outcome:
-            self._set = None
+            # no NVML error: a binding that cannot do events
+            self._unavailable = isinstance(failure, Failed) and failure.value is None
         return dict(self.counts), set(self.supported)
+
+    def _drain(self, devices: list[NvmlDevice]) -> None:
+        if self._set is None:
+            self._set = self.session.call("nvmlEventSetCreate")
+            self._registered = {}
+        self._register(devices)
+        if self._registered:
+            self._take()
 
     def _register(self, devices: list[NvmlDevice]) -> None:
         for device in devices:
             pointer = _pointer(device.handle)
             if pointer in self._registered or device.key in self._refused:
                 continue
-            try:
-                self.session.call("nvmlDeviceRegisterEvents", device.handle, EVENT_XID, self._set,
-                                  where=device.where)
-            except Missing:
-                raise
-            except Unsupported:
+            found = answer(self.session.call, "nvmlDeviceRegisterEvents", device.handle, EVENT_XID, self._set,
+                           where=device.where)
+            if isinstance(found, Unsupported) and not isinstance(found, Missing):
                 self._refused.add(device.key)  # this card reports no XIDs
                 continue
+            given(found)
             self._registered[pointer] = device.key
             self.supported.add(device.key)
 
     def _take(self) -> None:
         for _ in range(MAX_EVENTS):
-            try:
-                event = self.session.call("nvmlEventSetWait_v2", self._set, 0)
-            except Failed as failure:
-                if failure.value == TIMEOUT:
-                    return  # none due
-                raise
+            event = answer(self.session.call, "nvmlEventSetWait_v2", self._set, 0)
+            if isinstance(event, Failed) and event.value == TIMEOUT:
+                return  # none due
+            given(event)
             key = self._registered.get(_pointer(event.device))
             if key is not None and int(event.eventType) & EVENT_XID:
                 code = int(event.eventData)

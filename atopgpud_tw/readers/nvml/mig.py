@@ -16,12 +16,23 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from atopgpud_tw.nvml_codes import INVALID_ARGUMENT
+from atopgpud_tw.nvml_codes import DEVICE_MIG_ENABLE
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_busid, mig_key, mig_profile
-from atopgpud_tw.readers.nvml.calls import Attempt, DeviceLost, Failed, NotFound, Unsupported, as_text
+from atopgpud_tw.readers.nvml.calls import (
+    READING,
+    Attempt,
+    DeviceLost,
+    Failed,
+    NotFound,
+    Outcome,
+    Unsupported,
+    answer,
+    as_text,
+    given,
+    nothing_there,
+)
 from atopgpud_tw.readers.nvml.device import (
-    MIG_ENABLED,
     DevicePoll,
     MigState,
     NvmlDevice,
@@ -83,7 +94,7 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
 
     state = card.mig_state
     # NOT_FOUND, or a failure (a problem): as it was
-    enabled = Attempt(card, problems).run(_mode_enabled, card, idle=state.enabled)
+    enabled = Attempt(card, problems)(_mode_enabled, card, idle=state.enabled)
     if enabled is None:
         return state.enabled
     if enabled != state.enabled:
@@ -103,10 +114,8 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
 def _mode_enabled(card: NvmlDevice) -> bool:
     """Whether the card's current MIG mode is on; one that cannot be in MIG mode is not
     (no problem, given up or not)."""
-    try:
-        return bool(card.call(MIG_MODE) == MIG_ENABLED)
-    except Unsupported:
-        return False
+    mode = answer(card.call, MIG_MODE)
+    return not isinstance(mode, Unsupported) and given(mode) == DEVICE_MIG_ENABLE
 
 
 def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:
@@ -118,7 +127,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     """
     state = card.mig_state
     if state.slots is None:
-        slots = Attempt(card, problems).call("nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
+        slots = Attempt(card, problems)(card.call, "nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
         if slots is None:
             return [], False
         state.slots = int(slots)
@@ -127,36 +136,29 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     identified = state.identified
     call = card.call
     for slot in range(state.slots):
-        try:
-            value = call(MIG_HANDLE, slot)  # the handle's pointer value (`direct.MigCalls`)
-        except (NotFound, Unsupported):
+        value = answer(call, MIG_HANDLE, slot)  # the handle's pointer value (`direct.MigCalls`)
+        if isinstance(value, (NotFound, Unsupported)):
             identified.pop(slot, None)
             continue
-        except Failed as failure:
-            identified.pop(slot, None)
-            complete &= _empty_slot(slot, failure, Attempt(card, problems))
+        # (an instance's handle lost while it is looked at is no loss of the card)
+        instance = value if isinstance(value, Failed) else answer(_instance, card, slot, value,
+                                                                   catch=(*READING, DeviceLost))
+        if not isinstance(instance, Outcome):
+            found.setdefault(instance.key, instance)
             continue
-        try:
-            instance = _known(identified, slot, value) or _identify(card, value, slot)
-        except NotFound:
-            identified.pop(slot, None)
+        identified.pop(slot, None)
+        if isinstance(instance, NotFound):
             complete = False  # destroyed while looked at, or a passing fault: the next poll tells
-            continue
-        except Unsupported as unsupported:
+        elif isinstance(instance, Unsupported):
             # a driver that cannot say which instance this is: said once, not guessed; the
             # instances known are not taken for gone on it
             Attempt(card, problems).note(
-                f"MIG device {slot} left out: {unsupported} is not supported", key="mig identity"
+                f"MIG device {slot} left out: {instance} is not supported", key="mig identity"
             )
-            identified.pop(slot, None)
             complete = False
-            continue
-        except (Failed, DeviceLost) as failure:
-            # (an instance's handle lost while it is looked at is no loss of the card)
-            identified.pop(slot, None)
-            complete &= _empty_slot(slot, failure, Attempt(card, problems))
-            continue
-        found.setdefault(instance.key, instance)
+        elif not nothing_there(instance):
+            Attempt(card, problems).note(instance.cause, part=(f"mig slot {slot}", f"MIG device {slot}"))
+            complete = False
     if complete:
         unseen = [i for key, i in state.instances.items() if key not in found]
         if unseen:
@@ -172,23 +174,13 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
 def _still_there(instance: NvmlDevice) -> bool:
     """Whether a known instance that no slot showed still answers on its own handle (a
     destroyed instance's handle answers INVALID_ARGUMENT, or NOT_FOUND)."""
-    try:
-        instance.call("nvmlDeviceGetGpuInstanceId")
-    except NotFound:
-        return False
-    except Failed as failure:
-        return failure.value != INVALID_ARGUMENT
-    except Unsupported:
-        return False
-    return True
+    found = answer(instance.call, "nvmlDeviceGetGpuInstanceId")
+    return not isinstance(found, Outcome) or (isinstance(found, Failed) and not nothing_there(found))
 
 
-def _empty_slot(slot: int, failure: Failed | DeviceLost, attempt: Attempt) -> bool:
-    """Whether a failure at a slot means "nothing there" (else it is a problem)."""
-    if failure.value == INVALID_ARGUMENT:
-        return True
-    attempt.note(failure.cause, part=(f"mig slot {slot}", f"MIG device {slot}"))
-    return False
+def _instance(card: NvmlDevice, slot: int, value: int | None) -> NvmlDevice:
+    """The instance behind a slot's handle: the one it was found to be, or identified anew."""
+    return _known(card.mig_state.identified, slot, value) or _identify(card, value, slot)
 
 
 def _handle_value(handle: Any) -> int | None:
@@ -277,10 +269,8 @@ def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
 
 def _instance_uuid(probe: NvmlDevice) -> str:
     """A MIG instance's own ``MIG-...`` UUID; "" where it cannot be read (an inventory label)."""
-    try:
-        return as_text(probe.call(UUID)).strip()
-    except (Failed, Unsupported, NotFound):
-        return ""
+    found = answer(probe.call, UUID)
+    return "" if isinstance(found, Outcome) else as_text(found).strip()
 
 
 def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool) -> None:
@@ -309,11 +299,11 @@ def _note_changes(card: NvmlDevice, found: dict[str, NvmlDevice], complete: bool
 
 
 def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -> DeviceSample:
-    try:
-        return read_device(instance, problems, poll)
-    except DeviceLost as failure:
-        problems.add(f"{instance.key} lost", f"MIG instance {instance.busid}: {failure.cause}")
-        return placeholder(instance).absent()
+    found = answer(read_device, instance, problems, poll, catch=DeviceLost)
+    if not isinstance(found, DeviceLost):
+        return found  # type: ignore[no-any-return]
+    Attempt(instance, problems, f"MIG instance {instance.busid}").note(found.cause, key="lost")
+    return placeholder(instance).absent()
 
 
 def _unread(instance: NvmlDevice) -> DeviceSample:

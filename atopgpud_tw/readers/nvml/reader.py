@@ -1,11 +1,9 @@
 """The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator).
 
-Every NVML call goes through `NvmlDevice.call`, the one choke point that maps
-errors: NOT_SUPPORTED is remembered per device and the call is not made again;
-NOT_FOUND is the idle case; GPU_IS_LOST makes that device absent for the poll;
-UNINITIALIZED, DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH (and a library that
-lacks a symbol) mean NVML must be set up again, which `NvmlReader` does with
-backoff while reporting every device absent.  All of it runs in one daemon
+Every NVML call's error is mapped once (`calls.outcome`: design.md, "Polling"):
+a lost GPU is absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
+LIB_RM_VERSION_MISMATCH mean NVML must be set up again, which `NvmlReader` does
+with backoff while reporting every device absent.  All of it runs in one daemon
 thread (`SerialWorker`): the reactor never waits for NVML.
 
 A card in MIG mode is read as its MIG instances, or as their sum
@@ -15,6 +13,7 @@ A card in MIG mode is read as its MIG instances, or as their sum
 from __future__ import annotations
 
 import time
+from functools import cache
 from operator import attrgetter
 from types import ModuleType
 from typing import Any, Callable
@@ -27,18 +26,28 @@ from zope.interface import implementer
 
 from atopgpud_tw.nvml_codes import (
     DRIVER_NOT_LOADED,
-    FUNCTION_NOT_FOUND,
     LIB_RM_VERSION_MISMATCH,
     LIBRARY_NOT_FOUND,
     LIFECYCLE,
     NAMES,
     NO_PERMISSION,
-    NOT_SUPPORTED,
 )
 from atopgpud_tw.problems import ProblemLog, Problems, printable
 from atopgpud_tw.readers.base import IReader, ReaderUnavailable
 from atopgpud_tw.readers.identity import CardKeys
-from atopgpud_tw.readers.nvml.calls import DeviceLost, NvmlSession, Reinitialise, as_text, error_name
+from atopgpud_tw.readers.nvml.calls import (
+    READING,
+    DeviceLost,
+    Interrupted,
+    NvmlSession,
+    Outcome,
+    Reinitialise,
+    Unsupported,
+    answer,
+    as_text,
+    error_name,
+    given,
+)
 from atopgpud_tw.readers.nvml.device import (
     DevicePoll,
     NvmlDevice,
@@ -56,6 +65,15 @@ from atopgpud_tw.readers.starts import start_times
 from atopgpud_tw.snapshot import TASK_COMPUTE, TASK_GRAPHICS, DeviceInfo, DeviceSample, Snapshot, mig_mode
 
 log = Logger(namespace="atopgpud_tw.readers.nvml")
+
+
+@cache
+def _inventory_calls() -> dict[str, str]:
+    """The NVML call of each inventory label, by `DeviceInfo` attribute (the table's column)."""
+    from atopgpud_tw.figures import INVENTORY
+
+    return {row.attribute: row.nvml for row in INVENTORY}
+
 
 _KEY = attrgetter("key")
 
@@ -192,16 +210,8 @@ class NvmlReader:
             log.warn("nvml: no GPU found; serving an empty list and looking again every poll")
         return Snapshot(tuple(layout))
 
-    def _call(self, function: str, where: str | None, *args: Any) -> Any:
-        """A call of the library (not through a device's choke point), noted for the watchdog."""
-        self.calls.begin(function, where)
-        try:
-            return getattr(self.nvml, function)(*args)
-        finally:
-            self.calls.end()
-
     def _initialise(self) -> None:
-        self._call("nvmlInit", None)
+        self.session.call("nvmlInit")
         self._initialised = True
         self._devices = self._discover()
         self._retry.succeeded()
@@ -214,21 +224,13 @@ class NvmlReader:
         """
         found = []
         unusable: dict[int, str] = {}
-        for index in range(self._call("nvmlDeviceGetCount", None)):
-            where = f"GPU index {index}"
-            try:
-                handle = self._call("nvmlDeviceGetHandleByIndex", where, index)
-                busid = as_text(self._call("nvmlDeviceGetPciInfo", where, handle).busId)
-                where = f"GPU {busid}"
-                name = as_text(self._call("nvmlDeviceGetName", where, handle))
-                uuid = self._uuid(handle, where)
-            except Exception as error:
-                # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
-                if getattr(error, "value", None) in LIFECYCLE:
-                    raise
-                unusable[index] = error_name(error)
+        for index in range(self.session.call("nvmlDeviceGetCount")):
+            # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
+            identity = answer(self._identify, index, catch=(*READING, DeviceLost))
+            if isinstance(identity, Outcome):
+                unusable[index] = error_name(identity.error or identity)
                 continue
-            found.append((handle, uuid, busid, name))
+            found.append(identity)
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
         versions = self._versions() if found else ("", "")
@@ -250,12 +252,28 @@ class NvmlReader:
                 )
         return devices
 
+    def _identify(self, index: int) -> tuple[Any, str | None, str, str]:
+        """The handle, UUID (None where it has none: then its bus id is its key), bus id and
+        name of the device at `index`."""
+        call = self.session.call
+        where = f"GPU index {index}"
+        handle = call("nvmlDeviceGetHandleByIndex", index, where=where)
+        busid = as_text(call("nvmlDeviceGetPciInfo", handle, where=where).busId)
+        where = f"GPU {busid}"
+        name = as_text(call("nvmlDeviceGetName", handle, where=where))
+        # not supported, or a function the binding or driver lacks: no UUID; a passing
+        # failure: the device is looked at again, not keyed otherwise
+        uuid = answer(call, _inventory_calls()["uuid"], handle, where=where)
+        return handle, None if isinstance(uuid, Unsupported) else as_text(given(uuid)), busid, name
+
     def _versions(self) -> tuple[str, str]:
         """The driver's version and the CUDA version it supports ("" where either cannot be read)."""
-        driver = self._text("nvmlSystemGetDriverVersion", None)
+        calls = _inventory_calls()
+        driver = self._text(calls["driver_version"], None)
         cuda = ""
-        for function in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
-            if getattr(self.nvml, function, None) is None:
+        newest = calls["cuda_version"]
+        for function in (newest, newest.removesuffix("_v2")):
+            if self.session.function(function) is None:
                 continue
             number = self._text(function, None)
             if number.isdigit():  # e.g. 12040: CUDA 12.4
@@ -271,8 +289,8 @@ class NvmlReader:
         if known is None:
             known = self._info[key] = DeviceInfo(
                 uuid=uuid or "",
-                serial=self._text("nvmlDeviceGetSerial", where, handle),
-                vbios=self._text("nvmlDeviceGetVbiosVersion", where, handle),
+                serial=self._text(_inventory_calls()["serial"], where, handle),
+                vbios=self._text(_inventory_calls()["vbios"], where, handle),
                 driver_version=versions[0],
                 cuda_version=versions[1],
             )
@@ -280,25 +298,8 @@ class NvmlReader:
 
     def _text(self, function: str, where: str | None, *args: Any) -> str:
         """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
-        if getattr(self.nvml, function, None) is None:
-            return ""
-        try:
-            return printable(str(as_text(self._call(function, where, *args)))).strip()
-        except Exception as error:
-            if getattr(error, "value", None) in LIFECYCLE:
-                raise
-            return ""
-
-    def _uuid(self, handle: Any, where: str) -> str | None:
-        """The device's UUID; None where it has none (then its bus id is its key)."""
-        try:
-            return as_text(self._call("nvmlDeviceGetUUID", where, handle))
-        except self.nvml.NVMLError as error:
-            if getattr(error, "value", None) in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
-                return None
-            raise  # a passing failure: the device is looked at again, not keyed otherwise
-        except getattr(self.nvml, "NVMLLibraryMismatchError", ()):
-            return None
+        found = answer(self.session.call, function, *args, where=where, catch=(*READING, DeviceLost))
+        return "" if isinstance(found, Outcome) else printable(str(as_text(found))).strip()
 
     def _unusable_problems(self) -> dict[str, str]:
         """One problem per device that cannot be used now, keyed by its index only.
@@ -351,7 +352,7 @@ class NvmlReader:
             snapshot, problems = self._read(now)
         except Exception:
             self._shutdown()
-            self._schedule_retry(now)
+            self._retry.failed(now)
             raise
         finally:
             self._starts.sweep()  # the pids this poll did not list let go of their pidfds
@@ -372,7 +373,7 @@ class NvmlReader:
                 else:
                     self._initialise()
             except Exception as error:
-                self._schedule_retry(now)
+                self._retry.failed(now)
                 value = getattr(error, "value", None)
                 if value in LIFECYCLE:
                     where = "discovery" if self._initialised else "nvmlInit"
@@ -388,18 +389,16 @@ class NvmlReader:
         lost = False
         for card in self._devices:
             poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets, starts=self._starts)
-            try:
-                found = read_card(card, self.mig_mode, problems, poll)
-                found = self._gpm.read(card, found, problems, now, self.mig_mode)
-            except Reinitialise as failure:
-                self._went_down(failure.value, failure.cause.split(":")[0], now)
+            found = answer(self._read_card, card, problems, poll, now, catch=Interrupted)
+            if isinstance(found, Reinitialise):
+                self._went_down(found.value, found.cause.split(":")[0], now)
                 self._shutdown()
-                self._schedule_retry(now)
+                self._retry.failed(now)
                 return self._absent(), problems
-            except DeviceLost as failure:
+            if isinstance(found, DeviceLost):
                 lost = True
                 self._gpm.forget(card.key)
-                self._gone[card.key] = f"GPU {card.busid}: {failure.cause}"
+                self._gone[card.key] = f"GPU {card.busid}: {found.cause}"
                 problems.add(f"{card.key} lost", self._gone[card.key])
                 if card.mig_state.enabled and card.mig_state.instances and self.mig_mode == "instances":
                     continue  # its instances are shown absent, as vanished ones are
@@ -420,6 +419,10 @@ class NvmlReader:
         else:
             self._rediscovery.succeeded()
         return self._with_vanished(samples), problems
+
+    def _read_card(self, card: NvmlDevice, problems: Problems, poll: DevicePoll, now: float) -> list[DeviceSample]:
+        found = read_card(card, self.mig_mode, problems, poll)
+        return self._gpm.read(card, found, problems, now, self.mig_mode)
 
     def waiting_for(self) -> str | None:
         """What the reader waits for while NVML cannot be used (the status line says it); None otherwise."""
@@ -496,19 +499,14 @@ class NvmlReader:
     def _absent(self) -> Snapshot:
         return Snapshot(tuple(s.absent() for s in self._known.values()))
 
-    def _schedule_retry(self, now: float) -> None:
-        self._retry.failed(now)
-
     def _shutdown(self) -> None:
         if self._initialised:
             self._initialised = False
             self._devices = []
             self._info.clear()  # a driver loaded again may be another version: read at the next discovery
             self._gpm.release()  # sample buffers do not outlive NVML
-            try:
-                self._call("nvmlShutdown", None)
-            except Exception:
-                pass  # shutting down a broken library may fail; it is let go anyway
+            # (shutting down a broken library may fail; it is let go anyway)
+            answer(self.session.call, "nvmlShutdown", catch=Outcome)
 
     def close(self) -> Deferred | None:
         """Shut NVML down (in the worker, after any poll in flight) and stop the worker.
@@ -561,11 +559,6 @@ class NvmlReader:
         if was_initialised:
             log.info("nvml: shut down")
 
-
-
-
-
-
 def _support_text(support: int) -> str:
     kinds = [name for bit, name in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics")) if support & bit]
     return " and ".join(kinds) or "none"
@@ -596,6 +589,7 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
 
 def describe_init_failure(error: BaseException) -> str:
     """Why NVML could not be set up, in words (the daemon's start-up line and problem, `atopgpu doctor`)."""
+    error = getattr(error, "error", None) or error  # (an outcome: what the binding raised)
     value = getattr(error, "value", None)
     if value == LIBRARY_NOT_FOUND:
         return "the NVML library (libnvidia-ml.so.1) is not installed"
