@@ -215,7 +215,7 @@ def test_scenario_nvlink_errors_name_the_field():
         ({"nvlink": {"tx_kib_per_s": 1}}, "gpus[0].health.nvlink must be null or a list"),
         ({"nvlink": [{"tx_kib": 1}]}, "gpus[0].health.nvlink[0].tx_kib is not a known field"),
         ({"nvlink": [{"active": 1}]}, "gpus[0].health.nvlink[0].active must be true or false"),
-        ({"encoder_percent": 101}, "gpus[0].health.encoder_percent must be from 0 to 100"),
+        ({"encoder_percent": 101}, "gpus[0].health.encoder_percent must be a number from 0 to 100"),
     ]
     for health, message in bad:
         with pytest.raises(ScenarioError, match=re.escape(message)):

@@ -230,7 +230,7 @@ def test_scenario_health_errors_name_the_field():
     """A bad health field is one line naming it."""
     bad = [
         ({"temperatur_c": 3}, "gpus[0].health.temperatur_c is not a known field"),
-        ({"fan_percent": 120}, "gpus[0].health.fan_percent must be from 0 to 100"),
+        ({"fan_percent": 120}, "gpus[0].health.fan_percent must be a number from 0 to 100"),
         ({"power_w": {"steps": [[5, 1], [2, 3]]}}, "gpus[0].health.power_w.steps[1] must come after"),
         ({"xid_events": [[1, "x"]]}, "gpus[0].health.xid_events[0] must be [time, xid]"),
         ({"power_w": []}, "gpus[0].health.power_w must not be an empty list"),

@@ -133,7 +133,7 @@ BAD_SCENARIOS = [
     ({"gpus": {}}, "gpus must be a list"),
     ({"gpu": []}, "gpu is not a known field"),
     ({"gpus": [{"memory_totl_mib": 1}]}, "gpus[0].memory_totl_mib is not a known field"),
-    ({"gpus": [{"gpu_util": 120}]}, "gpus[0].gpu_util is a percentage"),
+    ({"gpus": [{"gpu_util": 120}]}, "gpus[0].gpu_util must be a number from 0 to 100"),
     ({"gpus": [{"memory_used_mib": []}]}, "gpus[0].memory_used_mib must not be an empty list"),
     ({"gpus": [{"compute_list": "yes"}]}, "gpus[0].compute_list must be true or false"),
     ({"gpus": [{"processes": [{"pid": 0}]}]}, "gpus[0].processes[0].pid must be a positive integer"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from atopgpud_tw import checks
 from atopgpud_tw.figures import GPM_FIGURES, Play
 
 #: the fields of a ``gpm`` object, each with its default and bounds: the table's GPM rows
@@ -57,17 +58,10 @@ def parse_gpm(value: Any, where: str, error: Callable[[str], Exception]) -> GpmS
         return GpmSpec()
     if not isinstance(value, dict):
         raise error(f"{where} must be true, false or an object")
-    for key in value:
-        if key not in FIELDS and not str(key).startswith("_"):
-            raise error(f"{where}.{key} is not a known field")
+    checks.known(value, where, FIELDS, error)
     found = dict(_DEFAULTS)
     for name, play in FIELDS.items():
-        if name not in value:
-            continue
-        number = value[name]
-        top = play.high
-        assert top is not None
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= top:
-            raise error(f"{where}.{name} must be a number from 0 to {top}")
-        found[name] = float(number)
+        if name in value:
+            assert play.high is not None
+            found[name] = float(checks.number(value[name], f"{where}.{name}", error, 0, play.high))
     return GpmSpec(tuple(found.items()))

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from atopgpud_tw import checks
 from atopgpud_tw.figures import NVLINK_MAX_LINKS, link_fields, played_fields
 
 Number = float | int
@@ -113,31 +114,31 @@ def _no_error(message: str) -> Exception:
 
 def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> HealthSpec:
     """Check a scenario GPU's ``health`` object (None: every default)."""
-    spec = {} if value is None else value
-    if not isinstance(spec, dict):
-        raise error(f"{where} must be an object")
-    for key in spec:
-        if key not in KNOWN and not str(key).startswith("_"):
-            raise error(f"{where}.{key} is not a known field")
-    figures = []
-    for name, (default, low, high) in FIELDS.items():
-        raw = spec.get(name, default)
-        figures.append((name, None if raw is None else _played(raw, f"{where}.{name}", low, high, error)))
+    spec = checks.known({} if value is None else value, where, KNOWN, error)
+    figures = _figures(spec, where, FIELDS, error)
     links = _links(spec.get("nvlink"), f"{where}.nvlink", error)
     events = []
     listed = spec.get("xid_events", [])
     if listed is None:
-        return HealthSpec(tuple(figures), (), xid_supported=False, nvlink=links)
+        return HealthSpec(figures, (), xid_supported=False, nvlink=links)
     if not isinstance(listed, list):
         raise error(f"{where}.xid_events must be a list of [time, xid]")
     for i, entry in enumerate(listed):
         if (
-            not isinstance(entry, list) or len(entry) != 2 or not _is_number(entry[0]) or entry[0] < 0
+            not isinstance(entry, list) or len(entry) != 2 or not checks.is_number(entry[0]) or entry[0] < 0
             or isinstance(entry[1], bool) or not isinstance(entry[1], int) or entry[1] <= 0
         ):
             raise error(f"{where}.xid_events[{i}] must be [time, xid]: seconds >= 0 and a positive integer")
         events.append((float(entry[0]), entry[1]))
-    return HealthSpec(tuple(figures), tuple(sorted(events)), nvlink=links)
+    return HealthSpec(figures, tuple(sorted(events)), nvlink=links)
+
+
+def _figures(spec: dict[str, Any], where: str, fields: dict[str, tuple[Number | None, float, float | None]],
+             error: Callable[[str], Exception]) -> tuple[tuple[str, Played | None], ...]:
+    """Each of `fields` played as `spec` has it, or its default."""
+    played = ((name, spec.get(name, default), low, high) for name, (default, low, high) in fields.items())
+    return tuple((name, None if raw is None else _played(raw, f"{where}.{name}", low, high, error))
+                 for name, raw, low, high in played)
 
 
 def _links(value: Any, where: str, error: Callable[[str], Exception]) -> tuple[LinkSpec, ...] | None:
@@ -149,48 +150,27 @@ def _links(value: Any, where: str, error: Callable[[str], Exception]) -> tuple[L
     links = []
     for i, link in enumerate(value):
         here = f"{where}[{i}]"
-        if not isinstance(link, dict):
-            raise error(f"{here} must be an object")
-        for key in link:
-            if key not in LINK_FIELDS and key != "active" and not str(key).startswith("_"):
-                raise error(f"{here}.{key} is not a known field")
-        active = link.get("active", True)
-        if not isinstance(active, bool):
-            raise error(f"{here}.active must be true or false")
-        figures = []
-        for name, (default, low, high) in LINK_FIELDS.items():
-            raw = link.get(name, default)
-            figures.append((name, None if raw is None else _played(raw, f"{here}.{name}", low, high, error)))
-        links.append(LinkSpec(active, tuple(figures)))
+        checks.known(link, here, {*LINK_FIELDS, "active"}, error)
+        links.append(LinkSpec(checks.flag(link.get("active", True), f"{here}.active", error),
+                              _figures(link, here, LINK_FIELDS, error)))
     return tuple(links)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _checked(value: Any, where: str, low: float, high: float | None, error: Callable[[str], Exception]) -> Number:
-    if not _is_number(value):
-        raise error(f"{where} must be a number, a list of numbers, {{\"steps\": [[t, v], ...]}} or null")
-    if value < low or (high is not None and value > high):
-        raise error(f"{where} must be from {low} to {high}" if high is not None else f"{where} must be at least {low}")
-    return value
+#: what a played value is, in words
+_PLAYED = 'a number, a list of numbers, {"steps": [[t, v], ...]} or null'
 
 
 def _played(value: Any, where: str, low: float, high: float | None, error: Callable[[str], Exception]) -> Played:
-    if isinstance(value, list):
-        if not value:
-            raise error(f"{where} must not be an empty list")
-        return Played(cycle=tuple(_checked(v, where, low, high, error) for v in value))
     if isinstance(value, dict):
         if set(value) != {"steps"} or not isinstance(value["steps"], list) or not value["steps"]:
             raise error(f"{where} as an object must be {{\"steps\": [[t, v], ...]}}, at least one step")
         steps: list[Any] = []
         for i, step in enumerate(value["steps"]):
-            if not isinstance(step, list) or len(step) != 2 or not _is_number(step[0]) or step[0] < 0:
+            if not isinstance(step, list) or len(step) != 2 or not checks.is_number(step[0]) or step[0] < 0:
                 raise error(f"{where}.steps[{i}] must be [t, v] with t >= 0")
             if steps and step[0] <= steps[-1][0]:
                 raise error(f"{where}.steps[{i}] must come after the step before it")
-            steps.append((float(step[0]), _checked(step[1], f"{where}.steps[{i}]", low, high, error)))
+            steps.append((float(step[0]), checks.number(step[1], f"{where}.steps[{i}]", error, low, high, _PLAYED)))
         return Played(steps=tuple(steps))
-    return Played(constant=_checked(value, where, low, high, error))
+    found = checks.cycled(value, where, error, low, high, _PLAYED)
+    return Played(cycle=found) if isinstance(found, tuple) else Played(constant=found)

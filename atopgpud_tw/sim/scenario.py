@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from atopgpud_tw import checks
 from atopgpud_tw.nvml_codes import CODES
 from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
 from atopgpud_tw.sim.health_scenario import HealthSpec, default_health, parse_health
@@ -44,10 +45,6 @@ DECODED_CALLS = (
 )
 
 
-#: pids, ids and counts: what a C int holds
-MAX_INTEGER = 2**31 - 1
-#: no figure of a scenario (seconds, MiB, percent) comes near this
-LARGEST = 1e15
 PROCESS_UTILIZATION = ("per-period", "per-call")
 
 
@@ -66,35 +63,19 @@ Check = Callable[[Any, str], Any]
 
 
 def _number(value: Any, where: str, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(f"{where} must be a number")
-    if not -LARGEST <= value <= LARGEST:  # False for NaN too
-        raise ScenarioError(f"{where} must be a number from {-LARGEST:g} to {LARGEST:g}")
-    if minimum is not None and value < minimum:
-        raise ScenarioError(f"{where} must be at least {minimum}")
-    return value
+    return checks.number(value, where, ScenarioError, minimum)
 
 
 def _integer(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ScenarioError(f"{where} must be an integer, 0 or more")
-    if value > MAX_INTEGER:
-        raise ScenarioError(f"{where} must be at most {MAX_INTEGER}")
-    return value
+    return checks.integer(value, where, ScenarioError)
 
 
 def _positive(value: Any, where: str, words: str = "a positive integer") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScenarioError(f"{where} must be {words}")
-    if value > MAX_INTEGER:
-        raise ScenarioError(f"{where} must be at most {MAX_INTEGER}")
-    return value
+    return checks.integer(value, where, ScenarioError, 1, words)
 
 
 def _flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ScenarioError(f"{where} must be true or false")
-    return value
+    return checks.flag(value, where, ScenarioError)
 
 
 def _text(value: Any, where: str) -> str:
@@ -114,10 +95,7 @@ def number(minimum: float | None = None) -> Check:
 
 
 def percent(value: Any, where: str) -> float:
-    found = _number(value, where, minimum=0)
-    if found > 100:
-        raise ScenarioError(f"{where} is a percentage (0 to 100)")
-    return found
+    return checks.number(value, where, ScenarioError, 0, 100)
 
 
 def cycled_check(nullable: bool = False, is_percent: bool = False) -> Check:
@@ -128,14 +106,7 @@ def cycled_check(nullable: bool = False, is_percent: bool = False) -> Check:
             if nullable:
                 return None
             raise ScenarioError(f"{where} must not be null")
-        entries = value if isinstance(value, list) else [value]
-        if not entries:
-            raise ScenarioError(f"{where} must not be an empty list")
-        for entry in entries:
-            _number(entry, where, minimum=0)
-            if is_percent and entry > 100:
-                raise ScenarioError(f"{where} is a percentage (0 to 100)")
-        return tuple(value) if isinstance(value, list) else value
+        return checks.cycled(value, where, ScenarioError, 0, 100 if is_percent else None)
 
     return check
 
@@ -159,14 +130,14 @@ def choice(options: Sequence[str], words: str) -> Check:
     return check
 
 
-def pairs(what: str, least: float | None = 0, ordered: bool = False) -> Check:
+def pairs(what: str, least: float | None = 0, ordered: bool = False, when: str = "when") -> Check:
     """A list of two numbers each, ``[when, what]``."""
 
     def check(value: Any, where: str) -> tuple[tuple[float, float], ...]:
         out = []
         for i, entry in enumerate(_list(value, where)):
             if not isinstance(entry, list) or len(entry) != 2:
-                raise ScenarioError(f"{where}[{i}] must be [when, {what}]")
+                raise ScenarioError(f"{where}[{i}] must be [{when}, {what}]")
             # the top level's name each number; a GPU's say only which entry
             first, second = (f"{where}[{i}] when", f"{where}[{i}] {what}") if ordered else (f"{where}[{i}]",) * 2
             out.append((_number(entry[0], first, minimum=0), _number(entry[1], second, minimum=least)))
@@ -216,13 +187,7 @@ def build(spec: type, value: Any, where: str, defaults: dict[str, Any] | None = 
 
 def _object(value: Any, where: str, known: set[str]) -> dict[str, Any]:
     """A JSON object whose keys are all known; keys starting with ``_`` are comments."""
-    if not isinstance(value, dict):
-        raise ScenarioError(f"{where} must be an object")
-    for key in value:
-        if key not in known and not str(key).startswith("_"):
-            prefix = "" if where == "the scenario" else f"{where}."
-            raise ScenarioError(f"{prefix}{key} is not a known field")
-    return value
+    return checks.known(value, where, known, ScenarioError, "" if where == "the scenario" else None)
 
 
 # -- the scenario's parts, each field declared once --
@@ -262,15 +227,11 @@ def _fault(value: Any, where: str, index: int = 0) -> Fault:
 
 
 def _spells(value: Any, where: str) -> tuple[tuple[float, float], ...]:
-    busy: list[tuple[float, float]] = []
-    for i, spell in enumerate(_list(value, where)):
-        if not isinstance(spell, list) or len(spell) != 2:
-            raise ScenarioError(f"{where}[{i}] must be [from, until]")
-        a, b = (_number(x, f"{where}[{i}]", minimum=0) for x in spell)
-        if busy and a < busy[-1][1]:
+    busy: tuple[tuple[float, float], ...] = pairs("until", when="from")(value, where)
+    for i in range(1, len(busy)):
+        if busy[i][0] < busy[i - 1][1]:
             raise ScenarioError(f"{where}[{i}] overlaps the spell before it")
-        busy.append((a, b))
-    return tuple(busy)
+    return busy
 
 
 @dataclass(frozen=True)

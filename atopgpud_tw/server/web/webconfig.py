@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from atopgpud_tw.checks import flag, integer, kind
 from atopgpud_tw.regularfile import read_regular
 
 #: the largest web configuration, or certificate file, read (a real one is a few KiB)
@@ -180,7 +181,7 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     top = _table(document, "the file", _TOP_KEYS)
     tls = _tls(top.get("tls_server_config"), folder)
     http = _table(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
-    http2 = _bool(http.get("http2", True), "http_server_config.http2")
+    http2 = flag(http.get("http2", True), "http_server_config.http2", WebConfigError)
     headers = _headers(http.get("headers"))
     users = _users(top.get("basic_auth_users"))
     return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
@@ -194,7 +195,7 @@ def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping of keys to values, not {_kind(value)}")
+        raise WebConfigError(f"{where} must be a mapping of keys to values, not {kind(value)}")
     prefix = "" if where == "the file" else where + "."
     for key in value:
         name = f"{prefix}{key}"
@@ -206,22 +207,11 @@ def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
     return value
 
 
-def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
-
-
 def _string(value: Any, where: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise WebConfigError(f"{where} must be a string, not {_kind(value)}")
-    return value
-
-
-def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise WebConfigError(f"{where} must be true or false, not {_kind(value)}")
+        raise WebConfigError(f"{where} must be a string, not {kind(value)}")
     return value
 
 
@@ -285,7 +275,7 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
         cert=given["cert"], cert_file=path("cert_file"), key=given["key"], key_file=path("key_file"),
         client_ca=given["client_ca"], client_ca_file=path("client_ca_file"), client_auth_type=auth,
         client_allowed_sans=sans, min_version=low, max_version=high, cipher_suites=ciphers,
-        prefer_server_cipher_suites=_bool(prefer, where + "prefer_server_cipher_suites"),
+        prefer_server_cipher_suites=flag(prefer, where + "prefer_server_cipher_suites", WebConfigError),
     )
 
 
@@ -294,7 +284,7 @@ def duration(text: Any, where: str) -> float:
     if isinstance(text, int) and not isinstance(text, bool) and text == 0:
         return 0.0
     if not isinstance(text, str):
-        raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {_kind(text)}")
+        raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {kind(text)}")
     if text == "0":
         return 0.0
     parts = list(_DURATION.finditer(text))
@@ -308,9 +298,8 @@ def _rate(value: Any) -> tuple[float, int] | None:
     if not table:
         return None
     interval = duration(table.get("interval", 0), "rate_limit.interval")
-    burst = table.get("burst", 0)
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
-        raise WebConfigError("rate_limit.burst must be a whole number from 0 up")
+    burst = integer(table.get("burst", 0), "rate_limit.burst", WebConfigError, words="a whole number from 0 up",
+                    high=None)
     if interval == 0:
         return None  # as the toolkit has it: 0 turns the limiter off
     if burst == 0:
@@ -322,7 +311,7 @@ def _headers(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"http_server_config.headers must be a mapping, not {_kind(value)}")
+        raise WebConfigError(f"http_server_config.headers must be a mapping, not {kind(value)}")
     headers = {}
     for name, text in value.items():
         if name not in HEADERS:
@@ -344,13 +333,13 @@ def _users(value: Any) -> dict[str, bytes]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"basic_auth_users must be a mapping of user names to bcrypt hashes, not {_kind(value)}")
+        raise WebConfigError(f"basic_auth_users must be a mapping of user names to bcrypt hashes, not {kind(value)}")
     users = {}
     for name, hashed in value.items():
         if not isinstance(name, str) or not name or ":" in name:
             raise WebConfigError(f"basic_auth_users: {name!r} is not a user name (a string without ':')")
         if not isinstance(hashed, str):
-            raise WebConfigError(f"basic_auth_users.{name}: a bcrypt hash is a string, not {_kind(hashed)}")
+            raise WebConfigError(f"basic_auth_users.{name}: a bcrypt hash is a string, not {kind(hashed)}")
         match = _BCRYPT.fullmatch(hashed.strip())
         if match is None:
             raise WebConfigError(f"basic_auth_users.{name}: not a bcrypt hash ($2y$10$ and 53 characters, "
