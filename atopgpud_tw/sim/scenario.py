@@ -151,14 +151,20 @@ def listed(item: Callable[[Any, str, int], Any]) -> Check:
     return lambda value, where: tuple(item(entry, f"{where}[{i}]", i) for i, entry in enumerate(_list(value, where)))
 
 
-def declared(check: Check | None, help: str, default: Any = MISSING, factory: Any = MISSING, json: str | None = None
-             ) -> Any:
+def declared(check: Check | None, help: str, default: Any = MISSING, factory: Any = MISSING, json: str | None = None,
+             replayed: bool = False) -> Any:
     """A scenario field: its check, the words that say what it does, its default, its JSON key
-    (the field's name unless `json`).  `check` None: filled from other fields (`replay`)."""
-    metadata = {"check": check, "help": help, "json": json}
+    (the field's name unless `json`), whether a replayed recording supplies it (a GPU's field).
+    `check` None: filled from other fields (`replay`)."""
+    metadata = {"check": check, "help": help, "json": json, "replayed": replayed}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+
+
+def replayed(check: Check, help: str, default: Any) -> Any:
+    """A GPU's field that a replayed recording supplies, so that a replayed GPU cannot also give it."""
+    return declared(check, help, default, replayed=True)
 
 
 def json_keys(spec: type) -> dict[str, str]:
@@ -390,22 +396,22 @@ class GpuSpec:
     name: str = declared(_text, "nvmlDeviceGetName", "NVIDIA Simulated GPU")
     busid: str = declared(_text, "the PCI bus id (default by index)", "")
     uuid: str = declared(_text, "nvmlDeviceGetUUID (default by index)", "")
-    memory_total_mib: Number = declared(number(0), "nvmlDeviceGetMemoryInfo().total", 16384)
-    memory_used_mib: Cycled = declared(cycled_check(), "memory in use, reserved memory left out", 0)
-    gpu_util: Cycled = declared(_cycled_percent, "GPU busy % (null: NOT_SUPPORTED)", 0)
-    mem_util: Cycled = declared(_cycled_percent, "memory busy % (null: NOT_SUPPORTED)", 0)
-    processes: tuple[ProcessSpec, ...] = declared(listed(_process), "what the process lists report", ())
-    mig: tuple[MigSpec, ...] | None = declared(_instances, "MIG instances: a list puts the card in MIG mode", None)
+    memory_total_mib: Number = replayed(number(0), "nvmlDeviceGetMemoryInfo().total", 16384)
+    memory_used_mib: Cycled = replayed(cycled_check(), "memory in use, reserved memory left out", 0)
+    gpu_util: Cycled = replayed(_cycled_percent, "GPU busy % (null: NOT_SUPPORTED)", 0)
+    mem_util: Cycled = replayed(_cycled_percent, "memory busy % (null: NOT_SUPPORTED)", 0)
+    processes: tuple[ProcessSpec, ...] = replayed(listed(_process), "what the process lists report", ())
+    mig: tuple[MigSpec, ...] | None = replayed(_instances, "MIG instances: a list puts the card in MIG mode", None)
     faults: tuple[Fault, ...] = declared(listed(_fault), "faults of calls made with its handles", ())
     compute_list: bool = declared(_flag, "false: the compute process list is NOT_SUPPORTED", True)
     graphics_list: bool = declared(_flag, "false: the graphics process list is NOT_SUPPORTED", True)
-    mig_capable: bool = declared(_flag, "nvmlDeviceGetMigMode works (default: with `mig`)", False)
-    sample_period: float = declared(number(0.001), "the driver's utilization sample period", 1 / 6)
-    gpu_timeline: Timeline | None = declared(_timeline, "sub-second load, instead of gpu_util", None)
-    mem_timeline: Timeline | None = declared(_timeline, "sub-second load, instead of mem_util", None)
+    mig_capable: bool = replayed(_flag, "nvmlDeviceGetMigMode works (default: with `mig`)", False)
+    sample_period: float = replayed(number(0.001), "the driver's utilization sample period", 1 / 6)
+    gpu_timeline: Timeline | None = replayed(_timeline, "sub-second load, instead of gpu_util", None)
+    mem_timeline: Timeline | None = replayed(_timeline, "sub-second load, instead of mem_util", None)
     samples_supported: bool = declared(_flag, "nvmlDeviceGetSamples works (false: NOT_SUPPORTED)", True)
-    idle_samples: bool = declared(_flag, "the driver buffers samples of idle periods too", True)
-    memory_reserved_mib: Number = declared(number(0), "memory the driver reserves (v2 apart, v1 in `used`)", 0)
+    idle_samples: bool = replayed(_flag, "the driver buffers samples of idle periods too", True)
+    memory_reserved_mib: Number = replayed(number(0), "memory the driver reserves (v2 apart, v1 in `used`)", 0)
     process_list_capacity: int | None = declared(
         optional(_positive), "the process-utilization size query reports this, not the count", None)
     grow_between_calls: dict[str, Cycled] = declared(
@@ -413,18 +419,18 @@ class GpuSpec:
         factory=lambda: dict.fromkeys(GROWING_LISTS, 0))
     sample_clock: float | None = declared(
         _sample_clock, "the sample clock at time 0: epoch (None), boottime or seconds", None)
-    sample_phase: float = declared(number(0), "period boundaries fall at sample_phase + k * sample_period", 0.0)
-    sample_jitter_ms: float = declared(number(0), "each sample's stamp is off by up to this, either way", 0.0)
-    late_samples: tuple[tuple[float, float], ...] = declared(
+    sample_phase: float = replayed(number(0), "period boundaries fall at sample_phase + k * sample_period", 0.0)
+    sample_jitter_ms: float = replayed(number(0), "each sample's stamp is off by up to this, either way", 0.0)
+    late_samples: tuple[tuple[float, float], ...] = replayed(
         pairs("ms"), "(when, ms): the first sample due at or after `when` is stamped `ms` late", ())
-    missing_samples: tuple[float, ...] = declared(
+    missing_samples: tuple[float, ...] = replayed(
         _missing, "the first sample due at or after each of these times is never buffered", ())
     samples_not_found: bool = declared(_flag, "nvmlDeviceGetSamples answers NOT_FOUND for ever", False)
-    process_utilization: str = declared(
+    process_utilization: str = replayed(
         choice(PROCESS_UTILIZATION, ", ".join(PROCESS_UTILIZATION)),
         "per busy sample period, or per call with the average over the window", PROCESS_UTILIZATION[0])
-    duplicate_process_samples: bool = declared(_flag, "every process-utilization entry is listed twice", False)
-    stray_process_samples: tuple[tuple[int, int, int], ...] = declared(
+    duplicate_process_samples: bool = replayed(_flag, "every process-utilization entry is listed twice", False)
+    stray_process_samples: tuple[tuple[int, int, int], ...] = replayed(
         listed(_stray), "entries besides the processes': pids in no list, figures above 100 %", ())
     replay: Recording | None = declared(None, "a calibration recording the driver answers from (sim/replay.py)", None)
     health: HealthSpec = declared(
@@ -437,13 +443,8 @@ class GpuSpec:
         "GPU Performance Monitoring (sim/gpm_scenario.py); None: none", None)
 
 
-#: what a replayed recording supplies, so a replayed GPU cannot also give it
-_REPLAYED_FIELDS = (
-    "memory_total_mib", "memory_used_mib", "memory_reserved_mib", "gpu_util", "mem_util", "processes", "mig",
-    "mig_capable", "sample_period", "gpu_timeline", "mem_timeline", "idle_samples", "sample_phase", "sample_jitter_ms",
-    "late_samples", "missing_samples", "process_utilization", "duplicate_process_samples",
-    "stray_process_samples",
-)
+#: what a replayed recording supplies: the fields declared `replayed`
+_REPLAYED_FIELDS = tuple(f.name for f in fields(GpuSpec) if f.metadata["replayed"])
 
 
 def _gpu(value: Any, where: str, index: int, base: str | Path | None = None) -> GpuSpec:
