@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import MISSING, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -62,20 +63,10 @@ def in_span(now: float, start: float, stop: float | None) -> bool:
 Check = Callable[[Any, str], Any]
 
 
-def _number(value: Any, where: str, minimum: float | None = None) -> float:
-    return checks.number(value, where, ScenarioError, minimum)
-
-
-def _integer(value: Any, where: str) -> int:
-    return checks.integer(value, where, ScenarioError)
-
-
-def _positive(value: Any, where: str, words: str = "a positive integer") -> int:
-    return checks.integer(value, where, ScenarioError, 1, words)
-
-
-def _flag(value: Any, where: str) -> bool:
-    return checks.flag(value, where, ScenarioError)
+_number = partial(checks.number, error=ScenarioError)
+_integer = partial(checks.integer, error=ScenarioError)
+_positive = partial(checks.integer, error=ScenarioError, low=1, words="a positive integer")
+_flag = partial(checks.flag, error=ScenarioError)
 
 
 def _text(value: Any, where: str) -> str:
@@ -91,7 +82,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 
 def number(minimum: float | None = None) -> Check:
-    return lambda value, where: _number(value, where, minimum)
+    return lambda value, where: _number(value, where, low=minimum)
 
 
 def percent(value: Any, where: str) -> float:
@@ -118,7 +109,7 @@ def optional(check: Check) -> Check:
 
 def time_check(value: Any, where: str) -> float:
     """A time in seconds; null is 0."""
-    return 0.0 if value is None else _number(value, where, minimum=0)
+    return 0.0 if value is None else _number(value, where, low=0)
 
 
 def choice(options: Sequence[str], words: str) -> Check:
@@ -140,7 +131,7 @@ def pairs(what: str, least: float | None = 0, ordered: bool = False, when: str =
                 raise ScenarioError(f"{where}[{i}] must be [{when}, {what}]")
             # the top level's name each number; a GPU's say only which entry
             first, second = (f"{where}[{i}] when", f"{where}[{i}] {what}") if ordered else (f"{where}[{i}]",) * 2
-            out.append((_number(entry[0], first, minimum=0), _number(entry[1], second, minimum=least)))
+            out.append((_number(entry[0], first, low=0), _number(entry[1], second, low=least)))
         return tuple(sorted(out)) if ordered else tuple(out)
 
     return check
@@ -356,7 +347,7 @@ def _sample_clock(value: Any, where: str) -> float | None:
         return None
     if value == "boottime":
         return time.clock_gettime(time.CLOCK_BOOTTIME)
-    return _number(value, f"{where} (epoch, boottime or seconds)", minimum=0)
+    return _number(value, f"{where} (epoch, boottime or seconds)", low=0)
 
 
 def _whole(value: Any, where: str) -> Cycled:
@@ -382,10 +373,6 @@ def _stray(value: Any, where: str, index: int = 0) -> tuple[int, int, int]:
         _integer(entry.get("sm_util", 0), f"{where}.sm_util"),
         _integer(entry.get("mem_util", 0), f"{where}.mem_util"),
     )
-
-
-def _missing(value: Any, where: str) -> tuple[float, ...]:
-    return tuple(_number(t, f"{where}[{i}]", minimum=0) for i, t in enumerate(_list(value, where)))
 
 
 _cycled_percent = cycled_check(nullable=True, is_percent=True)
@@ -424,7 +411,8 @@ class GpuSpec:
     late_samples: tuple[tuple[float, float], ...] = replayed(
         pairs("ms"), "(when, ms): the first sample due at or after `when` is stamped `ms` late", ())
     missing_samples: tuple[float, ...] = replayed(
-        _missing, "the first sample due at or after each of these times is never buffered", ())
+        listed(lambda value, where, i: _number(value, where, low=0)),
+        "the first sample due at or after each of these times is never buffered", ())
     samples_not_found: bool = declared(_flag, "nvmlDeviceGetSamples answers NOT_FOUND for ever", False)
     process_utilization: str = replayed(
         choice(PROCESS_UTILIZATION, ", ".join(PROCESS_UTILIZATION)),
@@ -472,12 +460,6 @@ def _gpu(value: Any, where: str, index: int, base: str | Path | None = None) -> 
     return gpu
 
 
-def _driver(value: Any, where: str) -> str:
-    if value not in DRIVERS:
-        raise ScenarioError(f"{where} must be one of {', '.join(DRIVERS)}")
-    return value  # type: ignore[no-any-return]  # one of the names
-
-
 def _symbols(value: Any, where: str) -> tuple[str, ...]:
     for i, symbol in enumerate(_list(value, where)):
         if symbol not in LIBRARY_SYMBOLS:
@@ -493,7 +475,7 @@ def _loaded_file(value: Any, where: str) -> str | None:
 
 def _reorder_entry(value: Any, where: str, index: int) -> tuple[float, tuple[int, ...]]:
     entry = _object(value, where, {"from", "order"})
-    since = _number(entry.get("from", 0), f"{where}.from", minimum=0)
+    since = _number(entry.get("from", 0), f"{where}.from", low=0)
     return since, tuple(_integer(n, f"{where}.order") for n in _list(entry.get("order"), f"{where}.order"))
 
 
@@ -505,7 +487,8 @@ class Scenario:
         listed(_fault), "faults of calls that take no device (nvmlInit, nvmlDeviceGetCount)", ())
     repeat: float | None = declared(
         optional(number(0.001)), "when set, simulated time wraps around after this many seconds", None)
-    driver: str = declared(_driver, "the driver branch (DRIVERS): its symbols and the version it reports", "current")
+    driver: str = declared(choice(tuple(DRIVERS), ", ".join(DRIVERS)),
+                           "the driver branch (DRIVERS): its symbols and the version it reports", "current")
     missing_symbols: tuple[str, ...] = declared(
         _symbols, "C symbols the simulated library lacks, besides those its driver branch lacks", ())
     clock_steps: tuple[tuple[float, float], ...] = declared(
