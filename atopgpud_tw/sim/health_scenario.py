@@ -19,18 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from atopgpud_tw import checks
-from atopgpud_tw.figures import NVLINK_MAX_LINKS, link_fields, played_fields
+from atopgpud_tw.figures import NVLINK_MAX_LINKS, Play, link_fields, played_fields
 
 Number = float | int
 
-#: field -> (default, minimum, maximum); every one may be null (not supported): the table's `Play`s
-FIELDS: dict[str, tuple[Number | None, float, float | None]] = {
-    name: (play.default, play.low, play.high) for name, play in played_fields().items()
-}
-#: the fields of one NVLink (an entry of ``nvlink``), and ``active``
-LINK_FIELDS: dict[str, tuple[Number | None, float, float | None]] = {
-    name: (play.default, play.low, play.high) for name, play in link_fields().items()
-}
+#: field -> its `Play` (default, bounds); every one may be null (not supported)
+FIELDS: dict[str, Play] = played_fields()
+#: the fields of one NVLink (an entry of ``nvlink``), besides ``active``
+LINK_FIELDS: dict[str, Play] = link_fields()
 KNOWN = set(FIELDS) | {"xid_events", "nvlink"}
 
 
@@ -133,12 +129,12 @@ def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> H
     return HealthSpec(figures, tuple(sorted(events)), nvlink=links)
 
 
-def _figures(spec: dict[str, Any], where: str, fields: dict[str, tuple[Number | None, float, float | None]],
-             error: Callable[[str], Exception]) -> tuple[tuple[str, Played | None], ...]:
+def _figures(spec: dict[str, Any], where: str, fields: dict[str, Play], error: Callable[[str], Exception]
+             ) -> tuple[tuple[str, Played | None], ...]:
     """Each of `fields` played as `spec` has it, or its default."""
-    played = ((name, spec.get(name, default), low, high) for name, (default, low, high) in fields.items())
-    return tuple((name, None if raw is None else _played(raw, f"{where}.{name}", low, high, error))
-                 for name, raw, low, high in played)
+    played = ((name, spec.get(name, play.default), play) for name, play in fields.items())
+    return tuple((name, None if raw is None else _played(raw, f"{where}.{name}", play.low, play.high, error))
+                 for name, raw, play in played)
 
 
 def _links(value: Any, where: str, error: Callable[[str], Exception]) -> tuple[LinkSpec, ...] | None:
