@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from atopgpud_tw import checks
-from atopgpud_tw.figures import NVLINK_MAX_LINKS, Play, link_fields, played_fields
-
-Number = float | int
+from atopgpud_tw.figures import NVLINK_MAX_LINKS, Number, Play, link_fields, played_fields
 
 #: field -> its `Play` (default, bounds); every one may be null (not supported)
 FIELDS: dict[str, Play] = played_fields()

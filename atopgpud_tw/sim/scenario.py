@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from atopgpud_tw import checks
+from atopgpud_tw.figures import Number
 from atopgpud_tw.nvml_codes import CODES
 from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
 from atopgpud_tw.sim.health_scenario import HealthSpec, default_health, parse_health
@@ -26,7 +27,6 @@ from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.library_symbols import DRIVERS, LIBRARY_SYMBOLS
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
 
-Number = float | int
 Cycled = Number | Sequence[Number] | None
 
 #: the NVML errors a scenario can make a call return, by their C names
