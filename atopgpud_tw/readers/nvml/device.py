@@ -28,6 +28,7 @@ from atopgpud_tw.readers.nvml.calls import (
     Outcome,
     Unsupported,
     answer,
+    answer_first,
     call_sized,
     given,
     outcome,
@@ -114,8 +115,6 @@ class NvmlDevice:
     missing: set[str] = field(default_factory=set)
     #: sample types whose last `nvmlDeviceGetSamples` call failed
     samples_failed: set[int] = field(default_factory=set)
-    #: how each process list is read, once found: kind ("C", "G") -> binding function
-    list_functions: dict[str, str] = field(default_factory=dict)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
     #: `where`, made once: the hang watch is told it at every call
@@ -235,6 +234,8 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
+
+
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
     """One process list ("C" or "G") as columns (pids, used bytes or None), through the
     newest function the driver has.
@@ -243,31 +244,25 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
     450.66 they have the _v2 ones.  Which is used is said once per reader; a
     driver with neither lists no processes, and that is said once too.
     """
-    newest, *older = PROCESS_LISTS[kind]
-    for function in (newest, *older):
-        listed = answer(call_sized, device, function)
-        if isinstance(listed, Missing):
-            continue  # remembered: the next poll goes straight to the one that works
-        given(listed)
-        if device.list_functions.get(kind) == function:
-            return listed
-        device.list_functions[kind] = function
-        if function != newest:
-            device.session.say_once(
-                function,
-                "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
-                newest=newest,
-                function=function,
-            )
-        return listed
-    device.session.say_once(
-        f"no {newest}",
-        "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
-        warn=True,
-        which="compute" if kind == "C" else "graphics",
-        newest=newest,
-    )
-    raise Unsupported(newest)
+    newest, older = PROCESS_LISTS[kind]
+    listed = answer(answer_first, call_sized, device, (newest, None), (older, None), catch=Missing)
+    if isinstance(listed, Missing):
+        device.session.say_once(
+            f"no {newest}",
+            "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
+            warn=True,
+            which="compute" if kind == "C" else "graphics",
+            newest=newest,
+        )
+        raise Unsupported(newest)
+    if newest in device.missing:
+        device.session.say_once(
+            older,
+            "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
+            newest=newest,
+            function=older,
+        )
+    return listed  # type: ignore[no-any-return]
 
 
 def probe_support(device: NvmlDevice) -> int:
@@ -494,13 +489,12 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
 
 def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
     """(total, used, free, reserved) bytes, from the v2 structure where the binding and the driver
-    have it (reserved None from v1)."""
+    have it (reserved None from v1: a driver before 510, or a binding without v2)."""
     version = device.session.function("nvmlMemory_v2")
-    if version is not None:
-        found = answer(device.call, MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")
-        if not isinstance(found, Missing):  # (missing: a driver before 510, or a binding without v2)
-            return given(found)  # type: ignore[no-any-return]
-    return device.call(MEMORY)  # type: ignore[no-any-return]
+    if version is None:
+        return device.call(MEMORY)  # type: ignore[no-any-return]
+    v2 = (MEMORY, "nvmlDeviceGetMemoryInfo_v2", version)
+    return answer_first(NvmlDevice.call, device, v2, (MEMORY, None))  # type: ignore[no-any-return]
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:

@@ -47,6 +47,7 @@ from atopgpud_tw.readers.nvml.calls import (
     Outcome,
     Unsupported,
     answer,
+    answer_first,
     given,
     nothing_there,
 )
@@ -110,7 +111,7 @@ def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, floa
         if how.field is not None:
             fields.append((figure, None))
         else:
-            _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
+            _store(values, figure, figure.labels, _answer(device, attempt, answers, how, ()))
     if any(figure.nvml and figure.nvml.per_link for figure in rows):
         for link in _active_links(device, attempt):
             for figure in rows:
@@ -121,23 +122,19 @@ def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, floa
                 if how.field is not None:
                     fields.append((figure, link))
                 else:
-                    _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
+                    _store(values, figure, labels, _answer(device, attempt, answers, how, (link,)))
     _field_values(device, values, ask, fields)
 
 
-def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], how: Ask, link: tuple[int, ...]) -> Any:
-    """The answer of one call (asked once per reading however many figures it has); through the
-    function's older names where the binding or the driver lacks it."""
+def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...], Any], how: Ask,
+            link: tuple[int, ...]) -> Any:
+    """The answer of one call (asked once per reading however many figures it has), or None as `ask` says;
+    through the function's older names where the binding or the driver lacks it."""
     key = (how.function, how.args, how.variant, link)
     if key not in answers:
-        answer = None
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
-        for function in (how.function, *how.older):
-            named = variant if function == how.function else None
-            answer = ask(function, *link, *how.args, variant=named)
-            if answer is not None or (named or function) not in device.missing:
-                break
-        answers[key] = answer
+        tries = [(how.function, variant, *link, *how.args)] + [(older, None, *link, *how.args) for older in how.older]
+        answers[key] = attempt(answer_first, NvmlDevice.call, device, *tries, unsupported=None)
     return answers[key]
 
 
