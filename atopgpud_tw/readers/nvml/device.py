@@ -58,12 +58,6 @@ from atopgpud_tw.snapshot import (
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
-#: what a reading returns when the sample buffer is not there: use the rates call
-_NO_SAMPLES = object()
-#: what a reading of the sample buffer returns when it holds nothing new
-_NOTHING_NEW = object()
-
-
 @dataclass(eq=False)
 class MigState:
     """What is known of a card's MIG mode and, in MIG mode, of its instances."""
@@ -340,8 +334,9 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
 
 #: the rates call, asked where the sample buffer does not tell
 RATES = "nvmlDeviceGetUtilizationRates"
-#: the rates call not asked yet in this poll
-_UNASKED = object()
+#: the rates call tells: what a reading of a sample buffer that never held a sample returns,
+#: and the rates call's answer while it is not asked
+_RATES = object()
 
 
 def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
@@ -358,21 +353,19 @@ def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[
     """
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
-    rates: Any = _UNASKED
-    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll)
+    rates = attempt(device.call, RATES) if gpu is UNSUPPORTED or gpu is _RATES else _RATES
     if gpu is None:
         poll.samples_failed = True
-    elif gpu is _NO_SAMPLES:
-        rates = attempt(device.call, RATES)
+    elif gpu is UNSUPPORTED:
         return _busy(poll, _rate(rates, 0)), _rate(rates, 1)
-    elif gpu is _NOTHING_NEW:
-        rates = attempt(device.call, RATES)
+    elif gpu is _RATES:
         gpu = _nothing_new(device, GPU_UTILIZATION_SAMPLES, _rate(rates, 0))
-    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
-    if mem is _NO_SAMPLES or mem is _NOTHING_NEW:
-        if rates is _UNASKED:
+    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll)
+    if mem is UNSUPPORTED or mem is _RATES:
+        if rates is _RATES:
             rates = attempt(device.call, RATES)
-        if mem is _NO_SAMPLES:
+        if mem is UNSUPPORTED:
             gpu, mem = _rate(rates, 0), _rate(rates, 1)
         else:
             mem = _nothing_new(device, MEMORY_UTILIZATION_SAMPLES, _rate(rates, 1))
@@ -411,7 +404,7 @@ _STAMP_KINDS = {GPU_UTILIZATION_SAMPLES: "samples 1", MEMORY_UTILIZATION_SAMPLES
 
 
 def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
-    """This poll's figure from the sample buffer, or `_NOTHING_NEW`."""
+    """This poll's figure from the sample buffer, or `_RATES`."""
     stream = device.streams.get(kind)
     if stream is None:
         stream = device.streams[kind] = SampleStream()
@@ -439,7 +432,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
-        return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
+        return _RATES  # the buffer never had a sample
     return value
 
 
