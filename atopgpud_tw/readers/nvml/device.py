@@ -273,12 +273,9 @@ def served_support(device: NvmlDevice) -> int:
     supported (or missing) is not; one failing for a moment still is."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        for function in PROCESS_LISTS[kind]:
-            if function in device.missing:
-                continue
-            if not device.refuses(function):
-                support |= bit
-            break
+        newest, older = PROCESS_LISTS[kind]
+        if not device.refuses(older if newest in device.missing else newest):  # (what `list_processes` asks)
+            support |= bit
     return support
 
 
