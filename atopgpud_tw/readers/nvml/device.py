@@ -228,6 +228,8 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
+#: `answer_first`'s tries of each list
+_LIST_TRIES = {kind: tuple((function, None, ()) for function in functions) for kind, functions in PROCESS_LISTS.items()}
 
 
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
@@ -239,7 +241,7 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
     driver with neither lists no processes, and that is said once too.
     """
     newest, older = PROCESS_LISTS[kind]
-    listed = answer(answer_first, call_sized, device, (newest, None), (older, None), catch=Missing)
+    listed = answer(answer_first, call_sized, device, *_LIST_TRIES[kind], catch=Missing)
     if isinstance(listed, Missing):
         device.session.say_once(
             f"no {newest}",
@@ -483,8 +485,8 @@ def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
     version = device.session.function("nvmlMemory_v2")
     if version is None:
         return device.call(MEMORY)  # type: ignore[no-any-return]
-    v2 = (MEMORY, "nvmlDeviceGetMemoryInfo_v2", version)
-    return answer_first(NvmlDevice.call, device, v2, (MEMORY, None))  # type: ignore[no-any-return]
+    v2 = (MEMORY, "nvmlDeviceGetMemoryInfo_v2", (version,))
+    return answer_first(NvmlDevice.call, device, v2, (MEMORY, None, ()))  # type: ignore[no-any-return]
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:

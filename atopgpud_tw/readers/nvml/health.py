@@ -133,8 +133,10 @@ def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...],
     key = (how.function, how.args, how.variant, link)
     if key not in answers:
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
-        tries = [(how.function, variant, *link, *how.args)] + [(older, None, *link, *how.args) for older in how.older]
-        answers[key] = attempt(answer_first, NvmlDevice.call, device, *tries, unsupported=None)
+        args = (*link, *how.args)
+        older = [(function, None, args) for function in how.older]
+        answers[key] = attempt(answer_first, NvmlDevice.call, device, (how.function, variant, args), *older,
+                               unsupported=None)
     return answers[key]
 
 
