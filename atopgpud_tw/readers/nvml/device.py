@@ -238,19 +238,10 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 
     Drivers before 510 lack the _v3 lists the binding calls by default; from
     450.66 they have the _v2 ones.  Which is used is said once per reader; a
-    driver with neither lists no processes, and that is said once too.
+    driver with neither lists no processes, and that is said once too (`probe_support`).
     """
+    listed = answer_first(call_sized, device, *_LIST_TRIES[kind])
     newest, older = PROCESS_LISTS[kind]
-    listed = answer(answer_first, call_sized, device, *_LIST_TRIES[kind], catch=Missing)
-    if isinstance(listed, Missing):
-        device.session.say_once(
-            f"no {newest}",
-            "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
-            warn=True,
-            which="compute" if kind == "C" else "graphics",
-            newest=newest,
-        )
-        raise Unsupported(newest)
     if newest in device.missing:
         device.session.say_once(
             older,
@@ -262,11 +253,21 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 
 
 def probe_support(device: NvmlDevice) -> int:
+    """The task-support bits of a device found: each list that is not unsupported (a passing
+    failure says nothing about support: the poll finds out the rest)."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        # a passing failure says nothing about support (the poll finds out the rest)
         if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
             support |= bit
+        elif PROCESS_LISTS[kind][1] in device.missing:
+            device.session.say_once(
+                f"no {PROCESS_LISTS[kind][0]}",
+                "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 "
+                "(older than 450.66)",
+                warn=True,
+                which="compute" if kind == "C" else "graphics",
+                newest=PROCESS_LISTS[kind][0],
+            )
     return support
 
 

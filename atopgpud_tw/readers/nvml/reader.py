@@ -198,10 +198,8 @@ class NvmlReader:
             if code not in WAIT_FOR_DRIVER:
                 raise ReaderUnavailable(describe_init_failure(error)) from None
             # the driver is not there yet (a boot) or not yet reloaded: wait for it
-            where = "discovery" if self._initialised else "nvmlInit"
-            self._shutdown()
             self._retry = Backoff(STARTUP_RETRY)
-            self._went_down(code, where, None, at_start=True)
+            self._went_down(code, None, at_start=True)
             return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before
@@ -329,9 +327,7 @@ class NvmlReader:
                 self._retry.failed(now)
                 value = getattr(error, "value", None)
                 if value in LIFECYCLE:
-                    where = "discovery" if self._initialised else "nvmlInit"
-                    self._shutdown()
-                    self._went_down(value, where, now)
+                    self._went_down(value, now)
                 else:
                     problems.add("init", f"cannot set up NVML ({describe_init_failure(error)})")
                 return self._absent(), problems
@@ -344,8 +340,7 @@ class NvmlReader:
             poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets, starts=self._starts)
             found = answer(self._read_card, card, problems, poll, now, catch=Interrupted)
             if isinstance(found, Reinitialise):
-                self._went_down(found.value, found.cause.split(":")[0], now)
-                self._shutdown()
+                self._went_down(found.value, now, found.cause.split(":")[0])
                 self._retry.failed(now)
                 return self._absent(), problems
             if isinstance(found, DeviceLost):
@@ -383,9 +378,12 @@ class NvmlReader:
             return None
         return f"waiting for the NVIDIA driver ({NAMES.get(self._down[0], self._down[0])})"
 
-    def _went_down(self, value: int | None, where: str, now: float | None, at_start: bool = False) -> None:
-        """NVML cannot be used because of the driver's lifecycle: said once, in words an
-        operator acts on, and again only if the cause changes."""
+    def _went_down(self, value: int | None, now: float | None, where: str = "", at_start: bool = False) -> None:
+        """NVML cannot be used because of the driver's lifecycle (`where` answered `value`: nvmlInit or
+        the discovery unless said): shut down, and said once, in words an operator acts on, and again
+        only if the cause changes."""
+        where = where or ("discovery" if self._initialised else "nvmlInit")
+        self._shutdown()
         down = self._down
         if down is not None and down[0] == value:
             return
