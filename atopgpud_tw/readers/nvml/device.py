@@ -538,7 +538,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
 def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
     """Read the per-process samples of this poll and let them go, where processes were listed before."""
     if device.process_stream.figures and not device.is_mig_instance:
-        attempt(lambda: _process_busy(device, poll))
+        attempt(_process_busy, device, poll)
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:
