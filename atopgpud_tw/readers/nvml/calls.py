@@ -176,6 +176,21 @@ def call_sized(device: Any, function: str, *args: Any, variant: str | None = Non
     return device.call(function, *args, variant=variant)
 
 
+def answer_first(call: Callable[..., Any], device: Any, *tries: tuple[str, str | None, tuple[Any, ...]]) -> Any:
+    """``call(device, function, *args, variant=variant)`` (`NvmlDevice.call` or `call_sized`) for the
+    first of `tries`, each ``(function, variant, args)``, newest first, that the binding and the
+    driver have: `Missing` (which the device remembers: later polls go straight past it) moves on
+    to the next; any other outcome, and the last one's, is raised."""
+    for function, variant, args in tries[:-1]:
+        if (variant or function) not in device.missing:
+            try:
+                return call(device, function, *args, variant=variant)
+            except Missing:
+                pass
+    function, variant, args = tries[-1]
+    return call(device, function, *args, variant=variant)
+
+
 def as_text(value: Any) -> str:
     """Names and bus ids as str, whether the binding returns bytes or str."""
     if isinstance(value, bytes):

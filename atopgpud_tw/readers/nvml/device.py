@@ -28,6 +28,7 @@ from atopgpud_tw.readers.nvml.calls import (
     Outcome,
     Unsupported,
     answer,
+    answer_first,
     call_sized,
     given,
     outcome,
@@ -56,12 +57,6 @@ from atopgpud_tw.snapshot import (
 )
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
-
-#: what a reading returns when the sample buffer is not there: use the rates call
-_NO_SAMPLES = object()
-#: what a reading of the sample buffer returns when it holds nothing new
-_NOTHING_NEW = object()
-
 
 @dataclass(eq=False)
 class MigState:
@@ -114,8 +109,6 @@ class NvmlDevice:
     missing: set[str] = field(default_factory=set)
     #: sample types whose last `nvmlDeviceGetSamples` call failed
     samples_failed: set[int] = field(default_factory=set)
-    #: how each process list is read, once found: kind ("C", "G") -> binding function
-    list_functions: dict[str, str] = field(default_factory=dict)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
     #: `where`, made once: the hang watch is told it at every call
@@ -235,47 +228,46 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
+#: `answer_first`'s tries of each list
+_LIST_TRIES = {kind: tuple((function, None, ()) for function in functions) for kind, functions in PROCESS_LISTS.items()}
+
+
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
     """One process list ("C" or "G") as columns (pids, used bytes or None), through the
     newest function the driver has.
 
     Drivers before 510 lack the _v3 lists the binding calls by default; from
     450.66 they have the _v2 ones.  Which is used is said once per reader; a
-    driver with neither lists no processes, and that is said once too.
+    driver with neither lists no processes, and that is said once too (`probe_support`).
     """
-    newest, *older = PROCESS_LISTS[kind]
-    for function in (newest, *older):
-        listed = answer(call_sized, device, function)
-        if isinstance(listed, Missing):
-            continue  # remembered: the next poll goes straight to the one that works
-        given(listed)
-        if device.list_functions.get(kind) == function:
-            return listed
-        device.list_functions[kind] = function
-        if function != newest:
-            device.session.say_once(
-                function,
-                "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
-                newest=newest,
-                function=function,
-            )
-        return listed
-    device.session.say_once(
-        f"no {newest}",
-        "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 (older than 450.66)",
-        warn=True,
-        which="compute" if kind == "C" else "graphics",
-        newest=newest,
-    )
-    raise Unsupported(newest)
+    listed = answer_first(call_sized, device, *_LIST_TRIES[kind])
+    newest, older = PROCESS_LISTS[kind]
+    if newest in device.missing:
+        device.session.say_once(
+            older,
+            "nvml: the driver has no {newest}_v3: process lists through {function} (drivers 450.66 to 510)",
+            newest=newest,
+            function=older,
+        )
+    return listed  # type: ignore[no-any-return]
 
 
 def probe_support(device: NvmlDevice) -> int:
+    """The task-support bits of a device found: each list that is not unsupported (a passing
+    failure says nothing about support: the poll finds out the rest)."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        # a passing failure says nothing about support (the poll finds out the rest)
         if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
             support |= bit
+        elif PROCESS_LISTS[kind][1] in device.missing:
+            device.session.say_once(
+                f"no {PROCESS_LISTS[kind][0]}",
+                "nvml: {which} processes are not listed: the driver has neither {newest}_v3 nor _v2 "
+                "(older than 450.66)",
+                warn=True,
+                which="compute" if kind == "C" else "graphics",
+                newest=PROCESS_LISTS[kind][0],
+            )
     return support
 
 
@@ -284,12 +276,9 @@ def served_support(device: NvmlDevice) -> int:
     supported (or missing) is not; one failing for a moment still is."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
-        for function in PROCESS_LISTS[kind]:
-            if function in device.missing:
-                continue
-            if not device.refuses(function):
-                support |= bit
-            break
+        newest, older = PROCESS_LISTS[kind]
+        if not device.refuses(older if newest in device.missing else newest):  # (what `list_processes` asks)
+            support |= bit
     return support
 
 
@@ -345,8 +334,9 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
 
 #: the rates call, asked where the sample buffer does not tell
 RATES = "nvmlDeviceGetUtilizationRates"
-#: the rates call not asked yet in this poll
-_UNASKED = object()
+#: the rates call tells: what a reading of a sample buffer that never held a sample returns,
+#: and the rates call's answer while it is not asked
+_RATES = object()
 
 
 def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
@@ -363,21 +353,19 @@ def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[
     """
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
-    rates: Any = _UNASKED
-    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
+    gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll)
+    rates = attempt(device.call, RATES) if gpu is UNSUPPORTED or gpu is _RATES else _RATES
     if gpu is None:
         poll.samples_failed = True
-    elif gpu is _NO_SAMPLES:
-        rates = attempt(device.call, RATES)
+    elif gpu is UNSUPPORTED:
         return _busy(poll, _rate(rates, 0)), _rate(rates, 1)
-    elif gpu is _NOTHING_NEW:
-        rates = attempt(device.call, RATES)
+    elif gpu is _RATES:
         gpu = _nothing_new(device, GPU_UTILIZATION_SAMPLES, _rate(rates, 0))
-    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll, unsupported=_NO_SAMPLES)
-    if mem is _NO_SAMPLES or mem is _NOTHING_NEW:
-        if rates is _UNASKED:
+    mem = attempt(_sampled, device, MEMORY_UTILIZATION_SAMPLES, poll)
+    if mem is UNSUPPORTED or mem is _RATES:
+        if rates is _RATES:
             rates = attempt(device.call, RATES)
-        if mem is _NO_SAMPLES:
+        if mem is UNSUPPORTED:
             gpu, mem = _rate(rates, 0), _rate(rates, 1)
         else:
             mem = _nothing_new(device, MEMORY_UTILIZATION_SAMPLES, _rate(rates, 1))
@@ -416,7 +404,7 @@ _STAMP_KINDS = {GPU_UTILIZATION_SAMPLES: "samples 1", MEMORY_UTILIZATION_SAMPLES
 
 
 def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
-    """This poll's figure from the sample buffer, or `_NOTHING_NEW`."""
+    """This poll's figure from the sample buffer, or `_RATES`."""
     stream = device.streams.get(kind)
     if stream is None:
         stream = device.streams[kind] = SampleStream()
@@ -444,7 +432,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
     if value is None:
-        return _NOTHING_NEW  # the buffer never had a sample: the rates call tells
+        return _RATES  # the buffer never had a sample
     return value
 
 
@@ -494,13 +482,12 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
 
 def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
     """(total, used, free, reserved) bytes, from the v2 structure where the binding and the driver
-    have it (reserved None from v1)."""
+    have it (reserved None from v1: a driver before 510, or a binding without v2)."""
     version = device.session.function("nvmlMemory_v2")
-    if version is not None:
-        found = answer(device.call, MEMORY, version, variant="nvmlDeviceGetMemoryInfo_v2")
-        if not isinstance(found, Missing):  # (missing: a driver before 510, or a binding without v2)
-            return given(found)  # type: ignore[no-any-return]
-    return device.call(MEMORY)  # type: ignore[no-any-return]
+    if version is None:
+        return device.call(MEMORY)  # type: ignore[no-any-return]
+    v2 = (MEMORY, "nvmlDeviceGetMemoryInfo_v2", (version,))
+    return answer_first(NvmlDevice.call, device, v2, (MEMORY, None, ()))  # type: ignore[no-any-return]
 
 
 def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[ProcessSample, ...] | None:
@@ -551,7 +538,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
 def _skip_process_busy(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> None:
     """Read the per-process samples of this poll and let them go, where processes were listed before."""
     if device.process_stream.figures and not device.is_mig_instance:
-        attempt(lambda: _process_busy(device, poll))
+        attempt(_process_busy, device, poll)
 
 
 def _process_busy(device: NvmlDevice, poll: DevicePoll) -> dict[int, tuple[int, int]] | None:

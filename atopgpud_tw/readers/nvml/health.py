@@ -47,6 +47,7 @@ from atopgpud_tw.readers.nvml.calls import (
     Outcome,
     Unsupported,
     answer,
+    answer_first,
     given,
     nothing_there,
 )
@@ -94,12 +95,6 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
 
 def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, float]) -> None:
     rows = asked()
-
-    def ask(function: str, *args: Any, variant: str | None = None) -> Any:
-        """The answer, or None: not supported (a problem while given up after it had
-        answered), or failed in this reading (a problem)."""
-        return attempt(device.call, function, *args, variant=variant, unsupported=None)
-
     answers: dict[tuple[Any, ...], Any] = {}
     fields: list[tuple[Figure, int | None]] = []
     for figure in rows:
@@ -110,7 +105,7 @@ def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, floa
         if how.field is not None:
             fields.append((figure, None))
         else:
-            _store(values, figure, figure.labels, _answer(device, ask, answers, how, ()))
+            _store(values, figure, figure.labels, _answer(device, attempt, answers, how, ()))
     if any(figure.nvml and figure.nvml.per_link for figure in rows):
         for link in _active_links(device, attempt):
             for figure in rows:
@@ -121,23 +116,22 @@ def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, floa
                 if how.field is not None:
                     fields.append((figure, link))
                 else:
-                    _store(values, figure, labels, _answer(device, ask, answers, how, (link,)))
-    _field_values(device, values, ask, fields)
+                    _store(values, figure, labels, _answer(device, attempt, answers, how, (link,)))
+    _field_values(device, values, attempt, fields)
 
 
-def _answer(device: NvmlDevice, ask: Any, answers: dict[tuple[Any, ...], Any], how: Ask, link: tuple[int, ...]) -> Any:
-    """The answer of one call (asked once per reading however many figures it has); through the
-    function's older names where the binding or the driver lacks it."""
+def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...], Any], how: Ask,
+            link: tuple[int, ...]) -> Any:
+    """The answer of one call (asked once per reading however many figures it has), through the
+    function's older names where the binding or the driver lacks it; None: not supported (a problem
+    while given up after it had answered), or failed in this reading (a problem)."""
     key = (how.function, how.args, how.variant, link)
     if key not in answers:
-        answer = None
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
-        for function in (how.function, *how.older):
-            named = variant if function == how.function else None
-            answer = ask(function, *link, *how.args, variant=named)
-            if answer is not None or (named or function) not in device.missing:
-                break
-        answers[key] = answer
+        args = (*link, *how.args)
+        older = [(function, None, args) for function in how.older]
+        answers[key] = attempt(answer_first, NvmlDevice.call, device, (how.function, variant, args), *older,
+                               unsupported=None)
     return answers[key]
 
 
@@ -185,7 +179,7 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
     return active
 
 
-def _field_values(device: NvmlDevice, values: dict[Series, float], ask: Any,
+def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Attempt,
                   fields: list[tuple[Figure, int | None]]) -> None:
     """The figures of ``nvmlDeviceGetFieldValues``, one call for them all: each entry has a return
     code of its own, and a field that is NOT_SUPPORTED is not asked again."""
@@ -201,7 +195,7 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], ask: Any,
     # a per-link field is asked with the link as its scope
     ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
            for figure, link, _ in wanted]
-    found = ask("nvmlDeviceGetFieldValues", ids, variant="nvmlDeviceGetFieldValues")
+    found = attempt(device.call, "nvmlDeviceGetFieldValues", ids, unsupported=None)
     if found is None:
         return
     for index, (figure, link, variant) in enumerate(wanted):

@@ -198,10 +198,8 @@ class NvmlReader:
             if code not in WAIT_FOR_DRIVER:
                 raise ReaderUnavailable(describe_init_failure(error)) from None
             # the driver is not there yet (a boot) or not yet reloaded: wait for it
-            where = "discovery" if self._initialised else "nvmlInit"
-            self._shutdown()
             self._retry = Backoff(STARTUP_RETRY)
-            self._went_down(code, where, None, at_start=True)
+            self._went_down(code, None, at_start=True)
             return Snapshot(())
         self._problems.report(self._unusable_problems())
         # registered for XID events from the start: the driver delivers none from before
@@ -226,17 +224,19 @@ class NvmlReader:
         unusable: dict[int, str] = {}
         for index in range(self.session.call("nvmlDeviceGetCount")):
             # an NVML error, or a reply the binding cannot convert (a name not UTF-8)
-            identity = answer(self._identify, index, catch=(*READING, DeviceLost))
+            identity = answer(_identify, self.session, index, catch=(*READING, DeviceLost))
             if isinstance(identity, Outcome):
                 unusable[index] = error_name(identity.error or identity)
                 continue
             found.append(identity)
         keys = self._keys.assign([(uuid, busid) for _, uuid, busid, _ in found])
         devices = []
-        versions = self._versions() if found else ("", "")
+        versions = _versions(self.session) if found else ("", "")
         for (handle, uuid, busid, name), key in zip(found, keys):
             device = NvmlDevice(self.session, handle, key, busid, name)
-            device.info = self._card_info(key, handle, uuid, versions, f"GPU {busid}")
+            if key not in self._info:  # read when the card is first discovered, and kept
+                self._info[key] = _card_info(self.session, handle, uuid, versions, f"GPU {busid}")
+            device.info = self._info[key]
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
@@ -251,55 +251,6 @@ class NvmlReader:
                     support=_support_text(device.task_support),
                 )
         return devices
-
-    def _identify(self, index: int) -> tuple[Any, str | None, str, str]:
-        """The handle, UUID (None where it has none: then its bus id is its key), bus id and
-        name of the device at `index`."""
-        call = self.session.call
-        where = f"GPU index {index}"
-        handle = call("nvmlDeviceGetHandleByIndex", index, where=where)
-        busid = as_text(call("nvmlDeviceGetPciInfo", handle, where=where).busId)
-        where = f"GPU {busid}"
-        name = as_text(call("nvmlDeviceGetName", handle, where=where))
-        # not supported, or a function the binding or driver lacks: no UUID; a passing
-        # failure: the device is looked at again, not keyed otherwise
-        uuid = answer(call, _inventory_calls()["uuid"], handle, where=where)
-        return handle, None if isinstance(uuid, Unsupported) else as_text(given(uuid)), busid, name
-
-    def _versions(self) -> tuple[str, str]:
-        """The driver's version and the CUDA version it supports ("" where either cannot be read)."""
-        calls = _inventory_calls()
-        driver = self._text(calls["driver_version"], None)
-        cuda = ""
-        newest = calls["cuda_version"]
-        for function in (newest, newest.removesuffix("_v2")):
-            if self.session.function(function) is None:
-                continue
-            number = self._text(function, None)
-            if number.isdigit():  # e.g. 12040: CUDA 12.4
-                cuda = f"{int(number) // 1000}.{int(number) % 1000 // 10}"
-                break
-        return driver, cuda
-
-    def _card_info(
-        self, key: str, handle: Any, uuid: str | None, versions: tuple[str, str], where: str
-    ) -> DeviceInfo:
-        """What a card is, read when it is first discovered and kept (it does not change)."""
-        known = self._info.get(key)
-        if known is None:
-            known = self._info[key] = DeviceInfo(
-                uuid=uuid or "",
-                serial=self._text(_inventory_calls()["serial"], where, handle),
-                vbios=self._text(_inventory_calls()["vbios"], where, handle),
-                driver_version=versions[0],
-                cuda_version=versions[1],
-            )
-        return known
-
-    def _text(self, function: str, where: str | None, *args: Any) -> str:
-        """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
-        found = answer(self.session.call, function, *args, where=where, catch=(*READING, DeviceLost))
-        return "" if isinstance(found, Outcome) else printable(str(as_text(found))).strip()
 
     def _unusable_problems(self) -> dict[str, str]:
         """One problem per device that cannot be used now, keyed by its index only.
@@ -376,9 +327,7 @@ class NvmlReader:
                 self._retry.failed(now)
                 value = getattr(error, "value", None)
                 if value in LIFECYCLE:
-                    where = "discovery" if self._initialised else "nvmlInit"
-                    self._shutdown()
-                    self._went_down(value, where, now)
+                    self._went_down(value, now)
                 else:
                     problems.add("init", f"cannot set up NVML ({describe_init_failure(error)})")
                 return self._absent(), problems
@@ -391,8 +340,7 @@ class NvmlReader:
             poll = DevicePoll(int(now * 1_000_000), self._call_clock, host=self.host_offsets, starts=self._starts)
             found = answer(self._read_card, card, problems, poll, now, catch=Interrupted)
             if isinstance(found, Reinitialise):
-                self._went_down(found.value, found.cause.split(":")[0], now)
-                self._shutdown()
+                self._went_down(found.value, now, found.cause.split(":")[0])
                 self._retry.failed(now)
                 return self._absent(), problems
             if isinstance(found, DeviceLost):
@@ -430,9 +378,12 @@ class NvmlReader:
             return None
         return f"waiting for the NVIDIA driver ({NAMES.get(self._down[0], self._down[0])})"
 
-    def _went_down(self, value: int | None, where: str, now: float | None, at_start: bool = False) -> None:
-        """NVML cannot be used because of the driver's lifecycle: said once, in words an
-        operator acts on, and again only if the cause changes."""
+    def _went_down(self, value: int | None, now: float | None, where: str = "", at_start: bool = False) -> None:
+        """NVML cannot be used because of the driver's lifecycle (`where` answered `value`: nvmlInit or
+        the discovery unless said): shut down, and said once, in words an operator acts on, and again
+        only if the cause changes."""
+        where = where or ("discovery" if self._initialised else "nvmlInit")
+        self._shutdown()
         down = self._down
         if down is not None and down[0] == value:
             return
@@ -558,6 +509,46 @@ class NvmlReader:
         self._starts.close()
         if was_initialised:
             log.info("nvml: shut down")
+
+def _identify(session: NvmlSession, index: int) -> tuple[Any, str | None, str, str]:
+    """The handle, UUID (None where it has none: then its bus id is its key), bus id and
+    name of the device at `index`."""
+    call = session.call
+    where = f"GPU index {index}"
+    handle = call("nvmlDeviceGetHandleByIndex", index, where=where)
+    busid = as_text(call("nvmlDeviceGetPciInfo", handle, where=where).busId)
+    where = f"GPU {busid}"
+    name = as_text(call("nvmlDeviceGetName", handle, where=where))
+    # not supported, or a function the binding or driver lacks: no UUID; a passing
+    # failure: the device is looked at again, not keyed otherwise
+    uuid = answer(call, _inventory_calls()["uuid"], handle, where=where)
+    return handle, None if isinstance(uuid, Unsupported) else as_text(given(uuid)), busid, name
+
+
+def _versions(session: NvmlSession) -> tuple[str, str]:
+    """The driver's version and the CUDA version it supports ("" where either cannot be read)."""
+    calls = _inventory_calls()
+    driver = _text(session, calls["driver_version"], None)
+    newest = calls["cuda_version"]
+    for function in (newest, newest.removesuffix("_v2")):
+        number = _text(session, function, None)
+        if number.isdigit():  # e.g. 12040: CUDA 12.4
+            return driver, f"{int(number) // 1000}.{int(number) % 1000 // 10}"
+    return driver, ""
+
+
+def _card_info(session: NvmlSession, handle: Any, uuid: str | None, versions: tuple[str, str], where: str
+               ) -> DeviceInfo:
+    """What a card is (it does not change)."""
+    serial, vbios = (_text(session, _inventory_calls()[label], where, handle) for label in ("serial", "vbios"))
+    return DeviceInfo(uuid or "", serial, vbios, *versions)
+
+
+def _text(session: NvmlSession, function: str, where: str | None, *args: Any) -> str:
+    """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
+    found = answer(session.call, function, *args, where=where, catch=(*READING, DeviceLost))
+    return "" if isinstance(found, Outcome) else printable(str(as_text(found))).strip()
+
 
 def _support_text(support: int) -> str:
     kinds = [name for bit, name in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics")) if support & bit]
