@@ -120,9 +120,12 @@ def test_a_stamp_seen_before_a_step_back_keeps_its_place():
 
 
 def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
-    """Stamps near neither host clock: nothing is looked for, stamps pass unchanged."""
+    """Stamps near neither host clock, for longer than a step just before the first answer
+    would leave them so: nothing is looked for, stamps pass unchanged."""
     stamps = StampMap(host=lambda: (5_000_000_000_000, 0))
     assert stamps.steady("s", [123_000_000_000], 1_000_000) == [123_000_000_000]
+    assert stamps.follows is None
+    assert stamps.steady("s", [123_006_000_000], 7_000_000) == [123_006_000_000]
     assert stamps.follows == -1
     assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
 

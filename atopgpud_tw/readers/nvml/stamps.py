@@ -66,6 +66,9 @@ SLACK_US = 250_000
 AHEAD_US = 20_000
 #: the driver's newest stamp this close to a host clock's now: its stamps follow that clock
 FOLLOW_US = 10_000_000
+#: answers whose stamps follow neither host clock for this long (reader's time): a driver on a
+#: clock of its own (sooner, they were stamped before a step of the one they follow)
+LEARN_US = 5_000_000
 #: stamps remembered per kind of sample while a step is recent (a driver's buffer holds some 100 to 1000)
 SEEN = 4096
 #: answers remembered per kind of sample while no step is: the stamps seen before the next one
@@ -127,6 +130,9 @@ class StampMap:
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
     steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))
+    #: while what the driver follows is not known and answers matched no clock: (the reader's
+    #: time of the first, the newest stamp of the latest less its time)
+    _unmatched: tuple[int, int] | None = field(default=None, repr=False)
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
 
@@ -272,19 +278,35 @@ class StampMap:
                 # looked at for this call already (its `ask`): the same readings would find
                 # no step now (one found then began the segment they belong to)
                 return
+        earlier, looked_at = self._offsets, self.seen_at
         if now_us != self.seen_at or self._offsets is None:
             self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
         offsets = self._offsets
         if self.follows is None:
+            self.seen_at = now_us
             if not raws:
                 return
+            # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
+            # the first call leaves its stamps on one of them; the segment is the first one's
+            looks = [(now_us, offsets)] if earlier is None or looked_at is None else [(looked_at, earlier),
+                                                                                      (now_us, offsets)]
             newest = max(raws)
-            self.follows = next((which for which, offset in enumerate(offsets)
-                                 if offset is not None and abs(newest - (offset + now_us)) < FOLLOW_US), -1)
-            if self.follows >= 0:
-                self.segments[0].host = offsets[self.follows] or 0
-            self.seen_at = now_us
-            return
+            follows = next((which for at, reading in looks for which, offset in enumerate(reading)
+                            if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
+            unmatched = self._unmatched
+            if follows is None:
+                # near no clock: a driver on one of its own, or a step just before the first
+                # answer (its stamps on the clock as it read before): the next answers tell
+                since = now_us if unmatched is None else unmatched[0]
+                self._unmatched = (since, newest - now_us)
+                if now_us - since > LEARN_US:
+                    self.follows = -1
+                return
+            self.follows = follows
+            self.seen_at, first = looks[0]
+            # the clock as the stamps before followed it: as the call began, or, where answers
+            # before matched no clock, as far as their newest stamp tells (a lag of 0)
+            self.segments[0].host = unmatched[1] if unmatched else first[follows] or offsets[follows] or 0
         current = self.segments[-1]
         reading = offsets[self.follows]
         moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
