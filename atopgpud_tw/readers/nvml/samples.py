@@ -128,8 +128,8 @@ def fold_process_samples(
         # the first read brings the buffer's whole past: take its last second
         since = newest - FIRST_WINDOW_US
         latest = {key: values for key, values in latest.items() if key[1] > since}
-        if periods is None and period_us:
-            periods = max(1, round(FIRST_WINDOW_US / period_us))
+        # (its periods, not the poll's: a poll late or slow has more)
+        periods = max(1, round(FIRST_WINDOW_US / period_us)) if period_us else None
         elapsed_us = None
     sums: dict[int, list[int]] = {}
     for (pid, _), (sm, mem) in latest.items():

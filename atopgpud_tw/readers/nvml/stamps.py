@@ -126,6 +126,9 @@ class StampMap:
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
     ordered: dict[str, list[int]] = field(default_factory=dict)
+    #: per segment index: the offset of stamps taken on a clock between it and the one before,
+    #: never seen (`_between`)
+    between: dict[int, int] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
@@ -241,7 +244,7 @@ class StampMap:
         for raw in gone:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
-        out = []
+        out: list[tuple[int, int] | None] = []
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
@@ -251,11 +254,39 @@ class StampMap:
                 out.append(known)
                 continue
             index = self._newest_plausible(raw, now_us)
-            out.append((raw - self.segments[index - self.dropped].offset, index))
-        return out
+            out.append(None if index is None else (raw - self.segments[index - self.dropped].offset, index))
+        if None in out:
+            self._between(raws, out)
+        return out  # type: ignore[return-value]  # (every None placed by `_between`)
 
-    def _newest_plausible(self, raw: int, now_us: int) -> int:
-        """The index of the newest segment `raw` can have been taken in (the current one if none)."""
+    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
+        """Place the stamps taken in no segment seen: on a clock that held between two looks at
+        the host clocks (two steps between them).  Their spacing is kept, and they go between
+        the samples of the older segments and those of the current one in the answer (the
+        buffer's order), midway; one offset for every kind of sample (their stamps match)."""
+        current = self.current
+        lost = sorted(raw for raw, place in zip(raws, out) if place is None)
+        offset = self.between.get(current)
+        if offset is None:
+            placed = [place for place in out if place is not None]
+            before = max((steady for steady, index in placed if index < current), default=None)
+            after = min((steady for steady, index in placed if index == current), default=None)
+            ordered = sorted(steady for steady, _ in placed)
+            gap = min((b - a for a, b in zip(ordered, ordered[1:]) if b > a), default=0)
+            gap = min((b - a for a, b in zip(lost, lost[1:]) if b > a), default=gap)
+            if before is not None and after is not None:
+                offset = (lost[0] + lost[-1] - before - after) // 2
+            elif before is not None:
+                offset = lost[0] - before - gap
+            else:
+                offset = self.segments[-1].offset if after is None else lost[-1] - after + gap
+            self.between[current] = offset
+        for position, place in enumerate(out):
+            if place is None:
+                out[position] = (raws[position] - offset, current - 1)
+
+    def _newest_plausible(self, raw: int, now_us: int) -> int | None:
+        """The index of the newest segment `raw` can have been taken in (None: none)."""
         for position in range(len(self.segments) - 1, -1, -1):
             segment = self.segments[position]
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
@@ -263,7 +294,7 @@ class StampMap:
             ended = now_us if segment.ended_us is None else segment.ended_us
             if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
                 return self.dropped + position
-        return self.current
+        return None
 
     def _observe(self, now_us: int, raws: Sequence[int]) -> None:
         """Look at the host clocks: learn which one the driver follows, and find its steps."""
@@ -306,7 +337,8 @@ class StampMap:
             self.seen_at, first = looks[0]
             # the clock as the stamps before followed it: as the call began, or, where answers
             # before matched no clock, as far as their newest stamp tells (a lag of 0)
-            self.segments[0].host = unmatched[1] if unmatched else first[follows] or offsets[follows] or 0
+            start = first[follows]
+            self.segments[0].host = unmatched[1] if unmatched else offsets[follows] or 0 if start is None else start
         current = self.segments[-1]
         reading = offsets[self.follows]
         moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
@@ -319,4 +351,4 @@ class StampMap:
             self.segments.pop(0)
             self.dropped += 1
             if len(self.segments) == 1:  # no step recent: back to remembering answers
-                self.seen, self.raw, self.ordered = {}, {}, {}
+                self.seen, self.raw, self.ordered, self.between = {}, {}, {}, {}
