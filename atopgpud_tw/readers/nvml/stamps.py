@@ -245,19 +245,43 @@ class StampMap:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
         out: list[tuple[int, int] | None] = []
+        new = []
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
             counts[key] = repeat + 1
             known = seen.get(raw)
+            if known is None and repeat == 0 and keys is not None:
+                # samples listed per process carry the stamps of the device's, which their order placed
+                known = next((other[raw] for other in self.seen.values() if other is not seen and raw in other), None)
             if known is not None and repeat == 0:
                 out.append(known)
                 continue
             index = self._newest_plausible(raw, now_us)
-            out.append(None if index is None else (raw - self.segments[index - self.dropped].offset, index))
+            out.append(None if index is None else self._in(raw, index))
+            new.append(index is not None)
         if None in out:
             self._between(raws, out)
+        if keys is None and any(new):
+            self._in_order(raws, out, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
+
+    def _in(self, raw: int, index: int) -> tuple[int, int]:
+        return raw - self.segments[index - self.dropped].offset, index
+
+    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], now_us: int) -> None:
+        """A buffer of samples answers in the order they were taken: a sample of a segment newer
+        than the one after it, or stamped above it (taken before a step back between the two), is
+        of an older segment, the newest it can have been taken in (a step back shorter than the
+        time between two looks leaves no other way to tell its side)."""
+        limit = self.current
+        for position in range(len(raws) - 1, -1, -1):
+            if position + 1 < len(raws):
+                after = out[position + 1][1]
+                limit = min(limit, after - 1 if raws[position] > raws[position + 1] else after)
+            if out[position][1] > limit >= self.dropped:
+                index = self._newest_plausible(raws[position], now_us, limit)
+                out[position] = self._in(raws[position], limit if index is None else index)
 
     def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
         """Place the stamps taken in no segment seen: on a clock that held between two looks at
@@ -285,9 +309,10 @@ class StampMap:
             if place is None:
                 out[position] = (raws[position] - offset, current - 1)
 
-    def _newest_plausible(self, raw: int, now_us: int) -> int | None:
-        """The index of the newest segment `raw` can have been taken in (None: none)."""
-        for position in range(len(self.segments) - 1, -1, -1):
+    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None) -> int | None:
+        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none)."""
+        top = len(self.segments) - 1 if newest is None else newest - self.dropped
+        for position in range(top, -1, -1):
             segment = self.segments[position]
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
             began = segment.began_us
