@@ -278,7 +278,8 @@ class StampMap:
         for position in range(len(raws) - 1, -1, -1):
             if position + 1 < len(raws):
                 after = out[position + 1][1]
-                limit = min(limit, after - 1 if raws[position] > raws[position + 1] else after)
+                back = self._stepped_back(raws[position] - raws[position + 1], after)
+                limit = min(limit, after - 1 if back else after)
             if out[position][1] > limit >= self.dropped:
                 index = self._newest_plausible(raws[position], now_us, limit)
                 out[position] = self._in(raws[position], limit if index is None else index)
@@ -308,6 +309,15 @@ class StampMap:
         for position, place in enumerate(out):
             if place is None:
                 out[position] = (raws[position] - offset, current - 1)
+
+    def _stepped_back(self, descent: int, index: int) -> bool:
+        """Whether stamps that fall by `descent` from one sample to the next, the later of segment
+        `index`, fell across the step back that began it (no more than it: a sample stamped late
+        is no step)."""
+        if descent <= 0 or index <= self.dropped:
+            return False
+        step = self.segments[index - self.dropped].offset - self.segments[index - self.dropped - 1].offset
+        return step < 0 and descent <= AHEAD_US - step
 
     def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None) -> int | None:
         """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none)."""
