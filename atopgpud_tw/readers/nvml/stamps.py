@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right, insort
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -244,6 +244,7 @@ class StampMap:
         for raw in gone:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
+        listed = Counter(zip(raws, keys)) if keys is not None else None
         out: list[tuple[int, int] | None] = []
         new = []
         for position, raw in enumerate(raws):
@@ -251,13 +252,14 @@ class StampMap:
             repeat = counts.get(key, 0)
             counts[key] = repeat + 1
             known = seen.get(raw)
-            if known is None and repeat == 0 and keys is not None:
+            older = listed is not None and listed[raw, key[0]] > repeat + 1  # (the same stamp again after it)
+            if known is None and listed is not None and not older:
                 # samples listed per process carry the stamps of the device's, which their order placed
                 known = next((other[raw] for other in self.seen.values() if other is not seen and raw in other), None)
             if known is not None and repeat == 0:
                 out.append(known)
                 continue
-            index = self._newest_plausible(raw, now_us)
+            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None)
             out.append(None if index is None else self._in(raw, index))
             new.append(index is not None)
         if None in out:
