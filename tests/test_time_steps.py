@@ -195,3 +195,13 @@ def test_two_steps_between_two_looks():
     placed = stamps.steady("s", [9_000_000, 10_000_000, 50_300_000, 50_500_000, 50_700_000, 111_000_000], 11_000_000)
     assert placed == [9_000_000, 10_000_000, 10_300_000, 10_500_000, 10_700_000, 11_000_000]
     assert stamps.steady("p", [50_500_000, 111_000_000], 11_000_000) == [10_500_000, 11_000_000]
+
+
+@pytest.mark.parametrize("step", [-1, -6.3, -30])
+def test_a_step_back_before_the_first_look_is_told_by_the_first_answer(step):
+    """Set back at the very moment of the first poll, its samples of before stamped ahead of the
+    clock's now: the first answer's order tells the step (was: the next polls asked for samples
+    newer than those and got none until the clock passed them: 0 % for 14 polls at -6.3 s)."""
+    busy, sm, _, _, _ = _run({"gpus": [a10_card()], "clock_steps": [[1.0, step]]})
+    assert busy == [40] * POLLS, busy
+    assert sm == [20] * POLLS, sm

@@ -148,7 +148,7 @@ class StampMap:
         """The raw stamp to ask the driver with for samples after `steady` (0: all), for
         a call made at the reader's time `now_us` (its steps are looked for first)."""
         if now_us is not None:
-            self._observe(now_us, ())
+            self._observe(now_us, (), False)
         if steady == 0:
             return 0
         # (no step recent: nothing remembered by steady stamp)
@@ -175,7 +175,7 @@ class StampMap:
         that ended at the reader's time `now_us` and was asked with raw stamp `asked`
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
-        self._observe(now_us, raws)
+        self._observe(now_us, raws, keys is None)
         if self.follows is None or self.follows < 0:
             return list(raws)
         segments = self.segments
@@ -312,6 +312,25 @@ class StampMap:
             if place is None:
                 out[position] = (raws[position] - offset, current - 1)
 
+    def _set_back_before(self, raws: Sequence[int], now_us: int) -> None:
+        """A step back before the first look at the host clocks, which the first answer shows:
+        samples stamped ahead of the clock's now, before one stamped below them, were stamped
+        before it (on a clock that no look saw, as far as the gaps between samples tell)."""
+        current = self.segments[0]
+        ahead = now_us + current.host + AHEAD_US
+        fall = max(range(1, len(raws)), key=lambda at: raws[at - 1] - raws[at], default=0)
+        if not fall or raws[fall - 1] <= max(ahead, raws[fall] + STEP_US):
+            return
+        ordered = sorted(raws)
+        gaps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
+        gap = gaps[len(gaps) // 2] if gaps else 0
+        moved = raws[fall] - raws[fall - 1] - gap
+        taken = raws[fall] - current.host  # the first sample after the step, on the reader's clock
+        current.host -= moved
+        current.ended_us = now_us
+        self.segments.append(Segment(current.offset + moved, current.host + moved, taken - gap))
+        self.steps.append((now_us, moved))
+
     def _stepped_back(self, descent: int, index: int) -> bool:
         """Whether stamps that fall by `descent` from one sample to the next, the later of segment
         `index`, fell across the step back that began it (no more than it: a sample stamped late
@@ -333,8 +352,9 @@ class StampMap:
                 return self.dropped + position
         return None
 
-    def _observe(self, now_us: int, raws: Sequence[int]) -> None:
-        """Look at the host clocks: learn which one the driver follows, and find its steps."""
+    def _observe(self, now_us: int, raws: Sequence[int], ordered: bool) -> None:
+        """Look at the host clocks: learn which one the driver follows, and find its steps
+        (`ordered`: `raws` are in the order their samples were taken)."""
         if self.host is None:
             if self.follows is None:
                 self.follows = -1
@@ -358,7 +378,7 @@ class StampMap:
             # the first call leaves its stamps on one of them; the segment is the first one's
             looks = [(now_us, offsets)] if earlier is None or looked_at is None else [(looked_at, earlier),
                                                                                       (now_us, offsets)]
-            newest = max(raws)
+            newest = raws[-1] if ordered else max(raws)
             follows = next((which for at, reading in looks for which, offset in enumerate(reading)
                             if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
             unmatched = self._unmatched
@@ -376,6 +396,8 @@ class StampMap:
             # before matched no clock, as far as their newest stamp tells (a lag of 0)
             start = first[follows]
             self.segments[0].host = unmatched[1] if unmatched else offsets[follows] or 0 if start is None else start
+            if ordered and not unmatched:
+                self._set_back_before(raws, now_us)
         current = self.segments[-1]
         reading = offsets[self.follows]
         moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
