@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from sim_readers import make_reader
 
@@ -246,11 +246,13 @@ def cases(draw: st.DrawFn, steps_: int = 3, back: bool = True, suspends_: int = 
             at = stop
     steps = []
     for _ in range(draw(st.integers(0, steps_))):
-        # (after the first poll, its calls stretched by a step inside one included: one before the
-        # reader's first look at the host clocks is not told apart, docs/fidelity.md)
+        # (after the first poll, its calls stretched by a step inside one included: steps forward
+        # before a device's first look at the host clocks are not exact, docs/fidelity.md)
         at = round(draw(st.floats(3 * interval, length - 2 * interval)), 3)
-        seconds = draw(st.one_of(st.floats(0.2, 120), st.floats(-120, -0.2)) if back else st.floats(0.2, 120))
-        steps.append(Step(at, round(seconds, 3), inside and draw(st.booleans()), round(draw(st.floats(0.0, 1.5)), 3)))
+        seconds = round(draw(st.one_of(st.floats(0.2, 120), st.floats(-120, -0.2)) if back else st.floats(0.2, 120)), 3)
+        # (not back by a whole number of 1/6 s periods: docs/fidelity.md, what is not exact)
+        assume(seconds > 0 or abs(seconds * 6 - round(seconds * 6)) > 0.01)
+        steps.append(Step(at, seconds, inside and draw(st.booleans()), round(draw(st.floats(0.0, 1.5)), 3)))
     suspends = tuple(
         (round(draw(st.floats(3 * interval, length - interval)), 3), round(draw(st.floats(1, 600)), 1))
         for _ in range(draw(st.integers(0, suspends_)))
@@ -355,4 +357,30 @@ def test_random_hosts_equal_their_scenario(case: Case) -> None:
 @examples(FOUND)
 def test_a_few_random_hosts_equal_their_scenario(case: Case) -> None:
     """The same, a handful of hosts: for the quick loop."""
+    check(case, play(case))
+
+
+#: what is not exact (docs/fidelity.md, "A clock step while a call is in flight"), with its figures
+NOT_EXACT = (
+    pytest.param(
+        Case(interval=0.5, gpus=((0, 0, 0),), lives=(
+            (2, (0,), 0.0, 1.0, 0, 0, 0), (2, (0,), 1.5, None, 40, 0, 0), (3, (0,), 0.0, None, 0, 40, 0)),
+            steps=(Step(at=1.0, seconds=-1.0),), delay=0.0, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="a step back of whole periods, a process's new samples on "
+                                "the stamps of another's from before it: 1038 for 1093 at 40 %"),
+        id="whole periods back, stamps of another process",
+    ),
+    pytest.param(
+        Case(interval=0.5, gpus=((0, 0, 0), (40, 30, 0)), lives=((0, (1,), 0.0, None, 20, 10, 0),),
+             steps=(Step(at=1.75, seconds=1.0), Step(at=0.5, seconds=1.0, inside=True, tail=1.25)),
+             delay=0.0, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="two forward steps of 1 s before GPU 1's first look (inside "
+                                "GPU 0's first call): its 4th and 5th polls read 0 and 16 for 40, 1136 for 1200"),
+        id="forward steps before the first look",
+    ),
+)
+
+
+@pytest.mark.parametrize("case", NOT_EXACT)
+def test_what_is_not_exact_yet(case: Case) -> None:
     check(case, play(case))
