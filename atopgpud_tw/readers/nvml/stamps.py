@@ -20,7 +20,9 @@ How a step is known: the reader watches the host's CLOCK_REALTIME and
 CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
 (`ask`) and as it ends (`steady`, given the call's end time), and
 learns from the first samples which of them the driver's stamps follow (its
-newest stamp within `FOLLOW_US` of that clock's now).  A change of that
+newest stamp within `FOLLOW_US` of that clock's now as the call began or
+ended; stamps near neither are given `LEARN_US` of answers before the driver
+is taken to stamp on a clock of its own).  A change of that
 clock's offset by more than `STEP_US` between two calls is a step; it ends one
 segment of the driver's clock and begins the next.  A step found as a call
 ends happened while it ran (a slow call, a loaded host): the new segment begins
@@ -38,9 +40,16 @@ Which segment a stamp belongs to:
 - a new stamp belongs to the newest segment in which it would have been taken
   while that segment held (between the call before its step, less `SLACK_US`,
   and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
-  seen after it is neither dropped nor moved, unless the step was shorter than
-  the time between the two calls, where which side it fell on cannot be told
-  (at most one poll's worth of samples).
+  seen after it is neither dropped nor moved; where the step back was shorter
+  than the time between the two calls, the buffer's order tells the side (a
+  sample stamped above the one after it, by no more than the step, was taken
+  before it), and process samples, listed by process, take the places of the
+  device's samples of the same stamp;
+- a new stamp of no segment was taken on a clock that held only between two
+  looks (two steps between them): it goes between the samples before and after
+  it, its spacing kept;
+- the first answer tells a step back just before the first look: samples
+  stamped ahead of the clock's now, before one stamped below them.
 
 What to ask with: the raw stamp of a steady one from the current segment; for
 a stamp from before the latest step, 0 (the whole buffer, whose samples the
