@@ -327,6 +327,11 @@ FOUND = (
     # their own: 26 for 28.3
     Case(interval=0.5, gpus=((0, 0, 0),), lives=((0, (0,), 1.0, None, 0, 1, 0),),
          steps=(Step(at=2.0, seconds=-1.0, inside=True, tail=1.0),), delay=0.0, late=0.0),
+    # a forward step of 1.25 s at a poll's moment, 2 s polls: samples taken before it, less than
+    # the step before the look, fitted the new clock too and were placed there, half a period
+    # from the others (taken for the period): GPU 1 at 40 % read 20 for five polls, 1100 for 1200
+    Case(interval=2.0, gpus=((0, 0, 0), (40, 30, 0)), lives=((1, (1,), 1.0, None, 20, 10, 0),),
+         steps=(Step(at=6.0, seconds=1.25),), delay=0.0, late=0.0),
 )
 
 

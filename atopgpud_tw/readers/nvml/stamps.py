@@ -255,7 +255,7 @@ class StampMap:
         counts: dict[tuple[object, int], int] = {}
         listed = Counter(zip(raws, keys)) if keys is not None else None
         out: list[tuple[int, int] | None] = []
-        new = []
+        new = [False] * len(raws)
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
@@ -270,20 +270,21 @@ class StampMap:
                 continue
             index = self._newest_plausible(raw, now_us, self.current - 1 if older else None)
             out.append(None if index is None else self._in(raw, index))
-            new.append(index is not None)
+            new[position] = index is not None
         if None in out:
             self._between(raws, out)
         if keys is None and any(new):
-            self._in_order(raws, out, now_us)  # type: ignore[arg-type]
+            self._in_order(raws, out, new, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
 
-    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], now_us: int) -> None:
+    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], now_us: int) -> None:
         """A buffer of samples answers in the order they were taken: a sample of a segment newer
         than the one after it, or stamped above it (taken before a step back between the two), is
-        of an older segment, the newest it can have been taken in (a step back shorter than the
+        of an older segment, the newest it can have been taken in; a new one placed in a newer
+        segment than the one before it, yet before it, is of that one's (a step shorter than the
         time between two looks leaves no other way to tell its side)."""
         limit = self.current
         for position in range(len(raws) - 1, -1, -1):
@@ -294,6 +295,10 @@ class StampMap:
             if out[position][1] > limit >= self.dropped:
                 index = self._newest_plausible(raws[position], now_us, limit)
                 out[position] = self._in(raws[position], limit if index is None else index)
+        for position in range(1, len(raws)):
+            (steady, index), (before, was) = out[position], out[position - 1]
+            if new[position] and index > was and steady < before:
+                out[position] = self._in(raws[position], was)
 
     def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
         """Place the stamps taken in no segment seen: on a clock that held between two looks at
