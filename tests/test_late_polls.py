@@ -16,6 +16,7 @@ import pytest
 from sim_readers import make_reader
 
 from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml.samples import UtilSample, fold_process_samples
 
 INTERVAL = 0.2
 POLLS = 120
@@ -128,3 +129,12 @@ def test_a_process_that_ends_during_the_busy_call_keeps_its_start_time():
         exits += counters.fold(reader.read(clock[0])[0], poll * 1.0, poll - 1.0)
     assert [(e.totals.pid, e.totals.started) for e in exits] == [(100, 180)]
     assert [(p.pid, p.started) for p in counters.devices[0].processes.values()] == [(100, 260)]
+
+
+def test_the_first_process_samples_of_a_late_poll_read_their_second():
+    """The first read of the process samples takes the buffer's last second, over that second's
+    periods, not over the poll's (was: a process at 79 % read 34 in a late poll of 14 periods)."""
+    period = 166_667
+    samples = [UtilSample(100, 10_000_000 + k * period, 79, 73) for k in range(14)]
+    figures, _ = fold_process_samples(samples, 0, periods=14, period_us=period)
+    assert figures == {100: (79, 73)}

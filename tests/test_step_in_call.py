@@ -84,3 +84,17 @@ def test_a_step_back_of_whole_periods_between_polls_loses_nothing():
     """The same stamps again, the step between two polls (was: 20 % for 40 % in the poll after it)."""
     found = intervals(-20, 0.0, at=STEPPED_POLL * INTERVAL + 1)
     assert [(gpu, process) for _, gpu, process in found] == [(40, 20)] * (POLLS - 1), found
+
+
+@pytest.mark.parametrize(("step", "delay", "at"), [(-0.5, 0.3, None), (-0.5, 1.5, None), (-1.01, 1.5, None),
+                                                  (-1.01, 0.0, STEPPED_POLL * INTERVAL)])
+def test_a_step_back_shorter_than_a_call_is_told_by_the_buffers_order(step, delay, at):
+    """Set back by less than the time between two looks at the host clocks: which side of the step
+    a sample fell on is told by the buffer's order (a sample stamped above the one after it was
+    taken before the step), and the device's stamps place its processes': the GPU reads the load in
+    every interval, the process within a poll's worth in all (was: -0.5 s, one interval at 30 for
+    40; -1.01 s, the misplaced stamps a few ms from the others taken for the sample period, and
+    about 10 s of intervals near 0)."""
+    found = intervals(step, delay, at)
+    assert [gpu for _, gpu, _ in found] == [40] * (POLLS - 1), found
+    assert abs(sum(process for _, _, process in found) - 20 * (POLLS - 1)) <= 20, found

@@ -122,9 +122,12 @@ def test_a_stamp_seen_before_a_step_back_keeps_its_place():
 
 
 def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
-    """Stamps near neither host clock: nothing is looked for, stamps pass unchanged."""
+    """Stamps near neither host clock, for longer than a step just before the first answer
+    would leave them so: nothing is looked for, stamps pass unchanged."""
     stamps = StampMap(host=lambda: (5_000_000_000_000, 0))
     assert stamps.steady("s", [123_000_000_000], 1_000_000) == [123_000_000_000]
+    assert stamps.follows is None
+    assert stamps.steady("s", [123_006_000_000], 7_000_000) == [123_006_000_000]
     assert stamps.follows == -1
     assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
 
@@ -163,3 +166,45 @@ def test_a_boot_clock_that_cannot_be_read_is_no_step():
     offsets[0] = None
     assert stamps.steady("s", [1_006_000_000], 6_000_000) == [1_006_000_000]
     assert len(stamps.segments) == 1
+
+
+def test_a_step_inside_or_before_the_first_call_is_taken_out():
+    """What the driver follows is learnt as the call began, or from a later answer: stamps of
+    before a step of 60 s just before the first look, then of after it, lie one period apart
+    (was: the first answer matched no clock, and no step was ever taken out)."""
+    offsets = [60_000_000, 5_000_000_000_000]  # the wall clock set 60 s forward just before the first look
+    stamps = StampMap(host=lambda: tuple(offsets))
+    assert stamps.steady("s", [8_000_000, 9_000_000, 10_000_000], 10_000_000) == [8_000_000, 9_000_000, 10_000_000]
+    assert stamps.follows is None
+    assert stamps.steady("s", [71_000_000], 11_000_000, 10_000_000) == [11_000_000]
+    assert stamps.follows == 0
+    # inside the first call: the clocks as it began, then as it ended
+    offsets[0] = 0
+    stamps = StampMap(host=lambda: tuple(offsets))
+    assert stamps.ask("s", 0, 10_000_000) == 0
+    offsets[0] = 60_000_000
+    assert stamps.steady("s", [9_000_000, 10_000_000, 70_500_000], 10_600_000) == [9_000_000, 10_000_000, 10_500_000]
+
+
+def test_two_steps_between_two_looks():
+    """Samples stamped on a clock that held between two looks only (set +40 s, then +60 s more):
+    placed between those before and after, their spacing kept, for every kind of sample alike
+    (was: placed on the newest clock, 100 s in the past, and lost)."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    stamps.steady("s", [9_000_000, 10_000_000], 10_000_000)
+    offsets[0] = 100_000_000
+    assert stamps.ask("s", 10_000_000, 11_000_000) == 0
+    placed = stamps.steady("s", [9_000_000, 10_000_000, 50_300_000, 50_500_000, 50_700_000, 111_000_000], 11_000_000)
+    assert placed == [9_000_000, 10_000_000, 10_300_000, 10_500_000, 10_700_000, 11_000_000]
+    assert stamps.steady("p", [50_500_000, 111_000_000], 11_000_000) == [10_500_000, 11_000_000]
+
+
+@pytest.mark.parametrize("step", [-1, -6.3, -30])
+def test_a_step_back_before_the_first_look_is_told_by_the_first_answer(step):
+    """Set back at the very moment of the first poll, its samples of before stamped ahead of the
+    clock's now: the first answer's order tells the step (was: the next polls asked for samples
+    newer than those and got none until the clock passed them: 0 % for 14 polls at -6.3 s)."""
+    busy, sm, _, _, _ = _run({"gpus": [a10_card()], "clock_steps": [[1.0, step]]})
+    assert busy == [40] * POLLS, busy
+    assert sm == [20] * POLLS, sm

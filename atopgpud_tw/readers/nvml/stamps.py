@@ -20,7 +20,9 @@ How a step is known: the reader watches the host's CLOCK_REALTIME and
 CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
 (`ask`) and as it ends (`steady`, given the call's end time), and
 learns from the first samples which of them the driver's stamps follow (its
-newest stamp within `FOLLOW_US` of that clock's now).  A change of that
+newest stamp within `FOLLOW_US` of that clock's now as the call began or
+ended; stamps near neither are given `LEARN_US` of answers before the driver
+is taken to stamp on a clock of its own).  A change of that
 clock's offset by more than `STEP_US` between two calls is a step; it ends one
 segment of the driver's clock and begins the next.  A step found as a call
 ends happened while it ran (a slow call, a loaded host): the new segment begins
@@ -38,9 +40,16 @@ Which segment a stamp belongs to:
 - a new stamp belongs to the newest segment in which it would have been taken
   while that segment held (between the call before its step, less `SLACK_US`,
   and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
-  seen after it is neither dropped nor moved, unless the step was shorter than
-  the time between the two calls, where which side it fell on cannot be told
-  (at most one poll's worth of samples).
+  seen after it is neither dropped nor moved; where the step back was shorter
+  than the time between the two calls, the buffer's order tells the side (a
+  sample stamped above the one after it, by no more than the step, was taken
+  before it), and process samples, listed by process, take the places of the
+  device's samples of the same stamp;
+- a new stamp of no segment was taken on a clock that held only between two
+  looks (two steps between them): it goes between the samples before and after
+  it, its spacing kept;
+- the first answer tells a step back just before the first look: samples
+  stamped ahead of the clock's now, before one stamped below them.
 
 What to ask with: the raw stamp of a steady one from the current segment; for
 a stamp from before the latest step, 0 (the whole buffer, whose samples the
@@ -53,7 +62,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right, insort
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -66,6 +75,9 @@ SLACK_US = 250_000
 AHEAD_US = 20_000
 #: the driver's newest stamp this close to a host clock's now: its stamps follow that clock
 FOLLOW_US = 10_000_000
+#: answers whose stamps follow neither host clock for this long (reader's time): a driver on a
+#: clock of its own (sooner, they were stamped before a step of the one they follow)
+LEARN_US = 5_000_000
 #: stamps remembered per kind of sample while a step is recent (a driver's buffer holds some 100 to 1000)
 SEEN = 4096
 #: answers remembered per kind of sample while no step is: the stamps seen before the next one
@@ -123,10 +135,16 @@ class StampMap:
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
     ordered: dict[str, list[int]] = field(default_factory=dict)
+    #: per segment index: the offset of stamps taken on a clock between it and the one before,
+    #: never seen (`_between`)
+    between: dict[int, int] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
     steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))
+    #: while what the driver follows is not known and answers matched no clock: (the reader's
+    #: time of the first, the newest stamp of the latest less its time)
+    _unmatched: tuple[int, int] | None = field(default=None, repr=False)
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
 
@@ -139,7 +157,7 @@ class StampMap:
         """The raw stamp to ask the driver with for samples after `steady` (0: all), for
         a call made at the reader's time `now_us` (its steps are looked for first)."""
         if now_us is not None:
-            self._observe(now_us, ())
+            self._observe(now_us, (), False)
         if steady == 0:
             return 0
         # (no step recent: nothing remembered by steady stamp)
@@ -166,7 +184,7 @@ class StampMap:
         that ended at the reader's time `now_us` and was asked with raw stamp `asked`
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
-        self._observe(now_us, raws)
+        self._observe(now_us, raws, keys is None)
         if self.follows is None or self.follows < 0:
             return list(raws)
         segments = self.segments
@@ -235,32 +253,122 @@ class StampMap:
         for raw in gone:
             self._forget(kind, raw)
         counts: dict[tuple[object, int], int] = {}
-        out = []
+        listed = Counter(zip(raws, keys)) if keys is not None else None
+        out: list[tuple[int, int] | None] = []
+        new = [False] * len(raws)
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
             counts[key] = repeat + 1
             known = seen.get(raw)
+            older = listed is not None and listed[raw, key[0]] > repeat + 1  # (the same stamp again after it)
+            if known is None and listed is not None and not older:
+                # samples listed per process carry the stamps of the device's, which their order placed
+                known = next((other[raw] for other in self.seen.values() if other is not seen and raw in other), None)
             if known is not None and repeat == 0:
                 out.append(known)
                 continue
-            index = self._newest_plausible(raw, now_us)
-            out.append((raw - self.segments[index - self.dropped].offset, index))
-        return out
+            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None)
+            out.append(None if index is None else self._in(raw, index))
+            new[position] = index is not None
+        if None in out:
+            self._between(raws, out)
+        if keys is None and any(new):
+            self._in_order(raws, out, new, now_us)  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]  # (every None placed by `_between`)
 
-    def _newest_plausible(self, raw: int, now_us: int) -> int:
-        """The index of the newest segment `raw` can have been taken in (the current one if none)."""
-        for position in range(len(self.segments) - 1, -1, -1):
+    def _in(self, raw: int, index: int) -> tuple[int, int]:
+        return raw - self.segments[index - self.dropped].offset, index
+
+    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], now_us: int) -> None:
+        """A buffer of samples answers in the order they were taken: a sample of a segment newer
+        than the one after it, or stamped above it (taken before a step back between the two), is
+        of an older segment, the newest it can have been taken in; a new one placed in a newer
+        segment than the one before it, yet before it, is of that one's (a step shorter than the
+        time between two looks leaves no other way to tell its side)."""
+        limit = self.current
+        for position in range(len(raws) - 1, -1, -1):
+            if position + 1 < len(raws):
+                after = out[position + 1][1]
+                back = self._stepped_back(raws[position] - raws[position + 1], after)
+                limit = min(limit, after - 1 if back else after)
+            if out[position][1] > limit >= self.dropped:
+                index = self._newest_plausible(raws[position], now_us, limit)
+                out[position] = self._in(raws[position], limit if index is None else index)
+        for position in range(1, len(raws)):
+            (steady, index), (before, was) = out[position], out[position - 1]
+            if new[position] and index > was and steady < before:
+                out[position] = self._in(raws[position], was)
+
+    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
+        """Place the stamps taken in no segment seen: on a clock that held between two looks at
+        the host clocks (two steps between them).  Their spacing is kept, and they go between
+        the samples of the older segments and those of the current one in the answer (the
+        buffer's order), midway; one offset for every kind of sample (their stamps match)."""
+        current = self.current
+        lost = sorted(raw for raw, place in zip(raws, out) if place is None)
+        offset = self.between.get(current)
+        if offset is None:
+            placed = [place for place in out if place is not None]
+            before = max((steady for steady, index in placed if index < current), default=None)
+            after = min((steady for steady, index in placed if index == current), default=None)
+            ordered = sorted(steady for steady, _ in placed)
+            gap = min((b - a for a, b in zip(ordered, ordered[1:]) if b > a), default=0)
+            gap = min((b - a for a, b in zip(lost, lost[1:]) if b > a), default=gap)
+            if before is not None and after is not None:
+                offset = (lost[0] + lost[-1] - before - after) // 2
+            elif before is not None:
+                offset = lost[0] - before - gap
+            else:
+                offset = self.segments[-1].offset if after is None else lost[-1] - after + gap
+            self.between[current] = offset
+        for position, place in enumerate(out):
+            if place is None:
+                out[position] = (raws[position] - offset, current - 1)
+
+    def _set_back_before(self, raws: Sequence[int], now_us: int) -> None:
+        """A step back before the first look at the host clocks, which the first answer shows:
+        samples stamped ahead of the clock's now, before one stamped below them, were stamped
+        before it (on a clock that no look saw, as far as the gaps between samples tell)."""
+        current = self.segments[0]
+        ahead = now_us + current.host + AHEAD_US
+        fall = max(range(1, len(raws)), key=lambda at: raws[at - 1] - raws[at], default=0)
+        if not fall or raws[fall - 1] <= max(ahead, raws[fall] + STEP_US):
+            return
+        ordered = sorted(raws)
+        gaps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
+        gap = gaps[len(gaps) // 2] if gaps else 0
+        moved = raws[fall] - raws[fall - 1] - gap
+        taken = raws[fall] - current.host  # the first sample after the step, on the reader's clock
+        current.host -= moved
+        current.ended_us = now_us
+        self.segments.append(Segment(current.offset + moved, current.host + moved, taken - gap))
+        self.steps.append((now_us, moved))
+
+    def _stepped_back(self, descent: int, index: int) -> bool:
+        """Whether stamps that fall by `descent` from one sample to the next, the later of segment
+        `index`, fell across the step back that began it (no more than it: a sample stamped late
+        is no step)."""
+        if descent <= 0 or index <= self.dropped:
+            return False
+        step = self.segments[index - self.dropped].offset - self.segments[index - self.dropped - 1].offset
+        return step < 0 and descent <= AHEAD_US - step
+
+    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None) -> int | None:
+        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none)."""
+        top = len(self.segments) - 1 if newest is None else newest - self.dropped
+        for position in range(top, -1, -1):
             segment = self.segments[position]
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
             began = segment.began_us
             ended = now_us if segment.ended_us is None else segment.ended_us
             if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
                 return self.dropped + position
-        return self.current
+        return None
 
-    def _observe(self, now_us: int, raws: Sequence[int]) -> None:
-        """Look at the host clocks: learn which one the driver follows, and find its steps."""
+    def _observe(self, now_us: int, raws: Sequence[int], ordered: bool) -> None:
+        """Look at the host clocks: learn which one the driver follows, and find its steps
+        (`ordered`: `raws` are in the order their samples were taken)."""
         if self.host is None:
             if self.follows is None:
                 self.follows = -1
@@ -272,19 +380,38 @@ class StampMap:
                 # looked at for this call already (its `ask`): the same readings would find
                 # no step now (one found then began the segment they belong to)
                 return
+        earlier, looked_at = self._offsets, self.seen_at
         if now_us != self.seen_at or self._offsets is None:
             self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
         offsets = self._offsets
         if self.follows is None:
+            self.seen_at = now_us
             if not raws:
                 return
-            newest = max(raws)
-            self.follows = next((which for which, offset in enumerate(offsets)
-                                 if offset is not None and abs(newest - (offset + now_us)) < FOLLOW_US), -1)
-            if self.follows >= 0:
-                self.segments[0].host = offsets[self.follows] or 0
-            self.seen_at = now_us
-            return
+            # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
+            # the first call leaves its stamps on one of them; the segment is the first one's
+            looks = [(now_us, offsets)] if earlier is None or looked_at is None else [(looked_at, earlier),
+                                                                                      (now_us, offsets)]
+            newest = raws[-1] if ordered else max(raws)
+            follows = next((which for at, reading in looks for which, offset in enumerate(reading)
+                            if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
+            unmatched = self._unmatched
+            if follows is None:
+                # near no clock: a driver on one of its own, or a step just before the first
+                # answer (its stamps on the clock as it read before): the next answers tell
+                since = now_us if unmatched is None else unmatched[0]
+                self._unmatched = (since, newest - now_us)
+                if now_us - since > LEARN_US:
+                    self.follows = -1
+                return
+            self.follows = follows
+            self.seen_at, first = looks[0]
+            # the clock as the stamps before followed it: as the call began, or, where answers
+            # before matched no clock, as far as their newest stamp tells (a lag of 0)
+            start = first[follows]
+            self.segments[0].host = unmatched[1] if unmatched else offsets[follows] or 0 if start is None else start
+            if ordered and not unmatched:
+                self._set_back_before(raws, now_us)
         current = self.segments[-1]
         reading = offsets[self.follows]
         moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
@@ -297,4 +424,4 @@ class StampMap:
             self.segments.pop(0)
             self.dropped += 1
             if len(self.segments) == 1:  # no step recent: back to remembering answers
-                self.seen, self.raw, self.ordered = {}, {}, {}
+                self.seen, self.raw, self.ordered, self.between = {}, {}, {}, {}
