@@ -132,6 +132,17 @@ def test_a_driver_on_a_clock_of_its_own_is_taken_as_it_is():
     assert stamps.ask("s", 123_000_000_000, 2_000_000) == 123_000_000_000
 
 
+def test_device_samples_on_a_clock_of_their_own_beside_process_samples_on_the_epoch():
+    """The simulator's `sample_clock` as seconds: the device's samples on a clock near
+    neither host clock, its processes' on the epoch.  The device's samples decide what
+    the driver follows (a clock of its own), not the process samples matching the wall
+    clock (which once made the GPU read 0 from the second poll on)."""
+    busy, sm, _, cums, _ = _run({"gpus": [a10_card(sample_clock=98765.4321)]}, polls=12)
+    assert busy == [40] * 12
+    assert sm == [20] * 12
+    assert cums[-1][:3] == (480, 120, 12)
+
+
 @pytest.mark.quick_cases(4)
 @pytest.mark.parametrize("driver", [
     {"sample_jitter_ms": 20},

@@ -386,7 +386,9 @@ class StampMap:
         offsets = self._offsets
         if self.follows is None:
             self.seen_at = now_us
-            if not raws:
+            if not raws or (not ordered and self._unmatched is not None):
+                # (the device's samples near no clock so far decide: process samples may be
+                # stamped on another clock than theirs, as the simulator's `sample_clock` plays)
                 return
             # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
             # the first call leaves its stamps on one of them; the segment is the first one's
