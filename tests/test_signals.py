@@ -55,6 +55,9 @@ def test_daemonized_sighup_reopens_the_log_file_and_sigusr1_rotates_it(tmp_path)
     pid = int(pidfile.read_text())
     try:
         wait_for(lambda: "Server Shut Down" not in log.read_text() and sock.exists())
+        client = Client(str(sock))  # answered: the reactor runs, with every handler in place
+        assert client.ask("T")[0] == 2
+        client.close()
         log.rename(tmp_path / "d.log.moved")
         os.kill(pid, signal.SIGHUP)
         wait_for(lambda: log.exists() and "SIGHUP: log file" in log.read_text())
@@ -68,3 +71,31 @@ def test_daemonized_sighup_reopens_the_log_file_and_sigusr1_rotates_it(tmp_path)
     wait_for(lambda: not pidfile.exists())
     assert not sock.exists() and not Path(f"{sock}.lock").exists()
     assert "Traceback" not in "".join(p.read_text() for p in tmp_path.glob("d.log*"))
+
+
+def test_sighup_is_handled_from_the_service_start_before_the_reactor_runs():
+    """The listeners may take clients before the reactor runs: a SIGHUP then (a reload
+    asked as the daemon starts) must not take the default action, which is to die."""
+    from twisted.internet.task import Clock
+
+    from atopgpud_tw.server.system.signals import SignalService
+
+    class NotYetRunning(Clock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.when_running: list = []
+
+        def callWhenRunning(self, f, *args):
+            self.when_running.append((f, args))
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)}
+    service = SignalService(NotYetRunning())
+    try:
+        service.startService()
+        assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, None)
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None)
+        assert [f.__name__ for f, _ in service.reactor.when_running] == ["wrap_stops"]
+    finally:
+        service.stopService()
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -4,8 +4,9 @@ The reactor handles SIGTERM and SIGINT; every other signal keeps its default
 action, which for SIGHUP, SIGUSR1 and SIGUSR2 is to die at once: no socket file
 removed, no lock file released, NVML not shut down.  And a second SIGTERM before
 the reactor has stopped makes it stop again, which logs a ReactorNotRunning
-traceback.  ``SignalService`` installs, once the reactor runs (after its own
-handlers):
+traceback.  ``SignalService`` installs, as it starts (the listeners may already
+take clients, and a SIGHUP then must not kill the daemon), and wraps SIGTERM and
+SIGINT once the reactor runs (after the reactor's own handlers):
 
 - SIGHUP: the log file reopened when twistd logs to one (as after logrotate moved
   it), and each of `hangup_hooks` called (``--web-config`` re-read); with neither,
@@ -58,10 +59,11 @@ class SignalService(Service):
 
     def startService(self) -> None:
         super().startService()
-        self.reactor.callWhenRunning(self.install)
+        self.install()
+        self.reactor.callWhenRunning(self.wrap_stops)
 
     def install(self) -> None:
-        """Replace the default actions (and wrap the reactor's stop handlers)."""
+        """Replace the default actions of SIGHUP, SIGUSR2 and (without a log file) SIGUSR1."""
         log_file = twistd_log_file()
         handlers: dict[int, Handler] = {
             signal.SIGHUP: self._in_reactor(self.hangup, log_file),
@@ -69,12 +71,15 @@ class SignalService(Service):
         }
         if log_file is None:
             handlers[signal.SIGUSR1] = self._in_reactor(self.ignored, "SIGUSR1")
+        for number, handler in handlers.items():
+            self.previous[number] = signal.signal(number, handler)
+
+    def wrap_stops(self) -> None:
+        """Wrap the reactor's SIGTERM and SIGINT handlers (installed as it began to run)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             current = signal.getsignal(signum)
             if callable(current) and current is not signal.default_int_handler:
-                handlers[signum] = self._once(signum, current)
-        for number, handler in handlers.items():
-            self.previous[number] = signal.signal(number, handler)
+                self.previous[signum] = signal.signal(signum, self._once(signum, current))
 
     def stopService(self) -> None:
         super().stopService()
