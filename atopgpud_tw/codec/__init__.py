@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"{__name__}.{name}")
     for module in LATER:
         found = importlib.import_module(f"{__name__}.{module}")
-        if name in found.__all__:
+        if not name.startswith("_") and hasattr(found, name):
             value = getattr(found, name)
             globals()[name] = value  # looked up here from now on, as an imported name
             return value

@@ -23,17 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from atopgpud_tw.codec.wire import COMMAND_CONTEXTS, ProtocolError
-
-__all__ = [
-    "COMMAND_CONTEXTS",
-    "CONTEXT_REPLY_LIMIT",
-    "CONTEXT_TOKEN_CHARS",
-    "ProcessInfo",
-    "context_token",
-    "render_contexts",
-    "parse_contexts",
-]
+from atopgpud_tw.codec.wire import ProtocolError
 
 #: a ``P`` body's bytes at most (not atop's: atop never asks)
 CONTEXT_REPLY_LIMIT = 262144

@@ -11,15 +11,6 @@ from typing import Sequence
 
 from atopgpud_tw.codec.wire import ProtocolError
 
-__all__ = [
-    "DeviceType",
-    "ProcessStats",
-    "DeviceStats",
-    "parse_types",
-    "parse_stats",
-    "check_stats",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceType:

@@ -9,8 +9,6 @@ and messages it was given (docs/atopgpu.md, "Names are shown as data").
 
 from __future__ import annotations
 
-__all__ = ["printable"]
-
 
 def _escape(char: str) -> str:
     code = ord(char)

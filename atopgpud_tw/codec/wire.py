@@ -13,36 +13,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = [
-    "PRELUDE",
-    "REQUEST_SIZE",
-    "NEWEST_VERSION",
-    "VERSIONS",
-    "COMMAND_TYPES",
-    "COMMAND_STATS",
-    "COMMAND_CONTEXTS",
-    "COMMANDS",
-    "ATOP_REPLY_LIMIT",
-    "REPLY_LIMIT",
-    "MAX_PROCESSES_PER_DEVICE",
-    "ATOP_MAX_GPUS",
-    "ATOP_ID_CHARS",
-    "MAX_TOKEN_CHARS",
-    "MAX_WIRE_DEVICES",
-    "WIDE_REQUEST",
-    "wire_devices",
-    "INT_MAX",
-    "LLONG_MAX",
-    "ProtocolError",
-    "Request",
-    "negotiate",
-    "parse_request",
-    "encode_request",
-    "frame",
-    "parse_prelude",
-    "wire_token",
-]
-
 PRELUDE = struct.Struct(">I")
 REQUEST_SIZE = 2
 NEWEST_VERSION = 2
