@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.problems import printable
 from atopgpud_tw.readers.base import PollError
+from atopgpud_tw.readers.smi.values import first_line as text_line
 
 log = Logger(namespace="atopgpud_tw.readers.smi_child")
 
@@ -271,7 +272,4 @@ def exit_text(code: int | None, signum: int | None) -> str:
 
 def first_line(data: bytes) -> str:
     """The first non-blank line of a child's output, at most 200 characters, shown as data (it is logged)."""
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        if line.strip():
-            return printable(line.strip()[:200])
-    return ""
+    return printable(text_line(data.decode("utf-8", errors="replace")))

@@ -22,6 +22,7 @@ from atopgpud_tw.readers.smi.values import gpu_busid, not_available
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")
+_WORDS = {"yes_no": {"yes": 1.0, "no": 0.0}, "active": {"active": 1.0, "not active": 0.0}}
 #: the figures the report has: the rows of the table of figures with nvidia-smi paths, the ECC
 #: counters in the report's order (volatile, then aggregate), as the page has always listed them
 READ = tuple(sorted((figure for figure in FIGURES if figure.smi is not None),
@@ -59,10 +60,8 @@ def figure_value(gpu: ET.Element, where: Smi) -> float | None:
         if not where.parts:
             return None
         return _sum_of_parts(gpu, where.parts)
-    if where.parse == "yes_no":
-        return _yes_no(text)
-    if where.parse == "active":
-        return _active(text)
+    if where.parse in _WORDS:
+        return _WORDS[where.parse].get((text or "").lower())
     if where.parse == "pstate":
         state = _PSTATE.match(text or "")
         return float(state.group(1)) if state else None
@@ -78,18 +77,11 @@ def _sum_of_parts(gpu: ET.Element, parts: tuple[tuple[str, ...], ...]) -> float 
     found = []
     for names in parts:
         for name in names:
-            value = _sum_of(gpu, name.split("+"))
-            if value is not None:
-                found.append(value)
+            values = [_number(_text(gpu, each)) for each in name.split("+")]
+            if None not in values:
+                found.append(sum(filter(None, values)))
                 break
     return sum(found) if found else None
-
-
-def _sum_of(errors: ET.Element, names: list[str]) -> float | None:
-    values = [_number(_text(errors, name)) for name in names]
-    if any(value is None for value in values):
-        return None
-    return sum(value for value in values if value is not None)
 
 
 def _text(element: ET.Element, path: str) -> str | None:
@@ -109,11 +101,3 @@ def _number(text: str | None) -> float | None:
         return None
     value = float(match.group(1))
     return value if value >= 0 else None
-
-
-def _yes_no(text: str | None) -> float | None:
-    return {"yes": 1.0, "no": 0.0}.get((text or "").lower())
-
-
-def _active(text: str | None) -> float | None:
-    return {"active": 1.0, "not active": 0.0}.get((text or "").lower())

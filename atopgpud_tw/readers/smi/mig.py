@@ -80,48 +80,29 @@ _MIG_LINE = re.compile(r"\s+MIG\s+(\S+)\s+Device\s+(\d+):")
 _MIG_UUID = re.compile(r"\(UUID:\s*(MIG-[^)\s]+)\s*\)")
 
 
-def parse_mig_names(text: str) -> dict[tuple[str, int], str]:
-    """Profiles from ``nvidia-smi -L``, by (card UUID, MIG device index).
+def parse_mig_names(text: str) -> dict[tuple[str, int], tuple[str, str]]:
+    """Profiles and ``MIG-...`` UUIDs ("" where none is listed) from ``nvidia-smi -L``, by (card UUID,
+    MIG device index).
 
     ``-L`` has no instance ids; its "Device N" is the ``<mig_device><index>`` of
     the same card in ``-q -x``.  Cards are matched by UUID rather than position so
     that a card dropping off the bus between the two runs cannot shift names.
     """
-    names: dict[tuple[str, int], str] = {}
+    names: dict[tuple[str, int], tuple[str, str]] = {}
     card = None
     for line in text.splitlines():
         if found := _GPU_LINE.match(line):
             card = found[1][:MAX_TEXT]
         elif (found := _MIG_LINE.match(line)) and card is not None:
-            names[(card, int(found[2]))] = mig_profile(found[1][:MAX_TEXT])
+            uuid = _MIG_UUID.search(line)
+            names[(card, int(found[2]))] = (mig_profile(found[1][:MAX_TEXT]), uuid[1][:MAX_TEXT] if uuid else "")
     return names
 
 
-def parse_mig_uuids(text: str) -> dict[tuple[str, int], str]:
-    """The ``MIG-...`` UUIDs ``nvidia-smi -L`` lists, by (card UUID, MIG device index), as `parse_mig_names`."""
-    uuids: dict[tuple[str, int], str] = {}
-    card = None
-    for line in text.splitlines():
-        if found := _GPU_LINE.match(line):
-            card = found[1][:MAX_TEXT]
-        elif (found := _MIG_LINE.match(line)) and card is not None and (uuid := _MIG_UUID.search(line)):
-            uuids[(card, int(found[2]))] = uuid[1][:MAX_TEXT]
-    return uuids
-
-
-def uuid_slots(slots: Iterable[MigSlot], uuids: Mapping[tuple[str, int], str]) -> dict[tuple[str, int, int], str]:
-    """The instances' UUIDs by (card bus id, GPU instance, compute instance); those ``-L`` lacks are left out."""
-    return {
-        (slot.card_busid, slot.gpu_instance, slot.compute_instance): uuids[(slot.card_key, slot.index)]
-        for slot in slots
-        if (slot.card_key, slot.index) in uuids
-    }
-
-
 def name_slots(
-    slots: Iterable[MigSlot], names: Mapping[tuple[str, int], str]
-) -> dict[tuple[str, int, int], str]:
-    """The ``profiles`` argument of `read_devices` from `mig_slots` and `parse_mig_names`.
+    slots: Iterable[MigSlot], names: Mapping[tuple[str, int], tuple[str, str]]
+) -> tuple[dict[tuple[str, int, int], str], dict[tuple[str, int, int], str]]:
+    """The ``profiles`` and ``uuids`` arguments of `read_devices` from `mig_slots` and `parse_mig_names`.
 
     Raises `SmiReportError` when ``-L`` lists other devices for a card than the
     report does: the instances were reconfigured between the two runs.
@@ -129,7 +110,7 @@ def name_slots(
     by_card: dict[str, list[MigSlot]] = {}
     for slot in slots:
         by_card.setdefault(slot.card_key, []).append(slot)
-    profiles = {}
+    profiles, uuids = {}, {}
     for card_key, card_slots in by_card.items():
         listed = sorted(index for key, index in names if key == card_key)
         reported = sorted(slot.index for slot in card_slots)
@@ -140,8 +121,10 @@ def name_slots(
             )
         for slot in card_slots:
             key = (slot.card_busid, slot.gpu_instance, slot.compute_instance)
-            profiles[key] = names[(card_key, slot.index)]
-    return profiles
+            profiles[key], uuid = names[(card_key, slot.index)]
+            if uuid:
+                uuids[key] = uuid
+    return profiles, uuids
 
 
 def slots_of(gpu: ET.Element, card: Card, problems: Problems) -> list[tuple[MigSlot, ET.Element]]:

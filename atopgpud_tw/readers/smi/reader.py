@@ -30,7 +30,7 @@ from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.procinfo import Contexts
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
-from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
+from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
@@ -150,8 +150,7 @@ class SmiReader:
             self._slots = slots
             try:
                 text = listing.output(self._timeout).decode("utf-8", errors="replace")
-                self._profiles = name_slots(slots, parse_mig_names(text))
-                self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
+                self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(text))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
@@ -235,8 +234,7 @@ class SmiReader:
             return
         try:
             text = b"".join(await self._run("-L")).decode("utf-8", errors="replace")
-            self._profiles = name_slots(slots, parse_mig_names(text))
-            self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
+            self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(text))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
             self._names_retry_at = now + NAMES_RETRY
