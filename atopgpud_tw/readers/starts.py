@@ -35,28 +35,35 @@ START_TIMES = "process_start_time"
 StartTimes = Callable[[int], "int | None"]
 
 
-def proc_start_time(pid: int, proc: str = "/proc") -> int | None:
-    """``starttime`` of ``/proc/PID/stat`` (`proc`: where /proc is); None where the pid cannot be seen or read."""
+def read_proc(path: str, limit: int = 4096) -> bytes | None:
+    """The first `limit` bytes of a ``/proc`` file; None where it cannot be opened or read."""
     try:
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
-        data = os.read(fd, 4096)
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return stat_start_time(data)
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/PID/stat`` line from field 3 (the state) on to field 22 (``starttime``,
+    [19]), the rest in one: the command name (field 2) is in parentheses and may hold spaces and ')'."""
+    return stat[stat.rfind(b")") + 1:].split(None, 20) if b")" in stat else []
+
+
+def proc_start_time(pid: int, proc: str = "/proc") -> int | None:
+    """``starttime`` of ``/proc/PID/stat`` (`proc`: where /proc is); None where the pid cannot be seen or read."""
+    return stat_start_time(read_proc(f"{proc}/{pid}/stat") or b"")
 
 
 def stat_start_time(stat: bytes) -> int | None:
     """Field 22 (``starttime``) of a ``/proc/PID/stat`` line; None if it has none."""
-    # the command name (field 2) is in parentheses and may hold spaces and ')'
-    close = stat.rfind(b")")
-    fields = stat[close + 2:].split(b" ", 20) if close >= 0 else []
     try:
-        return int(fields[19])
+        return int(stat_fields(stat)[19])
     except (IndexError, ValueError):
         return None
 

@@ -35,6 +35,8 @@ from typing import Any, Callable, Collection
 
 from twisted.logger import Logger
 
+from atopgpud_tw.readers.starts import read_proc, stat_fields
+
 log = Logger(namespace="atopgpud_tw.readers.smi_orphans")
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -80,24 +82,14 @@ def children(pid: int) -> set[int]:
 
 
 def _children_by_scan(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[1] == str(pid):
-                found.add(int(entry))
-    return found
+    parent = [str(pid).encode()]
+    return {int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and stat_fields(read_proc(f"/proc/{entry}/stat") or b"")[1:2] == parent}
 
 
 def dead(pid: int) -> bool:
     """Whether `pid` has exited (a zombie, or reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
+    return stat_fields(read_proc(f"/proc/{pid}/stat") or b"")[:1] in ([], [b"Z"], [b"X"])
 
 
 def spawned() -> Collection[int]:
