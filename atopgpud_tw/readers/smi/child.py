@@ -1,17 +1,13 @@
 """Running one nvidia-smi child, through the reactor or (at start-up) blocking.
 
-Every child is the leader of a session of its own, so that a timeout kills
-what it started too: a wrapper script's nvidia-smi, or anything else left
-holding its pipes (`kill_group`); when a run ends for any reason what is
-left of its group is killed, and what left the group is found below the
-daemon (orphans.py).  Through the reactor it is started by
-``setsid`` (util-linux), which execs it without forking, so its pid is the
-process group's id; before the reactor runs, `subprocess.Popen` starts the
-session itself.  A child that has exited is finished even when something it
-left behind still holds its standard output: what is left of its group is
-killed, and after `EXIT_GRACE` seconds the pipes are closed by us.
-
-Output beyond `MAX_OUTPUT` is dropped at once and the group killed.
+Every child leads a session of its own, so that a timeout kills what it started
+too (a wrapper script's nvidia-smi, anything left holding its pipes); when a run
+ends for any reason what is left of its group is killed, and what left the group
+is found below the daemon (orphans.py).  Through the reactor it is started by
+``setsid`` (util-linux), which execs it without forking, so its pid is the group's
+id.  A child that has exited is finished even when something it left still holds
+its output: after `EXIT_GRACE` seconds the pipes are closed.  Output beyond
+`MAX_OUTPUT` is dropped at once and the group killed.
 """
 
 from __future__ import annotations
@@ -44,11 +40,8 @@ _ERR_KEPT = 4096
 
 
 class SmiRunError(PollError):
-    """One run of nvidia-smi failed; the message says how, in one line.
-
-    No pid in it where a new child would change it: the poller logs a failure
-    again only when its message changes.
-    """
+    """One run of nvidia-smi failed; the message says how, in one line, with no pid (the poller logs a
+    failure again only when its message changes)."""
 
 
 def kill_group(pid: int) -> bool:
@@ -67,12 +60,7 @@ class Run(ProcessProtocol):
     transport: Any
 
     def __init__(
-        self,
-        reactor: Any,
-        command: str,
-        timeout: float,
-        on_exit: Callable[[], None],
-        sweep: Callable[[], None] = lambda: None,
+        self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None], sweep: Callable[[], None]
     ) -> None:
         # cancelling the poll kills the child rather than leaving it to the timeout
         self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
@@ -171,11 +159,7 @@ class Started:
         self.child: subprocess.Popen[bytes] | None = None
         try:
             self.child = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
             )
         except OSError as error:
             self.error = SmiRunError(f"{self.command} cannot be started: {error}")
@@ -265,9 +249,7 @@ def _head(chunks: list[bytes]) -> bytes:
 
 def exit_text(code: int | None, signum: int | None) -> str:
     """How a child ended, in words."""
-    if code is not None:
-        return f"exited with status {code}"
-    return f"was killed by signal {signum}"
+    return f"exited with status {code}" if code is not None else f"was killed by signal {signum}"
 
 
 def first_line(data: bytes) -> str:

@@ -1,16 +1,12 @@
-"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child process per poll.
+"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child process per poll, for hosts where NVML
+cannot be used from Python.
 
-For hosts where NVML cannot be used from Python.  The child runs through the
-reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
-sockets.  nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md):
-a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
-(`child`), and the poll fails at once.  Only one child exists at a time; while a
-killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
-of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
-for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
-A report is parsed, and its devices read, in a thread of the reader's own
-(stream.py), so that a big one holds no reply up; what a run leaves behind dies
-with it (child.py, orphans.py).
+nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md): a run
+that outlasts ``timeout`` is killed with all it started (child.py), and the poll
+fails at once.  Only one child exists at a time; while a killed one has not been
+reaped (stuck in the kernel), polls fail fast.  ``nvidia-smi -L`` is run for MIG
+profile names only when the instances changed.  Reports are parsed in a thread
+of the reader's own (stream.py), so that a big one holds no reply up.
 """
 
 from __future__ import annotations
@@ -46,8 +42,6 @@ NAMES_RETRY = 60.0
 
 @implementer(IReader)
 class SmiReader:
-    """Reads every GPU by running nvidia-smi."""
-
     name = "nvidia-smi"
     #: nothing to watch: a hung nvidia-smi is a poll that times out, and the
     #: thread that parses reports works on bounded input (stream.py)
@@ -61,9 +55,8 @@ class SmiReader:
         mig: str = "instances",
         adopt_orphans: bool = False,
     ) -> None:
-        """`adopt_orphans`: the process is the daemon, which starts no other
-        processes: it becomes a subreaper and kills every child it did not
-        spawn (orphans.py).  Never in a process that starts others."""
+        """`adopt_orphans`: this process is the daemon, which starts no other processes: it becomes a
+        subreaper and kills every child it did not spawn (orphans.py)."""
         mig_mode(mig)
         self._reactor = reactor
         self._configured = binary
@@ -105,12 +98,8 @@ class SmiReader:
     # -- start-up (blocking, before the reactor runs) --
 
     def open(self) -> Snapshot:
-        """Find nvidia-smi and run it once; raise ReaderUnavailable if it gives no report.
-
-        Returns the devices it lists (their identity: what ``T`` shows from the
-        start), with MIG profile names from ``nvidia-smi -L`` when there are MIG
-        instances.
-        """
+        """Find nvidia-smi and run it once (and ``-L`` for MIG names); ReaderUnavailable if it gives
+        no report."""
         self._binary = self._locate()
         self._adopt()
         try:
@@ -147,10 +136,8 @@ class SmiReader:
         if not cards:
             log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
         if listing is not None and slots:
-            self._slots = slots
             try:
-                text = listing.output(self._timeout).decode("utf-8", errors="replace")
-                self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(text))
+                self._name(slots, listing.output(self._timeout))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
@@ -185,8 +172,6 @@ class SmiReader:
         return ensureDeferred(self._poll())
 
     async def _poll(self) -> Snapshot:
-        # the report is parsed and its devices read in a thread: a big report
-        # (32 MiB may come) holds no reply up
         chunks = await self._run("-q", "-x")
         try:
             root, preamble, slots = await self._worker.submit(_parse, chunks, self._mig == "instances")
@@ -214,16 +199,12 @@ class SmiReader:
             return []
         return [(r.key, succeed(r)) for r in read_cards_health(self._report) if wanted(r.key)]
 
-    def xid_counts(self) -> Deferred | None:
+    def xid_counts(self) -> None:
         """None: nvidia-smi's report has no XID events."""
-        return None
 
     async def _learn_names(self, slots: tuple[MigSlot, ...], problems: Problems) -> None:
-        """Ask ``nvidia-smi -L`` for profile names when the MIG instances changed.
-
-        The names are kept while the instances stay the same (their ids, SMs and
-        memory), so a MIG host normally runs one child per poll, not two.
-        """
+        """Ask ``nvidia-smi -L`` for profile names when the MIG instances (their ids, SMs and memory)
+        changed: a MIG host normally runs one child per poll, not two."""
         now = self._reactor.seconds()
         if slots == self._slots and (self._names_problem is None or now < self._names_retry_at):
             if self._names_problem is not None:
@@ -233,12 +214,16 @@ class SmiReader:
         if not slots:
             return
         try:
-            text = b"".join(await self._run("-L")).decode("utf-8", errors="replace")
-            self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(text))
+            self._name(slots, b"".join(await self._run("-L")))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
             self._names_retry_at = now + NAMES_RETRY
             problems.add("mig-names", self._names_problem)
+
+    def _name(self, slots: tuple[MigSlot, ...], listing: bytes) -> None:
+        """The instances' profiles and UUIDs from an output of ``nvidia-smi -L``."""
+        self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(listing.decode("utf-8", "replace")))
+        self._slots = slots
 
     def _run(self, *arguments: str) -> Deferred:
         """Run nvidia-smi with `arguments` as a child; fires with its stdout, in the chunks read."""
