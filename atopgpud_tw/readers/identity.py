@@ -26,38 +26,27 @@ from typing import Sequence
 MIG_SEPARATOR = " MIG "
 
 
-def mig_busid(card_busid: str, gpu_instance: int, compute_instance: int) -> str:
-    """The bus id shown for a MIG instance."""
-    return f"{card_busid}/{gpu_instance}.{compute_instance}"
+def mig_key(card: str, gpu_instance: int, compute_instance: int) -> str:
+    """A MIG instance's identity across polls from its card's key, and its bus id from the card's."""
+    return f"{card}/{gpu_instance}.{compute_instance}"
 
 
-def mig_key(card_key: str, gpu_instance: int, compute_instance: int) -> str:
-    """The identity of a MIG instance across polls."""
-    return f"{card_key}/{gpu_instance}.{compute_instance}"
+mig_busid = mig_key
 
 
 def mig_ids(card_key: str, key: str) -> int | None:
     """The GPU instance id of the MIG instance of `card_key` whose key is `key` (`mig_key`);
     None for any other key."""
-    rest = key.removeprefix(f"{card_key}/")
-    if rest == key:
-        return None
-    gpu_instance, _, compute_instance = rest.partition(".")
-    if not (gpu_instance.isdigit() and compute_instance.isdigit()):
+    gpu_instance, _, compute_instance = key.removeprefix(f"{card_key}/").partition(".")
+    if not key.startswith(f"{card_key}/") or not (gpu_instance.isdigit() and compute_instance.isdigit()):
         return None
     return int(gpu_instance)
 
 
 def mig_profile(name: str) -> str:
-    """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``).
-
-    A name without the MIG marker is taken to be the profile already.
-    """
-    if MIG_SEPARATOR in name:
-        return name.rsplit(MIG_SEPARATOR, 1)[1].strip()
-    if name.startswith("MIG "):
-        return name[4:].strip()
-    return name.strip()
+    """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``); a name without
+    the MIG marker is taken to be the profile already."""
+    return name.rsplit(MIG_SEPARATOR, 1)[-1].removeprefix("MIG ").strip()
 
 
 class CardKeys:
@@ -68,12 +57,9 @@ class CardKeys:
         self._given: dict[tuple[str | None, str], str] = {}
 
     def assign(self, cards: Sequence[tuple[str | None, str]]) -> list[str]:
-        """The keys of `cards`, each given as (its UUID or None, its bus id), in their order.
-
-        A card seen before keeps its key; a new one gets its UUID (else its bus
-        id) unless another card of this poll has that already, and then its UUID
-        and bus id.
-        """
+        """The keys of `cards`, each (its UUID or None, its bus id), in their order: a card seen before
+        keeps its key; a new one gets its UUID (else its bus id), or its UUID and bus id where another
+        card of this poll has that already."""
         keys: list[str | None] = [None] * len(cards)
         taken: set[str] = set()
         for position, card in enumerate(cards):
