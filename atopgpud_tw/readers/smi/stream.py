@@ -1,31 +1,22 @@
 """Parsing a ``-q -x`` report a slice at a time, keeping only what the reader reads.
 
 A report may be large (32 MiB is let through, `child.MAX_OUTPUT`), and a whole
-ElementTree of one costs about six times its size.  `ReportParser` is fed the
-output in slices of `SLICE` bytes (the reader does it in a thread of its own)
-and never builds an element the reader has no use for: at the top only
-``<gpu>``, in a ``<gpu>`` only the subtrees in `KEPT` (identity, memory,
-utilization, MIG instances, processes, the health figures), in a
-``<process_info>`` only `PROCESS_FIELDS`; the rest is read past by expat and
-dropped.  What it may cost is capped:
+ElementTree of one costs about six times its size.  `ReportParser` never builds an
+element the reader has no use for: at the top only ``<gpu>`` (and `VERSIONS`), in
+a ``<gpu>`` only the subtrees in `KEPT`, in a ``<process_info>`` only
+`PROCESS_FIELDS`.  What it may cost is capped:
 
-- at most `MAX_ELEMENTS` elements kept outside the process lists, and nesting
-  no deeper than `MAX_DEPTH`; more fails the report (`SmiReportError`);
-- at most `MAX_GPU_PROCESSES` processes per GPU and `MAX_PROCESSES` in all: a
-  GPU listing more has its list marked (`OVER`) and emptied, and the reader
-  counts none of its processes in that poll, rather than a part of them (a
-  partial list would make the rest seem to end);
-- a ``<processes>`` is kept as a `ProcessList`, its processes as tuples of
-  their `PROCESS_FIELDS`' texts, not as elements: elements are objects the
-  garbage collector walks at every full collection (and a collection in the
-  parsing thread holds up the reactor too), tuples of strings it soon leaves
-  alone;
-- no entity declarations (nvidia-smi never writes one), so that no text is
-  expanded beyond what was printed;
-- at most `MAX_TEXT` characters of an element's text (its start and its end
-  about an ellipsis), and of each of its attributes, are kept: the rest is read
-  past, and the element marked (`CUT`, the length it had), for report.py to say so once (a
-  product name of 30 MB made a 503 MB ``/metrics`` page).
+- `MAX_ELEMENTS` elements kept outside the process lists, nesting `MAX_DEPTH`
+  deep; more fails the report (`SmiReportError`);
+- `MAX_GPU_PROCESSES` processes per GPU and `MAX_PROCESSES` in all: a GPU listing
+  more has its list marked (`OVER`) and emptied, so that none of its processes is
+  counted in that poll (a partial list would make the rest seem to end);
+- processes are kept as tuples of strings (`ProcessList`), not elements, which the
+  garbage collector walks at every full collection, holding up the reactor too;
+- no entity declarations (nvidia-smi never writes one): no text is expanded;
+- `MAX_TEXT` characters of an element's text (its start and end about an
+  ellipsis) and of each attribute: the element is marked (`CUT`, the length it
+  had) for report.py to say so (a product name of 30 MB made a 503 MB ``/metrics``).
 """
 
 from __future__ import annotations
@@ -80,11 +71,8 @@ _ENTITY = b"<!ENTITY"
 
 
 class ProcessList(ET.Element):
-    """A kept ``<processes>``: each ``<process_info>`` as the texts of its `PROCESS_FIELDS`.
-
-    A text is that of the first such child, all its character data stripped
-    (as `values.text_at` reads it); None where the child is missing.
-    """
+    """A kept ``<processes>``: each ``<process_info>`` as the texts of its `PROCESS_FIELDS` (the first
+    such child's character data, stripped, as `values.text_at` reads it; None where it is missing)."""
 
     entries: list[tuple[str | None, ...]]
 
@@ -112,8 +100,7 @@ class ReportParser:
 
     def feed(self, data: bytes) -> None:
         """Parse `data`, the next part of the output; SmiReportError if it is no report."""
-        if self._blank and data.strip():
-            self._blank = False
+        self._blank = self._blank and not data.strip()
         if self._preamble is None:
             self._head += data
             # looked for in the first MAX_PREAMBLE bytes, however the output was cut
@@ -299,24 +286,15 @@ class _Keeper:
 
 
 def read_report(data: bytes) -> tuple[ET.Element, str]:
-    """A whole output at once: the ``<nvidia_smi_log>`` element, and any text printed before it.
-
-    nvidia-smi writes some warnings ("WARNING: infoROM is corrupted at gpu ...")
-    to stdout ahead of the XML; they are returned rather than failing every poll.
-    """
-    parser = ReportParser()
-    parser.feed(data)
-    return parser.close()
+    """A whole output at once: the ``<nvidia_smi_log>`` element, and the first line printed before it
+    (nvidia-smi writes some warnings, "WARNING: infoROM is corrupted at gpu ...", ahead of the XML)."""
+    return parse_output([data])
 
 
 def parse_output(chunks: list[bytes]) -> tuple[ET.Element, str]:
-    """`read_report` over an output as read, in chunks, each let go of once parsed.
-
-    Run in a thread: after each chunk (8 KiB as the reactor reads a pipe,
-    half a millisecond of parsing) the interpreter is offered to the reactor,
-    which would otherwise wait for it up to the switch interval (5 ms) at
-    every system call of a reply.
-    """
+    """`read_report` over an output in chunks, each let go of once parsed.  Run in a thread: after each
+    chunk (8 KiB as the reactor reads a pipe) the interpreter is offered to the reactor, which would
+    otherwise wait for it up to the switch interval (5 ms) at every system call of a reply."""
     parser = ReportParser()
     for index in range(len(chunks)):
         chunk, chunks[index] = chunks[index], b""
