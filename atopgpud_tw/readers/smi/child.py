@@ -17,6 +17,7 @@ import selectors
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
@@ -100,10 +101,8 @@ class Run(ProcessProtocol):
         """SIGKILL the child's group and stop reading; `processEnded` follows once it is reaped."""
         pid = self.transport.pid
         if pid is None or not kill_group(pid):
-            try:  # before setsid has made the group, or without setsid
+            with suppress(ProcessExitedAlready):  # before setsid has made the group, or without setsid
                 self.transport.signalProcess("KILL")
-            except ProcessExitedAlready:
-                pass
         # our ends of the pipes must close too, or a grandchild holding them
         # would keep processEnded from ever being called
         self.transport.loseConnection()
@@ -231,10 +230,8 @@ class Started:
         for stream in (child.stdout, child.stderr):
             if stream is not None:
                 stream.close()
-        try:
+        with suppress(subprocess.TimeoutExpired):  # stuck in the kernel: it cannot be waited for
             child.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: it cannot be waited for
 
 
 def _head(chunks: list[bytes]) -> bytes:

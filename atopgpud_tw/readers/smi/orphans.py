@@ -1,27 +1,18 @@
 """What nvidia-smi runs leave behind, found and killed when each run ends.
 
-Each run leads a session and process group of its own (child.py), and the
-group is killed whenever a run ends.  A process that calls ``setsid`` or
-``setpgid`` itself leaves the group, though, and once its parent is gone it
-would belong to init.  So the daemon makes itself a child subreaper
-(``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4): a process whose parent ends
-is handed to the nearest subreaper above it, so every process a run started
-stays below the daemon, in whatever session or group.
+A process that calls ``setsid`` or ``setpgid`` leaves its run's group (child.py),
+and once its parent is gone it would belong to init.  So the daemon makes itself
+a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4): every process a
+run started stays below it.  The daemon starts no processes but its runs, so a
+child Twisted did not spawn (in no reap handler) is left over from a run:
+`Orphans.sweep` SIGKILLs and reaps each.  Only the daemon's own children are ever
+signalled: a child's pid cannot be taken by another process before its parent
+reaps it.  A killed child's children are handed over in turn and killed at the
+next sweep, `ROUND` seconds later.
 
-The daemon starts no processes but its nvidia-smi runs, one at a time, so a
-child of the daemon that Twisted did not spawn (it is in no reap handler) is
-left over from a run: `Orphans.sweep` SIGKILLs each such child, and reaps it.
-Only the daemon's own children are ever signalled: a child's pid cannot be
-taken by another process before its parent reaps it, so no unrelated process
-is hit by a pid used again.  A killed child's own children are then handed to
-the daemon in turn and killed at the next sweep, `ROUND` seconds later, until
-none is left.
-
-What this does not catch: a process that is not below the daemon (one that
-reached a process outside through a socket or a D-Bus activation), and
-anything when the daemon itself is killed with SIGKILL (its orphans go to the
-next subreaper up, systemd, which kills the unit's control group).  Where the
-prctl fails (not Linux) only the process group is killed.
+Not caught: a process that is not below the daemon (reached through a socket or
+a D-Bus activation), and anything once the daemon is killed with SIGKILL (systemd
+then kills the unit's control group).  Where the prctl fails only the group is killed.
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ import ctypes
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Collection
 
@@ -120,11 +112,8 @@ class Orphans:
             self._pending = self._reactor.callLater(ROUND, self.sweep, rounds - 1)
 
     def sweep_now(self, limit: float = 1.0, ending: Collection[int] = ()) -> None:
-        """Sweep, blocking, until none is left or `limit` seconds have passed (start-up, shutdown).
-
-        `ending` are runs just killed, which Twisted reaps: until each has died
-        (its children are handed over as it does) there may be more to come.
-        """
+        """Sweep, blocking, until none is left or `limit` seconds have passed (start-up, shutdown);
+        `ending`: runs just killed, which Twisted reaps, whose children may still be handed over."""
         if self._pending is not None and self._pending.active():
             self._pending.cancel()
         self._pending = None
@@ -150,9 +139,7 @@ class Orphans:
                 continue  # reaped meanwhile
             if done:
                 continue
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             remaining = True
         return remaining
