@@ -1,14 +1,10 @@
 """The health and power figures of an ``nvidia-smi -q -x`` report: pure functions over its elements.
 
-The same series as the NVML reader's (atopgpud_tw/readers/nvml/health.py), from the
-report each poll already fetched: nothing more is run for them, and they are
-parsed only when ``/metrics`` is fetched.  Element names differ across schema
-versions (v9 to v13), so each figure is looked for under every name it has
-had, newest first, as the table of figures (atopgpud_tw/figures.py) lists
-them; docs/metrics.md has the table.  A value nvidia-smi cannot
-give ("N/A", "Not Supported", ...), cannot be read, or is beyond what a GPU
-can report (a garbled report) has no series.  The
-report has no energy counter and no XID counts.
+The NVML reader's series, from the report each poll already fetched, read only when
+``/metrics`` is fetched.  Each figure is looked for under every name it has had
+across schema versions, as the table of figures (atopgpud_tw/figures.py) lists
+them.  A value nvidia-smi cannot give ("N/A", ...), cannot be read, or beyond what
+a GPU can report has no series.  The report has no energy counter and no XID counts.
 """
 
 from __future__ import annotations
@@ -31,12 +27,7 @@ READ = tuple(sorted((figure for figure in FIGURES if figure.smi is not None),
 
 def read_cards_health(root: ET.Element) -> list[CardHealth]:
     """Every card's health figures in a parsed report, keyed by bus id."""
-    readings = []
-    for gpu in root.findall("gpu"):
-        busid = gpu_busid(gpu)
-        if busid:
-            readings.append(card_health(gpu, busid))
-    return readings
+    return [card_health(gpu, busid) for gpu in root.findall("gpu") if (busid := gpu_busid(gpu))]
 
 
 def card_health(gpu: ET.Element, busid: str) -> CardHealth:
@@ -57,8 +48,6 @@ def figure_value(gpu: ET.Element, where: Smi) -> float | None:
             text = _text(gpu, path)
             break
     else:
-        if not where.parts:
-            return None
         return _sum_of_parts(gpu, where.parts)
     if where.parse in _WORDS:
         return _WORDS[where.parse].get((text or "").lower())
@@ -92,12 +81,8 @@ def _text(element: ET.Element, path: str) -> str | None:
 
 
 def _number(text: str | None) -> float | None:
-    """A number with an optional unit ("45 C", "250.50 W", "1410 MHz", "30 %",
-    "509 KB/s", "16x"); None for N/A and the like."""
-    if text is None:
-        return None
-    match = _NUMBER.match(text)
-    if not match:
-        return None
-    value = float(match.group(1))
+    """A number with an optional unit ("45 C", "250.50 W", "1410 MHz", "30 %", "509 KB/s", "16x");
+    None for N/A and the like."""
+    match = _NUMBER.match(text or "")
+    value = float(match.group(1)) if match else -1.0
     return value if value >= 0 else None
