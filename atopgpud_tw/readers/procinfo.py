@@ -1,19 +1,11 @@
 """Who a GPU process is: its user, command, start time and cgroup, read from ``/proc`` once.
 
-`read_context` reads ``/proc/PID/{stat,status,cmdline,cgroup}`` (each file world
-readable, unless ``/proc`` hides other users' processes: ``hidepid=``,
-systemd's ``ProtectProc=``), each within a bound, and names the workload from
-the cgroup (`cgroups.workload_of`).  A process gone before it could be read, or
-one that is not visible, is `UNKNOWN_CONTEXT`.  Its start time is read before
-and after the other files: a pid that another process took in between is
-unknown too, rather than another process's context.
-
-`Contexts` runs in the reader's thread after each poll's readings: it reads
-the processes it has not read yet, at most `READS_PER_POLL` of them per poll
-(the rest in the next polls), keeps them by pid while they are listed, and
-reads a pid again when its start time changes (a reused pid).  A simulated
-host's processes are read from ``/proc`` too: a scenario whose pids are real
-processes (the tests' own) is shown with their context.
+A process gone before it could be read, or not visible (``hidepid=``, systemd's
+``ProtectProc=``), is `UNKNOWN_CONTEXT`; so is one whose start time changed while
+its files were read (its pid taken by another process).  `Contexts` reads at most
+`READS_PER_POLL` new processes per poll, in the reader's thread, and reads a pid
+again when its start time changes.  A simulated host's processes are read from
+``/proc`` too: a scenario whose pids are real processes is shown with their context.
 """
 
 from __future__ import annotations
@@ -81,10 +73,8 @@ def read_context(pid: int, proc: str = "/proc") -> ProcessContext:
 
 
 class Contexts:
-    """The contexts of the processes a reader lists, read a few new ones per poll.
-
-    Runs in the reader's thread (`attach`); the reactor never reads ``/proc``.
-    """
+    """The contexts of the processes a reader lists, a few new ones read per poll in the reader's
+    thread (`attach`): the reactor never reads ``/proc``."""
 
     def __init__(self, proc: str = "/proc", reads_per_poll: int = READS_PER_POLL) -> None:
         self.proc = proc

@@ -1,10 +1,7 @@
-"""The MIG instances of an ``nvidia-smi -q -x`` report, named from ``nvidia-smi -L``.
+"""The MIG instances of an ``nvidia-smi -q -x`` report, named from ``nvidia-smi -L`` (docs/mig.md).
 
 ``-q -x`` lists each card's ``<mig_device>`` elements with their ids and memory
 but no profile name; ``-L`` lists the names by "Device N" with no ids.
-`mig_slots` and `parse_mig_names` give the two halves, `name_slots` matches
-them, and `instances_of` makes a device of each instance with the processes
-whose instance ids are its own (docs/mig.md).
 """
 
 from __future__ import annotations
@@ -60,13 +57,9 @@ def mig_slots(root: ET.Element) -> tuple[MigSlot, ...]:
 
 
 def fallback_profile(slot: MigSlot) -> str:
-    """A name for an instance whose profile ``nvidia-smi -L`` did not give.
-
-    ``-q -x`` states neither an instance's slice count nor the card's SM count,
-    and SMs per slice differ between products, so no ``3g`` is guessed: the name
-    says what the report does state, the instance's SMs and its memory rounded up
-    to whole GiB (as profile names round it): ``42sm.20gb`` for a 3g.20gb of an A100.
-    """
+    """A name for an instance whose profile ``nvidia-smi -L`` did not give: its SMs and its memory in
+    whole GiB, rounded up as profile names round it (``42sm.20gb`` for a 3g.20gb of an A100).  ``-q -x``
+    states neither slice counts nor the card's SMs, and SMs per slice differ between products."""
     parts = []
     if slot.multiprocessors is not None:
         parts.append(f"{slot.multiprocessors}sm")
@@ -82,12 +75,8 @@ _MIG_UUID = re.compile(r"\(UUID:\s*(MIG-[^)\s]+)\s*\)")
 
 def parse_mig_names(text: str) -> dict[tuple[str, int], tuple[str, str]]:
     """Profiles and ``MIG-...`` UUIDs ("" where none is listed) from ``nvidia-smi -L``, by (card UUID,
-    MIG device index).
-
-    ``-L`` has no instance ids; its "Device N" is the ``<mig_device><index>`` of
-    the same card in ``-q -x``.  Cards are matched by UUID rather than position so
-    that a card dropping off the bus between the two runs cannot shift names.
-    """
+    "Device N", the ``<mig_device><index>`` in ``-q -x``): by UUID rather than position, so that a card
+    dropping off the bus between the two runs cannot shift names."""
     names: dict[tuple[str, int], tuple[str, str]] = {}
     card = None
     for line in text.splitlines():
@@ -102,11 +91,8 @@ def parse_mig_names(text: str) -> dict[tuple[str, int], tuple[str, str]]:
 def name_slots(
     slots: Iterable[MigSlot], names: Mapping[tuple[str, int], tuple[str, str]]
 ) -> tuple[dict[tuple[str, int, int], str], dict[tuple[str, int, int], str]]:
-    """The ``profiles`` and ``uuids`` arguments of `read_devices` from `mig_slots` and `parse_mig_names`.
-
-    Raises `SmiReportError` when ``-L`` lists other devices for a card than the
-    report does: the instances were reconfigured between the two runs.
-    """
+    """The ``profiles`` and ``uuids`` arguments of `read_devices` from `mig_slots` and `parse_mig_names`;
+    `SmiReportError` where ``-L`` lists other devices for a card (reconfigured between the two runs)."""
     by_card: dict[str, list[MigSlot]] = {}
     for slot in slots:
         by_card.setdefault(slot.card_key, []).append(slot)
