@@ -1,22 +1,13 @@
 """How devices are named on the wire: one scheme for every reader (docs/mig.md).
 
 atop keeps only the last 12 characters of a bus id and of a type name, so a MIG
-instance must be told apart within them:
-
-- bus id: the card's bus id, ``/``, the GPU instance id, ``.``, the compute
-  instance id: ``00000000:17:00.0/1.0``; atop shows ``:17:00.0/1.0`` (bus 17, GPU
-  instance 1, compute instance 0).  The ids are the driver's; they stay the same
-  for the same carving across polls and restarts.
-- type: the MIG profile, ``3g.40gb`` (``1c.3g.40gb`` for a compute instance smaller
-  than its GPU instance), as NVML names the MIG device (``... MIG 3g.40gb``) and as
-  ``nvidia-smi -L`` lists it.
-- key (internal identity across polls): the card's UUID, ``/``, ``gi.ci``.
+instance is told apart within them: bus id ``00000000:17:00.0/1.0`` (the card's,
+``/``, the driver's GPU and compute instance ids), type ``3g.40gb`` (the profile,
+as ``nvidia-smi -L`` lists it), key ``UUID/1.0`` (internal, across polls).
 
 A card's key is its UUID (its bus id where it has none).  Some hosts show two
-cards with one UUID (anonymised reports, VMs cloned from one image): `CardKeys`
-then keys the second by UUID and bus id, ``GPU-...@00000000:65:00.0``, so that
-both are shown and counted, and keeps every key it gave to the same card at
-later polls, whichever of the two is missing then.
+cards with one UUID (anonymised reports, cloned VMs): `CardKeys` keys the second
+``UUID@BUSID``, so that both are shown and counted.
 """
 
 from __future__ import annotations
