@@ -25,8 +25,7 @@ COMMAND_CONTEXTS = ord("P")
 COMMANDS = (COMMAND_TYPES, COMMAND_STATS, COMMAND_CONTEXTS)
 #: atop's hard limit on a reply body
 ATOP_REPLY_LIMIT = 8192
-#: what this daemon allows a whole reply, prelude included, so that no reading of
-#: atop's limit (body or whole reply) is ever exceeded
+#: what this daemon allows a whole reply, prelude included: no reading of atop's limit is exceeded
 REPLY_LIMIT = ATOP_REPLY_LIMIT
 #: atop keeps at most this many process entries per GPU (an unsigned char)
 MAX_PROCESSES_PER_DEVICE = 255
@@ -47,20 +46,14 @@ _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
 #: devices on the wire at most: this many device records fit in one reply
 #: whatever their numbers, and their ``T`` entries too
 MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
-#: a version byte atop never sends (it sends 1 or 2): ``atopgpu`` asks with it for
-#: version 2 replies of up to `MAX_WIRE_DEVICES` devices.  The reply is version 2; a
-#: daemon that does not know this byte answers it as the newest version, as the
-#: protocol has unknown versions mean, so the request works with any daemon
+#: a version byte atop never sends: ``atopgpu`` asks with it for version 2 replies of up to
+#: `MAX_WIRE_DEVICES` devices (a daemon that does not know it answers it as the newest version)
 WIDE_REQUEST = 0x80 | 2
 
 
 def wire_devices(asked: int) -> int:
-    """How many devices (the first, in ``T`` order) a reply carries, by the version byte asked with.
-
-    Every atop keeps 32 (`ATOP_MAX_GPUS`) and, given a ``T`` of more, shows
-    no GPU at all (atop 2.8.1 and 2.13, tests/test_atop.py): any request atop
-    sends gets the first 32.  Only `WIDE_REQUEST` gets `MAX_WIRE_DEVICES`.
-    """
+    """How many devices (the first, in ``T`` order) a reply carries, by the version byte asked with:
+    `ATOP_MAX_GPUS` for any request atop sends, `MAX_WIRE_DEVICES` for `WIDE_REQUEST`."""
     return MAX_WIRE_DEVICES if asked == WIDE_REQUEST else ATOP_MAX_GPUS
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
@@ -134,12 +127,9 @@ def parse_prelude(prelude: bytes) -> tuple[int, int]:
 
 
 def wire_token(text: str) -> bytes:
-    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``.
-
-    Every other character (space, control, anything beyond ASCII) becomes one
-    ``_``; an empty text is ``_``, so that the token is still there.  A text
-    longer than `MAX_TOKEN_CHARS` keeps its last characters, those atop shows.
-    """
+    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``, every other
+    character one ``_``, an empty text ``_``; of a longer text the last `MAX_TOKEN_CHARS` (atop shows
+    the last)."""
     # a character beyond ASCII becomes 0x80 first, which the table turns into "_"
     raw = bytes(min(ord(c), 0x80) for c in text[-MAX_TOKEN_CHARS:]) or b"_"
     return raw.translate(_SAFE)
