@@ -145,8 +145,7 @@ class Run(ProcessProtocol):
             if not self.result.called:
                 self.result.callback(out)  # not joined: a copy of up to MAX_OUTPUT bytes
             return
-        said = first_line(self._err) or first_line(_head(self._out))
-        self.fail(exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
+        self.fail(exit_text(reason.value.exitCode, reason.value.signal, self._err, _head(self._out)))
 
 
 class Started:
@@ -178,8 +177,7 @@ class Started:
         kill_group(child.pid)  # what is left of its group, pipes let go of or not
         if child.returncode != 0:
             code, signum = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
-            said = first_line(err) or first_line(out)
-            raise SmiRunError(f"{command} {exit_text(code, signum)}" + (f": {said}" if said else ""))
+            raise SmiRunError(f"{command} {exit_text(code, signum, err, out)}")
         return out
 
     def _read(self, timeout: float) -> tuple[bytes, bytes]:
@@ -244,9 +242,11 @@ def _head(chunks: list[bytes]) -> bytes:
     return head
 
 
-def exit_text(code: int | None, signum: int | None) -> str:
-    """How a child ended, in words."""
-    return f"exited with status {code}" if code is not None else f"was killed by signal {signum}"
+def exit_text(code: int | None, signum: int | None, err: bytes, out: bytes) -> str:
+    """How a child ended, in words, and the first line it printed (on its standard error first)."""
+    said = first_line(err) or first_line(out)
+    ended = f"exited with status {code}" if code is not None else f"was killed by signal {signum}"
+    return ended + (f": {said}" if said else "")
 
 
 def first_line(data: bytes) -> str:

@@ -236,13 +236,12 @@ class SmiReader:
             # no pid in the message: a cause is logged (and counted in the metrics) by its words
             return fail(SmiRunError(f"{self._child.command}: the previous run has not ended yet"))
         self._adopt()
-        command = " ".join([self._binary, *arguments])
-        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run), self._sweep)
+        argv = [self._binary, *arguments]
+        sweep = self._orphans.sweep if self._orphans is not None else (lambda: None)
+        run = Run(self._reactor, " ".join(argv), self._timeout, lambda: self._ended(run), sweep)
         self._child = run
         try:
-            argv = [self._binary, *arguments]
-            if self._setsid is not None:
-                argv.insert(0, self._setsid)
+            argv = [self._setsid, *argv] if self._setsid is not None else argv
             self._reactor.spawnProcess(run, argv[0], argv, env=None)
         except OSError as error:
             self._child = None
@@ -254,10 +253,6 @@ class SmiReader:
         if self._orphans is not None and self._subreaper != os.getpid():
             self._subreaper = os.getpid()
             become_subreaper()
-
-    def _sweep(self) -> None:
-        if self._orphans is not None:
-            self._orphans.sweep()
 
     def _ended(self, run: Run) -> None:
         if self._child is run:
