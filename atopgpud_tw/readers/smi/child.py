@@ -168,28 +168,28 @@ class Started:
             assert self.error is not None
             raise self.error
         child, command = self.child, self.command
-        out, err = self._read(timeout)
+        deadline = time.monotonic() + timeout
+        hung = f"{command} did not finish within {timeout:g} s; killed"
+        out, err = self._read(deadline, hung)
         try:
-            child.wait(max(0.0, self._deadline - time.monotonic()))
+            child.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:  # closed its output, then hung
             self.discard()
-            raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+            raise SmiRunError(hung) from None
         kill_group(child.pid)  # what is left of its group, pipes let go of or not
         if child.returncode != 0:
             code, signum = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
             raise SmiRunError(f"{command} {exit_text(code, signum, err, out)}")
         return out
 
-    def _read(self, timeout: float) -> tuple[bytes, bytes]:
+    def _read(self, deadline: float, hung: str) -> tuple[bytes, bytes]:
         """Read stdout and stderr until both close, or the child exited a moment ago."""
-        assert self.child is not None and self.child.stdout and self.child.stderr
-        child, command = self.child, self.command
-        self._deadline = time.monotonic() + timeout
+        child = self.child
+        assert child is not None and child.stdout is not None and child.stderr is not None  # both are pipes
         out: list[bytes] = []
         size, err = 0, b""
         exited_at: float | None = None
         with selectors.DefaultSelector() as selector:
-            assert child.stdout is not None and child.stderr is not None  # both are pipes
             selector.register(child.stdout, selectors.EVENT_READ)
             selector.register(child.stderr, selectors.EVENT_READ)
             while selector.get_map():
@@ -199,9 +199,9 @@ class Started:
                     kill_group(child.pid)  # what it left holding the pipes
                 if exited_at is not None and now >= exited_at + EXIT_GRACE:
                     break
-                if exited_at is None and now >= self._deadline:
+                if exited_at is None and now >= deadline:
                     self.discard()
-                    raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed")
+                    raise SmiRunError(hung)
                 # woken at least every 0.1 s to see whether the child has exited
                 for key, _ in selector.select(0.1):
                     data = os.read(key.fd, 65536)
@@ -212,7 +212,7 @@ class Started:
                     elif size + len(data) > MAX_OUTPUT:
                         out.clear()
                         self.discard()
-                        raise SmiRunError(f"{command} printed more than {MAX_OUTPUT} bytes; killed")
+                        raise SmiRunError(f"{self.command} printed more than {MAX_OUTPUT} bytes; killed")
                     else:
                         size += len(data)
                         out.append(data)
