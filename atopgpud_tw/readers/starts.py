@@ -218,16 +218,14 @@ class ProcStarts(Starts):
                     log.info(NO_PIDFDS)
                 elif error.errno in (errno.EMFILE, errno.ENFILE):
                     self._crowded.add(pid)
-                self._unwatched.add(pid)
-                return
             except (ValueError, OverflowError):
-                self._unwatched.add(pid)
+                pass
+            else:
+                self._fds[pid] = fd
+                self._pids[fd] = pid
+                self._poller.register(fd, select.POLLIN)
                 return
-            self._fds[pid] = fd
-            self._pids[fd] = pid
-            self._poller.register(fd, select.POLLIN)
-            return
-        if self._pidfds:
+        elif self._pidfds:
             self._crowded.add(pid)
         self._unwatched.add(pid)
 
@@ -241,7 +239,6 @@ class ProcStarts(Starts):
 
 
 def start_times(binding: Any) -> Starts:
-    """Where a reader over `binding` finds process start times: the binding's own host's
-    (a simulated one) if it says, else /proc."""
+    """Where a reader over `binding` finds process start times: its own host's (simulated) if it has, else /proc."""
     own = getattr(binding, START_TIMES, None)
     return Starts(own) if callable(own) else ProcStarts()
