@@ -89,10 +89,7 @@ class Contexts:
 
     def attach(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the contexts of its processes, those read so far."""
-        listed: dict[int, int | None] = {}
-        for device in snapshot.devices:
-            for process in device.processes or ():
-                listed[process.pid] = process.started
+        listed = {process.pid: process.started for device in snapshot.devices for process in device.processes or ()}
         if listed == self._listed and self._complete is not None:
             # the same processes as the last poll, every one read then: the same contexts
             return replace(snapshot, contexts=self._complete)

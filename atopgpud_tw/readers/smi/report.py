@@ -121,9 +121,8 @@ def _whole_card(
     gpu: ET.Element, card: Card, entries: list | None, problems: Problems, mig: bool = False
 ) -> DeviceSample:
     owner = (card.key, card.busid)
-    busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
-    if not mig:  # a card in MIG mode has no utilization of its own (docs/mig.md)
-        busy = [reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
+    # a card in MIG mode has no utilization of its own (docs/mig.md)
+    busy = [UNSUPPORTED if mig else reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (reading(gpu, path, kib, 0, owner, problems) for path in MEMORY)
     used = within(used, total, owner, problems)
     free, reserved = free_reserved(gpu, owner, problems)

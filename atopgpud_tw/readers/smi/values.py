@@ -158,5 +158,4 @@ def integer(text: str | None) -> int | None:
 
 
 def first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:200] if lines else ""
+    return next((line.strip()[:200] for line in text.splitlines() if line.strip()), "")
