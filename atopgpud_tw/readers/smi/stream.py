@@ -25,26 +25,22 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
-from atopgpud_tw.figures import FIGURES
+from atopgpud_tw.figures import FIGURES, INVENTORY
 from atopgpud_tw.readers.smi.values import MAX_TEXT, SmiReportError, first_line
 
 #: seconds the parsing thread sleeps after each chunk, so that the reactor gets the interpreter
 YIELD = 0.0002
 #: bytes handed to expat at once
 SLICE = 64 * 1024
-#: the children of a ``<gpu>`` the reader reads (report.py, mig.py; health.py's are the table of figures')
+#: the children of a ``<gpu>`` the reader reads: report.py's and mig.py's, the inventory's, the table of figures'
 KEPT = frozenset(
-    {
-        "uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage",
-        "processes", "mig_devices", "temperature", "gpu_power_readings", "power_readings",
-        "clocks", "fan_speed", "remapped_rows", "performance_state", "clocks_event_reasons",
-        "clocks_throttle_reasons", "ecc_errors", "serial", "vbios_version",
-    }
+    {"uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage", "processes", "mig_devices"}
+    | {row.smi.split("/")[0] for row in INVENTORY if not row.smi_root}
     | {path.split("/")[0] for figure in FIGURES if figure.smi is not None
        for path in (*figure.smi.paths, *(name for names in figure.smi.parts for name in names))}
 )  # fmt: skip
-#: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements
-VERSIONS = frozenset({"driver_version", "cuda_version"})
+#: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements (the inventory's versions)
+VERSIONS = frozenset(row.smi for row in INVENTORY if row.smi_root)
 #: the children of a ``<process_info>`` the reader reads, in the order of a `ProcessList` entry
 PROCESS_FIELDS = ("pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id")
 _FIELD = {name: index for index, name in enumerate(PROCESS_FIELDS)}
@@ -238,14 +234,11 @@ class _Keeper:
             if tag != "nvidia_smi_log":
                 raise SmiReportError(f"the document is <{tag}>, not <nvidia_smi_log>")
         elif depth == 1:
-            if tag in VERSIONS:
-                pass  # the driver's and CUDA's versions, for the inventory series
-            elif tag != "gpu":
+            if tag != "gpu" and tag not in VERSIONS:
                 return False
             self._gpu_processes, self._list = 0, None
-        elif depth == 2:
-            if tag not in KEPT:
-                return False
+        elif depth == 2 and tag not in KEPT:
+            return False
         elif depth == 3 and self._tags[2] == "processes":
             if tag == "process_info" and self._take_process():
                 self._fields = [None] * len(PROCESS_FIELDS)
@@ -276,12 +269,9 @@ class _Keeper:
         if self._gpu_processes <= MAX_GPU_PROCESSES and self._processes <= MAX_PROCESSES:
             return True
         self._processes -= self._gpu_processes
-        if self._gpu_processes > MAX_GPU_PROCESSES:
-            why = f"more than {MAX_GPU_PROCESSES} processes"
-        else:
-            why = f"processes beyond the {MAX_PROCESSES} a report may have"
         listing.entries = []  # the ones kept so far go too
-        listing.set(OVER, why)
+        listing.set(OVER, f"more than {MAX_GPU_PROCESSES} processes" if self._gpu_processes > MAX_GPU_PROCESSES
+                    else f"processes beyond the {MAX_PROCESSES} a report may have")
         return False
 
 
