@@ -131,11 +131,8 @@ def _check_not_below(value: int, floor: int, what: str) -> None:
 
 
 def check_stats(devices: Sequence[DeviceStats], version: int) -> None:
-    """Refuse parsed ``S`` figures that no daemon can mean (a `ProtocolError`).
-
-    Percentages are -1..100; a sum of per-sample percentages is at most 100 per
-    sample; counts and memory are not negative (-1 means "not available").
-    """
+    """Refuse parsed ``S`` figures no daemon can mean (`ProtocolError`): percentages beyond -1..100 (a sum
+    of per-sample ones, 100 per sample), negative counts, memory below -1 ("not available")."""
     for index, dev in enumerate(devices):
         where = f"GPU {index}"
         _check_not_below(dev.samples, 0, f"{where} samples")

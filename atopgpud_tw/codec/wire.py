@@ -127,9 +127,8 @@ def parse_prelude(prelude: bytes) -> tuple[int, int]:
 
 
 def wire_token(text: str) -> bytes:
-    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``, every other
-    character one ``_``, an empty text ``_``; of a longer text the last `MAX_TOKEN_CHARS` (atop shows
-    the last)."""
+    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``, every other character
+    one ``_``, an empty text ``_``; of a longer text the last `MAX_TOKEN_CHARS` (atop shows the last)."""
     # a character beyond ASCII becomes 0x80 first, which the table turns into "_"
     raw = bytes(min(ord(c), 0x80) for c in text[-MAX_TOKEN_CHARS:]) or b"_"
     return raw.translate(_SAFE)

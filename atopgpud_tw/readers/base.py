@@ -24,8 +24,7 @@ class IReader(Interface):
         to list before the first poll; ReaderUnavailable if the reader cannot work."""
 
     def poll() -> Deferred:
-        """Read every device once, never blocking the reactor; fires with a Snapshot (a failure fails this
-        poll only)."""
+        """Read every device once, never blocking the reactor; fires with a Snapshot or fails this poll."""
 
     def close() -> Deferred | None:
         """Release what the reader holds; a Deferred, if any, fires when done (stopping waits briefly)."""
@@ -36,14 +35,11 @@ class IReader(Interface):
     )
 
     def health(wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """The health figures (`health.CardHealth`) of each card `wanted` (by key),
-        one Deferred per card; only ``/metrics`` asks, when it is scraped."""
+        """The health figures (`health.CardHealth`) of each card `wanted` (by key), a Deferred each (/metrics)."""
 
     def xid_counts() -> Deferred | None:
-        """A Deferred firing with the XID errors counted so far, by (card key, XID);
-        None where the reader cannot count them."""
+        """A Deferred firing with the XID errors counted so far, by (card key, XID); None if not counted."""
 
 
 class PollError(Exception):
-    """A poll failure the reader understands (a timeout, a garbled report): logged as one line, without a
-    traceback."""
+    """A poll failure the reader understands (a timeout, a garbled report): logged in one line, no traceback."""

@@ -32,8 +32,7 @@ _SLURM_SCOPE = "slurmstepd.scope"
 
 
 def cgroup_paths(text: str) -> tuple[str, list[str]]:
-    """(the path systemd placed the process in, every hierarchy's path) of a
-    ``/proc/PID/cgroup`` text."""
+    """(the path systemd placed the process in, every hierarchy's path) of a ``/proc/PID/cgroup`` text."""
     unified = named = first = ""
     paths = []
     for line in text.splitlines():

@@ -26,8 +26,7 @@ mig_busid = mig_key
 
 
 def mig_ids(card_key: str, key: str) -> int | None:
-    """The GPU instance id of the MIG instance of `card_key` whose key is `key` (`mig_key`);
-    None for any other key."""
+    """The GPU instance id of the MIG instance of `card_key` whose key is `key`; None for any other key."""
     gpu_instance, _, compute_instance = key.removeprefix(f"{card_key}/").partition(".")
     if not key.startswith(f"{card_key}/") or not (gpu_instance.isdigit() and compute_instance.isdigit()):
         return None

@@ -54,8 +54,7 @@ def user_name(uid: int) -> str:
 
 
 def read_context(pid: int, proc: str = "/proc") -> ProcessContext:
-    """The context of the process `pid` as ``/proc`` shows it now; `UNKNOWN_CONTEXT`
-    if it is gone or not visible."""
+    """The context of the process `pid` as ``/proc`` shows it now; `UNKNOWN_CONTEXT` if gone or not visible."""
     base = f"{proc}/{pid}"
     stat, status, cgroup, cmdline = (read_proc(f"{base}/{name}", _FILE_LIMIT) for name in _FILES)
     if stat is None or status is None or cgroup is None:
@@ -73,8 +72,7 @@ def read_context(pid: int, proc: str = "/proc") -> ProcessContext:
 
 
 class Contexts:
-    """The contexts of the processes a reader lists, a few new ones read per poll in the reader's
-    thread (`attach`): the reactor never reads ``/proc``."""
+    """The contexts of the processes a reader lists, read in the reader's thread: the reactor never reads /proc."""
 
     def __init__(self, proc: str = "/proc", reads_per_poll: int = READS_PER_POLL) -> None:
         self.proc = proc

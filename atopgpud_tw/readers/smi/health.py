@@ -61,8 +61,7 @@ def figure_value(gpu: ET.Element, where: Smi) -> float | None:
 
 
 def _sum_of_parts(gpu: ET.Element, parts: tuple[tuple[str, ...], ...]) -> float | None:
-    """The sum of the parts present (each the first of its alternatives present, an alternative
-    "a+b" the sum of both); None when none is."""
+    """The sum of the parts present (each its first alternative present, "a+b" the sum of both), or None."""
     found = []
     for names in parts:
         for name in names:
@@ -81,8 +80,7 @@ def _text(element: ET.Element, path: str) -> str | None:
 
 
 def _number(text: str | None) -> float | None:
-    """A number with an optional unit ("45 C", "250.50 W", "1410 MHz", "30 %", "509 KB/s", "16x");
-    None for N/A and the like."""
+    """A number with an optional unit ("45 C", "250.50 W", "30 %", "509 KB/s", "16x"); None for N/A."""
     match = _NUMBER.match(text or "")
     value = float(match.group(1)) if match else -1.0
     return value if value >= 0 else None

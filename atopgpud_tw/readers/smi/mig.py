@@ -102,8 +102,7 @@ def name_slots(
         reported = sorted(slot.index for slot in card_slots)
         if listed != reported:
             raise SmiReportError(
-                f"nvidia-smi -L lists MIG devices {listed} of GPU {card_slots[0].card_busid}, "
-                f"the report {reported}"
+                f"nvidia-smi -L lists MIG devices {listed} of GPU {card_slots[0].card_busid}, the report {reported}"
             )
         for slot in card_slots:
             key = (slot.card_busid, slot.gpu_instance, slot.compute_instance)

@@ -126,8 +126,7 @@ class Orphans:
             time.sleep(ROUND / 5)
 
     def _once(self, thorough: bool = False) -> bool:
-        """One sweep; whether any leftover remains (not yet reaped).  `thorough` also
-        scans every process's parent in /proc (start-up and shutdown only: it costs more)."""
+        """One sweep; whether any leftover remains.  `thorough` also scans /proc for children (it costs more)."""
         remaining = False
         found = self.leftovers()
         if thorough:

@@ -98,8 +98,7 @@ class SmiReader:
     # -- start-up (blocking, before the reactor runs) --
 
     def open(self) -> Snapshot:
-        """Find nvidia-smi and run it once (and ``-L`` for MIG names); ReaderUnavailable if it gives
-        no report."""
+        """Find nvidia-smi and run it once (and ``-L``); ReaderUnavailable if it gives no report."""
         self._binary = self._locate()
         self._adopt()
         try:
@@ -146,8 +145,7 @@ class SmiReader:
         return Snapshot(devices)
 
     def _read_devices(self, root: Any) -> tuple[tuple[DeviceSample, ...], Problems]:
-        """In the worker: the report's devices, its pids' start times told by `_starts`
-        (checked once the report is taken, let go of once it is read)."""
+        """In the worker: the report's devices, its pids' start times told by `_starts`."""
         self._starts.check()
         try:
             return read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids, self._starts)
@@ -193,8 +191,7 @@ class SmiReader:
         return await self._worker.submit(self.contexts.attach, Snapshot(devices + gone))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """The health figures of each card `wanted` (by bus id) in the latest report:
-        no run of nvidia-smi of their own, so each Deferred has fired already."""
+        """The health figures of each card `wanted` (by bus id) in the latest report, each fired already."""
         if self._report is None:
             return []
         return [(r.key, succeed(r)) for r in read_cards_health(self._report) if wanted(r.key)]

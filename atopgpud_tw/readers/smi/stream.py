@@ -213,9 +213,8 @@ class _Keeper:
                 self._held, self._last = [held[:_HEAD]], held[-_TAIL:]
 
     def _flush(self) -> None:
-        """Hand the text held to the builder: whole, or its first and last characters
-        about an ellipsis (so that a cut figure never reads as a number), the element
-        it belongs to marked."""
+        """Hand the text held to the builder: whole, or its ends about an ellipsis (a cut figure never reads
+        as a number), its element marked."""
         text = "".join(self._held)
         if self._last is not None and not self._blank:
             text += ELLIPSIS + self._last

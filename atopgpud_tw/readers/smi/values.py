@@ -102,8 +102,7 @@ MEMORY_FREE_RESERVED = ("fb_memory_usage/free", "fb_memory_usage/reserved")
 
 
 def free_reserved(element: ET.Element, owner: Owner, problems: Problems) -> tuple[int | None, int | None]:
-    """The free and reserved memory in KiB under `element` (None where absent or N/A, or unreadable
-    with a problem)."""
+    """The free and reserved memory in KiB under `element` (None where absent, N/A or unreadable)."""
     free, reserved = (reading(element, path, kib, None, owner, problems) for path in MEMORY_FREE_RESERVED)
     return free, reserved
 
