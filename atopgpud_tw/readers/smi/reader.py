@@ -95,8 +95,6 @@ class SmiReader:
         """Whether a child is running, or killed but not yet reaped."""
         return self._child is not None
 
-    # -- start-up (blocking, before the reactor runs) --
-
     def open(self) -> Snapshot:
         """Find nvidia-smi and run it once (and ``-L``); ReaderUnavailable if it gives no report."""
         self._binary = self._locate()
@@ -162,8 +160,6 @@ class SmiReader:
         if os.sep not in wanted:
             raise ReaderUnavailable(f"{wanted} is not installed (not found on PATH)")
         raise ReaderUnavailable(f"{wanted} does not exist")
-
-    # -- polling --
 
     def poll(self) -> Deferred:
         """Run ``nvidia-smi -q -x`` (and ``-L`` when MIG instances changed); fires with a Snapshot."""

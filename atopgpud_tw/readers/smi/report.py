@@ -114,9 +114,6 @@ def read_devices(
     return tuple(devices), problems
 
 
-# -- one card --
-
-
 def _whole_card(
     gpu: ET.Element, card: Card, entries: list | None, problems: Problems, mig: bool = False
 ) -> DeviceSample:
@@ -139,9 +136,6 @@ def _whole_card(
         processes=None if entries is None else merge_processes((s for _, _, s in entries), memory="max"),
         info=card.info,
     )
-
-
-# -- processes --
 
 
 def _process_entries(gpu: ET.Element, card: Card, problems: Problems, starts: StartTimes | None) -> list | None:
