@@ -116,8 +116,7 @@ def slots_of(gpu: ET.Element, card: Card, problems: Problems) -> list[tuple[MigS
     """The card's MIG instances by index, each with its ``<mig_device>`` element."""
     slots = []
     for device in gpu.findall("mig_devices/mig_device"):
-        ids = [integer(text_at(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id")]
-        index, gi, ci = ids
+        index, gi, ci = (integer(text_at(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id"))
         if index is None or gi is None or ci is None:
             problems.add(f"{card.key} mig-ids", f"GPU {card.busid}: a MIG device without ids is left out")
             continue
@@ -147,11 +146,10 @@ def instances_of(
         used = within(used, slot.memory_total_kib, (key, card.busid), problems)
         free, reserved = free_reserved(element, (key, card.busid), problems)
         name = profiles.get((card.busid, gi, ci)) or fallback_profile(slot)
-        busid = mig_busid(card.busid, gi, ci)
         devices.append(
             DeviceSample(
                 key,
-                busid,
+                mig_busid(card.busid, gi, ci),
                 name,
                 memory_total_kib=slot.memory_total_kib,
                 memory_used_kib=used,

@@ -73,10 +73,9 @@ class SmiReader:
         self._keys = CardKeys()
         #: the listed processes' start times, which tell a reused pid (/proc, read in the worker)
         self._starts = ProcStarts()
-        #: the MIG instances the profile names were last asked for, and the names
+        #: the MIG instances the profile names were last asked for, the names and MIG-... UUIDs
         self._slots: tuple[MigSlot, ...] = ()
         self._profiles: dict[tuple[str, int, int], str] = {}
-        #: and their MIG-... UUIDs, from the same listing
         self._mig_uuids: dict[tuple[str, int, int], str] = {}
         self._names_problem: str | None = None
         self._names_retry_at = 0.0
@@ -124,12 +123,9 @@ class SmiReader:
         slots = mig_slots(root)
         for card in cards:
             instances = sum(1 for slot in slots if slot.card_key == card.key)
-            log.info(
-                "nvidia-smi: GPU {busid} {name}{mig}",
-                busid=printable(card.busid),
-                name=printable(card.name),
-                mig=f" (MIG mode, {instances} instances)" if instances else "",
-            )
+            mig = f" (MIG mode, {instances} instances)" if instances else ""
+            log.info("nvidia-smi: GPU {busid} {name}{mig}", busid=printable(card.busid), name=printable(card.name),
+                     mig=mig)
         if not cards:
             log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
         if listing is not None and slots:
