@@ -29,10 +29,7 @@ class IReader(Interface):
     def close() -> Deferred | None:
         """Release what the reader holds; a Deferred, if any, fires when done (stopping waits briefly)."""
 
-    watchdog = Attribute(
-        "the HangWatchdog over the calls in the reader's own thread (its figures are on /metrics); "
-        "None for a reader with no such thread"
-    )
+    watchdog = Attribute("the HangWatchdog over the calls in the reader's own thread (on /metrics), or None")
 
     def health(wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
         """The health figures (`health.CardHealth`) of each card `wanted` (by key), a Deferred each (/metrics)."""

@@ -97,12 +97,10 @@ class Starts:
 class ProcStarts(Starts):
     """Start times from ``/proc/PID/stat``, each read once per process where the kernel has pidfds.
 
-    A pidfd opened when a pid is first listed watches that very process, and one ``poll()`` over a
-    list's pidfds says which have exited (readable even once the pid is reused): only those are read
-    again.  A pid with no pidfd (none in the kernel, a pid this namespace cannot see, no descriptors to
-    spare) is read at every poll.  The pidfd is opened before the start time is read (a later process
-    is read again at the next check), and the check comes after the lists are taken (a pidfd not
-    readable then means its process still held the pid when the driver listed it).
+    A pidfd opened when a pid is first listed, before its start time is read, watches that process;
+    one ``poll()`` over a list's pidfds, after the list is taken, says which have exited (readable even
+    once the pid is reused): only those are read again.  A pid with no pidfd (none in the kernel, one
+    this namespace cannot see, no descriptors to spare) is read at every poll.
     """
 
     def __init__(self, proc: str = "/proc", limit: int | None = None) -> None:

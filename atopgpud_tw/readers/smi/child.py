@@ -103,8 +103,7 @@ class Run(ProcessProtocol):
         if pid is None or not kill_group(pid):
             with suppress(ProcessExitedAlready):  # before setsid has made the group, or without setsid
                 self.transport.signalProcess("KILL")
-        # our ends of the pipes must close too, or a grandchild holding them
-        # would keep processEnded from ever being called
+        # our ends of the pipes close too, or a grandchild holding them would keep processEnded from coming
         self.transport.loseConnection()
 
     def fail(self, message: str) -> None:
@@ -121,8 +120,7 @@ class Run(ProcessProtocol):
     def processExited(self, reason: Failure) -> None:
         if not self.transport.pipes:
             return  # processEnded follows at once
-        # something it started still holds the pipes: the group's rest is
-        # killed, and what the child wrote is read for a moment, not waited on
+        # something it started still holds the pipes: the group's rest is killed, the pipes read a moment
         if self._group is not None:
             kill_group(self._group)
         self._sweep()
@@ -131,9 +129,8 @@ class Run(ProcessProtocol):
     def processEnded(self, reason: Failure) -> None:
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
-        # what is left of the group dies with the run, however it ended (the
-        # group's id stays taken while any of it lives, and pids are handed
-        # out in turn: it names no other group)
+        # what is left of the group dies with the run, however it ended (the group's id stays taken
+        # while any of it lives: it names no other group)
         if self._group is not None:
             kill_group(self._group)
         self._sweep()

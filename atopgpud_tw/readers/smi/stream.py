@@ -6,17 +6,13 @@ element the reader has no use for: at the top only ``<gpu>`` (and `VERSIONS`), i
 a ``<gpu>`` only the subtrees in `KEPT`, in a ``<process_info>`` only
 `PROCESS_FIELDS`.  What it may cost is capped:
 
-- `MAX_ELEMENTS` elements kept outside the process lists, nesting `MAX_DEPTH`
-  deep; more fails the report (`SmiReportError`);
-- `MAX_GPU_PROCESSES` processes per GPU and `MAX_PROCESSES` in all: a GPU listing
-  more has its list marked (`OVER`) and emptied, so that none of its processes is
-  counted in that poll (a partial list would make the rest seem to end);
-- processes are kept as tuples of strings (`ProcessList`), not elements, which the
-  garbage collector walks at every full collection, holding up the reactor too;
-- no entity declarations (nvidia-smi never writes one): no text is expanded;
-- `MAX_TEXT` characters of an element's text (its start and end about an
-  ellipsis) and of each attribute: the element is marked (`CUT`, the length it
-  had) for report.py to say so (a product name of 30 MB made a 503 MB ``/metrics``).
+`MAX_ELEMENTS` elements, `MAX_DEPTH` deep, else the report fails; `MAX_GPU_PROCESSES`
+per GPU and `MAX_PROCESSES` in all, else the GPU's list is emptied and marked (`OVER`),
+as a partial list would make the rest seem to end; no entity declarations; `MAX_TEXT`
+characters of a text (its ends about an ellipsis) and of an attribute, the element
+marked (`CUT`): a product name of 30 MB made a 503 MB ``/metrics``.  Processes are
+tuples of strings (`ProcessList`), not elements, which the garbage collector walks at
+every full collection, holding up the reactor too.
 """
 
 from __future__ import annotations

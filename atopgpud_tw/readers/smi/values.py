@@ -1,11 +1,8 @@
 """Values out of an ``nvidia-smi -q -x`` report's elements: each read, or why not.
 
-A value nvidia-smi cannot give ("N/A", "Not Supported", ...) is permanent:
-`UNSUPPORTED` for a percentage and for a process's memory, 0 for a device's
-memory.  A value present but unreadable, or implausible (memory beyond
-`MAX_MEMORY_MIB`, more used than the device has, a pid beyond `MAX_PID`), is
-``None`` for this poll plus a trouble in the poll's `Problems`.  Only output that
-is not an nvidia-smi report at all raises `SmiReportError`.
+A value nvidia-smi cannot give ("N/A", ...) is permanent: `UNSUPPORTED` for a
+percentage and a process's memory, 0 for a device's memory.  One unreadable or
+implausible is ``None`` for this poll and a trouble in its `Problems`.
 """
 
 from __future__ import annotations
