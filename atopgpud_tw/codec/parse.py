@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from atopgpud_tw.codec.wire import ProtocolError
+from atopgpud_tw.codec.wire import LLONG_MAX, ProtocolError
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,21 +44,13 @@ class DeviceStats:
     processes: tuple[ProcessStats, ...]
 
 
-def _is_integer(field: str) -> bool:
-    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
-    digits = field[1:] if field.startswith("-") else field
-    return digits.isascii() and digits.isdigit()
-
-
-#: atop reads every figure as a signed 64-bit integer
-_LARGEST = 2**63 - 1
-
-
 def _ints(fields: Sequence[str], what: str) -> list[int]:
-    if not all(_is_integer(f) for f in fields):
+    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
+    if not all((digits := f.removeprefix("-")).isascii() and digits.isdigit() for f in fields):
         raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)[:200]!r}")
-    # the length first: int() refuses thousands of digits, and later sums overflow floats
-    if any(len(f) > 20 or abs(int(f)) > _LARGEST for f in fields):
+    # the length first: int() refuses thousands of digits, and later sums overflow floats; atop reads
+    # every figure as a signed 64-bit integer
+    if any(len(f) > 20 or abs(int(f)) > LLONG_MAX for f in fields):
         raise ProtocolError(f"a field of the {what} is beyond 64 bits")
     return [int(f) for f in fields]
 

@@ -74,9 +74,7 @@ def _sum_of_parts(gpu: ET.Element, parts: tuple[tuple[str, ...], ...]) -> float 
 
 def _text(element: ET.Element, path: str) -> str | None:
     found = element.find(path)
-    if found is None or found.text is None or len(found):
-        return None
-    return found.text.strip()
+    return None if found is None or found.text is None or len(found) else found.text.strip()
 
 
 def _number(text: str | None) -> float | None:
