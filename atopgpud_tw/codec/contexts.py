@@ -42,10 +42,8 @@ def render_contexts(records: Iterable[ProcessInfo]) -> bytes:
     lines = []
     size = 0
     for record in records:
-        line = b" ".join((
-            str(record.pid).encode(), str(record.uid).encode(), context_token(record.user),
-            context_token(record.kind), context_token(record.workload), context_token(record.comm),
-        )) + b"\n"
+        texts = (record.user, record.kind, record.workload, record.comm)
+        line = f"{record.pid} {record.uid} ".encode() + b" ".join(map(context_token, texts)) + b"\n"
         size += len(line)
         if size > CONTEXT_REPLY_LIMIT:
             break
