@@ -23,14 +23,11 @@ from typing import Any, Callable
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from atopgpud_tw.problems import printable
 from atopgpud_tw.readers.base import PollError
 from atopgpud_tw.readers.smi.values import first_line as text_line
-
-log = Logger(namespace="atopgpud_tw.readers.smi_child")
 
 #: more output than this is no report (eight H100s print about 200 KiB)
 MAX_OUTPUT = 32 * 2**20
