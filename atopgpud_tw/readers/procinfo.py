@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import pwd
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from atopgpud_tw.readers.cgroups import workload_of
 from atopgpud_tw.readers.starts import read_proc, stat_start_time
-from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, CgroupWorkload, ProcessContext, Snapshot
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, ProcessContext, Snapshot
 
 #: new processes read per poll at most: a poll's cost stays bounded when hundreds start at once
 READS_PER_POLL = 64
@@ -67,8 +67,7 @@ def read_context(pid: int, proc: str = "/proc") -> ProcessContext:
     user = user_name(uid) if uid >= 0 else ""
     command = (cmdline or b"").rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:CMDLINE_CHARS]
     found = workload_of(cgroup.decode("utf-8", "replace"))
-    workload = {name: getattr(found, name) for name in CgroupWorkload.__dataclass_fields__}
-    return ProcessContext(uid=uid, user=user, comm=comm, cmdline=command, started=started, **workload)
+    return ProcessContext(uid=uid, user=user, comm=comm, cmdline=command, started=started, **asdict(found))
 
 
 class Contexts:

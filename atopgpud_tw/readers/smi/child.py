@@ -1,13 +1,10 @@
 """Running one nvidia-smi child, through the reactor or (at start-up) blocking.
 
-Every child leads a session of its own, so that a timeout kills what it started
-too (a wrapper script's nvidia-smi, anything left holding its pipes); when a run
-ends for any reason what is left of its group is killed, and what left the group
-is found below the daemon (orphans.py).  Through the reactor it is started by
-``setsid`` (util-linux), which execs it without forking, so its pid is the group's
-id.  A child that has exited is finished even when something it left still holds
-its output: after `EXIT_GRACE` seconds the pipes are closed.  Output beyond
-`MAX_OUTPUT` is dropped at once and the group killed.
+Every child leads a session of its own (through the reactor, by ``setsid``, which
+execs it without forking: its pid is the group's id), so that a timeout kills what it
+started too; when a run ends what is left of its group is killed, and what left the
+group is found below the daemon (orphans.py).  A child that has exited is finished
+`EXIT_GRACE` seconds later even when something it left still holds its pipes.
 """
 
 from __future__ import annotations

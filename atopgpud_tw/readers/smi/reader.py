@@ -1,12 +1,9 @@
-"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child process per poll, for hosts where NVML
-cannot be used from Python.
+"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child per poll, where NVML cannot be used from Python.
 
-nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md): a run
-that outlasts ``timeout`` is killed with all it started (child.py), and the poll
-fails at once.  Only one child exists at a time; while a killed one has not been
-reaped (stuck in the kernel), polls fail fast.  ``nvidia-smi -L`` is run for MIG
-profile names only when the instances changed.  Reports are parsed in a thread
-of the reader's own (stream.py), so that a big one holds no reply up.
+nvidia-smi may hang for good on a sick GPU (docs/nvidia-smi.md): a run that outlasts
+``timeout`` is killed with all it started, and the poll fails.  One child exists at a
+time; while a killed one is not reaped (stuck in the kernel), polls fail fast.
+Reports are parsed in a thread of the reader's own, so that a big one holds no reply up.
 """
 
 from __future__ import annotations

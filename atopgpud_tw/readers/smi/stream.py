@@ -143,15 +143,14 @@ class _Keeper:
         self._elements = 0
         self._processes = 0
         self._gpu_processes = 0
-        #: the ``<processes>`` of the GPU being read, the fields of its process being read,
-        #: and the index of the field whose text is being gathered
+        #: the GPU's ``<processes>``, the fields of its process being read, the field being gathered
         self._list: ProcessList | None = None
         self._fields: list[str | None] | None = None
         self._field: int | None = None
         self._text: list[str] = []
         self._text_size = 0
         #: the kept elements open; the text since the last start or end, held until the next
-        #: (`_flush`): its characters, the first of them (all, until cut), the last once cut
+        #: (`_flush`): its size, its first characters (all, until cut), its last once cut
         self._open: list[ET.Element] = []
         self._size = 0
         self._held: list[str] = []
