@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from atopgpud_tw.codec.contexts import *  # noqa: F403
     from atopgpud_tw.codec.parse import *  # noqa: F403
 
-#: the modules loaded at the first of their names looked up here: a daemon never parses a reply
-#: and makes ``P``'s lines only when a client asks ``P``
+#: the modules loaded at the first of their names looked up here (a daemon never parses a reply)
 LATER = ("contexts", "parse")
 
 

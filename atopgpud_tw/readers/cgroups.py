@@ -90,12 +90,10 @@ def _job(path: str) -> str:
 
 
 def workload_of(text: str) -> CgroupWorkload:
-    """The workload a ``/proc/PID/cgroup`` text names.
+    """The workload a ``/proc/PID/cgroup`` text names, from the part of the path no one was delegated.
 
-    Only the part of the path that no one was delegated names a pod, a container, a job or a
-    slice: systemd delegates a subtree only at a unit (``user@UID.service``, a container's scope, a
-    service with ``Delegate=``), and a container runtime's cgroupfs folder is the container's own.
-    So the walk down the path trusts what it finds until the first unit or container:
+    systemd delegates a subtree only at a unit (``user@UID.service``, a container's scope,
+    ``Delegate=``), and a cgroupfs container folder is the container's own, so the walk trusts:
 
     - a slice only on systemd's own chain (``a-b.slice`` directly in ``a.slice``, from the root, or
       from the top a cgroup namespace shows), and a pod slice only as a link of that chain;

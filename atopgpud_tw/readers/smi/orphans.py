@@ -1,14 +1,11 @@
 """What nvidia-smi runs leave behind, found and killed when each run ends.
 
-A process that calls ``setsid`` or ``setpgid`` leaves its run's group (child.py),
-and once its parent is gone it would belong to init.  So the daemon makes itself
-a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4): every process a
-run started stays below it.  The daemon starts no processes but its runs, so a
-child Twisted did not spawn (in no reap handler) is left over from a run:
-`Orphans.sweep` SIGKILLs and reaps each.  Only the daemon's own children are ever
-signalled: a child's pid cannot be taken by another process before its parent
-reaps it.  A killed child's children are handed over in turn and killed at the
-next sweep, `ROUND` seconds later.
+A process that calls ``setsid`` or ``setpgid`` leaves its run's group (child.py), so
+the daemon makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux
+3.4): what a run started stays below it.  The daemon starts no processes but its runs,
+so a child Twisted did not spawn is left over from one: `Orphans.sweep` SIGKILLs and
+reaps each, and their own children, handed over in turn, `ROUND` seconds later.  Only
+the daemon's own children are signalled: a pid cannot be reused before its parent reaps it.
 
 Not caught: a process that is not below the daemon (reached through a socket or
 a D-Bus activation), and anything once the daemon is killed with SIGKILL (systemd
