@@ -43,8 +43,7 @@ INT_MAX = 2**31 - 1
 LLONG_MAX = 2**63 - 1
 #: the longest device record: ``@`` and eight numbers of up to 20 characters
 _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
-#: devices on the wire at most: this many device records fit in one reply
-#: whatever their numbers, and their ``T`` entries too
+#: devices on the wire at most: this many device records (and ``T`` entries) fit in one reply
 MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
 #: a version byte atop never sends: ``atopgpu`` asks with it for version 2 replies of up to
 #: `MAX_WIRE_DEVICES` devices (a daemon that does not know it answers it as the newest version)

@@ -18,8 +18,7 @@ import re
 
 from atopgpud_tw.snapshot import CgroupWorkload
 
-#: the systemd driver's container scopes, and the runtime each names (as Kubernetes
-#: writes a container id: ``RUNTIME://ID``)
+#: the systemd driver's container scopes, and the runtime each names (a container id: ``RUNTIME://ID``)
 _SCOPES = (("cri-containerd-", "containerd"), ("docker-", "docker"), ("crio-", "cri-o"), ("libpod-", "podman"))
 _ID = re.compile(r"[0-9a-f]{32,128}")
 #: the systemd driver's pod slice; a kubelet with --cgroup-root=/ROOT names its slices

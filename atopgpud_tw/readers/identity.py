@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-MIG_SEPARATOR = " MIG "
-
 
 def mig_key(card: str, gpu_instance: int, compute_instance: int) -> str:
     """A MIG instance's identity across polls from its card's key, and its bus id from the card's."""
@@ -36,7 +34,7 @@ def mig_ids(card_key: str, key: str) -> int | None:
 def mig_profile(name: str) -> str:
     """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``); a name without
     the MIG marker is taken to be the profile already."""
-    return name.rsplit(MIG_SEPARATOR, 1)[-1].removeprefix("MIG ").strip()
+    return name.rsplit(" MIG ", 1)[-1].removeprefix("MIG ").strip()
 
 
 class CardKeys:
