@@ -35,8 +35,7 @@ MAX_PROCESSES_PER_DEVICE = 255
 ATOP_MAX_GPUS = 32
 #: atop keeps the last characters of a bus id and of a type name
 ATOP_ID_CHARS = 12
-#: a longer name or bus id keeps only its last this many characters on the wire
-#: (atop shows the last 12 of them), so that ``T`` fits whatever a reader says
+#: a longer name or bus id keeps its last this many characters on the wire: ``T`` fits whatever it is
 MAX_TOKEN_CHARS = 64
 #: atop reads ``%d`` and ``%lld`` numbers: nothing on the wire goes beyond these
 INT_MAX = 2**31 - 1
@@ -51,8 +50,7 @@ WIDE_REQUEST = 0x80 | 2
 
 
 def wire_devices(asked: int) -> int:
-    """How many devices (the first, in ``T`` order) a reply carries, by the version byte asked with:
-    `ATOP_MAX_GPUS` for any request atop sends, `MAX_WIRE_DEVICES` for `WIDE_REQUEST`."""
+    """How many devices (the first, in ``T`` order) a reply to the version byte `asked` carries."""
     return MAX_WIRE_DEVICES if asked == WIDE_REQUEST else ATOP_MAX_GPUS
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
@@ -84,8 +82,7 @@ def negotiate(version: int) -> int:
     return version if version in VERSIONS else NEWEST_VERSION
 
 
-#: every valid request parsed so far, parsed once: a daemon parses one per reply, and its
-#: clients ask a few of the 768 there are (all of them made up front would be some 100 KiB)
+#: every valid request parsed so far (a few of the 768 there are), parsed once: one per reply
 _REQUESTS: dict[bytes, Request] = {}
 
 

@@ -32,8 +32,7 @@ def mig_ids(card_key: str, key: str) -> int | None:
 
 
 def mig_profile(name: str) -> str:
-    """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``); a name without
-    the MIG marker is taken to be the profile already."""
+    """The profile of a MIG device from its name (``NVIDIA A100 ... MIG 3g.20gb``, or the profile already)."""
     return name.rsplit(" MIG ", 1)[-1].removeprefix("MIG ").strip()
 
 

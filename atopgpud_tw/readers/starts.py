@@ -70,9 +70,8 @@ PIDFD_SHARE = 2
 
 
 class Starts:
-    """Start times of listed pids, read by a reader's worker thread, from a function per pid (a simulated
-    host's): `check` after the driver's lists were taken and before their pids are looked up (with the
-    call itself, or with `of`); `sweep` after each poll, `close` at shut-down."""
+    """Start times of listed pids from a function (a simulated host's), in a reader's worker thread: `check`
+    once the driver's lists are taken, then the call or `of` per pid; `sweep` after each poll."""
 
     def __init__(self, own: StartTimes) -> None:
         self._own = own

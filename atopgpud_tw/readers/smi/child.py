@@ -35,8 +35,7 @@ _ERR_KEPT = 4096
 
 
 class SmiRunError(PollError):
-    """One run of nvidia-smi failed; the message says how, in one line, with no pid (the poller logs a
-    failure again only when its message changes)."""
+    """One run of nvidia-smi failed, said in one line with no pid (logged again only when it changes)."""
 
 
 def kill_group(pid: int) -> bool:

@@ -19,8 +19,7 @@ from atopgpud_tw.readers.smi.values import gpu_busid, not_available
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")
 _WORDS = {"yes_no": {"yes": 1.0, "no": 0.0}, "active": {"active": 1.0, "not active": 0.0}}
-#: the figures the report has: the rows of the table of figures with nvidia-smi paths, the ECC
-#: counters in the report's order (volatile, then aggregate), as the page has always listed them
+#: the rows of the table of figures with nvidia-smi paths, the ECC counters volatile then aggregate
 READ = tuple(sorted((figure for figure in FIGURES if figure.smi is not None),
                     key=lambda figure: dict(figure.labels).get("counter") == "aggregate"))
 

@@ -40,8 +40,7 @@ NAMES_RETRY = 60.0
 @implementer(IReader)
 class SmiReader:
     name = "nvidia-smi"
-    #: nothing to watch: a hung nvidia-smi is a poll that times out, and the
-    #: thread that parses reports works on bounded input (stream.py)
+    #: nothing to watch: a hung nvidia-smi is a poll that times out; reports parsed are bounded
     watchdog = None
 
     def __init__(
@@ -52,8 +51,7 @@ class SmiReader:
         mig: str = "instances",
         adopt_orphans: bool = False,
     ) -> None:
-        """`adopt_orphans`: this process is the daemon, which starts no other processes: it becomes a
-        subreaper and kills every child it did not spawn (orphans.py)."""
+        """`adopt_orphans`: this process starts no others: it kills every child it did not spawn (orphans.py)."""
         mig_mode(mig)
         self._reactor = reactor
         self._configured = binary

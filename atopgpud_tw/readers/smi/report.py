@@ -79,13 +79,9 @@ def read_devices(
     uuids: Profiles | None = None,
     starts: StartTimes | None = None,
 ) -> tuple[tuple[DeviceSample, ...], Problems]:
-    """The devices of a parsed report: cards, and each MIG instance (``mig="instances"``) or a card in
-    MIG mode holding its instances' memory and processes (``"card"``).
-
-    `keys` keeps cards' keys across reports (without it they are unique within this report only);
-    `profiles` and `uuids` are the MIG instances' from ``nvidia-smi -L`` (`mig.name_slots`); `starts`
-    gives each listed pid's start time, which tells a reused pid (none known without it).
-    """
+    """The devices of a parsed report: cards, and each MIG instance (``mig="instances"``) or a MIG card
+    holding its instances' (``"card"``).  `keys` keeps cards' keys across reports; `profiles` and `uuids`
+    are ``nvidia-smi -L``'s (`mig.name_slots`); `starts` tells each listed pid's start time."""
     mig_mode(mig)
     problems = Problems()
     note_cut_texts(root, problems)

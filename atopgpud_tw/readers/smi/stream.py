@@ -149,8 +149,7 @@ class _Keeper:
         self._field: int | None = None
         self._text: list[str] = []
         self._text_size = 0
-        #: the kept elements open; the text since the last start or end, held until the next
-        #: (`_flush`): its size, its first characters (all, until cut), its last once cut
+        #: the kept elements open; the text held since the last start or end: size, head, tail once cut
         self._open: list[ET.Element] = []
         self._size = 0
         self._held: list[str] = []
