@@ -58,11 +58,11 @@ def note_cut_texts(root: ET.Element, problems: Problems) -> None:
     for element in root:
         gpu = element.tag == "gpu"
         owner = (element.get("id") or "").strip() or "?" if gpu else "report"
-        for cut in element.iter() if gpu else [element]:
-            if cut.get(CUT) is not None:
-                problems.add(f"{owner} {cut.tag} long",
-                             f"{'GPU ' + owner if owner != 'report' else 'the report'}: <{cut.tag}> is longer than "
-                             f"{MAX_TEXT} characters ({cut.get(CUT)}): its start and end are kept, about an ellipsis")
+        for tag, size in ((each.tag, each.get(CUT)) for each in (element.iter() if gpu else [element])):
+            if size is not None:
+                problems.add(f"{owner} {tag} long",
+                             f"{'GPU ' + owner if owner != 'report' else 'the report'}: <{tag}> is longer than "
+                             f"{MAX_TEXT} characters ({size}): its start and end are kept, about an ellipsis")
 
 
 def note_preamble(preamble: str, problems: Problems) -> None:
