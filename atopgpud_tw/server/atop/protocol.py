@@ -11,8 +11,8 @@ Every connection is bounded (`Limits`): the number of clients, and of one user's
 clients (the uid of a UNIX client, or of a TCP client on this host; TCP clients
 whose uid cannot be told share one count), the reply bytes a client may leave
 unread, how long it may stay silent, and, on UNIX sockets, who may connect at
-all (`access.AllowList`).  The factory provides `accepting.IAdmission`, so a
-fair port refuses a user whose share is taken before it builds a connection.
+all (`access.AllowList`).  A fair port asks the factory (`room_for`), so that
+a user whose share is taken is refused before a connection is built.
 
 The slots, across every listener (`Slots`): root and each ``--allow-uid`` user
 have slots kept for them (``--reserved-clients`` each) that no other uid can
@@ -42,8 +42,7 @@ from atopgpud_tw.problems import UidBurstLogs
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.exits import ClientQueue
 from atopgpud_tw.server.atop.turns import Turns
-from atopgpud_tw.server.system.accepting import IAdmission
-from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid
+from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid, socket_of
 from atopgpud_tw.server.system.sockdiag import SockDiag
 
 
@@ -240,7 +239,6 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         return peer_name(self.transport)
 
 
-@implementer(IAdmission)
 class AtopGpuFactory(Factory):
     """Makes a protocol per connection, all serving one Board, within `Limits`."""
 
@@ -272,7 +270,7 @@ class AtopGpuFactory(Factory):
         return max(0, count - self.limits.kept_for(uid))
 
     def room_for(self, uid: int | None, family: int) -> bool:
-        """Whether a connection of `uid` may be admitted now (`IAdmission`), making room
+        """Whether a connection of `uid` may be admitted now (asked by a fair port), making room
         for it if it is owed some; refusals are logged once per uid and burst."""
         if family == socket.AF_UNIX and uid is not None and self.gate.refuses_uid(uid):
             return False
@@ -356,7 +354,7 @@ class AtopGpuFactory(Factory):
 
     def admit(self, protocol: AtopGpuProtocol) -> bool:
         """Whether a new connection may stay; refusals are logged once per uid and burst."""
-        handle = _handle(protocol.transport)
+        handle = socket_of(protocol.transport)
         uid = peer_uid(handle, self._diag) if handle is not None else None
         family = handle.family if handle is not None else socket.AF_INET
         if not self.room_for(uid, family):
@@ -389,15 +387,6 @@ class AtopGpuFactory(Factory):
         self._closed_for_room.stop()
         self.gate.stop()
         self._diag.close()
-
-
-def _handle(transport: Any) -> socket.socket | None:
-    """A transport's socket; None for one without (a test's StringTransport)."""
-    try:
-        handle = transport.getHandle()
-    except (AttributeError, NotImplementedError):
-        return None
-    return handle if isinstance(handle, socket.socket) else None
 
 
 def _who(uid: int | None) -> str:

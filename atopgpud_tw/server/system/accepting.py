@@ -4,9 +4,9 @@ Twisted's listening port accepts in a loop that grows by 20 each time it drains
 the whole backlog, and builds a transport and a protocol for every connection
 it takes; a process that connects, sends a request and resets, in a loop, made
 that loop thousands long, every reactor turn, and filled ``--max-clients`` with
-connections already dead.  A `FairPort` takes each turn in three steps, at the start of the reactor's
-turn after the one in which the listener was readable: the connections
-readable in that turn (an atop asking) are served first, not after a drain.
+connections already dead.  A `FairPort` takes each turn in three steps, at the
+start of the reactor's turn after the one in which the listener was readable
+(so an atop already connected is served first):
 
 1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
    bare file descriptor (the C accept, no socket object), so that the backlog
@@ -17,23 +17,18 @@ readable in that turn (an atop asking) are served first, not after a drain.
 2. **Reap**: one ``poll`` over what was drained; a connection whose client has
    already closed or reset it is closed at once, unread (a plain ``close``: its
    peer is gone, so no TIME_WAIT is left on our side).  The others become
-   sockets, and their peer's uid is asked.
+   sockets, and their peer's uid is asked (`access.peer_uid`: None, one bucket,
+   for a TCP client not on this host).
 3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
-   protocols, taken from the users waiting in turn (round robin by uid), so
-   one user's hundred waiting connections do not come before another's one.
-   The factory, if it provides `IAdmission`, may refuse a uid at once (no slot
-   of ``--max-clients`` is left to it, or it is not allowed): that connection is
-   closed before anything is built.  A user's connections beyond
-   `PENDING_PER_UID` waiting are closed at once.  Those left wait for the next
-   turn (a ``callLater(0)``), checked again for a hang-up before they are admitted.
+   protocols, taken from the users waiting in turn (round robin by uid).  A
+   factory with a ``room_for(uid, family)`` method may refuse a uid at once (no
+   slot of ``--max-clients`` is left to it, or it is not allowed; the refusal is
+   the factory's to log): that connection is closed before anything is built.
+   A user's connections beyond `PENDING_PER_UID` waiting are closed at once.
+   Those left wait for the next turn, checked again for a hang-up.
 
-The uid of a UNIX client is SO_PEERCRED's; of a TCP client on this host, its
-socket's owner (`sockdiag`); of any other TCP client, unknown (None), one
-bucket for them all.
-
-`fair_reactor` wraps a reactor so that the endpoints built on it (``tcp:``,
-``unix:``, abstract sockets) listen on fair ports; a reactor that is not
-Twisted's POSIX one (a test's MemoryReactor) is left as it is.
+`fair_reactor` wraps Twisted's POSIX reactor so that the endpoints built on it
+listen on fair ports.
 """
 
 from __future__ import annotations
@@ -49,7 +44,6 @@ from twisted.internet import tcp, unix
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.posixbase import PosixReactorBase
 from twisted.python.failure import Failure
-from zope.interface import Interface
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.system.access import peer_uid
@@ -71,22 +65,7 @@ _LINGER_RESET = struct.pack("ii", 1, 0)
 Socket = socket.socket
 
 
-class IAdmission(Interface):
-    """A factory that may refuse a connection by its user before it is built."""
-
-    def room_for(uid: int | None, family: int) -> bool:  # type: ignore[misc]  # zope's methods take no self
-        """Whether a new connection from `uid` (None: unknown) on a socket of
-        `family` (AF_UNIX: the uid is SO_PEERCRED's) may be admitted; a refusal
-        is the factory's to log."""
-
-
-def hung_up(sockets: Iterable[socket.socket]) -> set[socket.socket]:
-    """Those of `sockets` whose peer has closed or reset the connection (one poll)."""
-    by_fd = {sock.fileno(): sock for sock in sockets}
-    return {by_fd[fd] for fd in hung_up_fds(by_fd)}
-
-
-def hung_up_fds(fds: Iterable[int]) -> set[int]:
+def hung_up(fds: Iterable[int]) -> set[int]:
     """Those of the descriptors `fds` whose peer has closed or reset the connection (one poll)."""
     poller = select.poll()
     register = poller.register
@@ -150,7 +129,7 @@ class FairPort:
         try:
             arrived = self._drain()
             if arrived:
-                dead = hung_up_fds(fd for fd, _ in arrived)
+                dead = hung_up(fd for fd, _ in arrived)
                 close = os.close
                 for fd, address in arrived:
                     if fd in dead:
@@ -192,16 +171,8 @@ class FairPort:
         sock.setblocking(False)
         return sock
 
-    def _uid(self, sock: Socket, address: Any) -> int | None:
-        if sock.family == socket.AF_UNIX:
-            return peer_uid(sock)
-        return peer_uid(sock, self._diag)
-
     def _wait(self, sock: Socket, address: Any) -> None:
-        uid = self._uid(sock, address)
-        queue = self._pending.get(uid)
-        if queue is None:
-            queue = self._pending[uid] = deque()
+        queue = self._pending.setdefault(peer_uid(sock, self._diag), deque())
         if len(queue) >= self.pending_per_uid:
             self.counts["excess"] += 1
             close_now(sock)
@@ -223,16 +194,16 @@ class FairPort:
 
     def _admit(self) -> None:
         self._next_turn = None
-        admission = self.factory if IAdmission.providedBy(self.factory) else None
+        room_for = getattr(self.factory, "room_for", None)
         admitted = 0
         while admitted < self.budget and self._pending:
             chosen = self._turn(self.budget - admitted)
-            dead = hung_up(sock for _, sock, _ in chosen)
+            dead = hung_up(sock.fileno() for _, sock, _ in chosen)
             for uid, sock, address in chosen:
-                if sock in dead:
+                if sock.fileno() in dead:
                     self.counts["reaped"] += 1
                     close_now(sock)
-                elif admission is not None and not admission.room_for(uid, sock.family):
+                elif room_for is not None and not room_for(uid, sock.family):
                     self.counts["refused"] += 1
                     close_now(sock)
                 else:

@@ -29,7 +29,6 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.sockdiag import is_local
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
@@ -50,14 +49,18 @@ def peer_of(transport: Any) -> Peer | None:
         handle = transport.getHandle()
         if handle.family != socket.AF_UNIX:
             return None
-        raw = handle.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, uid, gid = _ucred(handle)
     except (AttributeError, OSError):
         return None
-    pid, uid, gid = _UCRED.unpack(raw)
     groups = _peer_groups(handle)
     if groups is None:
         groups = _proc_groups(pid)
     return Peer(pid, uid, frozenset({gid}) | groups)
+
+
+def _ucred(sock: socket.socket) -> tuple[int, int, int]:
+    """The pid, uid and gid of a UNIX socket's peer (SO_PEERCRED)."""
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
 
 
 def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
@@ -66,27 +69,33 @@ def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
     else None."""
     try:
         if sock.family == socket.AF_UNIX:
-            return int(_UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1])
-        if diag is None:
-            return None
-        local, remote = sock.getsockname(), sock.getpeername()
+            return _ucred(sock)[1]
+        return None if diag is None else diag.owner(sock.getsockname(), sock.getpeername())
     except OSError:
         return None
-    return diag.owner(local, remote) if is_local(local, remote) else None
+
+
+def socket_of(transport: Any) -> socket.socket | None:
+    """A transport's socket, under any that wrap it (TLS); None for one without (a test's)."""
+    while transport is not None:
+        try:
+            handle = transport.getHandle()
+        except (AttributeError, NotImplementedError):
+            handle = None
+        if isinstance(handle, socket.socket):
+            return handle
+        transport = getattr(transport, "transport", None)
+    return None
 
 
 def peer_key(transport: Any, diag: Any) -> str:
     """Whom a client's share of a bounded thing is counted to: its address (every UNIX-socket client's is
     "local") and, for a client on this host, the uid that owns its socket, so that one local user's flood
-    takes no share of another user's on the same address.  `transport` may wrap the socket's (TLS)."""
+    takes no share of another user's on the same address."""
     address = str(getattr(transport.getPeer(), "host", None) or "local")
-    while transport is not None:
-        handle = getattr(transport, "getHandle", lambda: None)()
-        if isinstance(handle, socket.socket):
-            uid = peer_uid(handle, diag)
-            return address if uid is None else f"{address} (uid {uid})"
-        transport = getattr(transport, "transport", None)
-    return address
+    handle = socket_of(transport)
+    uid = None if handle is None else peer_uid(handle, diag)
+    return address if uid is None else f"{address} (uid {uid})"
 
 
 def peer_name(transport: Any) -> str:
@@ -158,14 +167,7 @@ class Gate:
         peer = peer_of(transport)
         if self.allow.admits(peer):
             return True
-        self._refused.event(
-            lambda: self.log.warn(
-                "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid",
-                uid=peer.uid if peer else None,
-                where=self.where,
-            ),
-            "clients refused (--allow-uid/--allow-gid)",
-        )
+        self._refuse(peer.uid if peer else None)
         return False
 
     def refuses_uid(self, uid: int) -> bool:
@@ -173,13 +175,16 @@ class Gate:
         `admits` logs it); False where its groups could still admit it."""
         if not self.allow.restricts or self.allow.gids or uid == 0 or uid in self.allow.uids:
             return False
+        self._refuse(uid)
+        return True
+
+    def _refuse(self, uid: int | None) -> None:
         self._refused.event(
             lambda: self.log.warn(
                 "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid", uid=uid, where=self.where
             ),
             "clients refused (--allow-uid/--allow-gid)",
         )
-        return True
 
     def stop(self) -> None:
         self._refused.stop()

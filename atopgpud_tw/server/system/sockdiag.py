@@ -42,8 +42,8 @@ class SockDiag:
         self._sequence = 0
 
     def owner(self, local: tuple, peer: tuple) -> int | None:
-        """The uid of the local socket at `peer` connected to `local` (getsockname,
-        getpeername of the accepted socket); None if it cannot be told."""
+        """The uid of the socket at `peer` connected to `local` (getsockname, getpeername
+        of the accepted socket); None if it cannot be told, or the peer is not on this host."""
         query = _sockid(peer, local)
         if query is None or self._refused:
             return None
@@ -83,10 +83,13 @@ class SockDiag:
 
 
 def _sockid(source: tuple, destination: tuple) -> tuple[int, bytes] | None:
-    """The family and inet_diag_sockid of the socket bound to `source`, connected to `destination`."""
+    """The family and inet_diag_sockid of the socket bound to `source`, connected to `destination`;
+    None unless `source` is on this host: on loopback, or at the address it connected to."""
     try:
         src, dst = ipaddress.ip_address(source[0].split("%")[0]), ipaddress.ip_address(destination[0].split("%")[0])
-    except (ValueError, AttributeError, IndexError):
+    except ValueError:
+        return None
+    if not (src.is_loopback or source[0] == destination[0]):
         return None
     if isinstance(src, ipaddress.IPv6Address) and src.ipv4_mapped and isinstance(dst, ipaddress.IPv6Address):
         # a v4 client on a dual-stack listener: its own socket is an AF_INET one
@@ -96,11 +99,3 @@ def _sockid(source: tuple, destination: tuple) -> tuple[int, bytes] | None:
     family = socket.AF_INET if src.version == 4 else socket.AF_INET6
     sockid = _SOCKID.pack(source[1], destination[1], src.packed.ljust(16, b"\0"), dst.packed.ljust(16, b"\0"))
     return family, sockid + _SOCKID_TAIL.pack(0, _NO_COOKIE, _NO_COOKIE)
-
-
-def is_local(local: tuple, peer: tuple) -> bool:
-    """Whether a TCP peer is on this host: on loopback, or at the address it connected to."""
-    try:
-        return ipaddress.ip_address(peer[0].split("%")[0]).is_loopback or peer[0] == local[0]
-    except (ValueError, AttributeError, IndexError):
-        return False
