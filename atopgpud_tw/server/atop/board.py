@@ -1,17 +1,16 @@
 """The state every connection serves: counters, replies cached per poll, client queues.
 
 The poller hands each Snapshot to `Board.fold`; protocols ask `Board.reply` for
-the bytes of one request.  Everything runs in the reactor thread, so no locks.
+the bytes of one request, all in the reactor thread.
 
 Replies are rendered once per poll and version and reused for every request until
-the next poll; only a client's own exited processes are added per request, and
-each exited process's record is rendered once per version for all the clients
-that hear of it.  A version 2 request costs no work that grows with the number
-of clients or, unless the reply must be cut to atop's limit, with the number of
-processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per client once per poll, by the client's
-`intervals.V1Session`.  Each request command of the wire has its handler in
-`Board.HANDLERS`; a command without one is refused, never answered as another.
+the next poll; only a client's own exited processes are added per request, each
+exit's record rendered once per version for every client.  So a version 2 request
+costs no work that grows with the clients or, unless the reply is cut to atop's
+limit, with the processes.  Version 1 replies carry busy figures over each
+client's own interval: rendered per client once per poll (`intervals.V1Session`).
+Each request command has its handler in `Board.HANDLERS`; a command without one
+is refused, never answered as another.
 
 However many exits a client has queued, a reply looks at no more of them than
 can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
@@ -37,9 +36,6 @@ from atopgpud_tw.snapshot import Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
 
-__all__ = ["Board", "ClientQueue", "ExitReport", "DEFAULT_EXITED_LIMIT"]
-
-
 #: what a reply shows: its version, and how many devices (the first, in ``T`` order) it carries
 _View = tuple[int, int]
 
@@ -58,16 +54,15 @@ class Board:
     def __init__(
         self, counters: Counters | None = None, exited_limit: int = DEFAULT_EXITED_LIMIT, layout: Snapshot | None = None
     ) -> None:
-        """`layout`: the devices the reader found at start-up, which ``T`` lists before the first poll."""
+        """`layout`: the devices found at start-up, which ``T`` lists before the first poll."""
         self.counters = counters or Counters()
         if layout is not None:
             self.counters.declare(layout)
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
-        #: per view (reply version, devices carried: `codec.wire_devices`): the ``T``
-        #: body and its framed reply, with the layout generation they show
-        self._types: dict[_View, tuple[int, bytes]] = {}
-        self._types_framed: dict[_View, tuple[int, bytes]] = {}
+        #: per view (reply version, devices carried: `codec.wire_devices`): the layout
+        #: generation, the ``T`` body and its framed reply
+        self._types: dict[_View, tuple[int, bytes, bytes]] = {}
         self._stats: dict[_View, _Rendered] = {}
         #: the latest poll's exits as queued, and the body per view for a queue holding just them
         self._batch: list[ExitReport] | None = None
@@ -165,7 +160,7 @@ class Board:
         if queue not in self.losing:
             return
         self.losing.discard(queue)
-        queue.heard()
+        queue.lost = 0  # the count starts afresh
         if not self.losing:
             log.info(
                 "{lost} exited processes were dropped from {clients} clients' full queues "
@@ -206,15 +201,8 @@ class Board:
         return handler(self, request, queue)
 
     def _reply_types(self, request: codec.Request, queue: ClientQueue) -> bytes:
-        """``T``: the GPU types, framed once per layout and view."""
-        version = request.reply_version
-        view = (version, request.devices)
-        generation = self.counters.layout_generation
-        framed = self._types_framed.get(view)
-        if framed is None or framed[0] != generation:
-            body = self.types_body(version, request.devices)
-            framed = self._types_framed[view] = (generation, codec.frame(version, body))
-        return framed[1]
+        """``T``: the GPU types."""
+        return self._types_of(request.reply_version, request.devices)[2]
 
     def _reply_stats(self, request: codec.Request, queue: ClientQueue) -> bytes:
         """``S``: the statistics, with this client's exits (version 1: over its own interval)."""
@@ -224,10 +212,9 @@ class Board:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
             return codec.frame(version, self.stats_body(version, queue, devices))
-        queue.subscribe()
+        queue.subscribed = True
         rendered = self._rendered(version, devices)
-        if rendered.prepared.full.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += rendered.prepared.full.active_cut
         return rendered.framed
 
     def _reply_contexts(self, request: codec.Request, queue: ClientQueue) -> bytes:
@@ -242,17 +229,21 @@ class Board:
     }
 
     def types_body(self, version: int = 2, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
-        """The ``T`` body listing the first `devices`, rendered again only when the device list changed."""
+        """The ``T`` body listing the first `devices`."""
+        return self._types_of(version, devices)[1]
+
+    def _types_of(self, version: int, devices: int) -> tuple[int, bytes, bytes]:
+        """The ``T`` body and reply of a view, rendered again only when the device list changed."""
         generation = self.counters.layout_generation
-        view = (version, devices)
-        cached = self._types.get(view)
+        cached = self._types.get((version, devices))
         if cached is None or cached[0] != generation:
-            cached = self._types[view] = (generation, render.render_types(self.counters.devices[:devices]))
-        return cached[1]
+            body = render.render_types(self.counters.devices[:devices])
+            cached = self._types[(version, devices)] = (generation, body, codec.frame(version, body))
+        return cached
 
     def stats_body(self, version: int, queue: ClientQueue, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
         """The ``S`` body of the first `devices` for one client; takes what it reports off its queue."""
-        queue.subscribe()
+        queue.subscribed = True
         if len(self.counters.devices) > devices:
             queue.only_devices_below(devices)
         view = (version, devices)
@@ -269,14 +260,13 @@ class Board:
                 if shared:
                     self._batch_bodies[view] = result
             self._sent(queue, len(result.exited_sent))
-        if result.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += result.active_cut
         return result.body
 
     def stats_v1(self, queue: ClientQueue) -> bytes:
         """The version 1 ``S`` body for one client, with busy figures over its own
         interval (`intervals.V1Session`); takes what it reports off its queue."""
-        queue.subscribe()
+        queue.subscribed = True
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:
             queue.only_devices_below(wired)
@@ -284,16 +274,12 @@ class Board:
             queue, self.counters, lambda: self._rendered(1, wired).prepared, self._v1_records
         )
         self._sent(queue, len(result.exited_sent))
-        if result.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += result.active_cut
         return result.body
 
     def v1_session(self, queue: ClientQueue) -> V1Session:
         """A client's version 1 session, begun at its first version 1 ``S``."""
-        session = self.v1_sessions.get(queue)
-        if session is None:
-            session = self.v1_sessions[queue] = V1Session()
-        return session
+        return self.v1_sessions.setdefault(queue, V1Session())
 
     def _rendered(self, version: int, devices: int) -> _Rendered:
         generation = self.counters.generation

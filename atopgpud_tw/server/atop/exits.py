@@ -19,17 +19,14 @@ DEFAULT_EXITED_LIMIT = 8192
 
 @dataclass(eq=False)
 class ExitReport:
-    """The report of an exited process (`counters.ExitedProcess`) as every client's
-    queue holds it, until each client is told: one object shared by all, with its
-    ``E`` records rendered once."""
+    """An exited process (`counters.ExitedProcess`) as every client's queue holds it:
+    one object shared by all, its ``E`` records rendered once per version."""
 
     device_index: int
     totals: ProcessTotals
-    #: its ``E`` record per reply version, rendered for the first client that asks
     records: dict[int, bytes] = field(default_factory=dict)
 
     def record(self, version: int) -> bytes:
-        """Its ``E`` record in a reply version."""
         record = self.records.get(version)
         if record is None:
             record = self.records[version] = render.render_process(self.totals, version, b"E")
@@ -38,11 +35,10 @@ class ExitReport:
 
 @dataclass(eq=False)
 class ClientQueue:
-    """One client's processes that ended and that it has not been told about yet.
+    """One client's exits not yet told, at most `limit` (the oldest dropped and counted).
 
-    A client is told of exits only after its first ``S``: what ended before
-    that has no earlier figures for atop to subtract from.  The queue is
-    bounded; when full, the oldest entries are dropped and counted.
+    A client is told of exits only after its first ``S`` (`subscribed`): what ended
+    before that has no earlier figures for atop to subtract from.
     """
 
     limit: int = DEFAULT_EXITED_LIMIT
@@ -72,19 +68,12 @@ class ClientQueue:
         self.lost += overflow
         return overflow
 
-    def subscribe(self) -> None:
-        """The client asked for ``S``: from now on it is told of exits."""
-        self.subscribed = True
-
     def holds_only(self, batch: Sequence[ExitReport] | None) -> bool:
-        """Whether the queue holds exactly `batch`, one poll's exits as the Board
-        shares them among every client (the same list object): its reply is then
-        that of every other such client."""
+        """Whether the queue holds exactly `batch` (the same list object the Board shared)."""
         return batch is not None and self.batch is batch
 
     def take(self, count: int) -> None:
-        """Forget the first `count` entries: they were sent.  What is left is no
-        longer one poll's shared batch."""
+        """Forget the first `count` entries: they were sent."""
         self.batch = None
         if count >= len(self.entries):
             self.entries.clear()
@@ -92,13 +81,8 @@ class ClientQueue:
             for _ in range(count):
                 self.entries.popleft()
 
-    def heard(self) -> None:
-        """The client asked again since it lost exits: the count starts afresh."""
-        self.lost = 0
-
     def only_devices_below(self, count: int) -> None:
-        """Drop the exits on devices from index `count` on: a version 1 reply
-        carries no more devices, so they could never be sent."""
+        """Drop the exits on devices from index `count` on, which no reply to this client carries."""
         if any(entry.device_index >= count for entry in self.entries):
             self.entries = deque(entry for entry in self.entries if entry.device_index < count)
             self.batch = None

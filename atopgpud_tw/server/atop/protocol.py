@@ -74,8 +74,7 @@ class Limits:
 
     @property
     def reserve(self) -> int:
-        """The slots kept for each privileged uid: `reserved_clients`, less where they
-        would take more than half of `max_clients`, at least one."""
+        """The slots kept for each privileged uid: at most half of `max_clients` in all, at least one."""
         return max(1, min(self.reserved_clients, self.max_clients // 2 // len(self.privileged)))
 
     @property
@@ -91,7 +90,6 @@ class Limits:
         return max(1, self.shared - self.shared // 4)
 
     def kept_for(self, uid: int | None) -> int:
-        """The slots kept for `uid`: `reserve` for root and --allow-uid users, else none."""
         return self.reserve if uid in self.privileged else 0
 
 
@@ -146,7 +144,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             self.queue = None
 
     def timeoutConnection(self) -> None:
-        self.log.info("closing idle connection from {peer}", peer=self._peer())
+        self.log.info("closing idle connection from {peer}", peer=peer_name(self.transport))
         self._closing = True
         self.transport.loseConnection()
 
@@ -197,7 +195,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         try:
             reply = self.factory.board.reply(codec.parse_request(data), self.queue)
         except codec.ProtocolError as error:
-            self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
+            self.log.warn("closing connection from {peer}: {error}", peer=peer_name(self.transport), error=str(error))
             self._buffer, self._start = b"", 0
             self._closing = True
             self.transport.loseConnection()
@@ -215,7 +213,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             if self._backlog > self.factory.limits.max_unsent:
                 self.log.warn(
                     "closing connection from {peer}: {size} bytes of replies left unread",
-                    peer=self._peer(),
+                    peer=peer_name(self.transport),
                     size=self._backlog,
                 )
                 self._closing = True
@@ -234,9 +232,6 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
 
     def stopProducing(self) -> None:
         self._closing = True
-
-    def _peer(self) -> str:
-        return peer_name(self.transport)
 
 
 class AtopGpuFactory(Factory):
