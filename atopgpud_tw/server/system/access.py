@@ -6,12 +6,10 @@ daemon an allow-list of uids and gids (``--allow-uid``/``--allow-gid``); a clien
 on a UNIX socket (an atop socket or a UNIX ``--metrics`` socket) is then accepted
 only if SO_PEERCRED says its uid is listed, or its primary or a supplementary group
 is.  The supplementary groups come from SO_PEERGROUPS, the groups the client had
-when it connected, so nothing is read from /proc (which ``ProtectProc=invisible``
-hides); /proc is the fallback on kernels older than 4.13.  TCP clients carry no
-credentials: keep TCP on loopback, or off, where this matters.  (A TCP client on
-this host still has a uid, its socket's owner, which `peer_uid` finds through
-`sockdiag` to count each user's slots of ``--max-clients``; the allow-list does
-not rely on it.)
+when it connected (/proc, which ``ProtectProc=invisible`` hides, only on kernels
+older than 4.13).  TCP clients carry no credentials: keep TCP on loopback, or off,
+where this matters.  (A local TCP client's socket owner, `peer_uid` through
+`sockdiag`, counts its user's slots of ``--max-clients``, not its access.)
 """
 
 from __future__ import annotations
@@ -59,7 +57,6 @@ def peer_of(transport: Any) -> Peer | None:
 
 
 def _ucred(sock: socket.socket) -> tuple[int, int, int]:
-    """The pid, uid and gid of a UNIX socket's peer (SO_PEERCRED)."""
     return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
 
 
@@ -99,17 +96,16 @@ def peer_key(transport: Any, diag: Any) -> str:
 
 
 def peer_name(transport: Any) -> str:
-    """A client as the log names it: its address, or its socket's name."""
     return address_name(transport.getPeer())
 
 
 def address_name(peer: Any) -> str:
-    """A client's address (an `IAddress`) as the log names it."""
+    """A client's address (an `IAddress`) as the log names it: its host, or its socket's name."""
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 
 def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
-    """The peer's supplementary groups from SO_PEERGROUPS; None where the kernel has none."""
+    """The peer's supplementary groups (SO_PEERGROUPS); None where the kernel has none."""
     for size in (64, _NGROUPS_MAX):
         try:
             raw = handle.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
@@ -151,8 +147,7 @@ class AllowList:
 
 
 class Gate:
-    """The allow-list where clients connect: admits a transport or refuses it,
-    logging refusals once per burst."""
+    """The allow-list where clients connect, its refusals logged once per burst."""
 
     log = ClassLogger("atopgpud_tw.access.Gate")
 
@@ -173,7 +168,7 @@ class Gate:
     def refuses_uid(self, uid: int) -> bool:
         """Whether a UNIX client of `uid` is refused whatever its groups (logged as
         `admits` logs it); False where its groups could still admit it."""
-        if not self.allow.restricts or self.allow.gids or uid == 0 or uid in self.allow.uids:
+        if self.allow.gids or self.allow.admits(Peer(0, uid, frozenset())):
             return False
         self._refuse(uid)
         return True

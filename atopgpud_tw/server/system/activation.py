@@ -2,15 +2,12 @@
 
 With ``atopgpud.socket`` enabled, systemd holds ``@atopgpud_nvidia`` (and, with
 ``atopgpud-tcp.socket``, TCP 127.0.0.1:59123) from early boot: an atop started
-before the daemon connects at once, and its request waits in the socket's queue
-until the daemon answers it.  systemd passes the sockets to the service
-(``LISTEN_FDS``); each takes the place of the ``--listen`` or ``--metrics``
-endpoint with the same address, so one command line serves with and without the
-socket units.  A passed socket that no endpoint names is an error: it would be
-held open and never answered.
-
-A passed socket belongs to systemd: it is not bound, chmod-ed, shut down or
-removed here, and it keeps the backlog systemd gave it.
+before the daemon connects at once, its request waiting in the socket's queue.
+systemd passes the sockets (``LISTEN_FDS``); each takes the place of the
+``--listen`` or ``--metrics`` endpoint with the same address, so one command line
+serves with and without the socket units.  A passed socket that no endpoint names
+is an error: it would be held open and never answered.  A passed socket belongs
+to systemd: it is not bound, chmod-ed, shut down or removed here, and keeps its backlog.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ _ANY = (ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::"))
 
 @dataclass(frozen=True)
 class Inherited:
-    """One listening socket systemd passed: its descriptor, family, address and name."""
+    """One listening socket systemd passed."""
 
     fd: int
     family: int
@@ -62,12 +59,11 @@ class ActivationError(Exception):
 def inherited_sockets(environ: Any = os.environ) -> list[Inherited]:
     """The listening sockets systemd passed to this process, in order.
 
-    Twisted reads ``LISTEN_PID``/``LISTEN_FDS`` (and takes them out of the
-    environment) when its endpoints module is imported, for its ``systemd:``
-    endpoints; what it read is asked for here.  (Not through ``serverFromString``:
-    that scans for endpoint plugins and writes ``twisted/plugins/dropin.cache``,
-    which the unit's read-only file system refuses with a warning.)
-    ``LISTEN_FDNAMES`` is taken out here, so that no child sees any of them.
+    Twisted reads (and takes out of the environment) ``LISTEN_PID``/``LISTEN_FDS``
+    when its endpoints module is imported; what it read is asked for here, not
+    through ``serverFromString``, which writes ``twisted/plugins/dropin.cache`` (a
+    warning on the unit's read-only file system).  ``LISTEN_FDNAMES`` is taken out
+    here, so that no child sees any of them.
     """
     found = getattr(getattr(endpoints, "_SystemdParser", None), "_sddaemon", None)
     if not isinstance(found, ListenFDs):  # a Twisted that no longer reads them at import
@@ -107,13 +103,10 @@ def address_of(endpoint: IStreamServerEndpoint) -> Address | None:
     """Where an endpoint would listen, in the form of `Inherited.address`; None if
     that cannot be known (port 0, or an endpoint type with no fixed address)."""
     if isinstance(endpoint, UNIXServerEndpoint):
-        return ("unix", os.fsencode(endpoint._address))
-    if isinstance(endpoint, (TCP4ServerEndpoint, TCP6ServerEndpoint)):
+        return _address(socket.AF_UNIX, endpoint._address)
+    if isinstance(endpoint, (TCP4ServerEndpoint, TCP6ServerEndpoint)) and endpoint._port:
         default = "::" if isinstance(endpoint, TCP6ServerEndpoint) else "0.0.0.0"
-        if not endpoint._port:
-            return None
-        host = ipaddress.ip_address((endpoint._interface or default).split("%")[0])
-        return ("tcp", host, endpoint._port)
+        return _address(socket.AF_INET, (endpoint._interface or default, endpoint._port))
     return None
 
 
@@ -126,10 +119,8 @@ def _same(wanted: Address | None, passed: Address) -> bool:
 
 
 def take_inherited(reactor: Any, listeners: Sequence[Listener], inherited: Sequence[Inherited]) -> list[Listener]:
-    """Each listener, with the passed socket that takes its endpoint's place if any.
-
-    ActivationError names a passed socket that no listener matches.
-    """
+    """Each listener, with the passed socket that takes its endpoint's place if any;
+    ActivationError names a passed socket that no listener matches."""
     left = list(inherited)
     chosen = []
     for listener in listeners:
@@ -170,10 +161,9 @@ class InheritedEndpoint:
 
 
 class _InheritedUNIXPort(FairPort, unix.Port):
-    """A UNIX port on a socket systemd owns, accepting fairly.  Twisted's own adopted UNIX port would
-    chmod a filesystem socket to 0666 when it starts, and when it stops call
-    shutdown() on the socket (which systemd, still holding it, sees as a hang-up:
-    the socket unit fails) and remove its file."""
+    """A UNIX port on a socket systemd owns.  Twisted's own adopted UNIX port would chmod
+    a filesystem socket to 0666, and when it stops call shutdown() on the socket (systemd,
+    still holding it, sees a hang-up: the socket unit fails) and remove its file."""
 
     def startListening(self) -> None:
         tcp._reservedFD.reserve()

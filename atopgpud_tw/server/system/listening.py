@@ -2,10 +2,8 @@
 
 twistd builds the service before it daemonizes and before the reactor runs; a
 listener started later (``StreamServerEndpointService``) that fails only logs a
-traceback while the daemon runs on, serving nothing, and a daemonized parent has
-already exited 0.  Listening in ``makeService`` fails where a service manager and
-the shell see it: one line, exit status 1.  The listening port is then handed to a
-service that only closes it at shutdown.
+traceback while the daemon runs on, serving nothing.  Listening in ``makeService``
+fails where a service manager and the shell see it: one line, exit status 1.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Listener:
-    """One endpoint to listen on: what messages call it, the endpoint, the factory it serves,
-    and the socket systemd passed in the endpoint's place, if any (`activation.take_inherited`)."""
+    """One endpoint to listen on, the factory it serves, and the socket systemd passed in
+    its place, if any (`activation.take_inherited`)."""
 
     description: str
     endpoint: IStreamServerEndpoint
@@ -55,13 +53,8 @@ class ListeningService(Service):
 
 
 def listen_all(listeners: Sequence[Listener], clock: IReactorTime | None = None) -> list[IListeningPort]:
-    """Listen on each listener now.
-
-    If one cannot listen, those already listening are closed (a filesystem
-    socket's file and lock file removed) and SystemExit says which and why.
-    With a clock, each port's trouble accepting connections is logged once per
-    burst (`AcceptLog`).
-    """
+    """Listen on each listener now; if one cannot, those already listening are closed and
+    SystemExit says which and why.  With a clock, trouble accepting is logged by `AcceptLog`."""
     ports: list[IListeningPort] = []
     for listener in listeners:
         outcome: list[Any] = []
@@ -83,8 +76,8 @@ def listen_all(listeners: Sequence[Listener], clock: IReactorTime | None = None)
     return ports
 
 
-#: what Twisted's accept loop logs, three lines for every connection it closes at
-#: once for want of a descriptor, and one for each other failed accept
+#: what Twisted's accept loop logs for each connection closed for want of a descriptor,
+#: and for each other failed accept
 _EMFILE_CLOSED = "EMFILE recovery: Closed socket from {address}"
 _EMFILE_QUIET = ("EMFILE encountered; releasing reserved file descriptor.",
                  "Re-reserving EMFILE recovery file descriptor.")
@@ -93,9 +86,8 @@ _NOT_ACCEPTED = "Could not accept new connection ({acceptError})"
 
 @implementer(ILogObserver)
 class AcceptLog:
-    """Observes one port's accept loop: running out of descriptors, or failing to
-    accept, is said once per burst rather than in lines per connection (Twisted's
-    own took 23.6 MB of log in 10 s)."""
+    """One port's trouble accepting, said once per burst rather than in lines per
+    connection (Twisted's own took 23.6 MB of log in 10 s)."""
 
     log = ClassLogger("atopgpud_tw.listening.AcceptLog")
 
@@ -157,9 +149,8 @@ def _remove_own_lock(problem: BaseException) -> None:
 
 
 def _take_lock(port: IListeningPort) -> None:
-    """A filesystem socket's lock file names the process that listened: twistd's
-    parent, once twistd has daemonized.  The daemon takes it over, or the lock could
-    not be released at shutdown and would be left behind."""
+    """A filesystem socket's lock file names the process that listened (twistd's parent
+    once daemonized): the daemon takes it over, so that it is released at shutdown."""
     lock = getattr(port, "lockFile", None)
     name = getattr(lock, "name", None)
     if name is None or not getattr(lock, "locked", False):
