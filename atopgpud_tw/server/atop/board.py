@@ -30,7 +30,7 @@ from atopgpud_tw.counters import Counters, ExitedProcess
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.server.atop.exits import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport
-from atopgpud_tw.server.atop.intervals import V1Records, V1Session
+from atopgpud_tw.server.atop.intervals import Shared, V1Session
 from atopgpud_tw.server.atop.whois import ContextDirectory
 from atopgpud_tw.snapshot import Snapshot
 
@@ -74,7 +74,7 @@ class Board:
         #: version 1 clients, each with its figures over its own intervals
         self.v1_sessions: dict[ClientQueue, V1Session] = {}
         #: this poll's version 1 records, shared by clients with the same sums
-        self._v1_records = V1Records()
+        self._v1_records: Shared = {}
         self.replies_cut = 0
         #: told the exited processes of every poll that has some, after the counters (`fold`)
         self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []

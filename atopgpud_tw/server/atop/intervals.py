@@ -1,16 +1,13 @@
 """Version 1 busy figures: each client's own, over the interval since its previous ``S``.
 
-atop 2.12 and older show a process's version 1 busy figures as they come, as
-the figures of the interval since their previous request; so they are worked
-out per client from the sums it saw then (`interval_busy`).  A `V1Session` is
-one version 1 client: those sums, kept per process life
-(`counters.ProcessTotals.life`), never per pid (a pid reused, or a GPU lost
-and read again, is a new process whose figures are its own), its records until
-the next poll, and the reply worked out from them.  This costs work in
-proportion to the processes once per poll per version 1 client: until the
-next poll its figures stand, and so do its records.  Clients whose previous
-``S`` came in the same poll, with no exit still to be told, remembered the same
-sums: their records are rendered once, for the first of them (`V1Records`).
+atop 2.12 and older show a process's version 1 busy figures as those of the
+interval since their previous request; so they are worked out per client from
+the sums it saw then (`interval_busy`), kept per process life
+(`counters.ProcessTotals.life`), never per pid (a pid reused, or a GPU lost and
+read again, is a new process).  A `V1Session` costs work in proportion to the
+processes once per poll; clients whose previous ``S`` came in the same poll, with
+no exit still to be told, remembered the same sums: their records are rendered
+once, for the first of them (`Shared`).
 """
 
 from __future__ import annotations
@@ -24,25 +21,8 @@ from atopgpud_tw.server.atop.render import EXITED_SCAN, PreparedStats, RenderedD
 
 #: per process life (`ProcessTotals.life`): busy sums and samples at a client's ``S``, and the figures sent
 Seen = dict[int, tuple[int, int, int, int, int]]
-
-
-class V1Records:
-    """This poll's version 1 records, shared by the clients whose previous ``S`` came in the same poll."""
-
-    def __init__(self) -> None:
-        #: records this poll, by the generation of the clients' previous S
-        self._shared: dict[int, tuple[PreparedStats, Seen]] = {}
-        self._generation = -1
-
-    def get(self, generation: int, since: int) -> tuple[PreparedStats, Seen] | None:
-        """The records of poll `generation` for clients whose previous ``S`` came in poll `since`."""
-        if self._generation != generation:
-            self._generation = generation
-            self._shared = {}
-        return self._shared.get(since)
-
-    def put(self, since: int, records: tuple[PreparedStats, Seen]) -> None:
-        self._shared[since] = records
+#: one poll's version 1 records and sums, by (that poll, the poll of the clients' previous ``S``)
+Shared = dict[tuple[int, int], tuple[PreparedStats, Seen]]
 
 
 class V1Session:
@@ -51,8 +31,7 @@ class V1Session:
     __slots__ = ("seen", "prepared", "generation", "clean")
 
     def __init__(self) -> None:
-        #: per process life, the busy sums and samples at this client's previous
-        #: ``S`` and the busy figures it was sent then
+        #: at this client's previous ``S``
         self.seen: Seen = {}
         #: its records at its previous ``S``, the same until the next poll
         self.prepared: PreparedStats | None = None
@@ -63,11 +42,10 @@ class V1Session:
         self.clean = True
 
     def reply(
-        self, queue: ClientQueue, counters: Counters, rendered: Callable[[], PreparedStats], shared: V1Records
+        self, queue: ClientQueue, counters: Counters, rendered: Callable[[], PreparedStats], shared: Shared
     ) -> StatsBody:
-        """This client's ``S`` body with its figures, its sums remembered for its next;
-        `rendered` gives this poll's version 1 records (their device headers are used),
-        `shared` the records shared with other clients this poll."""
+        """This client's ``S`` body, its sums remembered for its next; `rendered` gives this
+        poll's version 1 records (for their device headers)."""
         generation = counters.generation
         seen = self.seen
         same_poll = self.prepared is not None and self.generation == generation
@@ -102,17 +80,13 @@ class V1Session:
         return result
 
     def _prepared(
-        self, counters: Counters, rendered: Callable[[], PreparedStats], shared: V1Records
+        self, counters: Counters, rendered: Callable[[], PreparedStats], shared: Shared
     ) -> tuple[PreparedStats, Seen]:
-        """This client's version 1 records this poll, and the sums to remember for its next ``S``.
-
-        Clients whose previous ``S`` came in the same poll, with no exit still to
-        be told, remembered the same sums: their records are the same, rendered
-        for the first of them, unless a process had no sample since (its
-        figures are then those that client was sent last).
-        """
+        """This client's version 1 records this poll, and the sums to remember for its next ``S``:
+        those of the clients with the same sums (`Shared`), unless a process had no sample since
+        (its figures are then those this client was sent last)."""
         since = self.generation if self.clean else None
-        found = shared.get(counters.generation, since) if since is not None else None
+        found = shared.get((counters.generation, since)) if since is not None else None
         if found is not None:
             return found
         shared_ok = True
@@ -130,20 +104,18 @@ class V1Session:
             devices.append(RenderedDevice(header.header, tuple(active)))
         result = PreparedStats(devices), now_seen
         if since is not None and shared_ok:
-            shared.put(since, result)
+            if shared and next(iter(shared))[0] != counters.generation:
+                shared.clear()  # an earlier poll's
+            shared[(counters.generation, since)] = result
         return result
 
 
 def interval_busy(
     totals: ProcessTotals, before: tuple[int, int, int, int, int] | None
 ) -> tuple[tuple[int, int], tuple[int, int, int, int, int]]:
-    """A process's busy figures since a client's previous request, and what to remember.
-
-    Without an earlier request for this process's life (`before` is None) the
-    interval is its whole life.  With no new sample since, the figures sent
-    last time stand.  A busy sum that was -1 then (not reported) and is a sum
-    now started again from 0: the interval is that sum's.
-    """
+    """A process's busy figures since a client's previous request (`before`; None: its whole
+    life), and what to remember.  With no new sample since, the figures sent last time stand.
+    A busy sum that was -1 then (not reported) and is a sum now started again from 0."""
     gpu_cum, mem_cum, samples = totals.gpu_busy_cum, totals.mem_busy_cum, totals.samples
     if before is None or before[2] > samples:
         before = (0, 0, 0, 0, 0)

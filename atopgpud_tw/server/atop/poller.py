@@ -143,21 +143,18 @@ class PollerService(Service):
             if failed_with is not None:
                 self._damping.ended(failed_with, now)  # another cause now: said as the new one's start
             start = self._damping.started(cause, cause, now)
-            if start is not None and not start.flapping:
+            if start is not None:
+                text = "poll failed: {cause}"
+                fields: dict[str, Any] = {"cause": cause}
+                if start.flapping:
+                    text += (
+                        " (again: {count} times in {span}; from now on counted, and said at most once every {every})"
+                    )
+                    fields.update(count=start.starts, span=span_words(start.span), every=span_words(start.every))
                 if failure.check(PollError):
-                    self.log.warn("poll failed: {cause}", cause=cause)
+                    self.log.warn(text, **fields)
                 else:
-                    self.log.failure("poll failed: {cause}", failure, cause=cause)
-            elif start is not None:
-                flapping = (
-                    "poll failed: {cause} (again: {count} times in {span}; from now on counted, "
-                    "and said at most once every {every})"
-                )
-                span, every = span_words(start.span), span_words(start.every)
-                if failure.check(PollError):
-                    self.log.warn(flapping, cause=cause, count=start.starts, span=span, every=every)
-                else:
-                    self.log.failure(flapping, failure, cause=cause, count=start.starts, span=span, every=every)
+                    self.log.failure(text, failure, **fields)
         self._counts_due(now)
 
     def _counts_due(self, now: float) -> None:
