@@ -12,6 +12,11 @@ client's own interval: rendered per client once per poll (`intervals.V1Session`)
 Each request command has its handler in `Board.HANDLERS`; a command without one
 is refused, never answered as another.
 
+The ``P`` reply (`ContextDirectory`, ``atopgpu``'s; atop never asks) lists every
+active process on the devices the wide request carries, then the processes that
+ended most recently (`RECENT_EXITS`): a client that asks ``S`` and then ``P``
+finds there the processes of its ``S`` reply, the exited ones among them.
+
 However many exits a client has queued, a reply looks at no more of them than
 can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
 queue: the cost of a request is bounded by the size of a reply.
@@ -19,6 +24,7 @@ queue: the cost of a request is bounded by the size of a reply.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Iterable
@@ -26,13 +32,12 @@ from typing import Callable, Iterable
 from twisted.logger import Logger
 
 from atopgpud_tw import codec
-from atopgpud_tw.counters import Counters, ExitedProcess
+from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.server.atop.exits import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport
 from atopgpud_tw.server.atop.intervals import Shared, V1Session
-from atopgpud_tw.server.atop.whois import ContextDirectory
-from atopgpud_tw.snapshot import Snapshot
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
 
@@ -218,7 +223,7 @@ class Board:
         return rendered.framed
 
     def _reply_contexts(self, request: codec.Request, queue: ClientQueue) -> bytes:
-        """``P``: who the processes are, for ``atopgpu`` (whois.py); atop never asks."""
+        """``P``: who the processes are, for ``atopgpu`` (`ContextDirectory`)."""
         return codec.frame(codec.NEWEST_VERSION, self.directory.body())
 
     #: the handler of each request command of the wire (`codec.COMMANDS`; a test checks that none lacks one)
@@ -310,3 +315,42 @@ class Board:
 
 def _records(entries: Iterable[ExitReport], version: int) -> list[tuple[int, bytes]]:
     return [(e.device_index, e.record(version)) for e in entries]
+
+
+#: ended processes whose contexts are kept for ``P``
+RECENT_EXITS = 1024
+
+
+def _info(totals: ProcessTotals) -> codec.ProcessInfo:
+    context = totals.context
+    if context is None:
+        return codec.ProcessInfo(totals.pid, -1, "", "", "", "")  # not read yet
+    kind, name = context.workload("auto") if context is not UNKNOWN_CONTEXT else ("unknown", "unknown")
+    return codec.ProcessInfo(totals.pid, context.uid, context.user_name, kind, name, context.comm)
+
+
+class ContextDirectory:
+    """The processes' contexts as ``P`` tells them; told of exits by the Board."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
+        self.recent: deque[ProcessTotals] = deque(maxlen=RECENT_EXITS)
+        self._body: tuple[int, bytes] | None = None
+
+    def exited(self, exits: Iterable[ExitedProcess]) -> None:
+        """Keep the most recent exits (a Board exit watcher)."""
+        self.recent.extend(exit.totals for exit in exits)
+
+    def body(self) -> bytes:
+        """The ``P`` body now, rendered once per poll."""
+        generation = self.counters.generation
+        if self._body is None or self._body[0] != generation:
+            # the active processes, then the newest exits first, as many as fit
+            records = [_info(t) for d in self.counters.devices[: codec.MAX_WIRE_DEVICES] for t in d.processes.values()]
+            active = len(records)
+            records += [_info(totals) for totals in reversed(self.recent)]
+            kept = records[: codec.render_contexts(records).count(b"\n")]
+            active = min(len(kept), active)
+            # written exits oldest first, the active last: a later line wins for a pid listed twice
+            self._body = (generation, codec.render_contexts(kept[active:][::-1] + kept[:active]))
+        return self._body[1]

@@ -1,8 +1,9 @@
 """The connection: cut two-byte requests from the stream and write their replies.
 
 Requests may arrive split over reads or several in one read; each is answered in
-order.  The first is answered at once, the others one per turn (`turns.Turns`),
-so that no client's flood of requests keeps another's waiting.  An unknown
+order.  The first is answered at once, the others one per connection in turn
+(`Turns`, a `Cooperator` that gives the reactor back after each time slice), so
+that no client's flood of requests keeps another's waiting.  An unknown
 command closes that connection only (after the replies already written), with
 one log line.  The protocol never calls a reader: it serves what the `Board`
 holds.
@@ -27,13 +28,15 @@ refused is logged once per uid and burst.
 from __future__ import annotations
 
 import socket
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterator, cast
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import Cooperator, SchedulerStopped
 from twisted.protocols.policies import TimeoutMixin
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw import codec
@@ -41,7 +44,6 @@ from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import UidBurstLogs
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.exits import ClientQueue
-from atopgpud_tw.server.atop.turns import Turns
 from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid, socket_of
 from atopgpud_tw.server.system.sockdiag import SockDiag
 
@@ -95,6 +97,56 @@ class Limits:
 
 #: request bytes a client may send ahead of its turns before it is no longer read
 MAX_PENDING = 64 * 1024
+
+
+class Turns:
+    """The connections waiting for a turn, and the cooperative task that serves them."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._waiting: deque[AtopGpuProtocol] = deque()
+        self._queued: set[AtopGpuProtocol] = set()
+        self._cooperator = Cooperator(scheduler=lambda step: clock.callLater(0, step))
+        self._running = False
+
+    def waiting(self, protocol: AtopGpuProtocol) -> bool:
+        """Whether `protocol` is queued for a turn already."""
+        return protocol in self._queued
+
+    def queue(self, protocol: AtopGpuProtocol) -> None:
+        """Give `protocol` a turn after those already waiting."""
+        if protocol in self._queued:
+            return
+        self._queued.add(protocol)
+        self._waiting.append(protocol)
+        if not self._running:
+            self._running = True
+            self._cooperator.cooperate(self._serve()).whenDone().addErrback(self._stopped)
+
+    def forget(self, protocol: AtopGpuProtocol) -> None:
+        """A connection that closed takes no more turns."""
+        if protocol in self._queued:
+            self._queued.discard(protocol)
+            self._waiting.remove(protocol)
+
+    def stop(self) -> None:
+        """Serve no more turns (the factory stops)."""
+        self._cooperator.stop()
+
+    def _serve(self) -> Iterator[None]:
+        try:
+            while self._waiting:
+                protocol = self._waiting.popleft()
+                if protocol.serve_one():
+                    self._waiting.append(protocol)
+                else:
+                    self._queued.discard(protocol)
+                yield None
+        finally:
+            self._running = False
+
+    def _stopped(self, failure: Failure) -> None:
+        failure.trap(SchedulerStopped)
+        self._running = False
 
 
 @implementer(IPushProducer)
