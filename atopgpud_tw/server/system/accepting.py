@@ -46,8 +46,7 @@ from twisted.internet.posixbase import PosixReactorBase
 from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.system.access import peer_uid
-from atopgpud_tw.server.system.sockdiag import SockDiag
+from atopgpud_tw.server.system.access import SockDiag, peer_uid
 
 #: connections a port hands to its factory per reactor turn
 ACCEPT_BUDGET = 16
