@@ -1,28 +1,25 @@
 """The connection: cut two-byte requests from the stream and write their replies.
 
 Requests may arrive split over reads or several in one read; each is answered in
-order.  The first is answered at once, the others one per connection in turn
-(`Turns`, a `Cooperator` that gives the reactor back after each time slice), so
-that no client's flood of requests keeps another's waiting.  An unknown
-command closes that connection only (after the replies already written), with
-one log line.  The protocol never calls a reader: it serves what the `Board`
-holds.
+order: the first at once, the others one per connection in turn (`Turns`, a
+`Cooperator` that gives the reactor back after each time slice), so that no
+client's flood keeps another waiting.  An unknown command closes that connection
+only, with one log line.  The protocol serves what the `Board` holds.
 
-Every connection is bounded (`Limits`): the number of clients, and of one user's
-clients (the uid of a UNIX client, or of a TCP client on this host; TCP clients
-whose uid cannot be told share one count), the reply bytes a client may leave
-unread, how long it may stay silent, and, on UNIX sockets, who may connect at
-all (`access.AllowList`).  A fair port asks the factory (`room_for`), so that
-a user whose share is taken is refused before a connection is built.
+Every connection is bounded (`Limits`): the clients, and one user's (the uid of a
+UNIX client, or of a TCP client on this host; other TCP clients share one count),
+the reply bytes a client may leave unread, how long it may stay silent, and, on
+UNIX sockets, who may connect at all (`access.AllowList`).  A fair port asks the
+factory (`room_for`), so that a user whose share is taken is refused before a
+connection is built.
 
-The slots, across every listener (`Slots`): root and each ``--allow-uid`` user
-have slots kept for them (``--reserved-clients`` each) that no other uid can
-take, however many uids an attacker controls; the rest are shared, one uid
-taking at most its share of them (``--max-clients-per-uid``).  When the shared
-slots are all taken and a uid holding less than an even part of them asks for
-one, the longest-silent connection of the uid holding the most is closed for it;
-and connections silent for ``--busy-idle-timeout`` are closed at once.  Who is
-refused is logged once per uid and burst.
+The slots, across every listener: root and each ``--allow-uid`` user have
+``--reserved-clients`` slots kept that no other uid can take, however many uids an
+attacker controls; the rest are shared, one uid taking at most its share
+(``--max-clients-per-uid``).  When the shared slots are all taken and a uid holding
+less than an even part of them asks, the longest-silent connection of the uid
+holding the most is closed for it, and connections silent for
+``--busy-idle-timeout`` are closed at once.  Refusals are logged once per uid and burst.
 """
 
 from __future__ import annotations

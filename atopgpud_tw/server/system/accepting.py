@@ -1,34 +1,23 @@
 """Accepting fairly: no local user's flood of connections holds up atop or locks it out.
 
 Twisted's listening port accepts in a loop that grows by 20 each time it drains
-the whole backlog, and builds a transport and a protocol for every connection
-it takes; a process that connects, sends a request and resets, in a loop, made
-that loop thousands long, every reactor turn, and filled ``--max-clients`` with
-connections already dead.  A `FairPort` takes each turn in three steps, at the
-start of the reactor's turn after the one in which the listener was readable
-(so an atop already connected is served first):
+the backlog, building a transport and a protocol for every connection; a process
+that connects, sends a request and resets, in a loop, made that loop thousands
+long every reactor turn and filled ``--max-clients`` with dead connections.  A
+`FairPort` takes each turn in three steps, in the reactor's turn after the one in
+which the listener was readable (so an atop already connected is served first):
 
-1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
-   bare file descriptor (the C accept, no socket object), so that the backlog
-   does not fill and a new client's connect is not refused (EAGAIN).  Under a
-   flood that is the daemon's work: a socket object per connection (Python's
-   accept builds one, and converts its family and type to enums) cost more
-   than the kernel's accept and close together.
-2. **Reap**: one ``poll`` over what was drained; a connection whose client has
-   already closed or reset it is closed at once, unread (a plain ``close``: its
-   peer is gone, so no TIME_WAIT is left on our side).  The others become
-   sockets, and their peer's uid is asked (`access.peer_uid`: None, one bucket,
-   for a TCP client not on this host).
-3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
-   protocols, taken from the users waiting in turn (round robin by uid).  A
-   factory with a ``room_for(uid, family)`` method may refuse a uid at once (no
-   slot of ``--max-clients`` is left to it, or it is not allowed; the refusal is
-   the factory's to log): that connection is closed before anything is built.
-   A user's connections beyond `PENDING_PER_UID` waiting are closed at once.
-   Those left wait for the next turn, checked again for a hang-up.
-
-`fair_reactor` wraps Twisted's POSIX reactor so that the endpoints built on it
-listen on fair ports.
+1. **Drain**: up to `DRAIN_LIMIT` connections off the backlog, each a bare file
+   descriptor (the C accept: under a flood, Python's socket objects cost more than
+   the kernel's accept and close together), so that a new client is not refused.
+2. **Reap**: one ``poll`` over them; a connection its client already closed or
+   reset is closed unread (a plain ``close``: no TIME_WAIT on our side).  The
+   others become sockets, by their peer's uid (`access.peer_uid`).
+3. **Admit**: at most `ACCEPT_BUDGET` a turn become transports and protocols, one
+   uid in turn.  A factory with ``room_for(uid, family)`` may refuse a uid (and
+   logs it): that connection is closed before anything is built.  A user's
+   connections beyond `PENDING_PER_UID` waiting are closed at once; the others
+   wait for the next turn, checked again for a hang-up.
 """
 
 from __future__ import annotations
@@ -129,12 +118,14 @@ class FairPort:
             arrived = self._drain()
             if arrived:
                 dead = hung_up(fd for fd, _ in arrived)
-                close = os.close
+                listener = self.socket
                 for fd, address in arrived:
                     if fd in dead:
-                        close(fd)  # its peer is gone: no linger, no TIME_WAIT on our side
+                        os.close(fd)  # its peer is gone: no linger, no TIME_WAIT on our side
                     else:
-                        self._wait(self._socket_of(fd), address)
+                        sock = Socket(listener.family, listener.type, listener.proto, fileno=fd)
+                        sock.setblocking(False)
+                        self._wait(sock, address)
                 self.counts["reaped"] += len(dead)
             if self._next_turn is None:
                 self._admit()
@@ -154,21 +145,12 @@ class FairPort:
                 break
             except OSError:
                 # EMFILE, ENOBUFS, a netfilter EPERM...: what Twisted's own loop does with them
-                self._drain_hard(arrived)
+                room = range(max(0, self.drain_limit - len(arrived)))
+                with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
+                    for sock, address in tcp._accept(logger, room, self.socket, tcp._reservedFD):
+                        append((sock.detach(), address))
                 break
         return arrived
-
-    def _drain_hard(self, arrived: list[tuple[int, Any]]) -> None:
-        room = range(max(0, self.drain_limit - len(arrived)))
-        with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
-            for sock, address in tcp._accept(logger, room, self.socket, tcp._reservedFD):
-                arrived.append((sock.detach(), address))
-
-    def _socket_of(self, fd: int) -> Socket:
-        listener = self.socket
-        sock = Socket(listener.family, listener.type, listener.proto, fileno=fd)
-        sock.setblocking(False)
-        return sock
 
     def _wait(self, sock: Socket, address: Any) -> None:
         queue = self._pending.setdefault(peer_uid(sock, self._diag), deque())

@@ -1,18 +1,14 @@
 """Signals a daemon is sent: SIGHUP, SIGUSR1, SIGUSR2, and SIGTERM twice.
 
-The reactor handles SIGTERM and SIGINT; every other signal keeps its default
-action, which for SIGHUP, SIGUSR1 and SIGUSR2 is to die at once: no socket file
-removed, no lock file released, NVML not shut down.  And a second SIGTERM before
-the reactor has stopped makes it stop again, which logs a ReactorNotRunning
-traceback.  ``SignalService`` installs, as it starts (the listeners may already
-take clients, and a SIGHUP then must not kill the daemon), and wraps SIGTERM and
-SIGINT once the reactor runs (after the reactor's own handlers):
+The reactor handles SIGTERM and SIGINT; SIGHUP, SIGUSR1 and SIGUSR2 keep their
+default action, to die at once (no socket file removed, no lock released, NVML not
+shut down), and a second SIGTERM before the reactor stopped logs a ReactorNotRunning
+traceback.  ``SignalService`` installs as it starts (the listeners may already take
+clients), and wraps SIGTERM and SIGINT once the reactor runs:
 
-- SIGHUP: the log file reopened when twistd logs to one (as after logrotate moved
-  it), and each of `hangup_hooks` called (``--web-config`` re-read); with neither,
-  logged and ignored;
-- SIGUSR1: twistd's own handler where it logs to a file (the log file is rotated);
-  else logged and ignored;
+- SIGHUP: the log file reopened when twistd logs to one (after logrotate moved it),
+  and each of `hangup_hooks` called (``--web-config`` re-read); else logged;
+- SIGUSR1: twistd's own handler where it logs to a file (rotation); else logged;
 - SIGUSR2: logged and ignored;
 - SIGTERM, SIGINT: the reactor's handler, once; a repeat is logged and ignored.
 """
