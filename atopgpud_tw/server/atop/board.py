@@ -95,8 +95,6 @@ class Board:
         self._lost_in_burst = 0
         self._clients_in_burst = 0
 
-    # -- clients --
-
     def attach(self) -> ClientQueue:
         """A new connection's queue of exited processes."""
         queue = ClientQueue(self.exited_limit)
@@ -109,8 +107,6 @@ class Board:
         self.v1_sessions.pop(queue, None)
         self._caught_up(queue)
         self._heard(queue)
-
-    # -- polls --
 
     def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
@@ -194,8 +190,6 @@ class Board:
             self.behind.discard(queue)
             if not self.behind:
                 log.info("every client has heard of every exited process again")
-
-    # -- replies --
 
     def reply(self, request: codec.Request, queue: ClientQueue) -> bytes:
         """The framed reply to one request of one client, by its command (`HANDLERS`);

@@ -1,14 +1,11 @@
 """The poller: ask the reader for a Snapshot every interval and fold it in.
 
-A `LoopingCall` on an injected clock.  It waits for each poll's Deferred, so
-polls never overlap; a poll that fails is logged once per cause (and its
-recovery once) and never stops the loop.  A cause that fails and recovers again
-and again is damped as every such cause is (`problems.Damping`): after its
-second recovery, one line per window that grows (1 min, 10 min, 1 h) counts
-the failures and recoveries held back.  A poll that runs past the next tick
-makes the loop skip ticks; each poll is handed over with its time, counted in
-the loop's ticks (so a poll after a skipped tick covers two intervals), for the
-counters' time-weighted sums.
+A `LoopingCall` on an injected clock that waits for each poll's Deferred, so polls
+never overlap; a failing poll is logged once per cause (and its recovery once),
+a cause that flaps damped as every such cause is (`problems.Damping`), and the loop
+never stops.  A poll that runs past the next tick makes the loop skip ticks; each
+poll is handed over with its time in the loop's ticks (so a poll after a skipped
+tick covers two intervals), for the counters' time-weighted sums.
 """
 
 from __future__ import annotations

@@ -166,8 +166,6 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         #: when the client last asked (or connected), on the factory's clock
         self.last_asked = 0.0
 
-    # -- connection --
-
     def connectionMade(self) -> None:
         factory = self.factory
         if not factory.admit(self):
@@ -201,8 +199,6 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self.setTimeout(None)
         self._closing = True
         self.transport.abortConnection()
-
-    # -- requests --
 
     def dataReceived(self, data: bytes) -> None:
         """Queue the stream's requests; answer the first now if none was waiting.
@@ -268,8 +264,6 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
                 self.transport.abortConnection()
                 return
         self.transport.write(reply)
-
-    # -- IPushProducer: the transport tells us when the client stops reading --
 
     def pauseProducing(self) -> None:
         self._paused = True

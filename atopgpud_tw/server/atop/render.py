@@ -50,17 +50,11 @@ EXITED_SCAN = (REPLY_LIMIT - PRELUDE.size) // 16
 _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
 
 
-# -- T ---------------------------------------------------------------------------
-
-
 def render_types(devices: Sequence[DeviceTotals]) -> bytes:
     """The ``T`` body (the same for versions 1 and 2)."""
     devices = devices[:MAX_WIRE_DEVICES]
     parts = [b"@%s %s %d" % (wire_token(d.busid), wire_token(d.name), d.task_support & 7) for d in devices]
     return b"%d" % len(devices) + b"".join(parts)
-
-
-# -- S ---------------------------------------------------------------------------
 
 
 def render_device(device: DeviceTotals) -> bytes:

@@ -270,8 +270,6 @@ def _close_now(port: IListeningPort) -> None:
     lost(Failure(main.CONNECTION_DONE))
 
 
-# -- socket activation --
-
 #: ("unix", name as bytes) or ("tcp", ip address, port)
 Address = tuple[Any, ...]
 

@@ -1,16 +1,12 @@
 """Telling systemd the truth (``Type=notify``): ready, what the daemon serves, stopping.
 
-systemd names a datagram socket in ``NOTIFY_SOCKET``; the daemon sends
-``READY=1`` once the reactor runs (by then the reader is open and every listener
-listens: both happen before, or start-up fails with exit status 1), a ``STATUS=``
-line that ``systemctl status`` shows (the reader, the GPUs, failing polls) whenever
-it changes, and ``STOPPING=1`` when it shuts down.  Without ``NOTIFY_SOCKET``
-nothing is sent and nothing is scheduled.
-
-A reader that waits for its driver (not loaded yet at boot) holds ``READY=1``
-back, with a status line that says what it waits for, until it has its GPUs or
-`ready_within` seconds have passed: units ordered after this one (atop, which
-asks for the GPUs once, when it starts) start once the GPUs are known.
+To the datagram socket of ``NOTIFY_SOCKET`` (without it nothing is sent or
+scheduled): ``READY=1`` once the reactor runs (the reader is open and every
+listener listens by then, or start-up failed), a ``STATUS=`` line for ``systemctl
+status`` whenever it changes, and ``STOPPING=1`` at shutdown.  A reader that waits
+for its driver (not loaded yet at boot) holds ``READY=1`` back, saying so in the
+status, until it has its GPUs or `ready_within` seconds passed: units ordered after
+this one (atop asks for the GPUs once, when it starts) start once they are known.
 """
 
 from __future__ import annotations
