@@ -96,13 +96,11 @@ class Board:
         self._clients_in_burst = 0
 
     def attach(self) -> ClientQueue:
-        """A new connection's queue of exited processes."""
         queue = ClientQueue(self.exited_limit)
         self.clients.add(queue)
         return queue
 
     def detach(self, queue: ClientQueue) -> None:
-        """Forget a connection that closed."""
         self.clients.discard(queue)
         self.v1_sessions.pop(queue, None)
         self._caught_up(queue)
@@ -228,7 +226,6 @@ class Board:
     }
 
     def types_body(self, version: int = 2, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
-        """The ``T`` body listing the first `devices`."""
         return self._types_of(version, devices)[1]
 
     def _types_of(self, version: int, devices: int) -> tuple[int, bytes, bytes]:
@@ -277,7 +274,6 @@ class Board:
         return result.body
 
     def v1_session(self, queue: ClientQueue) -> V1Session:
-        """A client's version 1 session, begun at its first version 1 ``S``."""
         return self.v1_sessions.setdefault(queue, V1Session())
 
     def _rendered(self, version: int, devices: int) -> _Rendered:

@@ -73,7 +73,6 @@ class ClientQueue:
         return batch is not None and self.batch is batch
 
     def take(self, count: int) -> None:
-        """Forget the first `count` entries: they were sent."""
         self.batch = None
         if count >= len(self.entries):
             self.entries.clear()

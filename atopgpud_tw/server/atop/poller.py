@@ -29,8 +29,6 @@ UNREAD_POLLS = 3
 
 
 class PollerService(Service):
-    """Polls `reader` every `interval` seconds into `board`."""
-
     log = ClassLogger("atopgpud_tw.poller.PollerService")
 
     def __init__(self, reader: IReader, board: Board, interval: float, clock: IReactorTime) -> None:
@@ -58,7 +56,6 @@ class PollerService(Service):
 
     @property
     def failing(self) -> str | None:
-        """The cause the latest poll failed with; None when it worked."""
         return self._failing.value
 
     @property
@@ -155,7 +152,6 @@ class PollerService(Service):
         self._counts_due(now)
 
     def _counts_due(self, now: float) -> None:
-        """The count of each flapping cause whose window is over."""
         failing = () if self._failing.value is None else (self._failing.value,)
         for count in self._damping.windows_over(now, failing):
             emit = self.log.warn if count.failing else self.log.info

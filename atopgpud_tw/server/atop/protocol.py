@@ -67,7 +67,6 @@ class Limits:
 
     @property
     def privileged(self) -> frozenset[int]:
-        """The uids with slots kept for them: root and the --allow-uid users."""
         return frozenset({0}) | self.allow.uids
 
     @property
@@ -77,12 +76,10 @@ class Limits:
 
     @property
     def shared(self) -> int:
-        """The slots any uid may take (at least one)."""
         return max(1, self.max_clients - self.reserve * len(self.privileged))
 
     @property
     def uid_share(self) -> int:
-        """The shared slots one uid may hold at once."""
         if self.max_clients_per_uid is not None:
             return min(self.max_clients_per_uid, self.shared)
         return max(1, self.shared - self.shared // 4)
@@ -105,11 +102,9 @@ class Turns:
         self._running = False
 
     def waiting(self, protocol: AtopGpuProtocol) -> bool:
-        """Whether `protocol` is queued for a turn already."""
         return protocol in self._queued
 
     def queue(self, protocol: AtopGpuProtocol) -> None:
-        """Give `protocol` a turn after those already waiting."""
         if protocol in self._queued:
             return
         self._queued.add(protocol)
@@ -119,13 +114,11 @@ class Turns:
             self._cooperator.cooperate(self._serve()).whenDone().addErrback(self._stopped)
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
-        """A connection that closed takes no more turns."""
         if protocol in self._queued:
             self._queued.discard(protocol)
             self._waiting.remove(protocol)
 
     def stop(self) -> None:
-        """Serve no more turns (the factory stops)."""
         self._cooperator.stop()
 
     def _serve(self) -> Iterator[None]:
@@ -402,7 +395,6 @@ class AtopGpuFactory(Factory):
         return True
 
     def take_slot(self, protocol: AtopGpuProtocol, uid: int | None) -> None:
-        """Count an admitted connection of `uid`: in one of its kept slots, else a shared one."""
         self.connections[protocol] = uid
         count = self.per_uid[uid]
         self.shared_taken += self._in_shared(uid, count + 1) - self._in_shared(uid, count)
@@ -427,5 +419,4 @@ class AtopGpuFactory(Factory):
 
 
 def _who(uid: int | None) -> str:
-    """Whose connections, in a log line."""
     return f"uid {uid}" if uid is not None else "TCP clients of unknown uid"

@@ -240,7 +240,6 @@ class PreparedStats:
         return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
 
     def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
-        """Exited records first, then the largest active processes that fit."""
         devices = self.devices
         count, tails, sent, room = _take_exited(self._counts, self._active_size, exited, self._room)
         order = self._order = self._order or _Order(devices)

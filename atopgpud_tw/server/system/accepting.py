@@ -110,7 +110,6 @@ class FairPort:
             self._drain_call = self.reactor.callLater(0, self.take_turn)
 
     def take_turn(self) -> None:
-        """Drain, reap, and admit this turn's share."""
         self._drain_call = None
         if not self.connected or self.disconnecting:  # type: ignore[attr-defined]  # the port's
             return  # stopping: what waits in the backlog goes with the socket
@@ -161,7 +160,6 @@ class FairPort:
         queue.append((sock, address))
 
     def _turn(self, limit: int) -> list[tuple[int | None, Socket, Any]]:
-        """Up to `limit` waiting connections, one per uid in turn."""
         chosen: list[tuple[int | None, Socket, Any]] = []
         while self._pending and len(chosen) < limit:
             for uid in list(self._pending):
@@ -219,7 +217,6 @@ class FairPort:
         super().connectionLost(reason)  # type: ignore[misc]  # the port's own
 
     def stop_admitting(self) -> None:
-        """Close the connections still waiting for a turn (the port closes)."""
         for call in (self._next_turn, self._drain_call):
             if call is not None and call.active():
                 call.cancel()

@@ -98,6 +98,5 @@ _chosen: list[Any] = [False, DEFAULT_LEVEL]
 
 
 def twistd_observer() -> ILogObserver:
-    """twistd's ``logger``: the observer `install` chose."""
     journal, level = _chosen
     return observer(journal, level)

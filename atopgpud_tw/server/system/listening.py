@@ -278,8 +278,6 @@ _ANY = (ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::"))
 
 @dataclass(frozen=True)
 class Inherited:
-    """One listening socket systemd passed."""
-
     fd: int
     family: int
     address: Address

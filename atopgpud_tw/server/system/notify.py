@@ -29,8 +29,6 @@ DRIVER_WAIT = 60.0
 
 
 class Notifier:
-    """Sends sd_notify messages to the socket systemd named, if any."""
-
     log = ClassLogger("atopgpud_tw.notify.Notifier")
 
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -125,7 +123,6 @@ class NotifyService(Service):
         self._loop.start(every, now=False)
 
     def refresh(self) -> None:
-        """Send the status line if it changed since the last one sent."""
         status = self.status()
         if status != self._sent:
             self._sent = status

@@ -59,7 +59,6 @@ class SignalService(Service):
         self.reactor.callWhenRunning(self.wrap_stops)
 
     def install(self) -> None:
-        """Replace the default actions of SIGHUP, SIGUSR2 and (without a log file) SIGUSR1."""
         log_file = twistd_log_file()
         handlers: dict[int, Handler] = {
             signal.SIGHUP: self._in_reactor(self.hangup, log_file),
@@ -71,7 +70,6 @@ class SignalService(Service):
             self.previous[number] = signal.signal(number, handler)
 
     def wrap_stops(self) -> None:
-        """Wrap the reactor's SIGTERM and SIGINT handlers (installed as it began to run)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             current = signal.getsignal(signum)
             if callable(current) and current is not signal.default_int_handler:
