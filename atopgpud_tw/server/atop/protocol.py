@@ -387,28 +387,27 @@ class AtopGpuFactory(Factory):
         handle = socket_of(protocol.transport)
         uid = peer_uid(handle, self._diag) if handle is not None else None
         family = handle.family if handle is not None else socket.AF_INET
-        if not self.room_for(uid, family):
-            return False
-        if not self.gate.admits(protocol.transport):
+        if not (self.room_for(uid, family) and self.gate.admits(protocol.transport)):
             return False
         self.take_slot(protocol, uid)
         return True
 
     def take_slot(self, protocol: AtopGpuProtocol, uid: int | None) -> None:
         self.connections[protocol] = uid
-        count = self.per_uid[uid]
-        self.shared_taken += self._in_shared(uid, count + 1) - self._in_shared(uid, count)
-        self.per_uid[uid] = count + 1
+        self._count(uid, 1)
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
         if protocol in self.connections:
-            uid = self.connections.pop(protocol)
-            count = self.per_uid[uid]
-            self.shared_taken -= self._in_shared(uid, count) - self._in_shared(uid, count - 1)
-            self.per_uid[uid] = count - 1
-            if not self.per_uid[uid]:
-                del self.per_uid[uid]
+            self._count(self.connections.pop(protocol), -1)
         self.turns.forget(protocol)
+
+    def _count(self, uid: int | None, step: int) -> None:
+        """A connection of `uid` more or less: in one of its kept slots, else a shared one."""
+        count = self.per_uid[uid]
+        self.shared_taken += self._in_shared(uid, count + step) - self._in_shared(uid, count)
+        self.per_uid[uid] = count + step
+        if not self.per_uid[uid]:
+            del self.per_uid[uid]
 
     def stopFactory(self) -> None:
         self.turns.stop()
