@@ -1,25 +1,19 @@
 """The state every connection serves: counters, replies cached per poll, client queues.
 
-The poller hands each Snapshot to `Board.fold`; protocols ask `Board.reply` for
-the bytes of one request, all in the reactor thread.
+The poller hands each Snapshot to `Board.fold`; protocols ask `Board.reply` for the
+bytes of one request (a handler per command, `Board.HANDLERS`; a command without
+one is refused, never answered as another).  Replies are rendered once per poll and
+version, only a client's own exits added per request (each exit's record rendered
+once per version), so a version 2 request costs no work that grows with the
+clients or, unless the reply is cut to atop's limit, with the processes.  Version 1
+replies carry busy figures over each client's own interval (`intervals.V1Session`).
+A reply looks at no more of a client's queued exits than can fit
+(`render.EXITED_SCAN`): the cost of a request is bounded by the size of a reply.
 
-Replies are rendered once per poll and version and reused for every request until
-the next poll; only a client's own exited processes are added per request, each
-exit's record rendered once per version for every client.  So a version 2 request
-costs no work that grows with the clients or, unless the reply is cut to atop's
-limit, with the processes.  Version 1 replies carry busy figures over each
-client's own interval: rendered per client once per poll (`intervals.V1Session`).
-Each request command has its handler in `Board.HANDLERS`; a command without one
-is refused, never answered as another.
-
-The ``P`` reply (`ContextDirectory`, ``atopgpu``'s; atop never asks) lists every
-active process on the devices the wide request carries, then the processes that
-ended most recently (`RECENT_EXITS`): a client that asks ``S`` and then ``P``
-finds there the processes of its ``S`` reply, the exited ones among them.
-
-However many exits a client has queued, a reply looks at no more of them than
-can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
-queue: the cost of a request is bounded by the size of a reply.
+The ``P`` reply (`ContextDirectory`, ``atopgpu``'s) lists every active process on
+the devices the wide request carries, then the processes that ended most recently
+(`RECENT_EXITS`): a client that asks ``S`` and then ``P`` finds there the processes
+of its ``S`` reply, the exited ones among them.
 """
 
 from __future__ import annotations
@@ -65,8 +59,7 @@ class Board:
             self.counters.declare(layout)
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
-        #: per view (reply version, devices carried: `codec.wire_devices`): the layout
-        #: generation, the ``T`` body and its framed reply
+        #: per view: the layout generation, the ``T`` body and its framed reply
         self._types: dict[_View, tuple[int, bytes, bytes]] = {}
         self._stats: dict[_View, _Rendered] = {}
         #: the latest poll's exits as queued, and the body per view for a queue holding just them
@@ -83,7 +76,6 @@ class Board:
         self.replies_cut = 0
         #: told the exited processes of every poll that has some, after the counters (`fold`)
         self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
-        #: the P reply (atopgpu's: who the processes are)
         self.directory = ContextDirectory(self.counters)
         self.exit_watchers.append(self.directory.exited)
         self.exited_dropped = 0

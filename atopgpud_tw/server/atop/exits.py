@@ -45,9 +45,8 @@ class ClientQueue:
     subscribed: bool = False
     entries: deque[ExitReport] = field(default_factory=deque)
     dropped: int = 0
-    #: the list of one poll's exits when the queue holds exactly that list, else None
-    #: (a client that asks once per poll): its reply is then the same as that of every
-    #: other such client, and is rendered once
+    #: one poll's exits when the queue holds exactly that list (a client that asks once per
+    #: poll), else None: its reply is then every such client's, rendered once
     batch: Sequence[ExitReport] | None = None
     #: exits dropped from this queue since the client last asked
     lost: int = 0

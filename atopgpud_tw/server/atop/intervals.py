@@ -37,8 +37,7 @@ class V1Session:
         self.prepared: PreparedStats | None = None
         #: the poll (counters' generation) of its previous ``S`` (-1: never)
         self.generation = -1
-        #: `seen` holds only the active processes of that ``S`` (no exit still to
-        #: be told), so that its sums are those of every such client
+        #: `seen` holds only that ``S``'s active processes, so its sums are every such client's
         self.clean = True
 
     def reply(

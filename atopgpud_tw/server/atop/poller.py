@@ -38,8 +38,7 @@ class PollerService(Service):
         self.clock = clock
         self.polls = 0
         self.failed_polls: dict[str, int] = {}
-        #: polls in a row, up to the latest, in which no GPU could be read, and the GPUs the
-        #: latest of them had (0: none found)
+        #: polls in a row, up to the latest, that read no GPU, and the GPUs the latest had
         self.unread_polls = 0
         self._unread_gpus = 0
         #: the cause the latest poll failed with (None: it worked)
@@ -49,8 +48,7 @@ class PollerService(Service):
         self._loop: LoopingCall | None = None
         self._finished: Deferred | None = None
         self._ticks = 0
-        #: what the reader waited for when its latest poll was folded in (the driver, at
-        #: boot), or at start-up before any poll; None: nothing
+        #: what the reader waited for (the driver, at boot) at its latest poll or start-up
         self._waiting_for = getattr(reader, "waiting_for", None)
         self.waiting: str | None = self._reader_waits()
 

@@ -49,8 +49,7 @@ class Limits:
     """What one client, and all of them, may take."""
 
     max_clients: int = 256
-    #: clients of one uid in the shared slots at once; None: three quarters of
-    #: them, so that a quarter is always left to other users
+    #: clients of one uid in the shared slots; None: three quarters, a quarter left to others
     max_clients_per_uid: int | None = None
     #: slots kept for root and for each --allow-uid user, which no other uid can take
     reserved_clients: int = 8
@@ -58,8 +57,7 @@ class Limits:
     max_unsent: int = 1024 * 1024
     #: seconds a new connection may take to send its first request
     first_request_timeout: float = 60.0
-    #: seconds a client may stay silent between requests (atop asks every
-    #: interval; its logging mode asks every 10 minutes)
+    #: seconds a client may stay silent between requests (atop's logging mode asks every 10 min)
     idle_timeout: float = 3 * 3600.0
     #: seconds a client may stay silent while the shared slots are all taken
     busy_idle_timeout: float = 60.0

@@ -10,15 +10,12 @@ samples gpuperccum memperccum memusedcum`` followed by its processes:
 - version 2: ``#A pid type gpubusycum membusycum memnow memcum samples``;
 
 ``A`` for an active process, ``E`` for one that ended since the client's previous
-``S``.  Memory is in KiB, -1 means "not available".
-
-Whatever the counters hold, a reply stays within what atop reads: at most
+``S``.  Memory is in KiB, -1 means "not available".  A reply carries at most
 `MAX_WIRE_DEVICES` devices, names and bus ids of at most `MAX_TOKEN_CHARS`
-characters, and every number between -1 and the largest value of the C type atop
-parses it into (`INT_MAX` for the two busy percentages now and the pid,
-`LLONG_MAX` for the rest); anything below -1 is -1.  When the processes do not
-fit, `PreparedStats` shares the reply between active and exited processes (see
-docs/protocol.md for the arithmetic).
+characters, and numbers from -1 to the largest value of the C type atop parses
+them into (`INT_MAX` for the busy percentages now and the pid, `LLONG_MAX` for the
+rest).  When the processes do not fit, `PreparedStats` shares the reply between
+active and exited processes (docs/protocol.md).
 """
 
 from __future__ import annotations

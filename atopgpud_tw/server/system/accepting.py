@@ -98,8 +98,7 @@ class FairPort:
         #: the drain asked for by the listener's readiness, for the start of the next turn
         self._drain_call: IDelayedCall | None = None
         self._diag = SockDiag()
-        #: counts since listening: reaped (dead when drained or admitted),
-        #: refused (the factory said no), excess (beyond `pending_per_uid`), admitted
+        #: since listening: reaped (dead), refused (by the factory), excess (`pending_per_uid`), admitted
         self.counts = {"reaped": 0, "refused": 0, "excess": 0, "admitted": 0}
 
     def doRead(self) -> None:  # noqa: N802  # Twisted's name

@@ -42,12 +42,9 @@ from atopgpud_tw.problems import BurstLog
 from atopgpud_tw.server.system.accepting import FairPort, FairTCPPort, fair_reactor
 
 ABSTRACT_PREFIX = "unix:@"
-#: as many as the kernel allows: it caps any backlog at net.core.somaxconn (4096 by
-#: default), so that sysctl decides.  A burst of connections waits in the queue
-#: instead of being refused, where Twisted's default of 50 refused them; and a host
-#: that raises net.core.somaxconn gives a flooded listener that much more time
-#: before a new client's connect is refused (at 100,000 connections a second, 4096
-#: places are 41 ms of a daemon that does not get its CPU)
+#: as many as the kernel allows (it caps any backlog at net.core.somaxconn, 4096 by default): a
+#: burst waits in the queue where Twisted's 50 refused it (at 100,000 connections a second,
+#: 4096 places are 41 ms of a daemon that does not get its CPU)
 DEFAULT_BACKLOG = 65535
 #: what an atop listener beyond loopback shows the network
 PROCESS_LISTS = "every GPU process list"

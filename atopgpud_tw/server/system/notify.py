@@ -72,7 +72,6 @@ class NotifyService(Service):
         self.notifier = notifier
         self.status = status
         self.clock = clock
-        #: what the daemon waits for before it is ready (None: nothing)
         self.waiting = waiting
         self.ready_within = ready_within
         self.ready = False
