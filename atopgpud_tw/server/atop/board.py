@@ -6,7 +6,7 @@ one is refused, never answered as another).  Replies are rendered once per poll 
 version, only a client's own exits added per request (each exit's record rendered
 once per version), so a version 2 request costs no work that grows with the
 clients or, unless the reply is cut to atop's limit, with the processes.  Version 1
-replies carry busy figures over each client's own interval (`intervals.V1Session`).
+replies carry busy figures over each client's own interval (`clients.V1Session`).
 A reply looks at no more of a client's queued exits than can fit
 (`render.EXITED_SCAN`): the cost of a request is bounded by the size of a reply.
 
@@ -29,8 +29,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
-from atopgpud_tw.server.atop.exits import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport
-from atopgpud_tw.server.atop.intervals import Shared, V1Session
+from atopgpud_tw.server.atop.clients import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport, Shared, V1Session
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
@@ -253,7 +252,7 @@ class Board:
 
     def stats_v1(self, queue: ClientQueue) -> bytes:
         """The version 1 ``S`` body for one client, with busy figures over its own
-        interval (`intervals.V1Session`); takes what it reports off its queue."""
+        interval (`clients.V1Session`); takes what it reports off its queue."""
         queue.subscribed = True
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:

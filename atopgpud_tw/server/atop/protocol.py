@@ -40,7 +40,7 @@ from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import UidBurstLogs
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.atop.exits import ClientQueue
+from atopgpud_tw.server.atop.clients import ClientQueue
 from atopgpud_tw.server.system.access import AllowList, Gate, SockDiag, peer_name, peer_uid, socket_of
 
 
