@@ -1,9 +1,9 @@
 """The connection: cut two-byte requests from the stream and write their replies.
 
 Requests may arrive split over reads or several in one read; each is answered in
-order: the first at once, the others one per connection in turn (`Turns`, a
-`Cooperator` that gives the reactor back after each time slice), so that no
-client's flood keeps another waiting.  An unknown command closes that connection
+order: the first at once, the others one per connection in turn (each connection
+a task of the factory's `Cooperator`, which gives the reactor back after each time
+slice), so that no client's flood keeps another waiting.  An unknown command closes that connection
 only, with one log line.  The protocol serves what the `Board` holds.
 
 Every connection is bounded (`Limits`): the clients, and one user's (the uid of a
@@ -25,15 +25,15 @@ holding the most is closed for it, and connections silent for
 from __future__ import annotations
 
 import socket
-from collections import Counter, deque
+from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, cast
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import Cooperator, SchedulerStopped
+from twisted.internet.task import CooperativeTask, Cooperator, TaskFinished
 from twisted.protocols.policies import TimeoutMixin
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw import codec
@@ -90,52 +90,6 @@ class Limits:
 MAX_PENDING = 64 * 1024
 
 
-class Turns:
-    """The connections waiting for a turn, and the cooperative task that serves them."""
-
-    def __init__(self, clock: IReactorTime) -> None:
-        self._waiting: deque[AtopGpuProtocol] = deque()
-        self._queued: set[AtopGpuProtocol] = set()
-        self._cooperator = Cooperator(scheduler=lambda step: clock.callLater(0, step))
-        self._running = False
-
-    def waiting(self, protocol: AtopGpuProtocol) -> bool:
-        return protocol in self._queued
-
-    def queue(self, protocol: AtopGpuProtocol) -> None:
-        if protocol in self._queued:
-            return
-        self._queued.add(protocol)
-        self._waiting.append(protocol)
-        if not self._running:
-            self._running = True
-            self._cooperator.cooperate(self._serve()).whenDone().addErrback(self._stopped)
-
-    def forget(self, protocol: AtopGpuProtocol) -> None:
-        if protocol in self._queued:
-            self._queued.discard(protocol)
-            self._waiting.remove(protocol)
-
-    def stop(self) -> None:
-        self._cooperator.stop()
-
-    def _serve(self) -> Iterator[None]:
-        try:
-            while self._waiting:
-                protocol = self._waiting.popleft()
-                if protocol.serve_one():
-                    self._waiting.append(protocol)
-                else:
-                    self._queued.discard(protocol)
-                yield None
-        finally:
-            self._running = False
-
-    def _stopped(self, failure: Failure) -> None:
-        failure.trap(SchedulerStopped)
-        self._running = False
-
-
 @implementer(IPushProducer)
 class AtopGpuProtocol(Protocol, TimeoutMixin):
     """One client connection (atop keeps one open and asks every interval)."""
@@ -154,6 +108,8 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self._paused = False
         self._backlog = 0
         self.queue: ClientQueue | None = None
+        #: serving the requests queued beyond a read's first, one per turn
+        self._turns: CooperativeTask | None = None
         #: when the client last asked (or connected), on the factory's clock
         self.last_asked = 0.0
 
@@ -175,6 +131,9 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     def connectionLost(self, reason: object = None) -> None:
         self.setTimeout(None)
         self._closing = True
+        if self._turns is not None:
+            with suppress(TaskFinished):  # the factory stopped
+                self._turns.stop()
         self.factory.forget(self)
         if self.queue is not None:
             self.factory.board.detach(self.queue)
@@ -205,15 +164,19 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             self._buffer = self._buffer[self._start :]
             self._start = 0
         self._buffer += data
-        turns = self.factory.turns
         if len(self._buffer) > MAX_PENDING and not self._reading_paused:
             # a client far ahead of its turns: stop reading from it until it is not
             self._reading_paused = True
             self.transport.pauseProducing()
-        if len(self._buffer) < codec.REQUEST_SIZE or turns.waiting(self):
+        if len(self._buffer) < codec.REQUEST_SIZE or self._turns is not None:
             return
         if self.serve_one():
-            turns.queue(self)
+            self._turns = self.factory.cooperator.cooperate(self._serve_in_turn())
+
+    def _serve_in_turn(self) -> Iterator[None]:
+        while self.serve_one():
+            yield None
+        self._turns = None
 
     def serve_one(self) -> bool:
         """Answer the first request in the buffer; whether a whole one is left after it."""
@@ -287,7 +250,7 @@ class AtopGpuFactory(Factory):
         self.per_uid: Counter[int | None] = Counter()
         #: shared slots taken (connections beyond each uid's kept slots)
         self.shared_taken = 0
-        self.turns = Turns(clock)
+        self.cooperator = Cooperator(scheduler=lambda step: clock.callLater(0, step))
         self._refused = UidBurstLogs(clock)
         self._closed_for_room = UidBurstLogs(clock)
         self._last_sweep = float("-inf")
@@ -397,7 +360,6 @@ class AtopGpuFactory(Factory):
     def forget(self, protocol: AtopGpuProtocol) -> None:
         if protocol in self.connections:
             self._count(self.connections.pop(protocol), -1)
-        self.turns.forget(protocol)
 
     def _count(self, uid: int | None, step: int) -> None:
         """A connection of `uid` more or less: in one of its kept slots, else a shared one."""
@@ -408,7 +370,7 @@ class AtopGpuFactory(Factory):
             del self.per_uid[uid]
 
     def stopFactory(self) -> None:
-        self.turns.stop()
+        self.cooperator.stop()
         self._refused.stop()
         self._closed_for_room.stop()
         self.gate.stop()
