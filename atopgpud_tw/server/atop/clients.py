@@ -1,17 +1,14 @@
 """Each client's own state: its queue of exits not yet told, and a version 1 client's session.
 
-The Board queues one poll's exits for every client at once, as one shared list
-of `ExitReport`s (each ``E`` record rendered once per version, for every client
-that hears of it); a reply takes off the front of a client's queue what it sent.
+The Board queues one poll's exits for every client at once, as one shared list of
+`ExitReport`s; a reply takes off the front of a client's queue what it sent.
 
 atop 2.12 and older show a process's version 1 busy figures as those of the
-interval since their previous request; so they are worked out per client from
-the sums it saw then (`interval_busy`), kept per process life
-(`counters.ProcessTotals.life`), never per pid (a pid reused, or a GPU lost and
-read again, is a new process).  A `V1Session` costs work in proportion to the
-processes once per poll; clients whose previous ``S`` came in the same poll, with
-no exit still to be told, remembered the same sums: their records are rendered
-once, for the first of them (`Shared`).
+interval since their previous request: they are worked out per client from the
+sums it saw then (`interval_busy`), per process life (`counters.ProcessTotals.life`),
+never per pid (a pid reused, or a GPU lost and read again, is a new process).
+Clients whose previous ``S`` came in the same poll, with no exit still to be told,
+remembered the same sums: their records are rendered once (`Shared`).
 """
 
 from __future__ import annotations

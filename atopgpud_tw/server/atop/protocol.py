@@ -2,24 +2,18 @@
 
 Requests may arrive split over reads or several in one read; each is answered in
 order: the first at once, the others one per connection in turn (each connection
-a task of the factory's `Cooperator`, which gives the reactor back after each time
-slice), so that no client's flood keeps another waiting.  An unknown command closes that connection
-only, with one log line.  The protocol serves what the `Board` holds.
+a task of the factory's `Cooperator`), so that no client's flood keeps another
+waiting.  An unknown command closes that connection only, with one log line.
 
 Every connection is bounded (`Limits`): the clients, and one user's (the uid of a
 UNIX client, or of a TCP client on this host; other TCP clients share one count),
-the reply bytes a client may leave unread, how long it may stay silent, and, on
-UNIX sockets, who may connect at all (`access.AllowList`).  A fair port asks the
-factory (`room_for`), so that a user whose share is taken is refused before a
-connection is built.
-
-The slots, across every listener: root and each ``--allow-uid`` user have
-``--reserved-clients`` slots kept that no other uid can take, however many uids an
-attacker controls; the rest are shared, one uid taking at most its share
-(``--max-clients-per-uid``).  When the shared slots are all taken and a uid holding
-less than an even part of them asks, the longest-silent connection of the uid
-holding the most is closed for it, and connections silent for
-``--busy-idle-timeout`` are closed at once.  Refusals are logged once per uid and burst.
+the reply bytes left unread, the time silent, and, on UNIX sockets, who may
+connect (`access.AllowList`).  A fair port asks the factory (`room_for`) before it
+builds a connection.  Root and each ``--allow-uid`` user have slots kept that no
+other uid can take, however many uids an attacker controls; the rest are shared,
+one uid taking at most its share.  When the shared slots are all taken, a uid
+holding less than an even part of them gets the longest-silent connection of the
+uid holding the most, and connections silent for ``--busy-idle-timeout`` are closed.
 """
 
 from __future__ import annotations
@@ -151,13 +145,9 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self.transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
-        """Queue the stream's requests; answer the first now if none was waiting.
-
-        The rest are answered one per turn (`serve_one`), each written as soon
-        as it is made, so the transport can say (pauseProducing) when the client
-        stops reading, before a flood of requests turns into a flood of
-        buffered replies.
-        """
+        """Queue the stream's requests; answer the first now if none was waiting, the rest
+        one per turn, each written as it is made, so that the transport can say (pauseProducing)
+        that the client stopped reading before a flood of requests is one of buffered replies."""
         if self._closing:
             return
         if self._start:

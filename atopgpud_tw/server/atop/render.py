@@ -133,14 +133,10 @@ class StatsBody:
 def _take_exited(
     active_counts: Sequence[int], active_size: int, exited: Sequence[tuple[int, bytes]], room: int
 ) -> tuple[list[int], list[list[bytes]], list[int], int]:
-    """The exited records that go first: a prefix of the queue, within its share.
-
-    Active processes keep half the room (or all they need, if less), and on each
-    device `ACTIVE_SHARE_COUNT` of atop's 255 places (or all they need); exited
-    records take the rest, in queue order, up to the first that does not fit.
-    Returns the records taken per device (count and list), their positions in
-    `exited`, and the room left for the active processes.
-    """
+    """The exited records that go first, in queue order up to the first that does not fit:
+    active processes keep half the room and `ACTIVE_SHARE_COUNT` of each device's 255 places
+    (or all they need, if less).  The records taken per device (count and list), their
+    positions in `exited`, and the room left."""
     share = room - min(active_size, room // 2)
     caps = [MAX_PROCESSES_PER_DEVICE - min(n, ACTIVE_SHARE_COUNT) for n in active_counts]
     count = [0] * len(active_counts)
@@ -165,11 +161,8 @@ def _keep_in_order(
     tails: list[list[bytes]],
     sent: list[int],
 ) -> StatsBody:
-    """Active processes in the candidates' order, as far as room and each device's cap allow.
-
-    `candidates` are ``(device index, pid, record)``, largest memory first; the
-    exited records already taken are in `count`, `tails` and `sent`.
-    """
+    """Active processes in the candidates' order (``(device index, pid, record)``), as far as
+    room and each device's cap allow, after the exited ones in `count`, `tails` and `sent`."""
     chosen: list[set[int]] = [set() for _ in devices]
     cut = False
     for index, pid, record in candidates:

@@ -5,19 +5,15 @@ twistd builds the service before it daemonizes and before the reactor runs; a
 listener started later (``StreamServerEndpointService``) that fails only logs a
 traceback while the daemon runs on, serving nothing.  Listening in ``makeService``
 fails where a service manager and the shell see it: one line, exit status 1.
-
-Twisted's endpoint strings cover TCP and filesystem UNIX sockets
-(``unix:/run/atopgpud/atopgpud.sock:mode=660``); ``unix:@NAME`` is an abstract
-socket (atop 2.13 connects to ``\\0atopgpud_nvidia``), which has no file, so no lock file.
+``unix:@NAME`` is an abstract socket (atop 2.13 connects to ``\\0atopgpud_nvidia``): no file, no lock file.
 
 With ``atopgpud.socket`` enabled, systemd holds ``@atopgpud_nvidia`` (and, with
 ``atopgpud-tcp.socket``, TCP 127.0.0.1:59123) from early boot: an atop started
 before the daemon connects at once, its request waiting in the socket's queue.
-systemd passes the sockets (``LISTEN_FDS``); each takes the place of the
-``--listen`` or ``--metrics`` endpoint with the same address, so one command line
-serves with and without the socket units.  A passed socket that no endpoint names
-is an error: it would be held open and never answered.  A passed socket belongs
-to systemd: it is not bound, chmod-ed, shut down or removed here, and keeps its backlog.
+Each passed socket (``LISTEN_FDS``) takes the place of the ``--listen`` or
+``--metrics`` endpoint with its address; one that no endpoint names is an error
+(held open, never answered).  It belongs to systemd: not bound, chmod-ed, shut
+down or removed here, and it keeps its backlog.
 """
 
 from __future__ import annotations
