@@ -240,7 +240,7 @@ class Board:
             result = prepared.full
             self._heard(queue)
         else:
-            shared = queue.holds_only(self._batch)
+            shared = self._batch is not None and queue.batch is self._batch  # one poll's exits, as shared
             result = self._batch_bodies.get(view) if shared else None
             if result is None:
                 result = prepared.body(_records(islice(queue.entries, render.EXITED_SCAN), version))

@@ -75,17 +75,10 @@ class ClientQueue:
         self.lost += overflow
         return overflow
 
-    def holds_only(self, batch: Sequence[ExitReport] | None) -> bool:
-        """Whether the queue holds exactly `batch` (the same list object the Board shared)."""
-        return batch is not None and self.batch is batch
-
     def take(self, count: int) -> None:
         self.batch = None
-        if count >= len(self.entries):
-            self.entries.clear()
-        else:
-            for _ in range(count):
-                self.entries.popleft()
+        for _ in range(min(count, len(self.entries))):
+            self.entries.popleft()
 
     def only_devices_below(self, count: int) -> None:
         """Drop the exits on devices from index `count` on, which no reply to this client carries."""
