@@ -10,7 +10,7 @@ tick covers two intervals), for the counters' time-weighted sums.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -46,11 +46,10 @@ class PollerService(Service):
         #: what of failing polls and their recoveries is said, for a cause that flaps
         self._damping = Damping()
         self._loop: LoopingCall | None = None
-        self._finished: Deferred | None = None
         self._ticks = 0
         #: what the reader waited for (the driver, at boot) at its latest poll or start-up
-        self._waiting_for = getattr(reader, "waiting_for", None)
-        self.waiting: str | None = self._reader_waits()
+        self._waiting_for: Callable[[], str | None] = getattr(reader, "waiting_for", lambda: None)
+        self.waiting = self._waiting_for()
 
     @property
     def failing(self) -> str | None:
@@ -79,15 +78,11 @@ class PollerService(Service):
             text += f"; polls failing: {self.failing}"
         return text
 
-    def _reader_waits(self) -> str | None:
-        return None if self._waiting_for is None else self._waiting_for()
-
     def startService(self) -> None:
         super().startService()
         self._loop = LoopingCall.withCount(self._tick)
         self._loop.clock = self.clock
-        self._finished = self._loop.start(self.interval, now=True)
-        self._finished.addErrback(self._loop_died)
+        self._loop.start(self.interval, now=True).addErrback(self._loop_died)
 
     def stopService(self) -> Deferred:
         # Unlike TimerService, which this is otherwise, stopping does not wait for the
@@ -117,7 +112,7 @@ class PollerService(Service):
         else:
             self.unread_polls += 1
             self._unread_gpus = len(snapshot.devices)
-        self.waiting = self._reader_waits()
+        self.waiting = self._waiting_for()
         failed_with = self._failing.value
         if failed_with is None and not self._damping.flaps:
             return  # worked, as the last did: no recovery to say, and nothing flaps: no count due
