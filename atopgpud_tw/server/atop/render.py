@@ -78,12 +78,8 @@ def _average(cum: int, samples: int) -> int:
 def render_process(
     totals: ProcessTotals, version: int, state: bytes = b"A", busy: tuple[int, int] | None = None
 ) -> bytes:
-    """A process's ``#`` record for a reply version; `state` is ``A`` or ``E``.
-
-    Version 1 carries busy percentages, not sums: atop shows them as the
-    interval's figures.  `busy` gives them (the board works them out per client
-    over its interval); without it they are the averages since the process began.
-    """
+    """A process's ``#`` record; `state` is ``A`` or ``E``.  Version 1 carries busy percentages
+    (atop shows them as the interval's): `busy`, else the averages since the process began."""
     pid = totals.pid
     if version == 1:
         busy = busy or (_average(totals.gpu_busy_cum, totals.samples), _average(totals.mem_busy_cum, totals.samples))
@@ -183,13 +179,10 @@ def _keep_in_order(
 class PreparedStats:
     """The part of an ``S`` body that every client shares until the next poll.
 
-    `body` gives one client's body within `budget` bytes and 255 processes per
-    device, with its exited records: when all fits, appended to the devices'
-    records; otherwise exited records first, within their share (`_take_exited`),
-    then the largest active processes that fit.  The tests' oracle
-    (tests/render_oracle.py) renders the same rules record by record; this one
-    joins each device's records in advance and sorts the order once, so a reply
-    that fits costs work in proportion to the devices and its exited records.
+    `body` gives one client's body within `budget` bytes and 255 processes per device:
+    its exited records appended when all fits; else exited records first, within their
+    share (`_take_exited`), then the largest active processes that fit.  The tests'
+    oracle (tests/render_oracle.py) renders the same rules record by record.
     """
 
     __slots__ = ("devices", "full", "_blocks", "_counts", "_room", "_active_size", "_order")

@@ -65,10 +65,7 @@ def peer_of(transport: Any) -> Peer | None:
         pid, uid, gid = _ucred(handle)
     except (AttributeError, OSError):
         return None
-    groups = _peer_groups(handle)
-    if groups is None:
-        groups = _proc_groups(pid)
-    return Peer(pid, uid, frozenset({gid}) | groups)
+    return Peer(pid, uid, frozenset({gid}) | _peer_groups(handle, pid))
 
 
 def _ucred(sock: socket.socket) -> tuple[int, int, int]:
@@ -119,17 +116,17 @@ def address_name(peer: Any) -> str:
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 
-def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
-    """The peer's supplementary groups (SO_PEERGROUPS); None where the kernel has none."""
+def _peer_groups(handle: socket.socket, pid: int) -> frozenset[int]:
+    """The peer's supplementary groups (SO_PEERGROUPS); /proc's where the kernel has none."""
     for size in (64, _NGROUPS_MAX):
         try:
             raw = handle.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
         except OSError as error:
             if error.errno == errno.ERANGE:
                 continue  # more than 64 groups: ask again with room for all
-            return None
+            break
         return frozenset(gid for (gid,) in _GID.iter_unpack(raw[: len(raw) - len(raw) % _GID.size]))
-    return None
+    return _proc_groups(pid)
 
 
 def _proc_groups(pid: int) -> frozenset[int]:

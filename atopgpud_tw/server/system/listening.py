@@ -291,14 +291,9 @@ class ActivationError(Exception):
 
 
 def inherited_sockets(environ: Any = os.environ) -> list[Inherited]:
-    """The listening sockets systemd passed to this process, in order.
-
-    Twisted reads (and takes out of the environment) ``LISTEN_PID``/``LISTEN_FDS``
-    when its endpoints module is imported; what it read is asked for here, not
-    through ``serverFromString``, which writes ``twisted/plugins/dropin.cache`` (a
-    warning on the unit's read-only file system).  ``LISTEN_FDNAMES`` is taken out
-    here, so that no child sees any of them.
-    """
+    """The listening sockets systemd passed, in order: as Twisted's endpoints module read (and
+    took out of the environment) ``LISTEN_FDS`` at import, asked of it directly (``serverFromString``
+    writes ``dropin.cache``: a warning on a read-only file system); ``LISTEN_FDNAMES`` taken out here."""
     found = getattr(getattr(endpoints, "_SystemdParser", None), "_sddaemon", None)
     if not isinstance(found, ListenFDs):  # a Twisted that no longer reads them at import
         found = ListenFDs.fromEnvironment(environ=environ)

@@ -103,13 +103,11 @@ class SignalService(Service):
     def hangup(self, log_file: logfile.BaseLogFile | None) -> None:
         for hook in self.hangup_hooks:
             hook()
-        if log_file is None and self.hangup_hooks:
-            return
-        if log_file is None:
+        if log_file is not None:
+            log_file.reopen()
+            self.log.info("SIGHUP: log file {path} reopened", path=log_file.path)
+        elif not self.hangup_hooks:
             self.log.info("SIGHUP: ignored (no log file to reopen)")
-            return
-        log_file.reopen()
-        self.log.info("SIGHUP: log file {path} reopened", path=log_file.path)
 
     def ignored(self, name: str) -> None:
         self.log.info("{signal}: ignored", signal=name)
