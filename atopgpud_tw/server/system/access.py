@@ -65,7 +65,10 @@ def peer_of(transport: Any) -> Peer | None:
         pid, uid, gid = _ucred(handle)
     except (AttributeError, OSError):
         return None
-    return Peer(pid, uid, frozenset({gid}) | _peer_groups(handle, pid))
+    groups = _peer_groups(handle)
+    if groups is None:
+        groups = _proc_groups(pid)
+    return Peer(pid, uid, frozenset({gid}) | groups)
 
 
 def _ucred(sock: socket.socket) -> tuple[int, int, int]:
@@ -116,17 +119,17 @@ def address_name(peer: Any) -> str:
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 
-def _peer_groups(handle: socket.socket, pid: int) -> frozenset[int]:
-    """The peer's supplementary groups (SO_PEERGROUPS); /proc's where the kernel has none."""
+def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
+    """The peer's supplementary groups (SO_PEERGROUPS); None where the kernel has none."""
     for size in (64, _NGROUPS_MAX):
         try:
             raw = handle.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
         except OSError as error:
             if error.errno == errno.ERANGE:
                 continue  # more than 64 groups: ask again with room for all
-            break
+            return None
         return frozenset(gid for (gid,) in _GID.iter_unpack(raw[: len(raw) - len(raw) % _GID.size]))
-    return _proc_groups(pid)
+    return None
 
 
 def _proc_groups(pid: int) -> frozenset[int]:
