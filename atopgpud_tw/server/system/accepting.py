@@ -1,23 +1,19 @@
 """Accepting fairly: no local user's flood of connections holds up atop or locks it out.
 
-Twisted's listening port accepts in a loop that grows by 20 each time it drains
-the backlog, building a transport and a protocol for every connection; a process
-that connects, sends a request and resets, in a loop, made that loop thousands
-long every reactor turn and filled ``--max-clients`` with dead connections.  A
-`FairPort` takes each turn in three steps, in the reactor's turn after the one in
-which the listener was readable (so an atop already connected is served first):
+Twisted's listening port accepts in a loop that grows by 20 each time it drains the
+backlog, building a transport and a protocol for every connection; a process that
+connects, sends a request and resets, in a loop, made that loop thousands long every
+turn and filled ``--max-clients`` with dead connections.  A `FairPort` takes its turn
+in the reactor's turn after the listener was readable (an atop connected is served first):
 
-1. **Drain**: up to `DRAIN_LIMIT` connections off the backlog, each a bare file
-   descriptor (the C accept: under a flood, Python's socket objects cost more than
-   the kernel's accept and close together), so that a new client is not refused.
-2. **Reap**: one ``poll`` over them; a connection its client already closed or
-   reset is closed unread (a plain ``close``: no TIME_WAIT on our side).  The
-   others become sockets, by their peer's uid (`access.peer_uid`).
-3. **Admit**: at most `ACCEPT_BUDGET` a turn become transports and protocols, one
-   uid in turn.  A factory with ``room_for(uid, family)`` may refuse a uid (and
-   logs it): that connection is closed before anything is built.  A user's
-   connections beyond `PENDING_PER_UID` waiting are closed at once; the others
-   wait for the next turn, checked again for a hang-up.
+1. **Drain**: up to `DRAIN_LIMIT` connections off the backlog as bare descriptors (the
+   C accept: Python's socket objects cost more than the kernel's accept and close).
+2. **Reap**: one ``poll`` over them; a connection its client already closed or reset
+   is closed unread (no TIME_WAIT on our side); the others wait by their peer's uid.
+3. **Admit**: at most `ACCEPT_BUDGET` a turn become transports and protocols, one uid
+   in turn.  A factory with ``room_for(uid, family)`` may refuse a uid (and logs it)
+   before anything is built.  A user's connections beyond `PENDING_PER_UID` waiting
+   are closed at once; the others wait for the next turn, checked again for a hang-up.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Who may connect: peer credentials of UNIX-socket clients, and bursts of refusals.
 
 An abstract socket has no file permissions: any local process in the same network
-namespace can connect and see every GPU process.  Sites that want less give the
-daemon an allow-list of uids and gids (``--allow-uid``/``--allow-gid``); a client
-on a UNIX socket (an atop socket or a UNIX ``--metrics`` socket) is then accepted
-only if SO_PEERCRED says its uid is listed, or its primary or a supplementary group
-is.  The supplementary groups come from SO_PEERGROUPS, the groups the client had
-when it connected (/proc, which ``ProtectProc=invisible`` hides, only on kernels
-older than 4.13).  TCP clients carry no credentials: keep TCP on loopback, or off,
-where this matters.  (A local TCP client's socket owner, `peer_uid` through
-`SockDiag`, counts its user's slots of ``--max-clients``, not its access.)
+namespace can connect and see every GPU process.  With ``--allow-uid``/``--allow-gid``
+a UNIX client (atop's or ``--metrics``') is accepted only if SO_PEERCRED's uid, or its
+primary or a supplementary group (SO_PEERGROUPS: those it had when it connected; /proc,
+which ``ProtectProc=invisible`` hides, before Linux 4.13) is listed.  TCP clients carry
+no credentials; a local one's socket owner (`SockDiag`) counts only its user's slots.
 """
 
 from __future__ import annotations
@@ -243,14 +239,10 @@ class GatedFactory(WrappingFactory):
 
 
 class SockDiag:
-    """The uid owning a local TCP client's socket, from the kernel's socket diagnostics.
-
-    A TCP connection carries no credentials, but a client on this host has its socket in
-    this network namespace: one ``SOCK_DIAG_BY_FAMILY`` request over netlink (what ``ss``
-    uses) for the one socket whose four-tuple is the peer's gives its ``idiag_uid``, with
-    nothing read from /proc.  None where netlink is not allowed (``RestrictAddressFamilies=``
-    without ``AF_NETLINK``) or the socket is not found (a remote client, or one gone).
-    One netlink socket, opened when first asked and kept."""
+    """The uid owning a local TCP client's socket: the ``idiag_uid`` of one ``SOCK_DIAG_BY_FAMILY``
+    request over netlink (as ``ss`` asks) for the socket whose four-tuple is the peer's, nothing read
+    from /proc.  None where netlink is refused (``RestrictAddressFamilies=``) or the socket is not
+    found (a remote client, or one gone).  One netlink socket, opened when first asked and kept."""
 
     def __init__(self) -> None:
         self._socket: socket.socket | None = None

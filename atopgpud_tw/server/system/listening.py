@@ -212,7 +212,7 @@ def describe(problem: BaseException) -> str:
     """The cause of a failed listen in a few words: 'address already in use'."""
     if isinstance(problem, error.CannotListenError):
         cause = problem.socketError
-        if isinstance(cause, str) and cause == "Cannot acquire lock":
+        if cause == "Cannot acquire lock":
             return f"another process holds {_name(problem.port)}.lock"
         problem = cause if isinstance(cause, BaseException) else problem
     if isinstance(problem, OSError) and problem.strerror:
