@@ -116,10 +116,7 @@ class Board:
                 wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
             )
         self._batch = None
-        if self._batch_bodies:
-            self._batch_bodies = {}
-        if not exited:
-            return exited
+        self._batch_bodies = {}
         # a device beyond what the wire carries has no place for its exits
         wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
         if wired:

@@ -110,8 +110,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     def connectionMade(self) -> None:
         factory = self.factory
         if not factory.admit(self):
-            self._closing = True
-            self.transport.abortConnection()
+            self.give_up_slot()
             return
         self.setTimeout(factory.limits.first_request_timeout)
         self.last_asked = factory.clock.seconds()
@@ -139,7 +138,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self.transport.loseConnection()
 
     def give_up_slot(self) -> None:
-        """Close at once for another client (the factory has already forgotten it)."""
+        """Close at once: refused, or for another client (the factory has forgotten it)."""
         self.setTimeout(None)
         self._closing = True
         self.transport.abortConnection()

@@ -70,9 +70,7 @@ def _clamped(values: tuple[int, ...], top: int) -> tuple[int, ...]:
 
 
 def _average(cum: int, samples: int) -> int:
-    if cum < 0:
-        return -1
-    return cum // samples if samples else 0
+    return -1 if cum < 0 else (cum // samples if samples else 0)
 
 
 def render_process(

@@ -23,6 +23,7 @@ import select
 import socket
 import struct
 from collections import deque
+from contextlib import suppress
 from typing import Any, Iterable
 
 from twisted.internet import tcp, unix
@@ -61,10 +62,8 @@ def hung_up(fds: Iterable[int]) -> set[int]:
 def close_now(sock: socket.socket) -> None:
     """Close an accepted socket without a TCP TIME_WAIT on our side."""
     if sock.family != socket.AF_UNIX:
-        try:
+        with suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        except OSError:
-            pass
     sock.close()
 
 

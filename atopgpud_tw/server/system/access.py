@@ -14,6 +14,7 @@ import errno
 import ipaddress
 import socket
 import struct
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,13 +130,10 @@ def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
 
 
 def _proc_groups(pid: int) -> frozenset[int]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+        for line in status:
+            if line.startswith("Groups:"):
+                return frozenset(int(g) for g in line.split()[1:])
     return frozenset()
 
 

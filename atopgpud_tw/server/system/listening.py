@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -232,11 +233,9 @@ def _remove_own_lock(problem: BaseException) -> None:
     if not isinstance(path, (str, bytes)) or _name(path).startswith("\0"):
         return
     lock = _name(path) + ".lock"
-    try:
+    with suppress(OSError):
         if os.readlink(lock) == str(os.getpid()):
             os.unlink(lock)
-    except OSError:
-        pass
 
 
 def _take_lock(port: IListeningPort) -> None:
