@@ -23,6 +23,7 @@ destroyed instance does.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -90,6 +91,17 @@ class Handle:
 
     gpu: int
     instance: MigSpec | None = None
+
+
+def _device(method: Callable[..., Any]) -> Any:
+    """An NVML call with a handle: `_enter` (delay, faults, initialisation), then `method` given its GPU and time."""
+
+    @functools.wraps(method)
+    def call(self: SimulatedNvml, handle: Handle, *args: Any) -> Any:
+        now = self._enter(method.__name__, handle)
+        return method(self, handle, self._gpu(handle), now, *args)
+
+    return call
 
 
 class SimulatedNvml(HealthDriver, GpmDriver):
@@ -287,60 +299,52 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     # -- identity --
 
-    def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
-        self._enter("nvmlDeviceGetPciInfo", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetPciInfo(self, handle: Handle, gpu: GpuSpec, now: float) -> PciInfo:
         return PciInfo(busId=gpu.busid.encode("ascii"), busIdLegacy=gpu.busid[-12:].encode("ascii"))
 
-    def nvmlDeviceGetName(self, handle: Handle) -> str:
-        now = self._enter("nvmlDeviceGetName", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetName(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             self._check_instance(handle, now)
             return f"{gpu.name} MIG {handle.instance.profile}"
         return gpu.name
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
-        now = self._enter("nvmlDeviceGetUUID", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetUUID(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             self._check_instance(handle, now)
             tail = gpu.uuid.removeprefix("GPU-")[:-6]
-            ids = f"{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
-            return f"MIG-{tail}{ids}"
+            return f"MIG-{tail}{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
         return gpu.uuid
 
-    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
-        self._enter("nvmlDeviceGetSerial", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetSerial(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if gpu.serial is None or handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         return gpu.serial
 
-    def nvmlDeviceGetVbiosVersion(self, handle: Handle) -> str:
-        self._enter("nvmlDeviceGetVbiosVersion", handle)
+    @_device
+    def nvmlDeviceGetVbiosVersion(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
-        return self._gpu(handle).vbios
+        return gpu.vbios
 
     # -- MIG --
 
-    def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
-        self._enter("nvmlDeviceGetMigMode", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMigMode(self, device: Handle, gpu: GpuSpec, now: float) -> list[int]:
         if not gpu.mig_capable or device.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         mode = DEVICE_MIG_DISABLE if gpu.mig is None else DEVICE_MIG_ENABLE
         return [mode, mode]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
-        self._enter("nvmlDeviceGetMaxMigDeviceCount", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle, gpu: GpuSpec, now: float) -> int:
         return 0 if device.instance is not None else self._slots(gpu)
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
-        now = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, gpu: GpuSpec, now: float, index: int) -> Handle:
         if device.instance is not None or not 0 <= index < self._slots(gpu):
             raise NvmlFault(INVALID_ARGUMENT)
         for instance in self._instances(gpu, now):
@@ -348,37 +352,37 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 return Handle(device.gpu, instance)
         raise NvmlFault(NOT_FOUND)
 
-    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> int:
-        self._enter("nvmlDeviceIsMigDeviceHandle", device)
+    @_device
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle, gpu: GpuSpec, now: float) -> int:
         return 1 if device.instance is not None else 0
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle) -> Handle:
-        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+    @_device
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle, gpu: GpuSpec, now: float) -> Handle:
         if migDevice.instance is None:
             raise NvmlFault(INVALID_ARGUMENT)
         return Handle(migDevice.gpu)
 
-    def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
-        now = self._enter("nvmlDeviceGetGpuInstanceId", device)
-        if device.instance is None:
-            raise NvmlFault(INVALID_ARGUMENT)
-        self._check_instance(device, now)
-        return device.instance.gpu_instance
+    @_device
+    def nvmlDeviceGetGpuInstanceId(self, device: Handle, gpu: GpuSpec, now: float) -> int:
+        return self._instance(device, now).gpu_instance
 
-    def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
-        now = self._enter("nvmlDeviceGetComputeInstanceId", device)
+    @_device
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle, gpu: GpuSpec, now: float) -> int:
+        return self._instance(device, now).compute_instance
+
+    def _instance(self, device: Handle, now: float) -> MigSpec:
+        """The MIG instance of a handle that must be one (INVALID_ARGUMENT for a card's)."""
         if device.instance is None:
             raise NvmlFault(INVALID_ARGUMENT)
         self._check_instance(device, now)
-        return device.instance.compute_instance
+        return device.instance
 
     # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`):
     # the scenario's values (this model's `rates`, `samples`, `memory`, `running`,
     # `process_samples`) or a recording (`replay.Replayed`) --
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Rates:
-        now = self._enter("nvmlDeviceGetUtilizationRates", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle, gpu: GpuSpec, now: float) -> Rates:
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NvmlFault(NOT_SUPPORTED)
@@ -392,11 +396,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             memory=self._util(handle, gpu, "mem", last),
         )
 
+    @_device
     def nvmlDeviceGetSamples(
-        self, device: Handle, sampling_type: int, timeStamp: int
+        self, device: Handle, gpu: GpuSpec, now: float, sampling_type: int, timeStamp: int
     ) -> tuple[int, list[Sample]]:
-        self._enter("nvmlDeviceGetSamples", device)
-        gpu = self._gpu(device)
         field = {GPU_UTILIZATION_SAMPLES: "gpu", MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
         if field is None:
             raise NvmlFault(NOT_SUPPORTED)
@@ -484,9 +487,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         start, end = periods[-1][-2:]
         return _period_level(gpu, field, self.scenario.repeat)(start, end)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> Memory:
-        now = self._enter("nvmlDeviceGetMemoryInfo", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, gpu: GpuSpec, now: float, version: Any = None) -> Memory:
         return self._answers(gpu).memory(handle, gpu, version, now)
 
     def memory(self, handle: Handle, gpu: GpuSpec, version: Any, now: float) -> Memory:
@@ -509,15 +511,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             return Memory(total=total_b, used=used_b, free=max(0, total_b - used_b))
         free_b = max(0, total_b - used_b - reserved_b)
         return Memory(total=total_b, used=used_b, free=free_b, reserved=reserved_b)
-
-    def _running(
-        self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool
-    ) -> list[RunningProcess]:
-        now = self._enter(call, handle)
-        gpu = self._gpu(handle)
-        if not listed:
-            raise NvmlFault(NOT_SUPPORTED)
-        return self._answers(gpu).running(handle, gpu, call, kinds, now)
 
     def running(
         self, handle: Handle, gpu: GpuSpec, call: str, kinds: tuple[str, ...], now: float
@@ -548,19 +541,21 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                     )
         return out
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
-        gpu = self._gpu(handle)
-        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), gpu.compute_list)
+    @_device
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, gpu: GpuSpec, now: float) -> list[RunningProcess]:
+        if not gpu.compute_list:
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).running(handle, gpu, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), now)
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
-        gpu = self._gpu(handle)
-        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), gpu.graphics_list)
+    @_device
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle, gpu: GpuSpec, now: float) -> list[RunningProcess]:
+        if not gpu.graphics_list:
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).running(handle, gpu, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), now)
 
-    def nvmlDeviceGetProcessUtilization(
-        self, handle: Handle, timeStamp: int
-    ) -> list[ProcessSample]:
-        now = self._enter("nvmlDeviceGetProcessUtilization", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetProcessUtilization(self, handle: Handle, gpu: GpuSpec, now: float, timeStamp: int
+                                        ) -> list[ProcessSample]:
         self._check_instance(handle, now)
         return self._answers(gpu).process_samples(handle, gpu, timeStamp, now)
 
