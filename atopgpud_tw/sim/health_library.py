@@ -38,28 +38,6 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
     """The C symbols of the health figures and events, for `SimulatedLibrary._table`."""
     h = _ptr
 
-    def out_uint(method: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call(method, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
-    def out_ull(method: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call(method, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _ull)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
     def remapped(device: int | None, *outs: int | None) -> int:
         values = library._call("nvmlDeviceGetRemappedRows", library.model_handle(device))
         if not all(outs):
@@ -88,17 +66,6 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
                 entry.nvmlReturn = SUCCESS
         return SUCCESS
 
-    def plain(function: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call("plain", function, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
     def violation(device: int | None, policy: int, out: int | None) -> int:
         reference, held = library._call("nvmlDeviceGetViolationStatus", library.model_handle(device), policy)
         if not out:
@@ -116,13 +83,6 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
             return SUCCESS
 
         return answer
-
-    def event_set_create(out: int | None) -> int:
-        ident = library._call("nvmlEventSetCreate")
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _ptr)[0] = _EVENT_SET_BASE + ident
-        return SUCCESS
 
     def register(device: int | None, types: int, event_set: int | None) -> int:
         library._call("nvmlDeviceRegisterEvents", library.model_handle(device), types, _set_id(event_set))
@@ -143,31 +103,34 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         return SUCCESS
 
     table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
-        "nvmlDeviceGetTemperature": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetTemperature")),
         "nvmlDeviceGetFieldValues": (_int, (h, ctypes.c_int32, _ptr), field_values),
-        "nvmlDeviceGetTotalEnergyConsumption": (_int, (h, _ptr), out_ull("nvmlDeviceGetTotalEnergyConsumption")),
-        "nvmlDeviceGetCurrentClocksEventReasons": (
-            _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksEventReasons")),
-        "nvmlDeviceGetCurrentClocksThrottleReasons": (
-            _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksThrottleReasons")),
-        "nvmlDeviceGetPerformanceState": (_int, (h, _ptr), out_uint("nvmlDeviceGetPerformanceState")),
-        "nvmlDeviceGetTotalEccErrors": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetTotalEccErrors")),
         "nvmlDeviceGetRemappedRows": (_int, (h, _ptr, _ptr, _ptr, _ptr), remapped),
-        "nvmlEventSetCreate": (_int, (_ptr,), event_set_create),
+        "nvmlEventSetCreate": (
+            _int, (_ptr,), library.out("nvmlEventSetCreate", _ptr, False, write=lambda ident: _EVENT_SET_BASE + ident)),
         "nvmlDeviceRegisterEvents": (_int, (h, _ull, _ptr), register),
-        "nvmlDeviceGetSupportedEventTypes": (_int, (h, _ptr), out_ull("nvmlDeviceGetSupportedEventTypes")),
         "nvmlEventSetWait_v2": (_int, (_ptr, _ptr, _uint), wait),
         "nvmlEventSetFree": (_int, (_ptr,), free),
         "nvmlDeviceGetViolationStatus": (_int, (h, _uint, _ptr), violation),
-        "nvmlDeviceGetNvLinkState": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetNvLinkState")),
-        "nvmlDeviceGetNvLinkErrorCounter": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetNvLinkErrorCounter")),
     }
+    # the calls that answer one number: (symbol, its arguments after the handle, what it writes)
+    for symbol, args, ctype in (
+        ("nvmlDeviceGetTemperature", (_uint,), _uint),
+        ("nvmlDeviceGetTotalEnergyConsumption", (), _ull),
+        ("nvmlDeviceGetCurrentClocksEventReasons", (), _ull),
+        ("nvmlDeviceGetCurrentClocksThrottleReasons", (), _ull),
+        ("nvmlDeviceGetPerformanceState", (), _uint),
+        ("nvmlDeviceGetTotalEccErrors", (_uint, _uint), _ull),
+        ("nvmlDeviceGetSupportedEventTypes", (), _ull),
+        ("nvmlDeviceGetNvLinkState", (_uint,), _uint),
+        ("nvmlDeviceGetNvLinkErrorCounter", (_uint, _uint), _ull),
+    ):
+        table[symbol] = (_int, (h, *args, _ptr), library.out(symbol, ctype))
     for function in ENGINES:
         table[function] = (_int, (h, _ptr, _ptr), engine(function))
     for function, rows in PLAIN.items():
         if function not in table:
             arity = len(next(iter(rows)))
-            table[function] = (_int, (h, *[_uint] * arity, _ptr), plain(function))
+            table[function] = (_int, (h, *[_uint] * arity, _ptr), library.out("plain", _uint, True, function))
     return table
 
 

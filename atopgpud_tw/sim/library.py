@@ -122,12 +122,6 @@ class SimulatedLibrary:
             raise NvmlFault(INVALID_ARGUMENT)
         return handle
 
-    def _put_handle(self, out: int | None, handle: Handle) -> int:
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _ptr)[0] = self.handle_id(handle)
-        return SUCCESS
-
     # -- plumbing --
 
     def _export(self, symbol: str, restype: Any, argtypes: Sequence[Any], function: Callable[..., int]) -> Any:
@@ -163,19 +157,21 @@ class SimulatedLibrary:
     def _table(self) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
         h = _ptr
         table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
-            "nvmlInit_v2": (_int, (), self._init),
-            "nvmlInitWithFlags": (_int, (_uint,), self._init_with_flags),
-            "nvmlShutdown": (_int, (), self._shutdown),
+            "nvmlInit_v2": (_int, (), self.done("nvmlInit")),
+            "nvmlInitWithFlags": (_int, (_uint,), self.done("nvmlInitWithFlags")),
+            "nvmlShutdown": (_int, (), self.done("nvmlShutdown")),
             "nvmlErrorString": (_ptr, (_int,), self._error_string),
-            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._driver_version),
-            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self._count),
-            "nvmlDeviceGetHandleByIndex_v2": (_int, (_uint, _ptr), self._handle_by_index),
+            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._text("nvmlSystemGetDriverVersion")),
+            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self.out("nvmlDeviceGetCount", _uint, False)),
+            "nvmlDeviceGetHandleByIndex_v2": (
+                _int, (_uint, _ptr), self.out("nvmlDeviceGetHandleByIndex", _ptr, False, write=self.handle_id)),
             "nvmlDeviceGetName": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetName")),
             "nvmlDeviceGetUUID": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetUUID")),
             "nvmlDeviceGetSerial": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetSerial")),
             "nvmlDeviceGetVbiosVersion": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetVbiosVersion")),
-            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion")),
-            "nvmlSystemGetCudaDriverVersion_v2": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion_v2")),
+            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion", _int, False)),
+            "nvmlSystemGetCudaDriverVersion_v2": (
+                _int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion_v2", _int, False)),
             "nvmlDeviceGetPciInfo_v3": (_int, (h, _ptr), self._pci_info),
             "nvmlDeviceGetMemoryInfo": (_int, (h, _ptr), self._memory_v1),
             "nvmlDeviceGetMemoryInfo_v2": (_int, (h, _ptr), self._memory_v2),
@@ -183,12 +179,14 @@ class SimulatedLibrary:
             "nvmlDeviceGetSamples": (_int, (h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
             "nvmlDeviceGetProcessUtilization": (_int, (h, _ptr, _ptr, _ull), self._process_utilization),
             "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self._mig_mode),
-            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self._uint("nvmlDeviceGetMaxMigDeviceCount")),
-            "nvmlDeviceGetMigDeviceHandleByIndex": (_int, (h, _uint, _ptr), self._mig_handle),
-            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self._uint("nvmlDeviceIsMigDeviceHandle")),
-            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (_int, (h, _ptr), self._parent_handle),
-            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetGpuInstanceId")),
-            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetComputeInstanceId")),
+            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self.out("nvmlDeviceGetMaxMigDeviceCount", _uint)),
+            "nvmlDeviceGetMigDeviceHandleByIndex": (
+                _int, (h, _uint, _ptr), self.out("nvmlDeviceGetMigDeviceHandleByIndex", _ptr, write=self.handle_id)),
+            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self.out("nvmlDeviceIsMigDeviceHandle", _uint)),
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (
+                _int, (h, _ptr), self.out("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", _ptr, write=self.handle_id)),
+            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetGpuInstanceId", _uint)),
+            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetComputeInstanceId", _uint)),
         }
         for kind in ("Compute", "Graphics"):
             for version in ("_v3", "_v2"):
@@ -199,17 +197,31 @@ class SimulatedLibrary:
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 
-    def _init(self) -> int:
-        self._call("nvmlInit")
-        return SUCCESS
+    def done(self, method: str) -> Callable[..., int]:
+        """A C function that only calls the model's `method`."""
 
-    def _init_with_flags(self, flags: int) -> int:
-        self._call("nvmlInitWithFlags", flags)
-        return SUCCESS
+        def call(*args: Any) -> int:
+            self._call(method, *args)
+            return SUCCESS
 
-    def _shutdown(self) -> int:
-        self._call("nvmlShutdown")
-        return SUCCESS
+        return call
+
+    def out(self, method: str, ctype: Any, device: bool = True, *lead: Any,
+            write: Callable[[Any], int] = int) -> Callable[..., int]:
+        """A C function that writes the model's answer through its last argument (a `ctype`): its
+        `method` asked with `lead` and the other arguments, the first a device handle if `device`."""
+
+        def answer(*args: Any) -> int:
+            *values, target = args
+            if device:
+                values[0] = self.model_handle(values[0])
+            result = self._call(method, *lead, *values)
+            if not target:
+                return INVALID_ARGUMENT
+            _at(target, ctype)[0] = write(result)
+            return SUCCESS
+
+        return answer
 
     def _error_string(self, code: int) -> int:
         """A static string, as the C library returns (the binding sets restype c_char_p)."""
@@ -229,61 +241,16 @@ class SimulatedLibrary:
         ctypes.memmove(buffer, data + b"\0", len(data) + 1)
         return SUCCESS
 
-    def _driver_version(self, buffer: int | None, length: int) -> int:
-        try:
-            value = self._call("nvmlSystemGetDriverVersion")
-        except RuntimeError:
-            value = NOT_UTF8
-        return self._write_text(buffer, length, value)
-
     def _text(self, method: str) -> Callable[..., int]:
-        def text(device: int | None, buffer: int | None, length: int) -> int:
-            handle = self.model_handle(device)
+        def text(*args: Any) -> int:
+            *device, buffer, length = args  # no device: the driver version
             try:
-                value = self._call(method, handle)
+                value = self._call(method, *map(self.model_handle, device))
             except RuntimeError:
                 value = NOT_UTF8
             return self._write_text(buffer, length, value)
 
         return text
-
-    def _cuda(self, method: str) -> Callable[..., int]:
-        def answer(out: int | None) -> int:
-            value = self._call(method)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _int)[0] = int(value)
-            return SUCCESS
-
-        return answer
-
-    def _uint(self, method: str) -> Callable[..., int]:
-        def answer(device: int | None, out: int | None) -> int:
-            value = self._call(method, self.model_handle(device))
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(value)
-            return SUCCESS
-
-        return answer
-
-    def _count(self, out: int | None) -> int:
-        value = self._call("nvmlDeviceGetCount")
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _uint)[0] = int(value)
-        return SUCCESS
-
-    def _handle_by_index(self, index: int, out: int | None) -> int:
-        return self._put_handle(out, self._call("nvmlDeviceGetHandleByIndex", index))
-
-    def _mig_handle(self, device: int | None, index: int, out: int | None) -> int:
-        handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", self.model_handle(device), index)
-        return self._put_handle(out, handle)
-
-    def _parent_handle(self, device: int | None, out: int | None) -> int:
-        handle = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self.model_handle(device))
-        return self._put_handle(out, handle)
 
     def _array(self, out: int | None, name: str) -> Any:
         """The caller's memory at `out` as an array of the binding's structure `name`, to write as C does."""
