@@ -35,7 +35,6 @@ from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, S
 from atopgpud_tw.sim.answers import NvmlFault, raise_fault
 from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, Timeline, cycled
 
-MIB = 1048576
 #: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
 #: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
 #: "rate" MiB/s while active; from the table's GPM rows (figures.GPM_FIGURES: `Gpm` and `Play`)

@@ -33,8 +33,6 @@ from atopgpud_tw.figures import GPM_FIGURES, Play
 FIELDS: dict[str, Play] = {f.play.field: f.play for f in GPM_FIGURES if f.gpm is not None and f.play is not None}
 #: the traffic rates, MiB/s while fully active
 RATES = tuple(f.play.field for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate and f.play is not None)
-#: the shares, each 0 to 1
-SHARES = tuple(name for name in FIELDS if name not in RATES)
 _DEFAULTS = tuple((name, float(play.default or 0)) for name, play in FIELDS.items())
 
 

@@ -99,11 +99,7 @@ class LinkSpec:
 
 
 def default_health() -> HealthSpec:
-    return parse_health(None, "health", _no_error)
-
-
-def _no_error(message: str) -> Exception:
-    return ValueError(message)
+    return parse_health(None, "health", ValueError)
 
 
 def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> HealthSpec:

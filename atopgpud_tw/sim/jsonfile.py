@@ -22,7 +22,7 @@ MAX_SIZE = 16 * 2**20
 def read_json(path: str | Path, error: type[Exception]) -> Any:
     """The decoded contents of `path`; `error` with a one-line message naming it if unusable."""
     try:
-        data = _read(path)
+        data = read_regular(path, MAX_SIZE)
     except OSError as failure:
         raise error(f"{path}: {failure.strerror or failure}") from None
     try:
@@ -37,10 +37,6 @@ def read_json(path: str | Path, error: type[Exception]) -> Any:
         raise error(f"{path}: not usable JSON (nested too deeply)") from None
     except ValueError as failure:  # an integer of more digits than int() takes, NaN
         raise error(f"{path}: not usable JSON ({str(failure).split(';')[0]})") from None
-
-
-def _read(path: str | Path) -> bytes:
-    return read_regular(path, MAX_SIZE)
 
 
 def _no_constant(name: str) -> Any:

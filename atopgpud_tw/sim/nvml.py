@@ -59,7 +59,7 @@ from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
-from atopgpud_tw.sim.replay import Replayed
+from atopgpud_tw.sim.replay import SAMPLE_BUFFER, Replayed
 from atopgpud_tw.sim.scenario import (
     Fault,
     GpuSpec,
@@ -69,8 +69,6 @@ from atopgpud_tw.sim.scenario import (
     cycled,
 )
 
-#: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
-SAMPLE_BUFFER = 100
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
 

@@ -33,7 +33,7 @@ from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
-#: utilization samples the simulated driver keeps per device (as SimulatedNvml)
+#: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
 SAMPLE_BUFFER = 100
 #: how far a real driver moves a sample's stamp between two calls that both return it (µs):
 #: an H200 on driver 580.159.04 returned the same samples 1 to 16 µs apart, either way, at
@@ -176,10 +176,10 @@ def _driver_now(recording: Recording, now: float) -> int:
     return recording.origin_us + int(round(now * 1_000_000))
 
 
-def _kept(recording: Recording, now: float) -> tuple[int, int]:
-    """The index range of the GPU samples in the replayed buffer at `now`."""
-    last = bisect.bisect_right(recording.gpu, (_driver_now(recording, now), 1 << 62))
-    return max(0, last - SAMPLE_BUFFER), last
+def _kept(series: Sequence[tuple[int, int]], driver_now: int) -> Sequence[tuple[int, int]]:
+    """The samples of `series` in the replayed buffer when the driver's clock reads `driver_now`."""
+    last = bisect.bisect_right(series, (driver_now, 1 << 62))
+    return series[max(0, last - SAMPLE_BUFFER):last]
 
 
 def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | None:
@@ -213,8 +213,7 @@ class Replayed:
     def samples(self, device: Any, gpu: Any, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
         """nvmlDeviceGetSamples: the newest `SAMPLE_BUFFER` recorded by now, those newer than `timeStamp`."""
         series = self.recording.gpu if field == "gpu" else self.recording.mem
-        last = bisect.bisect_right(series, (_driver_now(self.recording, self._clock()), 1 << 62))
-        kept = series[max(0, last - SAMPLE_BUFFER):last]
+        kept = _kept(series, _driver_now(self.recording, self._clock()))
         out = [Sample(stamp + self._shift, value) for stamp, value in kept if stamp + self._shift > timeStamp]
         if not out:
             raise NvmlFault(NOT_FOUND)
@@ -243,9 +242,8 @@ class Replayed:
         """nvmlDeviceGetProcessUtilization: the recorded entries newer than `timeStamp`, back to
         the oldest GPU sample kept."""
         recording, at = self.recording, self._clock()
-        first, last = _kept(recording, at)
         driver_now = _driver_now(recording, at)
-        oldest = recording.gpu[first][0] if first < last else driver_now
+        oldest = next(iter(_kept(recording.gpu, driver_now)), (driver_now,))[0]
         begin = bisect.bisect_left(recording.processes, (oldest,))
         end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
         out = [
