@@ -121,8 +121,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._samples: dict[tuple[Any, ...], int] = {}
         self._drawn: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self._event_sets: dict[int, EventSet] = {}
-        #: by id() of a GpuSpec of the scenario (which keeps them)
-        self._shift_tables: dict[int, _StampShifts] = {}
+        #: by id() of a GpuSpec of the scenario (which keeps them): how its sample stamps are off
+        self._shifts = {id(gpu): _stamp_shifts(gpu) for gpu in scenario.gpus}
         #: by id() of a replayed GpuSpec: what answers for it
         self._replayed = {
             id(gpu): Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
@@ -453,12 +453,12 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         first = last - SAMPLE_BUFFER + 1
         if since > base and self.clocks.steady:
             first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
-        shifts = None if not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples) else self._shifts(gpu)
+        shifts = self._shifts[id(gpu)]
         out = []
         numbers = range(first, last + 1)
         for k in reversed(numbers) if newest_only else numbers:
             end = phase + k * period
-            shift = 0.0 if shifts is None else shifts(k)
+            shift = shifts(k)
             if shift is None or end + shift > now + 1e-9:
                 continue
             # stamped when it was taken, on the clock as it read then
@@ -468,13 +468,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 if newest_only:
                     break
         return out
-
-    def _shifts(self, gpu: GpuSpec) -> Callable[[int], float | None]:
-        """How `gpu`'s sample stamps are off (see `_StampShifts`), made once per GPU."""
-        shifts = self._shift_tables.get(id(gpu))
-        if shifts is None:
-            shifts = self._shift_tables[id(gpu)] = _StampShifts(gpu)
-        return shifts
 
     def _util(self, handle: Handle, gpu: GpuSpec, field: str, periods: list[Any]) -> int:
         """The GPU's busy percentage over one period (timeline or constant) or its next cycled value."""
@@ -572,13 +565,13 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 sm = self._held((handle.gpu, proc.pid, "sm_util"), proc.sm_util, self._clock())
                 mem = self._held((handle.gpu, proc.pid, "mem_util"), proc.mem_util, self._clock())
                 if (sm or mem) and stamp > timeStamp:
-                    out.append(_process_sample(proc.pid, stamp, sm, mem))
+                    out.append(ProcessSample(proc.pid, stamp, int(sm), int(mem)))
             elif gpu.process_utilization == "per-call":
                 out.extend(_window_average(proc, periods, self.scenario.repeat))
             else:
                 out.extend(_busy_periods(proc, periods, self.scenario.repeat))
         if periods:
-            out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
+            out.extend(ProcessSample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
             out = [copy for sample in out for copy in (sample, replace(sample))]
         if not out:
@@ -663,24 +656,19 @@ def _process_levels(proc: ProcessSpec, repeat: float | None = None) -> Callable[
     """A process's SM and memory busy percentages over a period from start to end
     (0 when it did not run): its timelines' shares, or its steady levels; with
     `repeat`, those of the round's scenario time."""
-    return _in_round(_scenario_levels(proc), repeat)
-
-
-def _scenario_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, ...]]:
-    alive = proc.alive
-    if proc.sm_timeline is None and proc.mem_timeline is None:
-        steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
-        return lambda start, end: steady if alive(start) or alive(end) else (0.0, 0.0)
-    sm_timeline, mem_timeline = proc.sm_timeline, proc.mem_timeline
+    alive, sm_timeline, mem_timeline = proc.alive, proc.sm_timeline, proc.mem_timeline
+    steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
 
     def levels(start: float, end: float) -> tuple[float, float]:
         if not (alive(start) or alive(end)):
             return 0.0, 0.0
+        if sm_timeline is None and mem_timeline is None:
+            return steady
         sm = sm_timeline.percent(start, end) if sm_timeline else 0.0
         mem = mem_timeline.percent(start, end) if mem_timeline else 0.0
         return float(sm or 0), float(mem or 0)
 
-    return levels
+    return _in_round(levels, repeat)
 
 
 def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
@@ -691,7 +679,7 @@ def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]], re
     for stamp, start, end in periods:
         sm, mem = (round(x) for x in levels(start, end))
         if sm or mem:
-            out.append(_process_sample(proc.pid, stamp, sm, mem))
+            out.append(ProcessSample(proc.pid, stamp, sm, mem))
     return out
 
 
@@ -707,42 +695,33 @@ def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]], 
     mem = round(sum(level[1] for level in levels) / len(levels))
     if not (sm or mem):
         return []
-    return [_process_sample(proc.pid, periods[-1][0], sm, mem)]
+    return [ProcessSample(proc.pid, periods[-1][0], sm, mem)]
 
 
-def _process_sample(pid: int, stamp: int, sm: float, mem: float) -> ProcessSample:
-    return ProcessSample(pid, stamp, int(sm), int(mem))
+def _stamp_shifts(gpu: GpuSpec) -> Callable[[int], float | None]:
+    """Seconds a GPU's sample k's stamp is off by (jitter, a late stamp), by k; None when it is missing."""
+    period, phase, jitter = gpu.sample_period, gpu.sample_phase, gpu.sample_jitter_ms
 
+    def due(when: float) -> int:
+        return math.ceil((when - phase) / period - 1e-9)
 
-class _StampShifts:
-    """Seconds a GPU's sample k's stamp is off by (jitter, a late stamp); None when it is missing.
+    missing = {due(when) for when in gpu.missing_samples}
+    late: dict[int, list[float]] = {}
+    for when, ms in gpu.late_samples:
+        late.setdefault(due(when), []).append(ms / 1000)
 
-    Called with k; the missing and late samples are looked up by their sample
-    number, worked out once.
-    """
-
-    def __init__(self, gpu: GpuSpec) -> None:
-        period, phase = gpu.sample_period, gpu.sample_phase
-
-        def due(when: float) -> int:
-            return math.ceil((when - phase) / period - 1e-9)
-
-        self._jitter = gpu.sample_jitter_ms
-        self._missing = {due(when) for when in gpu.missing_samples}
-        self._late: dict[int, list[float]] = {}
-        for when, ms in gpu.late_samples:
-            self._late.setdefault(due(when), []).append(ms / 1000)
-
-    def __call__(self, k: int) -> float | None:
-        if k in self._missing:
+    def shift(k: int) -> float | None:
+        if k in missing:
             return None
-        shift = 0.0
-        if self._jitter:
+        total = 0.0
+        if jitter:
             spread = ((k * 2654435761) % 4294967296) / 4294967296.0
-            shift += (2 * spread - 1) * self._jitter / 1000
-        for late in self._late.get(k, ()):
-            shift += late
-        return shift
+            total += (2 * spread - 1) * jitter / 1000
+        for seconds in late.get(k, ()):
+            total += seconds
+        return total
+
+    return shift
 
 
 def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:
