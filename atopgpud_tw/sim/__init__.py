@@ -1,9 +1,6 @@
 """The GPU simulator: a simulated libnvidia-ml beneath the real pynvml, driven by a JSON scenario.
 
-See docs/simulator.md.  `simulated_binding` is the one way in: it gives a
-private copy of nvidia-ml-py's `pynvml` module with the simulated library
-(`library.SimulatedLibrary`) installed as its ``nvmlLib``, over the driver
-model (`nvml.SimulatedNvml`) of a scenario.
+`simulated_binding` is the one way in (docs/simulator.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The simulated libnvidia-ml's GPM functions (a part of `SimulatedLibrary`).
 
-Each C function asks the driver model (sim/gpm_model.py) and writes its
-answer through the caller's pointers and structures, as `library.py` does for
-the rest, so nvidia-ml-py's own GPM wrappers run unchanged:
-
-- ``nvmlGpmQueryDeviceSupport`` checks the structure's ``version``
-  (NVML_GPM_SUPPORT_VERSION, else ARGUMENT_VERSION_MISMATCH) and sets
-  ``isSupportedDevice``;
-- ``nvmlGpmSampleAlloc`` writes an opaque pointer value into the caller's
-  ``nvmlGpmSample_t``; the binding passes that value back to the others;
-- ``nvmlGpmMetricsGet`` checks ``version`` (NVML_GPM_METRICS_GET_VERSION) and
-  ``numMetrics`` (at most NVML_GPM_METRIC_MAX), and answers each entry of
-  ``metrics[]`` in its own ``nvmlReturn`` and ``value``.
+They check the structures' ``version`` (ARGUMENT_VERSION_MISMATCH) and ``numMetrics`` (at
+most NVML_GPM_METRIC_MAX), give out opaque sample pointers, and answer each metric in its
+own ``nvmlReturn`` and ``value``, so nvidia-ml-py's own GPM wrappers run unchanged.
 """
 
 from __future__ import annotations

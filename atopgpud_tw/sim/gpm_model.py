@@ -1,27 +1,13 @@
 """The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`).
 
-A GPM sample holds the counters of a card (``nvmlGpmSampleGet``) or of one of
-its MIG GPU instances (``nvmlGpmMigSampleGet``) at the moment it was taken:
-here, each activity integrated over simulated time since 0 (busy seconds) and
-the bytes moved.  ``nvmlGpmMetricsGet`` divides the difference of two samples
-by the time between them, so a metric is the exact average of the played
-timelines over that span, as the hardware's counters give it.
-
-What the model does, as the driver does or is documented to:
-
-- nvmlGpmQueryDeviceSupport: ``isSupportedDevice`` 1 for a GPU with a ``gpm``
-  object, 0 for one without (GPUs before Hopper);
-- a sample buffer is allocated, filled and freed; a buffer not allocated (or
-  freed) is INVALID_ARGUMENT; `gpm_buffers` counts those in use, to find leaks;
-- the card's sample works in MIG mode too (the whole GPU); a MIG sample is
-  NOT_SUPPORTED on a card out of MIG mode and NOT_FOUND for a GPU instance
-  that does not exist now (destroyed, or not yet created); its counters run
-  only while the instance exists;
-- two samples of different sources, or out of order, make the metrics call
-  INVALID_ARGUMENT; a metric the model does not play is NOT_SUPPORTED in its
-  own entry (the call itself succeeds);
-- faults (``nvmlGpmSampleGet``, ``nvmlGpmMigSampleGet``, ``nvmlGpmMetricsGet``)
-  come from the scenario's fault lists, a MIG instance's own included.
+A sample holds a card's (or a MIG GPU instance's) counters when it was taken: each activity
+integrated over simulated time (busy seconds) and the bytes moved, so a metric of two samples
+is the exact average of the played timelines between them, as the hardware's counters give.
+As the driver: ``isSupportedDevice`` 0 for a GPU without ``gpm`` (before Hopper); a buffer not
+allocated or freed is INVALID_ARGUMENT (`gpm_buffers` counts those in use, to find leaks); a
+MIG sample is NOT_SUPPORTED out of MIG mode and NOT_FOUND for a GPU instance that does not
+exist now; samples of different sources or out of order make the metrics call
+INVALID_ARGUMENT; a metric not played is NOT_SUPPORTED in its own entry.
 """
 
 from __future__ import annotations

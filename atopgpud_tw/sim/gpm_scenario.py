@@ -1,23 +1,9 @@
-"""What a simulated GPU's GPU Performance Monitoring (GPM) plays: the ``gpm`` object of a scenario GPU.
+"""What a simulated GPU's GPM plays: the ``gpm`` object of a scenario GPU (docs/simulator.md).
 
-GPM (NVML on Hopper and later) is a set of hardware counters: a sample is a
-snapshot of them, and a metric is worked out from two samples as the average
-over the time between them.  The simulator plays it from the timelines that
-drive the utilization sample buffer: the graphics activity of a card (or of a
-MIG GPU instance) over a span is exactly its ``gpu_timeline`` (or ``gpu_util``)
-busy share of that span, and the other activities are fixed shares of it:
-
-- ``sm_share``: SM activity per unit of graphics activity (the SMs busy while
-  something runs), likewise ``occupancy_share``, ``tensor_share``,
-  ``fp64_share``, ``fp32_share`` and ``fp16_share``;
-- ``dram_share``: DRAM bandwidth use per unit of memory activity
-  (``mem_timeline`` or ``mem_util``);
-- ``pcie_tx_mib_s``, ``pcie_rx_mib_s``, ``nvlink_tx_mib_s``,
-  ``nvlink_rx_mib_s``: MiB per second moved while active (times the graphics
-  activity).
-
-A GPU without a ``gpm`` object has no GPM (nvmlGpmQueryDeviceSupport says it
-is not supported, as on GPUs before Hopper).  docs/simulator.md lists the fields.
+The graphics activity of a card (or MIG GPU instance) over a span is exactly its
+``gpu_timeline`` (or ``gpu_util``) busy share; the other activities are fixed shares of it
+(``*_share``; ``dram_share`` of the memory activity) and the traffic is MiB/s while active.
+A GPU without ``gpm`` has none (nvmlGpmQueryDeviceSupport: not supported, as before Hopper).
 """
 
 from __future__ import annotations

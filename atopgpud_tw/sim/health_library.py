@@ -1,13 +1,7 @@
 """The simulated libnvidia-ml's health and event functions (a part of `SimulatedLibrary`).
 
-Each C function asks the driver model (sim/health_model.py) and writes its
-answer through the caller's pointers, as `library.py` does for the rest.
-``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn``
-(the call itself succeeds); the simulator knows the field ids of the table of
-figures (memory temperature, clocks-event durations, NVLink throughput by
-link in ``scopeId``), and any other field id is NOT_SUPPORTED.  A call of the
-table that answers one number (the model's `plain`) gets its C function
-here from the row: its arguments as unsigned ints, one unsigned int out.
+``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn`` (the call
+itself succeeds); a field id not in the table of figures is NOT_SUPPORTED.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The simulated driver's health figures and XID events (a part of `SimulatedNvml`).
 
-What a scenario GPU's ``health`` object plays (sim/health_scenario.py), as
-methods named and shaped like nvidia-ml-py's functions.  A call of the table
-of figures (atopgpud_tw/figures.py) that answers one number is `plain`: its
-arguments pick the row, and the row's field is played in NVML's units; the
-other shapes (a structure, a mask, field values, NVLinks) have methods here.  The figures are the
-card's: on a MIG handle every one is NOT_SUPPORTED, as NVML has most of them
-per card only.  A figure the scenario gives as ``null`` is NOT_SUPPORTED.  The
-total energy is the integral of the played power since the simulation began
-(plus ``energy_start_j``), in millijoules, on the unwrapped clock, so it never
-decreases.  XID events are delivered to an event set only once they are due
-and only if registered before they happened, as the driver does.
+A call of the table of figures (figures.py) that answers one number is `plain`: its arguments
+pick the row, played in NVML's units.  On a MIG handle every figure is NOT_SUPPORTED (NVML has
+most per card only), as is one played as ``null``.  The energy is the integral of the played
+power (plus ``energy_start_j``) on the unwrapped clock, so it never decreases.  XID events
+reach an event set once due, and only if registered before they happened.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The health and power figures of a simulated GPU: the ``health`` object of a scenario GPU.
 
-Each figure is a *played value*: a number (constant), a list of numbers
-(cycled one entry per second of simulated time, so that what is reported does
-not depend on who asks how often), ``{"steps": [[t, v], ...]}`` (``v`` from
-time ``t`` on; the first value before the first step), or ``null``: the
-device cannot report it, and its NVML function answers NOT_SUPPORTED.  The
-total energy is the integral of the played power, so its increase over a span
-is exactly the power times the time.  The fields are the table of figures'
-(atopgpud_tw/figures.py: each row's `Play`), with ``xid_events`` and
-``nvlink`` (a list of links, each with fields of its own); docs/simulator.md
-lists them.
+Each figure is a played value: a number, a list cycled one entry per simulated second (so what
+is reported does not depend on who asks how often), ``{"steps": [[t, v], ...]}``, or ``null``
+(NOT_SUPPORTED).  The fields are the table of figures' (figures.py), with ``xid_events`` and
+``nvlink``; docs/simulator.md lists them.
 """
 
 from __future__ import annotations

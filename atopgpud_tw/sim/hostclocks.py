@@ -1,18 +1,10 @@
 """The simulated host's clocks, as a driver stamps its samples with them.
 
-Simulated time is the host's monotonic clock.  A driver stamps samples on the
-wall clock (``sample_clock: epoch``, most drivers) or on a clock that only goes
-on across a suspend (``boottime`` or a number of seconds).  Each sample keeps
-the stamp it was given when it was taken, so after the wall clock is set back,
-the buffer holds old samples stamped later than new ones, as a real driver's
-does.
-
-`HostClocks` says how far each clock has moved from simulated time at any
-simulated moment: by the scenario's ``clock_steps`` (the wall clock) and
-``suspends`` (both), and, when the simulator runs on the real monotonic clock,
-by what the host's own clocks did (checked at every call that stamps: a wall
-clock set by hand, or shifted for a test, moves the stamps of the samples taken
-after it).
+Simulated time is the host's monotonic clock.  A driver stamps samples on the wall clock
+(``sample_clock: epoch``) or on one that goes on across a suspend (``boottime`` or seconds);
+each sample keeps its stamp, so after the wall clock is set back the buffer holds old samples
+stamped later than new ones, as a real driver's does.  The clocks move by the scenario's
+``clock_steps`` and ``suspends`` and, on the real clock, by what the host's clocks did.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Reading a JSON file a user named: every way it can be wrong is one line.
 
-A fifo or a device (``/dev/zero``) would block or fill memory, so only a
-regular file is read, opened without blocking and at most `MAX_SIZE` bytes
-(`regularfile.read_regular`).
-Text that is not UTF-8, JSON nested past Python's recursion limit, integers
-of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
+Only a regular file, at most `MAX_SIZE` bytes (a fifo or ``/dev/zero`` would block or fill
+memory); not UTF-8, nested too deep, huge integers, ``NaN`` and ``Infinity`` are refused.
 """
 
 from __future__ import annotations

@@ -1,40 +1,26 @@
 """A simulated libnvidia-ml: C functions beneath the real `pynvml` module.
 
-nvidia-ml-py looks every C function up in its module-level ``nvmlLib`` (the
-`CDLL` of libnvidia-ml.so.1), and loads the library only while ``nvmlLib`` is
-unset.  `SimulatedLibrary` takes that place: each of its attributes is a real
-ctypes function pointer (`ctypes.CFUNCTYPE`) made from a Python callable, so
-the binding's own wrappers run unchanged: they allocate their structures, call
-the pointer with ``byref(...)`` and arrays, check the return code and convert
-the result, exactly as on a real driver.
+nvidia-ml-py looks every C function up in its module-level ``nvmlLib``.  `SimulatedLibrary`
+takes that place: each attribute is a real ctypes function pointer (`ctypes.CFUNCTYPE`), so the
+binding's own wrappers run unchanged, allocating, passing ``byref(...)``, checking the return
+code and converting, exactly as on a real driver.  Each callback asks the driver model
+(`nvml.SimulatedNvml`) and writes its answer into the caller's structures.  What the binding
+depends on is played here:
 
-Each callback asks the driver model (`atopgpud_tw.sim.nvml.SimulatedNvml`) and
-writes its answer into the caller's structures, cast to the binding's own
-types.  What a real library does that the binding depends on is played here:
+- size queries: a NULL buffer gets the count and INSUFFICIENT_SIZE (process lists: SUCCESS
+  with count 0 when empty; samples: SUCCESS); a fill whose buffer is too small gets
+  INSUFFICIENT_SIZE and the count needed; a list may grow between size query and fill
+  (``grow_between_calls``, ``process_list_capacity``); a fill with no size query before it
+  asks the model itself, one after INSUFFICIENT_SIZE writes what that answer found;
+- strings NUL-terminated, unavailable ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE_ulonglong;
+- a symbol the scenario's driver lacks is no attribute, so the binding raises
+  FUNCTION_NOT_FOUND (or NVMLLibraryMismatchError from an unversioned wrapper).
 
-- size queries: a NULL buffer gets the count and INSUFFICIENT_SIZE (process
-  lists: SUCCESS with count 0 when there are none; samples: SUCCESS), and a
-  fill call whose buffer is too small gets INSUFFICIENT_SIZE and the count
-  needed (see the GPU fields ``grow_between_calls`` and
-  ``process_list_capacity``); a fill with no size query before it (an array
-  kept from call to call, as the daemon's reader does) asks the model itself,
-  and after an INSUFFICIENT_SIZE answer the next fill writes what that answer
-  found, grown as after a size query;
-- strings as NUL-terminated bytes, ``usedGpuMemory`` not available as
-  NVML_VALUE_NOT_AVAILABLE_ulonglong, errors as return codes;
-- a symbol the scenario's driver lacks is not an attribute at all, so the
-  binding raises FUNCTION_NOT_FOUND (or NVMLLibraryMismatchError from an
-  unversioned wrapper), as with a real old driver.
-
-Faults: ``hang`` sleeps inside the callback; ``NVMLLibraryMismatchError``
-returns FUNCTION_NOT_FOUND, which the binding's unversioned wrappers turn into
-that exception; ``RuntimeError`` is a reply the binding's own conversion code
-fails on: a string that is not UTF-8 (UnicodeDecodeError from its str
-conversion) or a process list claiming more entries than the caller's buffer
-holds (IndexError from its copy loop).
-
-No Python exception leaves a callback (ctypes would print it and return 0): an
-unexpected one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
+Faults: ``hang`` sleeps in the callback; ``NVMLLibraryMismatchError`` returns
+FUNCTION_NOT_FOUND; ``RuntimeError`` is a reply the binding's conversion fails on (a string
+that is not UTF-8, a process list longer than the caller's buffer).  No Python exception
+leaves a callback (ctypes would print it and return 0): one returns NVML_ERROR_UNKNOWN and is
+kept in `errors`.
 """
 
 from __future__ import annotations

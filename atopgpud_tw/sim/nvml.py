@@ -1,24 +1,12 @@
 """The simulated driver: what a scenario's GPUs report, call by call.
 
-`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml
-(`atopgpud_tw.sim.library`): the values, timelines, faults and MIG layout of a
-scenario, as Python methods named after NVML's functions: results as plain
-data (`Rates`, `Memory`, `Sample`, ...), failures as `NvmlFault(code)`.  Programs do not
-call it directly: the library adapts each C call into one of these methods and
-its result into the caller's C structures, beneath the real `pynvml` module.
-
-Behaviour follows the driver where it matters for a poller: NOT_SUPPORTED for
-utilization on MIG cards and for null percentages, NOT_FOUND from the process
-utilization call when nothing ran since the timestamp, timestamps in
-microseconds, `usedGpuMemory` in bytes, names as str, bus ids as bytes.
-
-MIG (docs/mig.md): a GPU with a ``mig`` list is in MIG mode.  Its
-instances sit in sparse slots (NOT_FOUND for an empty one), each MIG handle has
-its own name (``<card> MIG <profile>``), UUID, ids, memory and process lists;
-device and process utilization are NOT_SUPPORTED on the card and on its
-instances.  An instance exists from its ``start`` to its ``stop``; a handle of
-an instance that no longer exists fails with INVALID_ARGUMENT, as a handle of a
-destroyed instance does.
+`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml (`library.py`): a
+method per NVML function, answering plain data (`answers.py`) or raising `NvmlFault(code)`.
+It follows the driver where a poller depends on it: NOT_SUPPORTED for utilization on MIG
+cards and for null percentages, NOT_FOUND from process utilization when nothing ran since
+the timestamp, stamps in microseconds.  MIG (docs/mig.md): instances sit in sparse slots
+(NOT_FOUND for an empty one), exist from their ``start`` to their ``stop``, and a handle of
+one that no longer exists fails with INVALID_ARGUMENT, as a destroyed instance's does.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU.
 
-A scenario GPU with ``replay`` names a recording of one workload on a real (or
-simulated) GPU.  The simulated driver then answers from it instead of from the
-scenario's values:
-
-- ``nvmlDeviceGetSamples``: the GPU and memory samples the recording holds,
-  each on its own timestamp shifted onto the simulator's clock, available once
-  simulated time has reached it, the newest `SAMPLE_BUFFER` of them kept;
-- ``nvmlDeviceGetProcessUtilization``: the recorded per-process samples, in the
-  same way, as far back as the oldest GPU sample still kept;
-- the rates call, memory info (v1, or v2 where the recording has v2 answers)
-  and the process lists: what the recording's last call before that simulated
-  time returned (its first one before that).
-
-Simulated time 0 is the start of the workload's busy spells by the recorder's
-clock; the recording's driver timestamps are mapped onto that clock by the
-smallest delay seen between a samples call and the newest sample it returned.
-Past the end of the recording no new samples arrive (the buffer runs dry) and
-the other answers stay at their last values.
+A GPU with ``replay`` answers from a recording (docs/simulator.md): the samples calls give
+the recorded samples once simulated time reaches their stamps (shifted onto the simulator's
+clock, the newest `SAMPLE_BUFFER` kept); the rates, memory and process-list calls give what
+the recording's last call before then returned.  Simulated time 0 is the start of the busy
+spells; driver stamps map onto the recorder's clock by the smallest delay seen between a
+samples call and its newest sample.  Past the end no new samples arrive.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The simulator's scenario: a JSON description of GPUs, their load and their faults.
 
-Times are seconds since the simulator started.  Wherever a number is expected, a
-list of numbers may stand instead: it is cycled, one entry per sample (per call of
-the NVML function that reports it).  ``null`` for a percentage means "not
-supported".  The format is documented in docs/simulator.md; `load_scenario`
-checks every field and raises `ScenarioError` with a one-line message naming it.
-A key the format does not know is an error (a misspelt field would otherwise be
-ignored silently); keys starting with ``_`` are comments.
+Times are seconds since the simulator started; a list may stand for a number (cycled, one
+entry per sample); ``null`` for a percentage is "not supported".  docs/simulator.md has the
+format; `load_scenario` checks every field, raising `ScenarioError` naming it.  An unknown key
+is an error (a misspelt field would be ignored silently); keys starting with ``_`` are comments.
 """
 
 from __future__ import annotations
