@@ -23,8 +23,8 @@ VALUE_MEMBERS = {1: "uiVal", 3: "ullVal"}
 _EVENT_SET_BASE = 0x5200_0000
 
 
-def _at(address: int, ctype: Any) -> Any:
-    """The C value of type `ctype` at `address` (not NULL), read and written as ``[0]``."""
+def _at(address: int | None, ctype: Any) -> Any:
+    """The C value of type `ctype` at `address` (checked not NULL), read and written as ``[0]``."""
     return (ctype * 1).from_address(address)
 
 
@@ -37,7 +37,7 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         if not all(outs):
             return INVALID_ARGUMENT
         for out, value in zip(outs, values):
-            _at(out, _uint)[0] = int(value)  # type: ignore[arg-type]  # checked not NULL above
+            _at(out, _uint)[0] = int(value)
         return SUCCESS
 
     def field_values(device: int | None, count: int, buffer: int | None) -> int:

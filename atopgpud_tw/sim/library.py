@@ -129,9 +129,6 @@ class SimulatedLibrary:
         """One model call, looked up at call time (tests may wrap the model's methods)."""
         return getattr(self.model, method)(*args)
 
-    def _key(self, symbol: str, device: int | None) -> tuple[Any, ...]:
-        return (symbol, device, threading.get_ident())
-
     def _grown(self, device: int | None, symbol: str, which: str) -> int:
         """How many entries the list `which` gains before this size query's fill."""
         handle = self.model_handle(device)
@@ -291,23 +288,22 @@ class SimulatedLibrary:
 
     # -- lists: a size query with a NULL buffer, then the fill --
 
-    def _fill(
-        self,
-        items: list[Any],
-        count: Any,
-        buffer: int | None,
-        struct: str,
-        write: Callable[[Any, Any], None],
-        key: tuple[Any, ...],
-        grown: Callable[[], Any],
-    ) -> int:
+    def _list_call(self, symbol: str, device: int | None, count_out: int | None, *outs: int | None
+                   ) -> tuple[Handle, Any, tuple[Any, ...]]:
+        """A list call's handle, the caller's count (read and written) and the key of what a size query keeps."""
+        handle = self.model_handle(device)
+        if not (count_out and all(outs)):
+            raise NvmlFault(INVALID_ARGUMENT)
+        return handle, _at(count_out, _uint), (symbol, device, threading.get_ident())
+
+    def _fill(self, items: list[Any], count: Any, buffer: int | None, struct: str, write: Callable[[Any, Any], None],
+              key: tuple[Any, ...], grow: Callable[[list[Any]], Any]) -> int:
         """Write `items` into the caller's array of `count` entries, or say how many are
-        needed: then what the next call fills is kept, grown as the scenario says (a list
+        needed: then what the next call fills is kept, `grow`n as the scenario says (a list
         that grows between the answer that sized the caller's array and the fill)."""
         if len(items) > count[0]:
             count[0] = len(items)
-            more = grown()
-            self._pending[key] = more if isinstance(more, tuple) else items + more
+            self._pending[key] = grow(items)
             return INSUFFICIENT_SIZE
         # NULL only with nothing to write (no items, or a count of them that fits)
         array = self._array(buffer, struct)
@@ -318,100 +314,72 @@ class SimulatedLibrary:
 
     def _processes(self, symbol: str, method: str) -> Callable[..., int]:
         def processes(device: int | None, count_out: int | None, buffer: int | None) -> int:
-            handle = self.model_handle(device)
-            if not count_out:
-                return INVALID_ARGUMENT
-            count = _at(count_out, _uint)
-            key = self._key(symbol, device)
-            if not buffer:
+            handle, count, key = self._list_call(symbol, device, count_out)
+
+            def ask() -> Any:
                 try:
-                    listed = list(self._call(method, handle))
+                    return list(self._call(method, handle))
                 except RuntimeError:
-                    self._pending[key] = _CORRUPT
-                    count[0] = 1
-                    return INSUFFICIENT_SIZE
-                grown = self._grown(device, symbol, "process_lists")
-                self._pending[key] = listed + [_grown_process(i) for i in range(grown)]
-                count[0] = len(listed)
+                    return _CORRUPT
+
+            def grow(listed: list[Any]) -> list[Any]:
+                return listed + [_grown_process(i) for i in range(self._grown(device, symbol, "process_lists"))]
+
+            if not buffer:
+                listed = ask()
+                self._pending[key] = listed if listed is _CORRUPT else grow(listed)
+                count[0] = 1 if listed is _CORRUPT else len(listed)
                 return INSUFFICIENT_SIZE if listed else SUCCESS
             pending = self._pending.pop(key, None)
-            if pending is None:
-                try:
-                    pending = list(self._call(method, handle))
-                except RuntimeError:
-                    pending = _CORRUPT
+            pending = ask() if pending is None else pending
             if pending is _CORRUPT:
                 count[0] = count[0] + 1  # more than the buffer holds: the caller's copy loop fails
                 return SUCCESS
-            def started() -> list[Any]:
-                return [_grown_process(i) for i in range(self._grown(device, symbol, "process_lists"))]
-
-            return self._fill(pending, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process, key, started)
+            return self._fill(pending, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process, key, grow)
 
         return processes
 
     def _process_utilization(self, device: int | None, buffer: int | None, count_out: int | None, since: int) -> int:
-        handle = self.model_handle(device)
-        if not count_out:
-            return INVALID_ARGUMENT
-        count = _at(count_out, _uint)
-        key = self._key("nvmlDeviceGetProcessUtilization", device)
+        symbol = "nvmlDeviceGetProcessUtilization"
+        handle, count, key = self._list_call(symbol, device, count_out)
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
+
+        def ask() -> list[Any]:
+            samples = list(self._call(symbol, handle, since))
+            # the driver keeps that many entries at most: the newest
+            return samples if capacity is None else sorted(samples, key=lambda s: int(s.timeStamp))[-capacity:]
+
+        def grow(items: list[Any]) -> list[Any]:
+            newest = max((int(s.timeStamp) for s in items), default=0)
+            return items + [_grown_sample(i, newest) for i in range(self._grown(device, symbol, "process_utilization"))]
+
         if not buffer:
-            samples = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-            if capacity is not None:
-                # the driver keeps that many entries at most: the newest
-                samples = sorted(samples, key=lambda s: int(s.timeStamp))[-capacity:]
-            grown = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
-            newest = max((int(s.timeStamp) for s in samples), default=0)
-            self._pending[key] = samples + [_grown_sample(i, newest) for i in range(grown)]
+            samples = ask()
+            self._pending[key] = grow(samples)
             # some drivers answer the size query with their buffer's capacity, not the count
             count[0] = capacity if capacity is not None else len(samples)
             return INSUFFICIENT_SIZE
         items = self._pending.pop(key, None)
-        if items is None:
-            items = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-            if capacity is not None:
-                items = sorted(items, key=lambda s: int(s.timeStamp))[-capacity:]
+        items = ask() if items is None else items
+        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample, key, grow)
 
-        def sampled() -> list[Any]:
-            newest = max((int(s.timeStamp) for s in items), default=0)
-            more = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
-            return [_grown_sample(i, newest) for i in range(more)]
-
-        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample, key, sampled)
-
-    def _samples(
-        self,
-        device: int | None,
-        kind: int,
-        since: int,
-        value_type: int | None,
-        count_out: int | None,
-        buffer: int | None,
-    ) -> int:
-        handle = self.model_handle(device)
-        if not (count_out and value_type):
-            return INVALID_ARGUMENT
-        count = _at(count_out, _uint)
-        key = self._key("nvmlDeviceGetSamples", device)
-        if not buffer:
-            kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
-            samples = list(samples)
-            grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
-            self._pending[key] = (kind_out, samples + samples[-1:] * grown)
-            _at(value_type, _int)[0] = int(kind_out)
-            count[0] = len(samples)
-            return SUCCESS
-        pending = self._pending.pop(key, None)
-        kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
+    def _samples(self, device: int | None, kind: int, since: int, value_type: int | None, count_out: int | None,
+                 buffer: int | None) -> int:
+        symbol = "nvmlDeviceGetSamples"
+        handle, count, key = self._list_call(symbol, device, count_out, value_type)
+        pending = None if not buffer else self._pending.pop(key, None)
+        kind_out, items = pending if pending is not None else self._call(symbol, handle, kind, since)
         _at(value_type, _int)[0] = int(kind_out)
         items = list(items)
 
-        def more() -> tuple[int, list[Any]]:
-            return kind_out, items + items[-1:] * self._grown(device, "nvmlDeviceGetSamples", "samples")
+        def grow(items: list[Any]) -> tuple[int, list[Any]]:
+            return kind_out, items + items[-1:] * self._grown(device, symbol, "samples")
 
-        return self._fill(items, count, buffer, "c_nvmlSample_t", _write_sample, key, more)
+        if not buffer:
+            self._pending[key] = grow(items)
+            count[0] = len(items)
+            return SUCCESS
+        return self._fill(items, count, buffer, "c_nvmlSample_t", _write_sample, key, grow)
 
 
 @functools.cache
