@@ -65,11 +65,8 @@ _CORRUPT = _Corrupt()
 
 
 class SimulatedLibrary:
-    """libnvidia-ml over a driver model; install it as a binding's ``nvmlLib``.
-
-    `binding` is the pynvml module it is installed into: its structure types are
-    the ones the callbacks fill.  `calls` counts the C calls by symbol.
-    """
+    """libnvidia-ml over a driver model, installed as `binding`'s ``nvmlLib`` (whose structure
+    types the callbacks fill); `calls` counts the C calls by symbol."""
 
     def __init__(self, model: SimulatedNvml, binding: ModuleType) -> None:
         self.model = model
@@ -384,10 +381,8 @@ class SimulatedLibrary:
 
 @functools.cache
 def _raw(struct: type) -> Any:
-    """A pointer to the layout of the binding's structure `struct`, without pynvml's
-    attribute hooks (`_PrintableStructure`'s ``__setattr__`` and ``__getattribute__``,
-    which only convert str and bytes): the library writes the caller's memory as
-    plain C fields, as a C library does, and at C speed."""
+    """A pointer to the layout of `struct` without pynvml's attribute hooks (which only convert
+    str and bytes): the library writes the caller's memory as plain C fields, at C speed."""
     plain = type(
         struct.__name__, (struct,), {"__setattr__": object.__setattr__, "__getattribute__": object.__getattribute__}
     )

@@ -63,8 +63,7 @@ HOLD = 0.05
 
 @dataclass(frozen=True)
 class Load:
-    """What a GPU truly did over a span of time (`SimulatedNvml.true_load`): busy %, memory
-    busy %, and by pid (SM busy %, memory busy %)."""
+    """What a GPU truly did over a span (`SimulatedNvml.true_load`): busy %, memory busy %, by pid (SM %, memory %)."""
 
     gpu: float
     mem: float
@@ -91,8 +90,7 @@ def _device(method: Callable[..., Any]) -> Any:
 
 
 class SimulatedNvml(HealthDriver, GpmDriver):
-    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`
-    (the library writes both into C)."""
+    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
@@ -117,8 +115,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             for gpu in scenario.gpus if gpu.replay is not None
         }
         self._event_lock = threading.Lock()
-        #: by pid, when its processes ran (`process_start_time`), made when first asked
-        self._runs: dict[int, list[tuple[float, float | None]]] | None = None
+        #: by pid, when its processes ran (`process_start_time`)
+        self._runs = _pid_runs(scenario)
         self._gpm_setup()
 
     # -- helpers --
@@ -136,8 +134,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         return self._epoch_us + int(now * 1_000_000) + self.clocks.shift_us(now, WALL)
 
     def host_offsets(self) -> tuple[int, int]:
-        """The host's (wall, boot) clocks less simulated time, µs: what a reader whose clock
-        is simulated time sees of them (`NvmlReader.host_offsets`, in tests)."""
+        """The host's (wall, boot) clocks less simulated time, µs (`NvmlReader.host_offsets`, in tests)."""
         now = self._clock()
         self.clocks.observe(now)
         return self.clocks.offsets_us(now, self._epoch_us, self._boot_us)
@@ -196,52 +193,25 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     def _slots(self, gpu: GpuSpec) -> int:
         """nvmlDeviceGetMaxMigDeviceCount: 7 on today's cards, more if the scenario needs them."""
-        if gpu.mig is None:
-            return 0
-        return max([7] + [m.slot + 1 for m in gpu.mig])
+        return 0 if gpu.mig is None else max([7] + [m.slot + 1 for m in gpu.mig])
 
     def _check_instance(self, handle: Handle, now: float) -> None:
         if handle.instance is not None and not handle.instance.alive(now):
             raise NvmlFault(INVALID_ARGUMENT)
 
     def process_start_time(self, pid: int) -> int | None:
-        """The host's start time of the process with this pid now, as ``/proc/PID/stat``
-        gives it (clock ticks: hundredths of a simulated second; None: no such process).
-
-        Scenario processes of one pid whose runs overlap are one process (a
-        process on two GPUs), started when the first of them did; one that
-        starts when or after the others have stopped is another process (a
-        reused pid).  With `repeat`, each round's processes are new ones.
-        """
+        """The start time of the process with this pid now, in ``/proc/PID/stat``'s clock ticks
+        (hundredths of a simulated second; None: no such process).  Scenario processes of one pid
+        whose runs overlap are one process (on two GPUs); one that starts when the others have
+        stopped is another (a reused pid); with `repeat`, each round's processes are new ones."""
         clock = self._clock()
         now = self.now()
-        runs = self._pid_runs().get(pid, ())
+        runs = self._runs.get(pid, ())
         for start, stop in runs:
             if start <= now and (stop is None or now < stop):
                 rounds = int(clock // self.scenario.repeat) if self.scenario.repeat else 0
                 return round((start + rounds * (self.scenario.repeat or 0)) * 100)
         return None
-
-    def _pid_runs(self) -> dict[int, list[tuple[float, float | None]]]:
-        """By pid: when the processes of that pid ran, overlapping runs joined (made once)."""
-        if self._runs is not None:
-            return self._runs
-        spans: dict[int, list[tuple[float, float]]] = {}
-        for gpu in self.scenario.gpus:
-            for proc in gpu.processes + tuple(p for m in gpu.mig or () for p in m.processes):
-                stop = math.inf if proc.stop is None else proc.stop
-                spans.setdefault(proc.pid, []).append((proc.start or -math.inf, stop))
-        runs: dict[int, list[tuple[float, float | None]]] = {}
-        for pid, found in spans.items():
-            joined: list[list[float]] = []
-            for start, stop in sorted(found):
-                if joined and start < joined[-1][1]:
-                    joined[-1][1] = max(joined[-1][1], stop)
-                else:
-                    joined.append([start, stop])
-            runs[pid] = [(max(start, 0.0), None if stop == math.inf else stop) for start, stop in joined]
-        self._runs = runs
-        return runs
 
     # -- library --
 
@@ -363,9 +333,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._check_instance(device, now)
         return device.instance
 
-    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`):
-    # the scenario's values (this model's `rates`, `samples`, `memory`, `running`,
-    # `process_samples`) or a recording (`replay.Replayed`) --
+    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`): this
+    # model's `rates`, `samples`, `memory`, `running`, `process_samples`, or a recording's --
 
     @_device
     def nvmlDeviceGetUtilizationRates(self, handle: Handle, gpu: GpuSpec, now: float) -> Rates:
@@ -422,15 +391,12 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def _periods(
         self, gpu: GpuSpec, since: int = 0, base_us: int | None = None, newest_only: bool = False
     ) -> list[tuple[int, float, float]]:
-        """The driver's completed sample periods in its buffer, stamped after
-        `since`: (stamp, start, end).
+        """The driver's completed sample periods in its buffer stamped after `since`: (stamp, start, end).
 
-        Period k ends at ``sample_phase + k * sample_period``; its stamp is that
-        time on the sample clock (`base_us` at time 0, the epoch by default),
-        off by the GPU's jitter and late stamps; a missing sample is left out,
-        and a sample is there only once its stamp has passed (it is written late).
-        `newest_only`: the last of them alone (looked for from the newest back).
-        """
+        Period k ends at ``sample_phase + k * sample_period``, stamped then on the sample clock
+        (`base_us` at time 0, the epoch by default), off by jitter and late stamps; a missing
+        sample is left out, and one is there only once its stamp has passed (it is written late).
+        `newest_only`: the last alone."""
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
         which = WALL if base_us is None or gpu.sample_clock is None else BOOT
@@ -567,12 +533,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         return out
 
     def true_load(self, index: int, start: float, end: float) -> Load:
-        """The truth of what GPU `index` (a card out of MIG mode, its load per sample period)
-        did over simulated time from `start` to `end`, by the rules its answers follow: the
-        mean over the driver's sample periods that end in ``(start, end]`` (none: the last
-        one that ended by `end`) of the GPU's busy and memory busy % and, by pid, of its
-        processes' SM and memory busy % (0 for a period in which none of that pid ran).
-        What a poll whose window was that span reads, were it exact (an oracle for tests)."""
+        """What GPU `index` (out of MIG mode) truly did from `start` to `end`, by its answers' rules
+        (an oracle for tests): the mean over the sample periods ending in ``(start, end]`` (none:
+        the last ended by `end`) of its busy %, memory busy % and, by pid, its processes' SM and
+        memory busy % (0 for a period none of that pid ran)."""
         gpu = self.scenario.gpus[index]
         period, phase, repeat = gpu.sample_period, gpu.sample_phase, self.scenario.repeat
         last = math.floor((end - phase) / period + 1e-9)
@@ -596,6 +560,25 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def _answers(self, gpu: GpuSpec) -> Answers:
         """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
         return self._replayed.get(id(gpu), self)
+
+
+def _pid_runs(scenario: Scenario) -> dict[int, list[tuple[float, float | None]]]:
+    """By pid: when the processes of that pid ran, overlapping runs joined."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for gpu in scenario.gpus:
+        for proc in gpu.processes + tuple(p for m in gpu.mig or () for p in m.processes):
+            stop = math.inf if proc.stop is None else proc.stop
+            spans.setdefault(proc.pid, []).append((proc.start or -math.inf, stop))
+    runs: dict[int, list[tuple[float, float | None]]] = {}
+    for pid, found in spans.items():
+        joined: list[list[float]] = []
+        for start, stop in sorted(found):
+            if joined and start < joined[-1][1]:
+                joined[-1][1] = max(joined[-1][1], stop)
+            else:
+                joined.append([start, stop])
+        runs[pid] = [(max(start, 0.0), None if stop == math.inf else stop) for start, stop in joined]
+    return runs
 
 
 def _per_call(gpu: GpuSpec, field: str) -> bool:

@@ -179,12 +179,8 @@ def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | Non
 
 
 class Replayed:
-    """A replayed GPU's answers (`answers.Answers`), from its recording in simulated time.
-
-    `clock` gives simulated seconds, unwrapped; `base_us` is what the GPU's
-    sample clock reads at simulated time 0: the recording's stamps are shifted
-    onto it.
-    """
+    """A replayed GPU's answers (`answers.Answers`) in simulated time (`clock`, unwrapped); the
+    recording's stamps are shifted onto `base_us`, the GPU's sample clock at simulated time 0."""
 
     def __init__(self, recording: Recording, clock: Callable[[], float], base_us: int) -> None:
         self.recording = recording

@@ -532,11 +532,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
-    """Check a decoded scenario and build it.
-
-    `base` is the folder relative paths in it (``replay``) start from: the
-    scenario file's own, or the working directory when None.
-    """
+    """Check a decoded scenario and build it; relative paths in it (``replay``) start from `base`
+    (the scenario file's folder; None: the working directory)."""
     top = _object(data, "the scenario", set(json_keys(Scenario)))
     gpus = tuple(_gpu(g, f"gpus[{i}]", i, base) for i, g in enumerate(_list(top.get("gpus", []), "gpus")))
     busids = [g.busid for g in gpus]
@@ -553,18 +550,14 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
     return scenario
 
 
-def _overlap(a: MigSpec, b: MigSpec) -> bool:
-    """Whether two instances exist at the same time."""
-    return (b.stop is None or a.start < b.stop) and (a.stop is None or b.start < a.stop)
-
-
 def _check_carving(instances: tuple[MigSpec, ...], where: str) -> None:
     """Ids and slots may be reused by a later carving, never by two instances at once."""
     for i, first in enumerate(instances):
         for j in range(i + 1, len(instances)):
             second = instances[j]
-            if not _overlap(first, second):
-                continue
+            if (second.stop is not None and first.start >= second.stop) or (
+                    first.stop is not None and second.start >= first.stop):
+                continue  # not at the same time
             if (first.gpu_instance, first.compute_instance) == (second.gpu_instance, second.compute_instance):
                 raise ScenarioError(
                     f"{where}[{j}]: gpu_instance/compute_instance {second.gpu_instance}/"
