@@ -32,14 +32,6 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
     """The C symbols of the health figures and events, for `SimulatedLibrary._table`."""
     h = _ptr
 
-    def remapped(device: int | None, *outs: int | None) -> int:
-        values = library._call("nvmlDeviceGetRemappedRows", library.model_handle(device))
-        if not all(outs):
-            return INVALID_ARGUMENT
-        for out, value in zip(outs, values):
-            _at(out, _uint)[0] = int(value)
-        return SUCCESS
-
     def field_values(device: int | None, count: int, buffer: int | None) -> int:
         handle = library.model_handle(device)
         if not buffer or count < 0:
@@ -68,16 +60,6 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         _at(out + ctypes.sizeof(_ull), _ull)[0] = int(held)
         return SUCCESS
 
-    def engine(function: str) -> Callable[..., int]:
-        def answer(device: int | None, util: int | None, period: int | None) -> int:
-            percent, sampled = library._call("engine_utilization", function, library.model_handle(device))
-            if not util or not period:
-                return INVALID_ARGUMENT
-            _at(util, _uint)[0], _at(period, _uint)[0] = int(percent), int(sampled)
-            return SUCCESS
-
-        return answer
-
     def register(device: int | None, types: int, event_set: int | None) -> int:
         library._call("nvmlDeviceRegisterEvents", library.model_handle(device), types, _set_id(event_set))
         return SUCCESS
@@ -98,7 +80,8 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
 
     table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
         "nvmlDeviceGetFieldValues": (_int, (h, ctypes.c_int32, _ptr), field_values),
-        "nvmlDeviceGetRemappedRows": (_int, (h, _ptr, _ptr, _ptr, _ptr), remapped),
+        "nvmlDeviceGetRemappedRows": (
+            _int, (h, _ptr, _ptr, _ptr, _ptr), library.out("nvmlDeviceGetRemappedRows", _uint, outs=4)),
         "nvmlEventSetCreate": (
             _int, (_ptr,), library.out("nvmlEventSetCreate", _ptr, False, write=lambda ident: _EVENT_SET_BASE + ident)),
         "nvmlDeviceRegisterEvents": (_int, (h, _ull, _ptr), register),
@@ -120,7 +103,8 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
     ):
         table[symbol] = (_int, (h, *args, _ptr), library.out(symbol, ctype))
     for function in ENGINES:
-        table[function] = (_int, (h, _ptr, _ptr), engine(function))
+        # (percent, sampling period in µs)
+        table[function] = (_int, (h, _ptr, _ptr), library.out("engine_utilization", _uint, True, function, outs=2))
     for function, rows in PLAIN.items():
         if function not in table:
             arity = len(next(iter(rows)))

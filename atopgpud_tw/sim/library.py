@@ -158,7 +158,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetUtilizationRates": (_int, (h, _ptr), self._rates),
             "nvmlDeviceGetSamples": (_int, (h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
             "nvmlDeviceGetProcessUtilization": (_int, (h, _ptr, _ptr, _ull), self._process_utilization),
-            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self._mig_mode),
+            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self.out("nvmlDeviceGetMigMode", _uint, outs=2)),
             "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self.out("nvmlDeviceGetMaxMigDeviceCount", _uint)),
             "nvmlDeviceGetMigDeviceHandleByIndex": (
                 _int, (h, _uint, _ptr), self.out("nvmlDeviceGetMigDeviceHandleByIndex", _ptr, write=self.handle_id)),
@@ -187,18 +187,20 @@ class SimulatedLibrary:
         return call
 
     def out(self, method: str, ctype: Any, device: bool = True, *lead: Any,
-            write: Callable[[Any], int] = int) -> Callable[..., int]:
-        """A C function that writes the model's answer through its last argument (a `ctype`): its
-        `method` asked with `lead` and the other arguments, the first a device handle if `device`."""
+            write: Callable[[Any], int] = int, outs: int = 1) -> Callable[..., int]:
+        """A C function that writes the model's answer through its last argument (a `ctype`; the
+        last `outs`, one part of the answer each): its `method` asked with `lead` and the other
+        arguments, the first a device handle if `device`."""
 
         def answer(*args: Any) -> int:
-            *values, target = args
+            values, targets = list(args[:-outs]), args[-outs:]
             if device:
                 values[0] = self.model_handle(values[0])
             result = self._call(method, *lead, *values)
-            if not target:
+            if not all(targets):
                 return INVALID_ARGUMENT
-            _at(target, ctype)[0] = write(result)
+            for target, part in zip(targets, result if outs > 1 else (result,)):
+                _at(target, ctype)[0] = write(part)
             return SUCCESS
 
         return answer
@@ -275,13 +277,6 @@ class SimulatedLibrary:
         target.gpu, target.memory = int(rates.gpu), int(rates.memory)
         return SUCCESS
 
-    def _mig_mode(self, device: int | None, current: int | None, pending: int | None) -> int:
-        mode = self._call("nvmlDeviceGetMigMode", self.model_handle(device))
-        if not (current and pending):
-            return INVALID_ARGUMENT
-        _at(current, _uint)[0] = int(mode[0])
-        _at(pending, _uint)[0] = int(mode[1])
-        return SUCCESS
 
     # -- lists: a size query with a NULL buffer, then the fill --
 
