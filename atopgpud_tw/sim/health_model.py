@@ -98,10 +98,15 @@ class HealthDriver:
         played, now = self._played(call, handle, name)
         return played.at(now)
 
+    def _pick(self, table: dict[Any, Any], key: Any, call: str, handle: Any, code: int) -> Any:
+        """`table`'s entry for a call's arguments; none: the call fails with `code` (after its faults)."""
+        if key not in table:
+            self._enter(call, handle)
+            raise NvmlFault(code)
+        return table[key]
+
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        if sensor != TEMPERATURE_GPU:
-            self._enter("nvmlDeviceGetTemperature", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        self._pick({TEMPERATURE_GPU: None}, sensor, "nvmlDeviceGetTemperature", handle, INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTemperature", handle, "temperature_c"))
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
@@ -121,10 +126,7 @@ class HealthDriver:
 
     def plain(self, function: str, handle: Any, *args: int) -> int:
         """A call of the table's that answers one number: the field its arguments pick, in NVML's units."""
-        play = PLAIN[function].get(tuple(int(a) for a in args))
-        if play is None:
-            self._enter(function, handle)
-            raise NvmlFault(NOT_SUPPORTED)  # no such figure on a card
+        play = self._pick(PLAIN[function], tuple(int(a) for a in args), function, handle, NOT_SUPPORTED)
         value = self._value(function, handle, play.field) * play.per
         return int(round(value)) if play.per != 1 else int(value)
 
@@ -136,20 +138,14 @@ class HealthDriver:
             if played is None or not link.active:
                 raise NvmlFault(NOT_SUPPORTED)
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(self._integral(played))
-        play = FIELD_IDS.get(field)
-        if play is None:
-            self._enter("nvmlDeviceGetFieldValues", handle)
-            raise NvmlFault(NOT_SUPPORTED)
+        play = self._pick(FIELD_IDS, field, "nvmlDeviceGetFieldValues", handle, NOT_SUPPORTED)
         value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
         return (VALUE_TYPE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_TYPE_UNSIGNED_LONG_LONG,
                                                                                    int(round(value)))
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> tuple[int, int]:
         """(reference time in µs, the time the policy held the clocks down in ns)."""
-        play = VIOLATIONS.get((int(policy),))
-        if play is None:
-            self._enter("nvmlDeviceGetViolationStatus", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        play = self._pick(VIOLATIONS, (int(policy),), "nvmlDeviceGetViolationStatus", handle, INVALID_ARGUMENT)
         played, now = self._played("nvmlDeviceGetViolationStatus", handle, play.field)
         return int(now * 1e6), int(round(played.at(now) * play.per))
 
@@ -188,10 +184,7 @@ class HealthDriver:
         return int(self._value("nvmlDeviceGetPerformanceState", handle, "performance_state"))
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
-        name = ECC.get((errorType, counterType))
-        if name is None:
-            self._enter("nvmlDeviceGetTotalEccErrors", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        name = self._pick(ECC, (errorType, counterType), "nvmlDeviceGetTotalEccErrors", handle, INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTotalEccErrors", handle, name))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:

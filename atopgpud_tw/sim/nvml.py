@@ -475,15 +475,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             for proc in processes:
                 if proc.type in kinds and proc.alive(now):
                     memory = self._next((handle.gpu, _part(owner), proc.pid, call), proc.memory_mib)
-                    out.append(
-                        RunningProcess(
-                            pid=proc.pid,
-                            # None: "not available", as pynvml gives it (WDDM, some vGPU guests)
-                            usedGpuMemory=None if memory is None else int(memory * 1048576),
-                            gpuInstanceId=NO_INSTANCE if owner is None else owner.gpu_instance,
-                            computeInstanceId=NO_INSTANCE if owner is None else owner.compute_instance,
-                        )
-                    )
+                    ids = (NO_INSTANCE, NO_INSTANCE) if owner is None else (owner.gpu_instance, owner.compute_instance)
+                    # usedGpuMemory None: "not available", as pynvml gives it (WDDM, some vGPU guests)
+                    out.append(RunningProcess(proc.pid, None if memory is None else int(memory * 1048576), *ids))
         return out
 
     @_device

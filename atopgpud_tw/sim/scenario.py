@@ -78,12 +78,11 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def number(minimum: float | None = None) -> Check:
-    return lambda value, where: _number(value, where, low=minimum)
+def number(low: float | None = None, high: float | None = None) -> Check:
+    return lambda value, where: _number(value, where, low=low, high=high)
 
 
-def percent(value: Any, where: str) -> float:
-    return checks.number(value, where, ScenarioError, 0, 100)
+percent = number(0, 100)
 
 
 def cycled_check(nullable: bool = False, is_percent: bool = False) -> Check:
