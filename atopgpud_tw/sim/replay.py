@@ -38,15 +38,12 @@ class RecordingError(ValueError):
 class Recording:
     """What a replayed GPU answers, on the recording's own clocks."""
 
-    path: str
     name: str
     uuid: str
     busid: str
     memory_total: int
     #: the driver's clock (µs) at the start of the busy spells
     origin_us: int
-    #: seconds of the recording after its start
-    duration: float
     #: (stamp µs, value) of the GPU and memory samples, by stamp
     gpu: tuple[tuple[int, int], ...]
     mem: tuple[tuple[int, int], ...]
@@ -125,15 +122,12 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
             if isinstance(listed, list):
                 found.append((since_start(call), tuple((int(pid), int(used or 0)) for pid, used in listed)))
     device = data["device"]
-    end_wall = float(data["schedule"]["recorded_until"][0])
     return Recording(
-        path=path,
         name=str(device["name"]),
         uuid=str(device["uuid"]),
         busid=str(device["busid"]),
         memory_total=int(device["memory_total"]),
         origin_us=origin,
-        duration=end_wall - start_wall,
         gpu=_once(sorted(kinds["gpu"].items()), lambda entry: 0),
         mem=_once(sorted(kinds["memory"].items()), lambda entry: 0),
         processes=_once(sorted(processes.values()), lambda entry: entry[1]),
