@@ -66,10 +66,20 @@ _positive = partial(checks.integer, error=ScenarioError, low=1, words="a positiv
 _flag = partial(checks.flag, error=ScenarioError)
 
 
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ScenarioError(f"{where} must be a non-empty string")
-    return value
+def _string(test: Callable[[str], bool], words: str) -> Check:
+    """A string that passes `test`; else "`where` must `words`"."""
+
+    def check(value: Any, where: str) -> str:
+        if not isinstance(value, str) or not test(value):
+            raise ScenarioError(f"{where} must {words}")
+        return value
+
+    return check
+
+
+_text = _string(bool, "be a non-empty string")
+_call = _string(lambda value: value.startswith("nvml") or value == "*", "name an NVML function, or be * for every call")
+_profile = _string(lambda value: bool(value) and " " not in value, "be a name such as 3g.40gb")
 
 
 def _list(value: Any, where: str) -> list[Any]:
@@ -186,12 +196,6 @@ def _object(value: Any, where: str, known: set[str]) -> dict[str, Any]:
 # -- the scenario's parts, each field declared once --
 
 
-def _call(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not (value.startswith("nvml") or value == "*"):
-        raise ScenarioError(f"{where} must name an NVML function, or be * for every call")
-    return value
-
-
 def _error(value: Any, where: str) -> str:
     if value not in NVML_ERRORS and value not in OTHER_FAULTS:
         raise ScenarioError(f"{where} {value!r} is not a known NVML error")
@@ -292,12 +296,6 @@ class ProcessSpec:
 
 def _process(value: Any, where: str, index: int = 0) -> ProcessSpec:
     return _span(build(ProcessSpec, value, where), where)  # type: ignore[no-any-return]
-
-
-def _profile(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or " " in value:
-        raise ScenarioError(f"{where} must be a name such as 3g.40gb")
-    return value
 
 
 @dataclass(frozen=True)
@@ -463,12 +461,6 @@ def _symbols(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _loaded_file(value: Any, where: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-        raise ScenarioError(f"{where} must be an absolute path")
-    return value
-
-
 def _reorder_entry(value: Any, where: str, index: int) -> tuple[float, tuple[int, ...]]:
     entry = _object(value, where, {"from", "order"})
     since = _number(entry.get("from", 0), f"{where}.from", low=0)
@@ -492,7 +484,8 @@ class Scenario:
     suspends: tuple[tuple[float, float], ...] = declared(
         pairs("seconds", 0, ordered=True), "(when, seconds): the host sleeps that long at `when`", ())
     driver_loaded_file: str | None = declared(
-        _loaded_file, "nvmlInit answers DRIVER_NOT_LOADED while this file does not exist", None)
+        optional(_string(lambda value: value.startswith("/"), "be an absolute path")),
+        "nvmlInit answers DRIVER_NOT_LOADED while this file does not exist", None)
     reorder: tuple[tuple[float, tuple[int, ...]], ...] = declared(
         listed(_reorder_entry), "(from, order): from then on, NVML index i is the scenario's GPU order[i]", ())
 
