@@ -582,10 +582,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 mem = self._held((handle.gpu, proc.pid, "mem_util"), proc.mem_util, self._clock())
                 if (sm or mem) and stamp > timeStamp:
                     out.append(ProcessSample(proc.pid, stamp, int(sm), int(mem)))
-            elif gpu.process_utilization == "per-call":
-                out.extend(_window_average(proc, periods, self.scenario.repeat))
             else:
-                out.extend(_busy_periods(proc, periods, self.scenario.repeat))
+                out.extend(_busy(proc, periods, self.scenario.repeat, gpu.process_utilization == "per-call"))
         if periods:
             out.extend(ProcessSample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
@@ -704,31 +702,20 @@ def _process_levels(proc: ProcessSpec, repeat: float | None = None) -> Callable[
     return _in_round(levels, repeat)
 
 
-def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
-                  ) -> list[Any]:
-    """One entry per period in which the process was busy, as some drivers keep them."""
-    levels = _process_levels(proc, repeat)
-    out = []
-    for stamp, start, end in periods:
-        sm, mem = (round(x) for x in levels(start, end))
-        if sm or mem:
-            out.append(ProcessSample(proc.pid, stamp, sm, mem))
-    return out
-
-
-def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
-                    ) -> list[Any]:
-    """One entry for the whole window asked for: the process's average over it,
-    stamped with the window's newest period, as drivers are reported to answer."""
-    if not periods:
-        return []
+def _busy(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None, window: bool
+          ) -> list[ProcessSample]:
+    """A process's entries: one per period in which it was busy, as some drivers keep them, or (`window`)
+    one for the whole window asked for, its average stamped with the newest period, as drivers are
+    reported to answer."""
     level = _process_levels(proc, repeat)
-    levels = [level(start, end) for _, start, end in periods]
-    sm = round(sum(level[0] for level in levels) / len(levels))
-    mem = round(sum(level[1] for level in levels) / len(levels))
-    if not (sm or mem):
-        return []
-    return [ProcessSample(proc.pid, periods[-1][0], sm, mem)]
+    entries = [(stamp, level(start, end)) for stamp, start, end in periods]
+    if window and entries:
+        entries = [(entries[-1][0], tuple(sum(x) / len(entries) for x in zip(*(e[1] for e in entries))))]
+    out = []
+    for stamp, (sm, mem) in entries:
+        if round(sm) or round(mem):
+            out.append(ProcessSample(proc.pid, stamp, round(sm), round(mem)))
+    return out
 
 
 def _stamp_shifts(gpu: GpuSpec) -> Callable[[int], float | None]:
