@@ -9,6 +9,7 @@ is reported does not depend on who asks how often), ``{"steps": [[t, v], ...]}``
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,12 +34,8 @@ class Played:
     def at(self, t: float) -> Number:
         if self.cycle:
             return self.cycle[int(math.floor(t)) % len(self.cycle)]
-        if self.steps:
-            value = self.steps[0][1]
-            for when, step in self.steps:
-                if when <= t:
-                    value = step
-            return value
+        if self.steps:  # the last step by `t`; before the first, its value
+            return self.steps[max(0, bisect_right([when for when, _ in self.steps], t) - 1)][1]
         assert self.constant is not None
         return self.constant
 

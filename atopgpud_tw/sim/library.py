@@ -210,18 +210,10 @@ class SimulatedLibrary:
         with self._lock:
             text = self._strings.get(code)
             if text is None:
-                words = "Success" if code == SUCCESS else _error_text(code)
+                # its name as words ("Not Supported")
+                words = "Success" if code == SUCCESS else NAMES.get(code, "UNKNOWN_ERROR").replace("_", " ").title()
                 text = self._strings[code] = ctypes.create_string_buffer(words.encode("ascii"))
         return ctypes.addressof(text)
-
-    def _write_text(self, buffer: int | None, length: int, value: Any) -> int:
-        data = value if isinstance(value, bytes) else str(value).encode("utf-8")
-        if not buffer:
-            return INVALID_ARGUMENT
-        if len(data) + 1 > length:
-            return INSUFFICIENT_SIZE
-        ctypes.memmove(buffer, data + b"\0", len(data) + 1)
-        return SUCCESS
 
     def _text(self, method: str) -> Callable[..., int]:
         def text(*args: Any) -> int:
@@ -230,7 +222,13 @@ class SimulatedLibrary:
                 value = self._call(method, *map(self.model_handle, device))
             except RuntimeError:
                 value = NOT_UTF8
-            return self._write_text(buffer, length, value)
+            data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+            if not buffer:
+                return INVALID_ARGUMENT
+            if len(data) + 1 > length:
+                return INSUFFICIENT_SIZE
+            ctypes.memmove(buffer, data + b"\0", len(data) + 1)
+            return SUCCESS
 
         return text
 
@@ -413,7 +411,3 @@ def _write_sample(target: Any, sample: Any) -> None:
     target.timeStamp = int(sample.timeStamp)
     target.sampleValue.uiVal = int(sample.value)
 
-
-def _error_text(code: int) -> str:
-    """nvmlErrorString's words for a code: its name, as words ("Not Supported")."""
-    return NAMES[code].replace("_", " ").title() if code in NAMES else "Unknown Error"
