@@ -360,13 +360,10 @@ def _growth(value: Any, where: str) -> dict[str, Cycled]:
     return {name: _whole(spec[name], f"{where}.{name}") for name in GROWING_LISTS if name in spec}
 
 
-def _stray(value: Any, where: str, index: int = 0) -> tuple[int, int, int]:
+def _stray(value: Any, where: str, index: int = 0) -> tuple[int, ...]:
+    """(pid, sm_util, mem_util)."""
     entry = _object(value, where, {"pid", "sm_util", "mem_util"})
-    return (
-        _integer(entry.get("pid", 0), f"{where}.pid"),
-        _integer(entry.get("sm_util", 0), f"{where}.sm_util"),
-        _integer(entry.get("mem_util", 0), f"{where}.mem_util"),
-    )
+    return tuple(_integer(entry.get(key, 0), f"{where}.{key}") for key in ("pid", "sm_util", "mem_util"))
 
 
 _cycled_percent = cycled_check(nullable=True, is_percent=True)
@@ -412,7 +409,7 @@ class GpuSpec:
         choice(PROCESS_UTILIZATION, ", ".join(PROCESS_UTILIZATION)),
         "per busy sample period, or per call with the average over the window", PROCESS_UTILIZATION[0])
     duplicate_process_samples: bool = replayed(_flag, "every process-utilization entry is listed twice", False)
-    stray_process_samples: tuple[tuple[int, int, int], ...] = replayed(
+    stray_process_samples: tuple[tuple[int, ...], ...] = replayed(
         listed(_stray), "entries besides the processes': pids in no list, figures above 100 %", ())
     replay: Recording | None = declared(None, "a calibration recording the driver answers from (sim/replay.py)", None)
     health: HealthSpec = declared(
