@@ -85,7 +85,6 @@ class HealthDriver:
     _gpu: Any
     _clock: Any
 
-
     def _played(self, call: str, handle: Any, name: str) -> tuple[Played, float]:
         now = self._enter(call, handle)
         gpu = self._gpu(handle)

@@ -54,14 +54,8 @@ GROWN_PID = 4_000_000
 NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
 _HANDLE_BASE = 0x5100_0000
 _HANDLE_STEP = 0x40
-
-
-
-class _Corrupt:
-    """A pending reply the binding's conversion code will fail on (fault RuntimeError)."""
-
-
-_CORRUPT = _Corrupt()
+#: a pending reply the binding's conversion code will fail on (fault RuntimeError)
+_CORRUPT = object()
 
 
 class SimulatedLibrary:

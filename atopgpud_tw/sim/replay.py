@@ -102,19 +102,13 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
     for call in calls["process_utilization"]:
         for pid, stamp, sm, mem, enc, dec in call.get("samples") or ():
             processes.setdefault((int(pid), int(stamp)), (int(stamp), int(pid), int(sm), int(mem), int(enc), int(dec)))
-    rates = tuple(
-        (since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c
-    )
-    memory = tuple(
-        (since_start(c), int(c["v1"]["total"]), int(c["v1"]["used"]), int(c["v1"]["free"]))
-        for c in calls["memory"]
-        if isinstance(c.get("v1"), dict) and "total" in c["v1"]
-    )
-    memory_v2 = tuple(
-        (since_start(c), int(c["v2"]["total"]), int(c["v2"]["used"]), int(c["v2"]["free"]), int(c["v2"]["reserved"]))
-        for c in calls["memory"]
-        if isinstance(c.get("v2"), dict) and "total" in c["v2"]
-    )
+    rates = tuple((since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c)
+
+    def memory(version: str, *names: str) -> tuple[Any, ...]:
+        return tuple((since_start(c), *(int(c[version][name]) for name in names)) for c in calls["memory"]
+                     if isinstance(c.get(version), dict) and "total" in c[version])
+
+    memory_v1, memory_v2 = memory("v1", "total", "used", "free"), memory("v2", "total", "used", "free", "reserved")
     lists: dict[str, list[tuple[float, tuple[tuple[int, int], ...]]]] = {"compute": [], "graphics": []}
     for call in calls["processes"]:
         for kind, found in lists.items():
@@ -132,7 +126,7 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
         mem=_once(sorted(kinds["memory"].items()), lambda entry: 0),
         processes=_once(sorted(processes.values()), lambda entry: entry[1]),
         rates=rates,
-        memory=memory,
+        memory=memory_v1,
         memory_v2=memory_v2,
         compute=tuple(lists["compute"]),
         graphics=tuple(lists["graphics"]),
