@@ -414,10 +414,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def rates(self, handle: Handle, gpu: GpuSpec) -> Rates:
         """The rates call: like the driver, the busy share of its last sample period only."""
         last = self._periods(gpu, newest_only=True)
-        return Rates(
-            gpu=self._util(handle, gpu, "gpu", last),
-            memory=self._util(handle, gpu, "mem", last),
-        )
+        return Rates(gpu=self._util(handle, gpu, "gpu", last), memory=self._util(handle, gpu, "mem", last))
 
     @_device
     def nvmlDeviceGetSamples(
@@ -460,11 +457,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self, gpu: GpuSpec, since: int = 0, base_us: int | None = None, newest_only: bool = False
     ) -> list[tuple[int, float, float]]:
         """The driver's completed sample periods in its buffer stamped after `since`: (stamp, start, end).
-
-        Period k ends at ``sample_phase + k * sample_period``, stamped then on the sample clock
-        (`base_us` at time 0, the epoch by default), off by jitter and late stamps; a missing
-        sample is left out, and one is there only once its stamp has passed (it is written late).
-        `newest_only`: the last alone."""
+        Period k ends at ``sample_phase + k * sample_period``, stamped then on the sample clock (`base_us`
+        at time 0, the epoch by default), off by jitter and late stamps; a missing sample is left out,
+        and one is there only once its stamp has passed (it is written late).  `newest_only`: the last."""
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
         which = WALL if base_us is None or gpu.sample_clock is None else BOOT

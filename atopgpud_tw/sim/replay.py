@@ -44,14 +44,12 @@ class Recording:
     memory_total: int
     #: the driver's clock (µs) at the start of the busy spells
     origin_us: int
-    #: (stamp µs, value) of the GPU and memory samples, by stamp
+    #: (stamp µs, value) of the GPU and memory samples, and (stamp µs, pid, sm, mem, enc, dec) of
+    #: the process samples, by stamp; (seconds after the start, its answer) of the other calls, in order
     gpu: tuple[tuple[int, int], ...]
     mem: tuple[tuple[int, int], ...]
-    #: (stamp µs, pid, sm, mem, enc, dec) of the process samples, by stamp
     processes: tuple[tuple[int, int, int, int, int, int], ...]
-    #: (seconds after the start, ...) of the other calls, in call order
     rates: tuple[tuple[float, int, int], ...]
-    #: (seconds after the start, total, used, free) of memory info v1, and of v2 with reserved
     memory: tuple[tuple[float, int, int, int], ...]
     memory_v2: tuple[tuple[float, int, int, int, int], ...]
     compute: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
