@@ -8,23 +8,19 @@ own ``nvmlReturn`` and ``value``, so nvidia-ml-py's own GPM wrappers run unchang
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT, SUCCESS
-from atopgpud_tw.sim.answers import NvmlFault
-from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
+from atopgpud_tw.sim.health_library import _at, _ident, _int, _ptr, _uint
 
 #: where the opaque sample pointers the library gives out start
 _SAMPLE_BASE = 0x5300_0000
 _SAMPLE_STEP = 0x100
 
 
-def _sample_id(pointer: int | None) -> int:
-    """The model's buffer behind a sample pointer the library gave out."""
-    value = pointer or 0
-    if value <= _SAMPLE_BASE or (value - _SAMPLE_BASE) % _SAMPLE_STEP:
-        raise NvmlFault(INVALID_ARGUMENT)
-    return (value - _SAMPLE_BASE) // _SAMPLE_STEP
+#: the model's buffer behind a sample pointer the library gave out
+_sample_id = partial(_ident, base=_SAMPLE_BASE, step=_SAMPLE_STEP)
 
 
 def _pointer_value(field: Any) -> int:

@@ -7,6 +7,7 @@ itself succeeds); a field id not in the table of figures is NOT_SUPPORTED.
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NO_INSTANCE, NOT_SUPPORTED, SUCCESS
@@ -112,9 +113,13 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
     return table
 
 
-def _set_id(event_set: int | None) -> int:
-    """The model's event set behind the pointer value the library gave out."""
-    value = event_set or 0
-    if value <= _EVENT_SET_BASE:
+def _ident(pointer: int | None, base: int, step: int = 1) -> int:
+    """The model's id behind an opaque pointer value the library gave out (`base` + id * `step`)."""
+    value = pointer or 0
+    if value <= base or (value - base) % step:
         raise NvmlFault(INVALID_ARGUMENT)
-    return value - _EVENT_SET_BASE
+    return (value - base) // step
+
+
+#: the model's event set behind the pointer value the library gave out
+_set_id = partial(_ident, base=_EVENT_SET_BASE)
