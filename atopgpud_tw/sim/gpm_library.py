@@ -1,8 +1,5 @@
-"""The simulated libnvidia-ml's GPM functions (a part of `SimulatedLibrary`).
-
-They check the structures' ``version`` (ARGUMENT_VERSION_MISMATCH) and ``numMetrics`` (at
-most NVML_GPM_METRIC_MAX), give out opaque sample pointers, and answer each metric in its
-own ``nvmlReturn`` and ``value``, so nvidia-ml-py's own GPM wrappers run unchanged.
+"""The simulated libnvidia-ml's GPM functions (a part of `SimulatedLibrary`), so that nvidia-ml-py's
+own GPM wrappers run unchanged: versions and counts checked, each metric answered in its entry.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`).
+"""The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`; docs/simulator.md, GPM).
 
-A sample holds a card's (or a MIG GPU instance's) counters when it was taken: each activity
-integrated over simulated time (busy seconds) and the bytes moved, so a metric of two samples
-is the exact average of the played timelines between them, as the hardware's counters give.
-As the driver: ``isSupportedDevice`` 0 for a GPU without ``gpm`` (before Hopper); a buffer not
-allocated or freed is INVALID_ARGUMENT (`gpm_buffers` counts those in use, to find leaks); a
-MIG sample is NOT_SUPPORTED out of MIG mode and NOT_FOUND for a GPU instance that does not
-exist now; samples of different sources or out of order make the metrics call
-INVALID_ARGUMENT; a metric not played is NOT_SUPPORTED in its own entry.
+A sample holds a card's (or a MIG GPU instance's) activities integrated over simulated time, so a
+metric of two samples is the exact average of the played timelines between them, as the hardware's
+counters give it.
 """
 
 from __future__ import annotations

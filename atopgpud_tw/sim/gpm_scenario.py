@@ -1,9 +1,7 @@
-"""What a simulated GPU's GPM plays: the ``gpm`` object of a scenario GPU (docs/simulator.md).
+"""What a simulated GPU's GPM plays: the ``gpm`` object of a scenario GPU (docs/simulator.md, GPM).
 
-The graphics activity of a card (or MIG GPU instance) over a span is exactly its
-``gpu_timeline`` (or ``gpu_util``) busy share; the other activities are fixed shares of it
-(``*_share``; ``dram_share`` of the memory activity) and the traffic is MiB/s while active.
-A GPU without ``gpm`` has none (nvmlGpmQueryDeviceSupport: not supported, as before Hopper).
+Its activities are fixed shares of the graphics (or memory) activity, its traffic MiB/s while
+active; a GPU without ``gpm`` has none, as before Hopper.
 """
 
 from __future__ import annotations

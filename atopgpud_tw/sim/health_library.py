@@ -1,7 +1,6 @@
 """The simulated libnvidia-ml's health and event functions (a part of `SimulatedLibrary`).
 
-``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn`` (the call
-itself succeeds); a field id not in the table of figures is NOT_SUPPORTED.
+``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn``; the call succeeds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The simulated driver's health figures and XID events (a part of `SimulatedNvml`).
+"""The simulated driver's health figures and XID events (a part of `SimulatedNvml`; docs/simulator.md).
 
-A call of the table of figures (figures.py) that answers one number is `plain`: its arguments
-pick the row, played in NVML's units.  On a MIG handle every figure is NOT_SUPPORTED (NVML has
-most per card only), as is one played as ``null``.  The energy is the integral of the played
-power (plus ``energy_start_j``) on the unwrapped clock, so it never decreases.  XID events
-reach an event set once due, and only if registered before they happened.
+A call of the table of figures (figures.py) that answers one number is `plain`: its arguments pick
+the row.  On a MIG handle every figure is NOT_SUPPORTED (NVML has most per card only), as is one
+played as ``null``; the energy is the integral of the power on the unwrapped clock.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The health and power figures of a simulated GPU: the ``health`` object of a scenario GPU.
+"""The health and power figures of a simulated GPU: the ``health`` object (docs/simulator.md).
 
 Each figure is a played value: a number, a list cycled one entry per simulated second (so what
-is reported does not depend on who asks how often), ``{"steps": [[t, v], ...]}``, or ``null``
-(NOT_SUPPORTED).  The fields are the table of figures' (figures.py), with ``xid_events`` and
-``nvlink``; docs/simulator.md lists them.
+is reported does not depend on who asks how often), steps, or ``null`` (NOT_SUPPORTED).
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""A simulated libnvidia-ml: C functions beneath the real `pynvml` module.
+"""A simulated libnvidia-ml: C functions beneath the real `pynvml` module (docs/simulator.md).
 
-nvidia-ml-py looks every C function up in its module-level ``nvmlLib``.  `SimulatedLibrary`
-takes that place: each attribute is a real ctypes function pointer (`ctypes.CFUNCTYPE`), so the
-binding's own wrappers run unchanged, allocating, passing ``byref(...)``, checking the return
-code and converting, exactly as on a real driver.  Each callback asks the driver model
-(`nvml.SimulatedNvml`) and writes its answer into the caller's structures.  What the binding
-depends on is played here:
-
-- size queries: a NULL buffer gets the count and INSUFFICIENT_SIZE (process lists: SUCCESS
-  with count 0 when empty; samples: SUCCESS); a fill whose buffer is too small gets
-  INSUFFICIENT_SIZE and the count needed; a list may grow between size query and fill
-  (``grow_between_calls``, ``process_list_capacity``); a fill with no size query before it
-  asks the model itself, one after INSUFFICIENT_SIZE writes what that answer found;
-- strings NUL-terminated, unavailable ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE_ulonglong;
-- a symbol the scenario's driver lacks is no attribute, so the binding raises
-  FUNCTION_NOT_FOUND (or NVMLLibraryMismatchError from an unversioned wrapper).
-
-Faults: ``hang`` sleeps in the callback; ``NVMLLibraryMismatchError`` returns
-FUNCTION_NOT_FOUND; ``RuntimeError`` is a reply the binding's conversion fails on (a string
-that is not UTF-8, a process list longer than the caller's buffer).  No Python exception
-leaves a callback (ctypes would print it and return 0): one returns NVML_ERROR_UNKNOWN and is
-kept in `errors`.
+`SimulatedLibrary` takes the place of the binding's ``nvmlLib``: each attribute is a real ctypes
+function pointer, so the binding's own wrappers run unchanged, as on a real driver; each asks the
+driver model (`nvml.SimulatedNvml`) and writes its answer into the caller's structures, playing
+what the binding depends on: size queries, growing lists, NUL-terminated strings, absent symbols,
+replies it fails on.  No Python exception leaves a callback (ctypes would print it and return 0):
+one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
 """
 
 from __future__ import annotations

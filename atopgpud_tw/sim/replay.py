@@ -1,11 +1,9 @@
-"""Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU.
+"""Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU (docs/simulator.md).
 
-A GPU with ``replay`` answers from a recording (docs/simulator.md): the samples calls give
-the recorded samples once simulated time reaches their stamps (shifted onto the simulator's
-clock, the newest `SAMPLE_BUFFER` kept); the rates, memory and process-list calls give what
-the recording's last call before then returned.  Simulated time 0 is the start of the busy
-spells; driver stamps map onto the recorder's clock by the smallest delay seen between a
-samples call and its newest sample.  Past the end no new samples arrive.
+The samples calls give the recorded samples once simulated time reaches their stamps, the other
+calls what the recording's last call before then returned.  Simulated time 0 is the start of the
+busy spells; driver stamps map onto the recorder's clock by the smallest delay seen between a
+samples call and its newest sample.
 """
 
 from __future__ import annotations
