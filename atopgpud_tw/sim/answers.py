@@ -1,7 +1,5 @@
-"""What the driver model answers: plain data, an NVML return code, or a fault of the binding itself.
-
-The model (and a replayed recording) answers with plain data, which the library writes into
-the caller's C structures, or fails with `NvmlFault(code)`, returned as a C function does.
+"""What the driver model answers: plain data, which the library writes into the caller's C
+structures, or `NvmlFault(code)`, which it returns as a C function does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Reading a JSON file a user named: every way it can be wrong is one line.
-
-Only a regular file, at most `MAX_SIZE` bytes (a fifo or ``/dev/zero`` would block or fill
-memory); not UTF-8, nested too deep, huge integers, ``NaN`` and ``Infinity`` are refused.
+"""Reading a JSON file a user named: every way it can be wrong is one line (a regular file only,
+at most `MAX_SIZE` bytes: a fifo or ``/dev/zero`` would block or fill memory).
 """
 
 from __future__ import annotations

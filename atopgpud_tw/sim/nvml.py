@@ -1,12 +1,8 @@
-"""The simulated driver: what a scenario's GPUs report, call by call.
+"""The simulated driver: what a scenario's GPUs report, call by call (docs/simulator.md, docs/mig.md).
 
-`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml (`library.py`): a
-method per NVML function, answering plain data (`answers.py`) or raising `NvmlFault(code)`.
-It follows the driver where a poller depends on it: NOT_SUPPORTED for utilization on MIG
-cards and for null percentages, NOT_FOUND from process utilization when nothing ran since
-the timestamp, stamps in microseconds.  MIG (docs/mig.md): instances sit in sparse slots
-(NOT_FOUND for an empty one), exist from their ``start`` to their ``stop``, and a handle of
-one that no longer exists fails with INVALID_ARGUMENT, as a destroyed instance's does.
+`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml (`library.py`): a method
+per NVML function, answering plain data (`answers.py`) or raising `NvmlFault(code)`, following
+the driver where a poller depends on it.
 """
 
 from __future__ import annotations
@@ -71,13 +67,9 @@ def live_offsets() -> tuple[int, int]:
 
 
 class HostClocks:
-    """How far the wall clock and the boot clock are from simulated time, by simulated time.
-
-    A driver stamps samples on the wall clock (``sample_clock: epoch``) or on one that goes on
-    across a suspend (``boottime`` or seconds); each sample keeps its stamp, so after the wall
-    clock is set back the buffer holds old samples stamped later than new ones, as a real
-    driver's does.  The clocks move by the scenario's ``clock_steps`` and ``suspends`` and, on
-    the real clock, by what the host's clocks did."""
+    """How far the wall clock and the boot clock are from simulated time, by simulated time: by the
+    scenario's ``clock_steps`` and ``suspends`` and, on the real clock, by what the host's clocks did
+    (docs/simulator.md, "The driver's clocks")."""
 
     def __init__(
         self, steps: Sequence[tuple[float, float]] = (), suspends: Sequence[tuple[float, float]] = (),
