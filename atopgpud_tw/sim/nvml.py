@@ -44,7 +44,7 @@ from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
 from atopgpud_tw.sim.replay import SAMPLE_BUFFER, Replayed
-from atopgpud_tw.sim.scenario import Fault, GpuSpec, MigSpec, ProcessSpec, Scenario, cycled
+from atopgpud_tw.sim.scenario import Fault, GpuSpec, MigSpec, ProcessSpec, Scenario, cycled, in_span
 
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
@@ -264,11 +264,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         (hundredths of a simulated second; None: no such process).  Scenario processes of one pid
         whose runs overlap are one process (on two GPUs); one that starts when the others have
         stopped is another (a reused pid); with `repeat`, each round's processes are new ones."""
-        clock = self._clock()
-        now = self.now()
-        runs = self._runs.get(pid, ())
-        for start, stop in runs:
-            if start <= now and (stop is None or now < stop):
+        clock, now = self._clock(), self.now()
+        for start, stop in self._runs.get(pid, ()):
+            if in_span(now, start, stop):
                 rounds = int(clock // self.scenario.repeat) if self.scenario.repeat else 0
                 return round((start + rounds * (self.scenario.repeat or 0)) * 100)
         return None
