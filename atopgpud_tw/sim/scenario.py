@@ -154,9 +154,7 @@ def declared(check: Check | None, help: str, default: Any = MISSING, factory: An
     (the field's name unless `json`), whether a replayed recording supplies it (a GPU's field).
     `check` None: filled from other fields (`replay`)."""
     metadata = {"check": check, "help": help, "json": json, "replayed": replayed}
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=metadata)
-    return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 def replayed(check: Check, help: str, default: Any) -> Any:
