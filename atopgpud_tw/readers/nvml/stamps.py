@@ -135,9 +135,9 @@ class StampMap:
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
     ordered: dict[str, list[int]] = field(default_factory=dict)
-    #: per segment index: the offset of stamps taken on a clock between it and the one before,
-    #: never seen (`_between`)
-    between: dict[int, int] = field(default_factory=dict)
+    #: per segment index: the runs of stamps taken on clocks between it and the one before, never
+    #: seen: (first raw stamp, last, the spacing, raw - steady) (`_between`)
+    between: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
@@ -147,6 +147,8 @@ class StampMap:
     _unmatched: tuple[int, int] | None = field(default=None, repr=False)
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
+    #: per kind: the reader's time its latest call began, and the one before (`_placed`)
+    _calls: dict[str, tuple[int | None, int]] = field(default_factory=dict, repr=False)
 
     @property
     def current(self) -> int:
@@ -158,6 +160,7 @@ class StampMap:
         a call made at the reader's time `now_us` (its steps are looked for first)."""
         if now_us is not None:
             self._observe(now_us, (), False)
+            self._calls[kind] = (self._calls.get(kind, (None, None))[1], now_us)
         if steady == 0:
             return 0
         # (no step recent: nothing remembered by steady stamp)
@@ -256,6 +259,9 @@ class StampMap:
         listed = Counter(zip(raws, keys)) if keys is not None else None
         out: list[tuple[int, int] | None] = []
         new = [False] * len(raws)
+        # a sample the buffer lists after one seen before was taken after the kind's call before
+        # this one began (else it would have been in its answer): in the first segment, no older
+        after = None
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
@@ -267,12 +273,15 @@ class StampMap:
                 known = next((other[raw] for other in self.seen.values() if other is not seen and raw in other), None)
             if known is not None and repeat == 0:
                 out.append(known)
+                if keys is None:
+                    after = self._calls.get(kind, (None, None))[0]
                 continue
-            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None)
+            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None,
+                                           None if known else after)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
         if None in out:
-            self._between(raws, out)
+            self._between(raws, out, keys is None)
         if keys is None and any(new):
             self._in_order(raws, out, new, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
@@ -297,34 +306,47 @@ class StampMap:
                 out[position] = self._in(raws[position], limit if index is None else index)
         for position in range(1, len(raws)):
             (steady, index), (before, was) = out[position], out[position - 1]
-            if new[position] and index > was and steady < before:
+            if new[position] and index > was and steady < before and self._newest_plausible(
+                    raws[position], now_us, was) == was:
                 out[position] = self._in(raws[position], was)
 
-    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
-        """Place the stamps taken in no segment seen: on a clock that held between two looks at
-        the host clocks (two steps between them).  Their spacing is kept, and they go between
-        the samples of the older segments and those of the current one in the answer (the
-        buffer's order), midway; one offset for every kind of sample (their stamps match)."""
+    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None], ordered: bool) -> None:
+        """Place the stamps taken in no segment seen: on clocks that held between two looks at
+        the host clocks (two steps or more between them).  Each run of them stamped on one such
+        clock (`ordered`: in the buffer's order) keeps its spacing, the runs follow one another a
+        period apart, and together they go between the samples of the older segments and those of
+        the current one in the answer, midway; one place for every kind of sample (their stamps
+        match)."""
         current = self.current
-        lost = sorted(raw for raw, place in zip(raws, out) if place is None)
-        offset = self.between.get(current)
-        if offset is None:
+        runs = self.between.setdefault(current, [])
+        lost = [raw for raw, place in zip(raws, out) if place is None
+                and not any(first - gap <= raw <= last + gap for first, last, gap, _ in runs)]
+        if lost:
+            lost = list(dict.fromkeys(lost)) if ordered else sorted(set(lost))
             placed = [place for place in out if place is not None]
             before = max((steady for steady, index in placed if index < current), default=None)
             after = min((steady for steady, index in placed if index == current), default=None)
-            ordered = sorted(steady for steady, _ in placed)
-            gap = min((b - a for a, b in zip(ordered, ordered[1:]) if b > a), default=0)
+            stamps = sorted(steady for steady, _ in placed)
+            gap = min((b - a for a, b in zip(stamps, stamps[1:]) if b > a), default=0)
             gap = min((b - a for a, b in zip(lost, lost[1:]) if b > a), default=gap)
+            # a run ends where the stamps fall, or leap (a step between them)
+            ends = [at for at in range(1, len(lost)) if not 0 < lost[at] - lost[at - 1] <= 2 * gap] + [len(lost)]
+            chain = [lost[begin:end] for begin, end in zip([0, *ends], ends)]
+            span = sum(run[-1] - run[0] for run in chain) + gap * (len(chain) - 1)
             if before is not None and after is not None:
-                offset = (lost[0] + lost[-1] - before - after) // 2
+                start = (before + after - span) // 2
             elif before is not None:
-                offset = lost[0] - before - gap
+                start = before + gap
             else:
-                offset = self.segments[-1].offset if after is None else lost[-1] - after + gap
-            self.between[current] = offset
+                start = lost[0] - self.segments[-1].offset if after is None else after - gap - span
+            for run in chain:
+                runs.append((run[0], run[-1], gap, run[0] - start))
+                start += run[-1] - run[0] + gap
         for position, place in enumerate(out):
             if place is None:
-                out[position] = (raws[position] - offset, current - 1)
+                raw = raws[position]
+                offset = next(offset for first, last, gap, offset in runs if first - gap <= raw <= last + gap)
+                out[position] = (raw - offset, current - 1)
 
     def _set_back_before(self, raws: Sequence[int], now_us: int) -> None:
         """A step back before the first look at the host clocks, which the first answer shows:
@@ -354,13 +376,15 @@ class StampMap:
         step = self.segments[index - self.dropped].offset - self.segments[index - self.dropped - 1].offset
         return step < 0 and descent <= AHEAD_US - step
 
-    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None) -> int | None:
-        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none)."""
+    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None,
+                          after: int | None = None) -> int | None:
+        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none);
+        in the first segment, taken no sooner than the reader's time `after`."""
         top = len(self.segments) - 1 if newest is None else newest - self.dropped
         for position in range(top, -1, -1):
             segment = self.segments[position]
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
-            began = segment.began_us
+            began = after if segment.began_us is None else segment.began_us
             ended = now_us if segment.ended_us is None else segment.ended_us
             if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
                 return self.dropped + position
