@@ -446,8 +446,30 @@ NOT_EXACT = (
              steps=(Step(at=1.75, seconds=1.0), Step(at=0.5, seconds=1.0, inside=True, tail=1.25)),
              delay=0.0, late=0.0),
         marks=pytest.mark.xfail(strict=True, reason="two forward steps of 1 s before GPU 1's first look (inside "
-                                "GPU 0's first call): its 4th and 5th polls read 0 and 16 for 40, 1136 for 1200"),
+                                "GPU 0's first call): its 2nd and 3rd polls read 0 and 16 for 40, 1056 for 1120"),
         id="forward steps before the first look",
+    ),
+    pytest.param(
+        Case(interval=0.5, gpus=((96, 100, 1332), (93, 100, 1332)), lives=(
+            (0, (0, 1), 6.34, 8.0, 46, 93, 1579), (0, (0, 1), 14.34, None, 45, 21, 794),
+            (2, (0, 1), 6.74, 10.83, 22, 56, 159), (2, (0, 1), 11.83, 18.17, 93, 11, 2003)),
+            steps=(Step(at=1.9, seconds=105.117, inside=True, tail=1.32),
+                   Step(at=13.639, seconds=-99.749, inside=True, tail=0.707)), seed=1939, delay=0.0, late=0.0),
+        marks=pytest.mark.xfail(strict=True, reason="a poll 0.15 s after a call of 0.85 s, a process started 6 ms "
+                                "before that call ended: 0 in that poll (its window ends a period before), 43 for 90"),
+        id="a short poll after a long call",
+    ),
+    pytest.param(
+        Case(interval=0.5, gpus=((34, 90, 951), (53, 29, 112)), lives=(
+            (0, (1,), 0.0, 1.24, 78, 80, 419), (0, (0,), 6.67, None, 49, 77, 1865), (1, (0, 1), 0.0, 3.31, 42, 5, 207),
+            (1, (0, 1), 3.83, 5.42, 91, 58, 1156), (1, (0, 1), 12.07, 17.75, 81, 70, 1432),
+            (3, (0,), 2.67, None, 62, 62, 1385)),
+            steps=(Step(at=10.573, seconds=84.962, inside=True, tail=0.5), Step(at=1.5, seconds=13.672, inside=True,
+                                                                                tail=1.5)),
+            suspends=((10.567, 272.3), (10.568, 203.1)), seed=40807, delay=0.0, late=0.3),
+        marks=pytest.mark.xfail(strict=True, reason="a poll 45 ms after a call of 2 s, a process started 0.33 s "
+                                "before that call ended: 21 in that poll for 62, 1431 for 1496"),
+        id="a very short poll after a long call",
     ),
 )
 
