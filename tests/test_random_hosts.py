@@ -191,11 +191,14 @@ def check(case: Case, played: Played) -> None:
         samples, gpu_sum, mem_sum, memory, _ = last[index]
         where = f"GPU {index}"
         assert samples == len(history), where
+        # polls shorter than a sample period (after a long call): the driver's samples cannot tell
+        # the load in them (docs/fidelity.md, "Random hosts against their scenario"), one poll's worth more each
+        short = {n for n in range(1, len(times)) if times[n] - times[n - 1] < gpu.sample_period}
         # one poll's worth: the most one poll reads (the load, constant here)
         truth = sum(load.gpu for load in loads)
-        assert abs(gpu_sum - truth) <= max(gpu.gpu_util, 1), (where, "busy", gpu_sum, truth)
+        assert abs(gpu_sum - truth) <= max(gpu.gpu_util, 1) * (1 + len(short)), (where, "busy", gpu_sum, truth)
         truth = sum(load.mem for load in loads)
-        assert abs(mem_sum - truth) <= max(gpu.mem_util, 1), (where, "memory busy", mem_sum, truth)
+        assert abs(mem_sum - truth) <= max(gpu.mem_util, 1) * (1 + len(short)), (where, "memory busy", mem_sum, truth)
         assert memory == gpu.memory_used_mib * 1024 * samples, where
         # every life: counted once, under its start time, for the polls that listed it
         counted: dict[tuple[int, int | None], list[tuple[int, tuple[int, ...]]]] = {}
@@ -212,7 +215,8 @@ def check(case: Case, played: Played) -> None:
                     max(p.mem_util, 1) for p in gpu.processes if p.pid == process.pid]
                 expected[(process.pid, host.process_start_time(process.pid))] = (
                     polls, process, sum(loads[n].processes[process.pid][0] for n in polls),
-                    sum(loads[n].processes[process.pid][1] for n in polls), max(worth[0]), max(worth[1]))
+                    sum(loads[n].processes[process.pid][1] for n in polls),
+                    *(max(kind) * (1 + len(short.intersection(polls))) for kind in worth))
         assert set(counted) == set(expected), (where, sorted(counted), sorted(expected))
         for key, (polls, process, sm, busy, sm_worth, busy_worth) in expected.items():
             found = counted[key]
@@ -377,6 +381,22 @@ FOUND = (
         (2, (0,), 1.9, 5.35, 96, 91, 2048), (3, (0,), 2.25, 3.25, 1, 58, 302), (3, (1,), 4.35, 5.11, 59, 33, 304)),
         steps=(Step(at=1.5, seconds=1.0, inside=True, tail=1.397),), suspends=((7.427, 453.1), (5.782, 62.2)),
         seed=65536, delay=0.03),
+    # a poll 0.15 s after a call of 0.85 s (shorter than a sample period), a process that started
+    # 6 ms before that call returned at 45 %: 0 in that poll, 43 for 90; and one 45 ms after a call
+    # of 2 s, a process at 62 % that started 0.33 s before it returned: 1431 for 1496.  Not exact:
+    # within the bound the oracle allows for polls shorter than a period (one poll's worth each)
+    Case(interval=0.5, gpus=((96, 100, 1332), (93, 100, 1332)), lives=(
+        (0, (0, 1), 6.34, 8.0, 46, 93, 1579), (0, (0, 1), 14.34, None, 45, 21, 794),
+        (2, (0, 1), 6.74, 10.83, 22, 56, 159), (2, (0, 1), 11.83, 18.17, 93, 11, 2003)),
+        steps=(Step(at=1.9, seconds=105.117, inside=True, tail=1.32),
+               Step(at=13.639, seconds=-99.749, inside=True, tail=0.707)), seed=1939, delay=0.0, late=0.0),
+    Case(interval=0.5, gpus=((34, 90, 951), (53, 29, 112)), lives=(
+        (0, (1,), 0.0, 1.24, 78, 80, 419), (0, (0,), 6.67, None, 49, 77, 1865), (1, (0, 1), 0.0, 3.31, 42, 5, 207),
+        (1, (0, 1), 3.83, 5.42, 91, 58, 1156), (1, (0, 1), 12.07, 17.75, 81, 70, 1432),
+        (3, (0,), 2.67, None, 62, 62, 1385)),
+        steps=(Step(at=10.573, seconds=84.962, inside=True, tail=0.5), Step(at=1.5, seconds=13.672, inside=True,
+                                                                            tail=1.5)),
+        suspends=((10.567, 272.3), (10.568, 203.1)), seed=40807, delay=0.0, late=0.3),
 )
 
 
@@ -448,28 +468,6 @@ NOT_EXACT = (
         marks=pytest.mark.xfail(strict=True, reason="two forward steps of 1 s before GPU 1's first look (inside "
                                 "GPU 0's first call): its 2nd and 3rd polls read 0 and 16 for 40, 1056 for 1120"),
         id="forward steps before the first look",
-    ),
-    pytest.param(
-        Case(interval=0.5, gpus=((96, 100, 1332), (93, 100, 1332)), lives=(
-            (0, (0, 1), 6.34, 8.0, 46, 93, 1579), (0, (0, 1), 14.34, None, 45, 21, 794),
-            (2, (0, 1), 6.74, 10.83, 22, 56, 159), (2, (0, 1), 11.83, 18.17, 93, 11, 2003)),
-            steps=(Step(at=1.9, seconds=105.117, inside=True, tail=1.32),
-                   Step(at=13.639, seconds=-99.749, inside=True, tail=0.707)), seed=1939, delay=0.0, late=0.0),
-        marks=pytest.mark.xfail(strict=True, reason="a poll 0.15 s after a call of 0.85 s, a process started 6 ms "
-                                "before that call ended: 0 in that poll (its window ends a period before), 43 for 90"),
-        id="a short poll after a long call",
-    ),
-    pytest.param(
-        Case(interval=0.5, gpus=((34, 90, 951), (53, 29, 112)), lives=(
-            (0, (1,), 0.0, 1.24, 78, 80, 419), (0, (0,), 6.67, None, 49, 77, 1865), (1, (0, 1), 0.0, 3.31, 42, 5, 207),
-            (1, (0, 1), 3.83, 5.42, 91, 58, 1156), (1, (0, 1), 12.07, 17.75, 81, 70, 1432),
-            (3, (0,), 2.67, None, 62, 62, 1385)),
-            steps=(Step(at=10.573, seconds=84.962, inside=True, tail=0.5), Step(at=1.5, seconds=13.672, inside=True,
-                                                                                tail=1.5)),
-            suspends=((10.567, 272.3), (10.568, 203.1)), seed=40807, delay=0.0, late=0.3),
-        marks=pytest.mark.xfail(strict=True, reason="a poll 45 ms after a call of 2 s, a process started 0.33 s "
-                                "before that call ended: 21 in that poll for 62, 1431 for 1496"),
-        id="a very short poll after a long call",
     ),
 )
 
