@@ -280,35 +280,49 @@ class StampMap:
                                            None if known else after)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
-        if None in out:
+        lost = {position for position, place in enumerate(out) if place is None}
+        if lost:
             self._between(raws, out, keys is None)
         if keys is None and any(new):
-            self._in_order(raws, out, new, now_us)  # type: ignore[arg-type]
+            self._in_order(raws, out, new, lost, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
 
-    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], now_us: int) -> None:
+    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], lost: set[int],
+                  now_us: int) -> None:
         """A buffer of samples answers in the order they were taken: a sample of a segment newer
         than the one after it, or stamped above it (taken before a step back between the two), is
         of an older segment, the newest it can have been taken in; a new one placed in a newer
         segment than the one before it, yet before it, is of that one's (a step shorter than the
-        time between two looks leaves no other way to tell its side)."""
+        time between two looks leaves no other way to tell its side).  Samples of no segment
+        (`lost`, placed by `_between` on clocks of no look) tell nothing, and are not moved."""
         limit = self.current
         for position in range(len(raws) - 1, -1, -1):
-            if position + 1 < len(raws):
+            if position + 1 < len(raws) and position + 1 not in lost:
                 after = out[position + 1][1]
                 back = self._stepped_back(raws[position] - raws[position + 1], after)
                 limit = min(limit, after - 1 if back else after)
-            if out[position][1] > limit >= self.dropped:
+            if position not in lost and out[position][1] > limit >= self.dropped:
                 index = self._newest_plausible(raws[position], now_us, limit)
                 out[position] = self._in(raws[position], limit if index is None else index)
+        gap = min((b - a for a, b in zip(raws, raws[1:]) if b > a), default=0)
         for position in range(1, len(raws)):
             (steady, index), (before, was) = out[position], out[position - 1]
-            if new[position] and index > was and steady < before and self._newest_plausible(
-                    raws[position], now_us, was) == was:
-                out[position] = self._in(raws[position], was)
+            if not (new[position] and index > was and steady < before):
+                continue
+            moved = self._in(raws[position], was)
+            if moved[0] - before <= 2 * gap and self._newest_plausible(raws[position], now_us, was) == was:
+                out[position] = moved
+            elif new[position - 1]:
+                # no: the new samples before it, placed after it, were stamped on a clock between two
+                # steps inside one call (the first shorter than the call), and go between
+                run = position - 1
+                while run > 0 and new[run - 1] and out[run - 1][1] == was and out[run - 1][0] > steady:
+                    run -= 1
+                out[run:position] = [None] * (position - run)  # type: ignore[list-item]
+                self._between(raws, out, True)  # type: ignore[arg-type]
 
     def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None], ordered: bool) -> None:
         """Place the stamps taken in no segment seen: on clocks that held between two looks at
