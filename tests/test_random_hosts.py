@@ -12,7 +12,9 @@ suspend the host (`STEPPED`); what that found is kept in `FOUND`, and in
 
 - every GPU counts one sample per poll, and its busy and memory busy sums are
   the sums of its load over the time each poll's samples call covered (the
-  simulator's `true_load`), within one poll's worth; its memory sum exactly;
+  simulator's `true_load`), within one poll's worth (and one more for each
+  poll shorter than a sample period, whose load NVML cannot tell: docs/fidelity.md);
+  its memory sum exactly;
 - every process's life is counted once, under the start time the scenario
   gives it, with one sample per poll whose process list showed it (the time of
   that call, as the simulator answered it, decides), its busy sums within one
