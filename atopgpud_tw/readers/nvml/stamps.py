@@ -44,10 +44,15 @@ Which segment a stamp belongs to:
   than the time between the two calls, the buffer's order tells the side (a
   sample stamped above the one after it, by no more than the step, was taken
   before it), and process samples, listed by process, take the places of the
-  device's samples of the same stamp;
+  device's samples of the same stamp; the first segment has no beginning, but a
+  new sample listed after one seen before was taken after the previous call of
+  its kind began;
 - a new stamp of no segment was taken on a clock that held only between two
-  looks (two steps between them): it goes between the samples before and after
-  it, its spacing kept;
+  looks (two steps or more between them): it goes between the samples before
+  and after it, each run of such stamps on one clock its spacing kept; so do
+  new samples placed on an older segment after a newer segment's that the
+  buffer lists after them, where that one cannot be of theirs (two steps
+  inside one call);
 - the first answer tells a step back just before the first look: samples
   stamped ahead of the clock's now, before one stamped below them.
 
