@@ -179,11 +179,8 @@ def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
             group = found[name]
             sums = group.pop("sums")
             samples = gpu["samples"]
-            group.update({
-                "gpu_busy_avg": None if sums[0] is None or samples <= 0 else round(sums[0] / samples, 2),
-                "mem_busy_avg": None if sums[1] is None or samples <= 0 else round(sums[1] / samples, 2),
-                "memory_avg_kib": None if sums[2] is None or samples <= 0 else round(sums[2] / samples, 2),
-            })
+            group.update({key: None if value is None or samples <= 0 else round(value / samples, 2)
+                          for key, value in zip(("gpu_busy_avg", "mem_busy_avg", "memory_avg_kib"), sums)})
             groups.append(group)
     return groups
 
@@ -325,9 +322,16 @@ def _emit(doc: dict[str, Any], args: argparse.Namespace,
     print(text, flush=True)
 
 
-def _last(args: argparse.Namespace, shown: int) -> bool:
-    """Whether `shown` reports are all: one without --watch, --count with it."""
-    return args.watch is None or (args.count is not None and shown >= args.count)
+def _repeat(args: argparse.Namespace, once: Callable[[], None], start: float | None = None) -> None:
+    """`once` once, or every --watch seconds until --count reports: on a fixed grid from
+    `start` (now by default), so that slow replies do not stretch the intervals."""
+    shown, start = 0, time.monotonic() if start is None else start
+    while True:
+        once()
+        shown += 1
+        if args.watch is None or (args.count is not None and shown >= args.count):
+            return
+        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
 
 
 def run_health(args: argparse.Namespace) -> None:
@@ -335,13 +339,7 @@ def run_health(args: argparse.Namespace) -> None:
     from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, health_report, render_health
 
     url = args.metrics_url or DEFAULT_URL
-    shown, start = 0, time.monotonic()
-    while True:
-        _emit(health_report(fetch(url), url), args, render_health)
-        shown += 1
-        if _last(args, shown):
-            return
-        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+    _repeat(args, lambda: _emit(health_report(fetch(url), url), args, render_health))
 
 
 def run_gpm(args: argparse.Namespace) -> None:
@@ -352,16 +350,17 @@ def run_gpm(args: argparse.Namespace) -> None:
     url = args.metrics_url or DEFAULT_URL
     span = args.watch or 1.0
     start = time.monotonic()
-    before = gpm_counters(fetch(url), url)
-    shown = 0
-    while True:
-        time.sleep(max(0.0, start + (shown + 1) * span - time.monotonic()))
+    before, shown = gpm_counters(fetch(url), url), 0
+
+    def once() -> None:
+        nonlocal before, shown
+        shown += 1
+        time.sleep(max(0.0, start + shown * span - time.monotonic()))
         after = gpm_counters(fetch(url), url)
         _emit(gpm_report(before, after, url), args, render_gpm)
-        shown += 1
-        if _last(args, shown):
-            return
         before = after
+
+    _repeat(args, once, start)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -375,25 +374,22 @@ def run(args: argparse.Namespace) -> None:
     address = parse_endpoint(args.connect)
     told = True
     connection = Connection(address)
+    previous: Reading | None = None
+
+    def once() -> None:
+        nonlocal connection, told, previous
+        reading = take_reading(connection, args.version, contexts=told)
+        if told and reading.contexts is None:
+            # a daemon that does not know P closed the connection: go on without, on a new one
+            told = False
+            if args.watch is not None:
+                connection.close()
+                connection = Connection(address)
+        _emit(report(reading, previous, args.connect, args.by), args)
+        previous = reading
+
     try:
-        previous: Reading | None = None
-        shown = 0
-        start = time.monotonic()
-        while True:
-            reading = take_reading(connection, args.version, contexts=told)
-            if told and reading.contexts is None:
-                # a daemon that does not know P closed the connection: go on without, on a new one
-                told = False
-                if args.watch is not None:
-                    connection.close()
-                    connection = Connection(address)
-            _emit(report(reading, previous, args.connect, args.by), args)
-            shown += 1
-            if _last(args, shown):
-                return
-            previous = reading
-            # on a fixed grid, so that slow replies do not stretch the intervals
-            time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+        _repeat(args, once)
     finally:
         connection.close()
 
