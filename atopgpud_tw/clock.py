@@ -1,25 +1,11 @@
 """The daemon's time: the reactor's clock made monotonic.
 
-Twisted's reactors tell the time with `time.time`, the wall clock: every
-`callLater`, every `LoopingCall` and every timeout is a deadline on it, and
-`ReactorBase.timeout()` sleeps until that deadline comes round again.  When the
-wall clock is set back an hour (chrony or ntpd stepping it at boot, `date -s`, a
-virtual machine restored), nothing runs for an hour; set forward, every timer
-is due at once and a `LoopingCall` counts an hour of skipped ticks.
-
-`use_monotonic_clock` gives the installed reactor `time.monotonic` as its
-`seconds`.  Everything that schedules on the reactor reads the time through
-that one attribute: `callLater` (and the `DelayedCall`s it makes, whose
-`reset` and `delay` read it too), `timeout()`, `runUntilCurrent()` and
-`LoopingCall`, so deadlines and the clock they are compared with stay on one
-clock.  Calls already scheduled are moved onto it.  CLOCK_MONOTONIC stops while
-the host is suspended, as the kernel's own timeouts (`epoll_wait`) do, so a
-timer's remaining time is kept across a suspend.  Wall-clock time is left to
-what a person reads (log stamps, which `twisted.logger` takes from `time.time`)
-and to NVML's sample stamps (the driver's clock, `readers/nvml/stamps.py`).
-
-A reactor that is not a `ReactorBase` (`task.Clock`, `MemoryReactor` in tests)
-is left as it is: it has the time its test gives it.
+Twisted's reactors tell the time with `time.time`: when the wall clock is set back
+an hour (chrony stepping it at boot, `date -s`), nothing runs for an hour; set
+forward, every timer is due at once.  Everything that schedules on the reactor
+(`callLater`, its `DelayedCall`s, `timeout()`, `LoopingCall`) reads the time through
+its `seconds`, which `use_monotonic_clock` makes `time.monotonic`; calls already
+scheduled are moved onto it.  Log stamps stay on the wall clock (docs/design.md, "Time").
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """The table of figures: every health, power and GPM figure of a card as one row, for all who show or play it.
 
-A row (`Figure`) says everything about one figure: the series it is on the
-metrics page (its `Family`: name, type, help, label names; and its own label
-values), how the NVML reader asks for it (`Ask`: the call, its arguments, the
-scale to the series' unit), where nvidia-smi's report has it per schema
-(`Smi`), where ``atopgpu --health`` shows it (`Show`: its JSON key, and its
-column if it has one), and which field of a scenario's ``health`` object the
-simulator plays it from (`Play`).  A figure of GPU Performance Monitoring
-(Hopper and later) is a row of `GPM_FIGURES`, read per poll rather than per
-scrape: its source is a GPM metric (`Gpm`: the metric id of
-``nvmlGpmMetricsGet``, its name in each poll's figures and in the sums, its
-unit).  From this one table come the page's
-families (server/web/metrics_health.py), the NVML reader's calls
-(readers/nvml/health.py), the nvidia-smi reader's paths
-(readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
-the simulator's scenario fields and plain calls (sim/health_*.py); and from
-its GPM rows the GPM families (server/web/metrics_gpm.py), the metric ids the
-NVML reader asks (readers/nvml/gpm.py), the sums' units (gpm_counters.py),
-``atopgpu --gpm``'s keys and columns (atopgpu/gpm.py) and the simulator's GPM
-fields and metrics (sim/gpm_*.py).
-
-This module imports nothing of the package, so that every part may read it:
-the client and the simulator, which may import nothing of the daemon, as well
-as the readers and the server.  Adding a figure of a shape the table knows is
-one row here (docs/design.md, "Extending").
+A row (`Figure`) says everything about one figure: its series on the metrics page
+(`Family` and label values), how the NVML reader asks for it (`Ask`), where
+nvidia-smi's report has it (`Smi`), where ``atopgpu --health`` shows it (`Show`),
+and the simulator's scenario field it is played from (`Play`); a GPM row
+(`GPM_FIGURES`, read per poll) has a GPM metric (`Gpm`) instead.  The page, both
+readers, the client and the simulator all take their part from here, so this module
+imports nothing of the package; adding a figure of a known shape is one row here
+(docs/design.md, "Extending").
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """Exact GPU time per workload (``--workloads``): its processes' counters summed, exited ones included.
 
 A workload is what a process's context names under the grouping chosen
-(`snapshot.GROUPINGS`: its systemd unit, container, pod, Slurm job or user;
-`ProcessContext.workload`).  Its sums on a GPU are those of every process of
-it that ran there: the exited ones' final figures, kept here, and the
-active ones' figures as they are now, added when the page is collected.  A
-process's own sums never go down, and an exited one's stay here, so a
-workload's sums never go down while it is on the page.
-
-The page is bounded:
-
-- at most `limit` (workload, GPU) series; a workload beyond them is summed
-  under ``other`` on its GPU (said once in the log);
-- a workload with no active process for `expiry` seconds leaves the page, and
-  its sums go into ``other`` on that GPU: every GPU's sum over its workloads,
-  ``other`` included, never goes down.
-
-A process is given to its workload when it is first collected with a
-context (or when it ends, if it was never collected); one whose context the
-reader has not read yet is left out until it has: a process is never counted
-under one workload and then another.  One gone before it could be read is
-``unknown``.
-
-Energy (`share_energy`): each GPU's energy counter, read when ``/metrics`` is
-fetched, is shared out between those reads by each workload's share of the
-GPU busy percent-seconds its processes added over the same span
-(docs/metrics.md, "Workloads").
+(`ProcessContext.workload`).  Its sums on a GPU are its exited processes' final
+figures, kept here, plus its active ones' as they are now, so they never go down.
+Bounded: beyond `limit` (workload, GPU) series, and after `expiry` seconds with no
+active process, a workload's sums go into ``other`` on its GPU.  A process is
+given to its workload once, when first collected with a context (or when it
+ends): never counted under one workload and then another.  Each GPU's energy is
+shared out by the busy percent-seconds added (docs/metrics.md, "Workloads").
 """
 
 from __future__ import annotations
