@@ -344,8 +344,7 @@ def run_health(args: argparse.Namespace) -> None:
 
 def run_gpm(args: argparse.Namespace) -> None:
     """--gpm: GPM's averages between readings of the metrics page, --watch (or 1) seconds apart."""
-    from atopgpud_tw.atopgpu.gpm import gpm_counters, gpm_report, render_gpm
-    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch
+    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, gpm_counters, gpm_report, render_gpm
 
     url = args.metrics_url or DEFAULT_URL
     span = args.watch or 1.0
