@@ -16,7 +16,7 @@ from itertools import count
 from operator import attrgetter
 from typing import Mapping
 
-from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
+from atopgpud_tw.gpm_counters import GpmTotals
 from atopgpud_tw.snapshot import (
     NO_INFO,
     UNSUPPORTED,
@@ -257,7 +257,8 @@ class Counters:
             return self._mark_absent(index, device)
         device.present = True
         if sample.gpm is not None:
-            device.gpm = fold_gpm(device.gpm, sample.gpm)
+            device.gpm = device.gpm or GpmTotals()  # at the first figures a device has
+            device.gpm.add(sample.gpm)
         device.gpu_busy_now = UNSUPPORTED if sample.gpu_busy is None else sample.gpu_busy
         device.mem_busy_now = UNSUPPORTED if sample.mem_busy is None else sample.mem_busy
         if sample.memory_total_kib is not None:

@@ -1,12 +1,8 @@
 """GPM's cumulative counters per device, folded from each poll's `GpmFigures` (docs/metrics.md).
 
-Each poll's GPM figures are exact averages over the seconds between two GPM
-samples, so summing each figure times those seconds gives counters whose
-increase over any span of polls is exact: ``rate()`` of a ``*_percent_seconds``
-counter is the average percentage, of a ``*_bytes`` counter the bytes per
-second.  `seconds` is the time the sums cover (a poll whose GPM failed is
-covered by the next one's figures, whose span reaches back to the last good
-sample).  Pure, no I/O and no clock, like `counters.py`; every counter only grows.
+Each poll's GPM figures are exact averages over the seconds between two GPM samples,
+so each figure times those seconds, summed, is a counter whose ``rate()`` is exact (a
+poll whose GPM failed is covered by the next one's span).  Pure, like `counters.py`.
 """
 
 from __future__ import annotations
@@ -44,7 +40,8 @@ class GpmTotals:
     sums: dict[str, float] = field(default_factory=dict)
 
     def add(self, figures: GpmFigures) -> None:
-        """Count one poll's figures over the seconds they cover."""
+        """Count one poll's figures over the seconds they cover (none: a poll too soon after the
+        last GPM sample carries the last figures on, over 0 seconds, and adds nothing)."""
         span = figures.seconds
         if span <= 0:
             return
@@ -56,14 +53,3 @@ class GpmTotals:
             weighted = value * span * weights.get(name, 1)
             sums[name] = sums.get(name, 0.0) + weighted
 
-
-def fold_gpm(totals: GpmTotals | None, figures: GpmFigures | None) -> GpmTotals | None:
-    """`totals` with one poll's figures counted (made at the first figures a device has).
-    Figures that cover no time (a poll too soon after the last GPM sample carries the
-    last figures on, over 0 seconds) add nothing."""
-    if figures is None:
-        return totals
-    if totals is None:
-        totals = GpmTotals()
-    totals.add(figures)
-    return totals

@@ -29,24 +29,9 @@ GPU_NOT_FOUND = 28
 UNKNOWN = 999
 
 #: the errors the daemon names (``NVML_ERROR_<name>`` in problems and log lines, else the
-#: number) and a simulated fault may return, each by its name without the prefix
-CODES = {
-    "UNINITIALIZED": UNINITIALIZED,
-    "INVALID_ARGUMENT": INVALID_ARGUMENT,
-    "NOT_SUPPORTED": NOT_SUPPORTED,
-    "NO_PERMISSION": NO_PERMISSION,
-    "NOT_FOUND": NOT_FOUND,
-    "INSUFFICIENT_SIZE": INSUFFICIENT_SIZE,
-    "DRIVER_NOT_LOADED": DRIVER_NOT_LOADED,
-    "TIMEOUT": TIMEOUT,
-    "LIBRARY_NOT_FOUND": LIBRARY_NOT_FOUND,
-    "FUNCTION_NOT_FOUND": FUNCTION_NOT_FOUND,
-    "GPU_IS_LOST": GPU_IS_LOST,
-    "OPERATING_SYSTEM": OPERATING_SYSTEM,
-    "LIB_RM_VERSION_MISMATCH": LIB_RM_VERSION_MISMATCH,
-    "GPU_NOT_FOUND": GPU_NOT_FOUND,
-    "UNKNOWN": UNKNOWN,
-}
+#: number) and a simulated fault may return, each by its name without the prefix: every code above
+CODES = {name: code for name, code in dict(globals()).items()
+         if name.isupper() and isinstance(code, int) and code not in (SUCCESS, ARGUMENT_VERSION_MISMATCH)}
 #: each name by its code
 NAMES = {code: name for name, code in CODES.items()}
 #: the codes after which NVML has to be initialised again
