@@ -238,12 +238,10 @@ class Options(usage.Options):
             )
         if self["socket-group"] is not None:
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
-        if self["metrics-processes"] and not self["metrics"]:
-            raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
-        if self["web-config"] and not self["metrics"]:
-            raise usage.UsageError("--web-config needs --metrics ENDPOINT")
-        if self["metrics-process-context"] and not self["metrics-processes"]:
-            raise usage.UsageError("--metrics-process-context needs --metrics-processes")
+        for option, needed in (("metrics-processes", "metrics"), ("web-config", "metrics"),
+                               ("metrics-process-context", "metrics-processes")):
+            if self[option] and not self[needed]:
+                raise usage.UsageError(f"--{option} needs --{needed}" + (" ENDPOINT" if needed == "metrics" else ""))
         if self["workloads"] != "off" and not self["metrics"]:
             raise usage.UsageError("--workloads needs --metrics ENDPOINT")
         parent = getattr(self, "parent", None)
@@ -251,19 +249,6 @@ class Options(usage.Options):
             refused = install_journal(parent, self["log-level"])
             if refused:
                 raise usage.UsageError(refused)
-
-
-def reader_settings(options: Options) -> ReaderSettings:
-    """The options that concern the reader, typed: readers never see the Options mapping."""
-    return ReaderSettings(
-        kind=options["reader"],
-        mig=options["mig"],
-        scenario=options["scenario"],
-        smi_path=options["nvidia-smi"],
-        smi_timeout=options["smi-timeout"],
-        hang_warning=options.get("hang-warning"),
-        start_timeout=options.get("start-timeout"),
-    )
 
 
 def makeService(options: Options, reactor: Any = None) -> IService:
@@ -274,7 +259,17 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     _check_pidfile(getattr(options, "parent", None))
     notifier = Notifier()
     try:
-        reader, layout = make_reader(reader_settings(options), reactor, _start_up_line(notifier))
+        # the options that concern the reader, typed: readers never see the Options mapping
+        settings = ReaderSettings(
+            kind=options["reader"],
+            mig=options["mig"],
+            scenario=options["scenario"],
+            smi_path=options["nvidia-smi"],
+            smi_timeout=options["smi-timeout"],
+            hang_warning=options.get("hang-warning"),
+            start_timeout=options.get("start-timeout"),
+        )
+        reader, layout = make_reader(settings, reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
     workloads = options["workloads"] != "off"
@@ -358,11 +353,8 @@ def _start_up_line(notifier: Notifier) -> Callable[[str], None]:
 
 
 def _check_pidfile(server: Any) -> None:
-    """Refuse at once, in one line, the pid file twistd could not write.
-
-    twistd writes it only after daemonizing, and then reports a failure as a
-    quoted traceback line, or (with -n) a traceback.
-    """
+    """Refuse at once, in one line, the pid file twistd could not write (it writes it only after
+    daemonizing, and reports a failure as a traceback)."""
     path = server.get("pidfile") if server is not None else None
     if not path:
         return
