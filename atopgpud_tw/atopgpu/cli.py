@@ -30,7 +30,6 @@ from atopgpud_tw.atopgpu.connection import (
     parse_endpoint,
     take_reading,
 )
-from atopgpud_tw.atopgpu.table import columns
 
 _NO_DEVICE = codec.DeviceStats(0, 0, 0, 0, 0, 0, 0, 0, ())
 
@@ -188,6 +187,20 @@ def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
 # -- the table ------------------------------------------------------------------
 
 
+def columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
+    """Header and rows as aligned lines (the tables of every view): columns in `left` to the
+    left, the rest right; every cell shown as data (`codec.printable`), as a daemon, a
+    metrics page or another user's process names them."""
+    table = [list(header), *([codec.printable(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = []
+    for row in table:
+        cells = [cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in
+                 enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
 def _percent(value: float | None, decimals: int = 1) -> str:
     return "-" if value is None else f"{value:.{decimals}f}%"
 
@@ -209,10 +222,8 @@ _GROUP_HEADER = ("GPU", "GROUP", "PROCS", "AVGBUSY", "MEMBUSY", "AVGMEM")
 
 def render_table(doc: dict[str, Any]) -> str:
     """The report as text: a row per GPU, its processes indented below it."""
-    if doc["span"] == "start":
-        span = "averages since the daemon started"
-    else:
-        span = f"averages over the last {doc['seconds']:.1f} s"
+    span = ("averages since the daemon started" if doc["span"] == "start"
+            else f"averages over the last {doc['seconds']:.1f} s")
     lines = [f"atopgpud at {codec.printable(doc['endpoint'])} (API {doc['version']}), {span}"]
     gpu_rows, proc_rows = [], []
     for gpu in doc["gpus"]:
@@ -243,8 +254,7 @@ def render_table(doc: dict[str, Any]) -> str:
     if "groups" in doc:
         rows = [[str(g["gpu"]), g["name"], str(g["processes"]), _percent(g["gpu_busy_avg"]),
                  _percent(g["mem_busy_avg"]), _size(g["memory_avg_kib"])] for g in doc["groups"]]
-        lines.append("")
-        lines.append(f"by {doc['by']}:")
+        lines.extend(["", f"by {doc['by']}:"])
         lines.extend(columns(_GROUP_HEADER, rows, {1}) if rows else ["(no processes)"])
     return "\n".join(lines)
 

@@ -18,8 +18,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from atopgpud_tw.atopgpu.cli import columns
 from atopgpud_tw.atopgpu.connection import BadReply, ClientError
-from atopgpud_tw.atopgpu.table import columns
 from atopgpud_tw.codec import printable
 from atopgpud_tw.figures import FIGURES, GPM_FIGURES, Show
 
