@@ -68,9 +68,8 @@ class _Flaps:
 
 
 class Start(NamedTuple):
-    """A start to be said (`Damping.started`): `flapping` when it is the one after
-    `SAID_STARTS`, to be said with its number of `starts` in `span` seconds and that
-    it is now counted, a line at most every `every` seconds."""
+    """A start to be said (`Damping.started`); `flapping`: the one after `SAID_STARTS`, said with
+    its `starts` in `span` seconds and that it is now counted, a line every `every` seconds."""
 
     flapping: bool
     starts: int = 0
@@ -95,16 +94,10 @@ class Count(NamedTuple):
 class Damping:
     """Which starts and ends of causes that come and go are said, and the counts said in their place.
 
-    The rule of every flapping cause, whatever its lines: its first
-    `SAID_STARTS` starts and their ends are said one by one; the next start is
-    said with word that it is flapping (`Start.flapping`), and from then on
-    nothing of that cause is said until the end of a window (`DAMPING`: 1 min,
-    then 10 min, then each hour), when one line counts the starts and ends held
-    back and says whether it is failing now (`Count`); a window with nothing
-    held back ends without a line.  A cause that has not changed for
-    `FLAP_MEMORY` seconds is not damped any more (its next start is said again,
-    as the first of a new count), and a start that long after its last change
-    is not a flap.  The caller says what it is told to, in its own words.
+    A cause's first `SAID_STARTS` starts and ends are said one by one; the next start
+    is said as flapping (`Start.flapping`), then nothing of it until the end of a window
+    (`DAMPING`), when one line counts what was held back (`Count`; a quiet window has
+    none).  A cause unchanged for `FLAP_MEMORY` seconds is not damped any more.
     """
 
     def __init__(self) -> None:
@@ -139,9 +132,8 @@ class Damping:
         return True
 
     def windows_over(self, now: float, active: Container[str]) -> list[Count]:
-        """Each damped cause whose window is over and held something back: its count
-        (`active`: the causes failing now); a quiet window ends the next one, or,
-        after `FLAP_MEMORY`, the damping."""
+        """The count of each damped cause whose window is over and held something back (`active`:
+        the causes failing now)."""
         counts = []
         for cause, flaps in list(self.flaps.items()):
             if flaps.until is None:
@@ -234,16 +226,10 @@ class ProblemLog:
 
 
 class Problems(dict[str, str]):
-    """The troubles found in one poll (or one reading), for `ProblemLog.report`.
-
-    Each trouble is kept under a key that names its cause and stays the same
-    from poll to poll while it lasts: its subject first (a device or card key, a
-    bus id, ``init``, ``preamble``), then what went wrong there (``lost``,
-    ``mig-empty``, an NVML error's name, an element's path).  A key reported
-    again is the same trouble; a key no longer reported has recovered.  Of two
-    texts under one key in one poll, the later stands.  Each kind of trouble has
-    its cause and action in `problem_kinds.KINDS`.
-    """
+    """The troubles found in one poll, for `ProblemLog.report`: each under a key that names its
+    cause and stays the same while it lasts, its subject first (a device key, a bus id,
+    ``init``), then what went wrong (``lost``, an NVML error's name, an element's path).
+    Each kind has its cause and action in `problem_kinds.KINDS`."""
 
     def add(self, key: str, text: str) -> None:
         """A trouble under `key`, described by `text`."""
@@ -251,11 +237,7 @@ class Problems(dict[str, str]):
 
 
 class BurstLog:
-    """Logs the first of a burst of events, and a count when the burst is over.
-
-    A flood of refused connections costs one line at its start and one at its end,
-    however many there were.
-    """
+    """Logs the first of a burst of events (a flood of refused connections), and a count when it is over."""
 
     log = ClassLogger("atopgpud_tw.access.BurstLog")
 
@@ -296,11 +278,8 @@ class BurstLog:
 
 
 class UidBurstLogs:
-    """A `BurstLog` per uid: each uid's burst logged once, whoever else is in one.
-
-    At most `most` uids get a burst of their own at once (a user with many
-    subordinate uids cannot make a line each); the rest share one.
-    """
+    """A `BurstLog` per uid, for at most `most` uids at once (a user with many subordinate
+    uids cannot make a line each); the rest share one."""
 
     def __init__(self, clock: IReactorTime, quiet: float = 10.0, most: int = 32) -> None:
         self.clock = clock
