@@ -1,10 +1,7 @@
-"""NVML's return codes and the other constants of nvml.h the readers and the simulator use,
-one table for both.
+"""NVML's return codes and the other constants of nvml.h the readers and the simulator use.
 
-Every module names them from here; none types one as a number (tests/test_layout.py).  Each
-has the value of nvidia-ml-py's ``NVML_<name>`` (tests/test_layout.py checks it); they are
-not read from the binding at import, which would load it (about 6 MB) in every program that
-names a code, the simulator's pynvml stand-in (shim/) included.
+Each has the value of nvidia-ml-py's ``NVML_<name>`` (tests/test_layout.py), written here
+rather than read from the binding, which would load it (about 6 MB) wherever a code is named.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Reading a file a user named, bounded: only a regular file, opened without blocking, at most so many bytes.
 
-A FIFO would block the reader (the reactor, at a reload) until someone writes to
-it, and a device such as ``/dev/zero`` would fill memory: both are refused, as is
-a regular file larger than the caller's bound.  The one rule for the files an
-option names (a scenario, a web configuration, its certificates).
+A FIFO would block the reactor until someone writes to it, and ``/dev/zero`` would
+fill memory.  The one rule for the files an option names (scenario, web configuration).
 """
 
 from __future__ import annotations

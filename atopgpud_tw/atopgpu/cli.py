@@ -1,13 +1,9 @@
-"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON.
+"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON (docs/atopgpu.md).
 
-Averages are worked out as atop works them out: a busy figure over a span is the
-change of its cumulative sum divided by the change of the sample count.  The first
-report covers the time since the daemon started; with ``--watch`` each later one
-covers the interval since the previous report, on the same connection (so a
-process that ends shows once, marked ``E``, as atop sees it).  ``--health`` shows
-the health and power figures instead, from the daemon's metrics page
-(`atopgpud_tw.atopgpu.health`).  The JSON schema and the table are described in
-docs/atopgpu.md.
+Averages are atop's: a sum's change over the sample count's.  The first report covers
+the time since the daemon started; with ``--watch`` each later one the interval since
+the previous, on the same connection (so an ended process shows once, ``E``, as atop
+sees it).
 """
 
 from __future__ import annotations
@@ -127,8 +123,7 @@ def _gpu_report(
 
 
 def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | None = None) -> dict[str, Any]:
-    """The JSON document for a reading: since start, or since `previous`; with `by`
-    (user, workload), the groups' figures too (`group_report`)."""
+    """The JSON document for a reading: since start, or since `previous`; with `by`, the groups' too."""
     before: list[codec.DeviceStats | None] = [None] * len(reading.stats)
     if previous is not None:
         for index, (kind, dev) in enumerate(zip(previous.types, previous.stats)):
@@ -156,11 +151,8 @@ def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | 
 
 
 def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
-    """Per GPU and group (`by`: user or workload), atop's arithmetic over the span: the
-    group's processes' busy and memory sums changed, over the GPU's samples in the span.
-
-    A process's sums count wholly in the span it ran in, so the figures are what
-    the group used of the GPU on average over the span, exited processes included."""
+    """Per GPU and group (`by`: user or workload), atop's arithmetic over the span: the group's
+    processes' sums changed (exited ones included), over the GPU's samples in the span."""
     groups = []
     for gpu in doc["gpus"]:
         found: dict[str, dict[str, Any]] = {}

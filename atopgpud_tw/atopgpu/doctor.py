@@ -1,9 +1,7 @@
 """``atopgpu doctor``: why atop would show no GPU figures on this host.
 
-The facts are gathered first (`gather`: sockets, /proc, atop, systemd, NVML);
-each check is a plain function of them (`verdicts`), one line: OK, or what is
-wrong and the fix.  docs/operations.md ("Troubleshooting") explains the lines,
-docs/atop.md the facts about atop's versions.
+The facts are gathered first (`gather`); each check is a plain function of them
+(`verdicts`).  docs/operations.md ("Troubleshooting") explains the lines.
 """
 
 from __future__ import annotations
