@@ -12,16 +12,17 @@ never forgotten, so every counter is monotonic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import count
 from operator import attrgetter
 from typing import Mapping
 
-from atopgpud_tw.gpm_counters import GpmTotals
 from atopgpud_tw.snapshot import (
     NO_INFO,
     UNSUPPORTED,
     DeviceInfo,
     DeviceSample,
+    GpmFigures,
     ProcessContext,
     ProcessSample,
     Snapshot,
@@ -32,6 +33,49 @@ _NO_CONTEXTS: Mapping[int, ProcessContext] = {}
 _PID = attrgetter("pid")
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
+
+
+@cache
+def rates() -> frozenset[str]:
+    """The figures given in MiB/s, summed as bytes; every other figure is a percentage (the
+    table's units).  The table (figures.py) is loaded at the first GPM figures: a host
+    without GPM never needs it."""
+    from atopgpud_tw.figures import GPM_FIGURES
+
+    return frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
+
+
+@cache
+def _weights() -> dict[str, int]:
+    """What each figure is multiplied by besides its seconds: a rate's MiB, in bytes."""
+    from atopgpud_tw.figures import MIB
+
+    return dict.fromkeys(rates(), MIB)
+
+
+@dataclass(slots=True)
+class GpmTotals:
+    """One device's GPM sums: seconds covered, and per figure its percent-seconds or bytes.  Each
+    poll's figures are exact averages over the seconds between two GPM samples, so the sums'
+    ``rate()`` is exact (a poll whose GPM failed is covered by the next one's span)."""
+
+    seconds: float = 0.0
+    polls: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, figures: GpmFigures) -> None:
+        """Count one poll's figures over the seconds they cover (none: a poll too soon after the
+        last GPM sample carries the last figures on, over 0 seconds, and adds nothing)."""
+        span = figures.seconds
+        if span <= 0:
+            return
+        self.seconds += span
+        self.polls += 1
+        sums = self.sums
+        weights = _weights()
+        for name, value in figures.values:
+            weighted = value * span * weights.get(name, 1)
+            sums[name] = sums.get(name, 0.0) + weighted
 
 
 @dataclass(slots=True)
@@ -141,7 +185,7 @@ class DeviceTotals:
     memory_used_kib_seconds: float = 0.0
     #: what the device is (UUID, serial, versions), as its reader last told it
     info: DeviceInfo = NO_INFO
-    #: GPM's sums (gpm_counters.py); None while it has given no GPM figures
+    #: GPM's sums; None while it has given no GPM figures
     gpm: GpmTotals | None = None
 
     @property

@@ -24,7 +24,7 @@ ALLOWED = {
     "sim": {"nvml_codes", "figures", "regularfile", "checks"},
     "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes", "figures"},
     "server": {
-        "snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base", "figures",
+        "snapshot", "health", "problems", "lognames", "counters", "codec", "readers.base", "figures",
         "workloads", "regularfile", "checks",
     },
 }
