@@ -282,13 +282,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
-        max_clients=options["max-clients"],
-        max_clients_per_uid=options["max-clients-per-uid"],
-        reserved_clients=options["reserved-clients"],
-        max_unsent=options["max-unsent"],
-        idle_timeout=options["idle-timeout"],
-        busy_idle_timeout=options["busy-idle-timeout"],
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
+        **{name: options[name.replace("_", "-")] for name in (
+            "max_clients", "max_clients_per_uid", "reserved_clients", "max_unsent", "idle_timeout",
+            "busy_idle_timeout")},
     )
     factory = AtopGpuFactory(board, limits, reactor)
     listeners = [Listener(description, _endpoint(reactor, "--listen", description), factory)

@@ -101,10 +101,7 @@ class WorkloadBook:
         self._energy: dict[int, _Energy] = {}
 
     def _other(self, index: int) -> WorkloadSums:
-        other = self.others.get(index)
-        if other is None:
-            other = self.others[index] = WorkloadSums(index, *OTHER)
-        return other
+        return self.others.setdefault(index, WorkloadSums(index, *OTHER))
 
     def _sums_for(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         kind, name = (totals.context or UNKNOWN_CONTEXT).workload(self.grouping)
@@ -157,9 +154,7 @@ class WorkloadBook:
                     if totals.context is None:
                         continue  # not read yet: counted once it is
                     sums = self._give(index, totals)
-                figures = live.get(id(sums))
-                if figures is None:
-                    figures = live[id(sums)] = [0.0, 0.0, 0.0]
+                figures = live.setdefault(id(sums), [0.0, 0.0, 0.0])
                 figures[0] += totals.gpu_busy_seconds
                 figures[1] += totals.mem_busy_seconds
                 figures[2] += totals.memory_kib_seconds

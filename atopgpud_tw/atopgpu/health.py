@@ -35,7 +35,7 @@ _BY_SERIES = {figure.series: figure for figure in _SHOWN}
 _FAMILIES = {figure.family.name: figure.family for figure in _SHOWN}
 #: the families shown as lists of the reasons active (whatever reasons a daemon names)
 _LISTED = {figure.family.name for figure in _SHOWN if figure.show and figure.show.key == _REASONS}
-_COLUMNS = tuple(figure for figure in _SHOWN if figure.show and figure.show.column)
+_COLUMNS = tuple(figure.show for figure in _SHOWN if figure.show and figure.show.column)
 
 
 def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> str:
@@ -158,7 +158,7 @@ def _cell(value: Any, show: Show) -> str:
     return "-" if value is None else f"{value:.{show.decimals}f}{show.unit}"
 
 
-_HEADER = ("BUSID", "TYPE", *(str(figure.show.column) for figure in _COLUMNS if figure.show), "XID", "THROTTLE")
+_HEADER = ("BUSID", "TYPE", *(str(show.column) for show in _COLUMNS), "XID", "THROTTLE")
 
 
 def _value(gpu: dict[str, Any], key: tuple[str, ...]) -> Any:
@@ -175,9 +175,7 @@ def render_health(doc: dict[str, Any]) -> str:
         throttle = ",".join(r for r in gpu["clocks_event_reasons"] if r != "gpu_idle") or "-"
         flags = [flag for flag, on in (("stale", gpu["stale"]), ("gone", gpu["present"] is False)) if on]
         cells = []
-        for figure in _COLUMNS:
-            show = figure.show
-            assert show is not None
+        for show in _COLUMNS:
             value = _value(gpu, show.key)
             cells.append("-" if value is None else show.prefix + _cell(value / show.column_per, show))
         rows.append([gpu["busid"], gpu["type"].replace(" ", "_") + (f" ({','.join(flags)})" if flags else ""),
