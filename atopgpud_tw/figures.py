@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 Number = float | int
-#: a series: (metric name, ((label, value), ...)), as in health.py
+#: the label values of a series (a series: its metric name and these, `Figure.series`)
 Labels = tuple[tuple[str, str], ...]
 
 

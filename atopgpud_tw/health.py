@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atopgpud_tw import figures
 from atopgpud_tw.problems import Problems
 
 #: a series: (metric name, ((label, value), ...))
 Series = tuple[str, tuple[tuple[str, str], ...]]
-#: the clocks-event (throttle) reasons, by bit (the table of figures' own)
-CLOCKS_EVENT_REASONS = figures.CLOCKS_EVENT_REASONS
 
 
 @dataclass
