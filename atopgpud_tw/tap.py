@@ -14,7 +14,6 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from atopgpud_tw import distribution_version
-from atopgpud_tw.clock import use_monotonic_clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
 from atopgpud_tw.server.atop.board import DEFAULT_EXITED_LIMIT, Board
@@ -255,7 +254,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     """The daemon: a poller and one listener per --listen, around one Board."""
     if reactor is None:
         from twisted.internet import reactor
-    use_monotonic_clock(reactor)  # before anything reads the time or schedules (atopgpud_tw/clock.py)
+    use_monotonic_clock(reactor)  # before anything reads the time or schedules
     _check_pidfile(getattr(options, "parent", None))
     notifier = Notifier()
     try:
@@ -335,6 +334,26 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     NotifyService(notifier, poller.status, reactor, lambda: poller.waiting,
                   options["driver-wait"]).setServiceParent(top)
     return top
+
+
+def use_monotonic_clock(reactor: Any) -> bool:
+    """Make `reactor` tell the time on CLOCK_MONOTONIC, whether it was changed: on Twisted's
+    wall clock, a clock set back an hour holds every timer for an hour (docs/design.md, "Time").
+    Every timer reads the reactor's `seconds`; calls already scheduled keep their delay.  A
+    reactor that is not a `ReactorBase` (`task.Clock` in tests) keeps its test's time."""
+    import time
+
+    from twisted.internet.base import ReactorBase
+
+    if not isinstance(reactor, ReactorBase) or reactor.seconds is time.monotonic:
+        return False
+    shift = time.monotonic() - reactor.seconds()
+    for call in [*reactor._pendingTimedCalls, *reactor._newTimedCalls]:
+        # the same delay from now, on the new clock (the heap's order is unchanged)
+        call.time += shift
+        call.seconds = time.monotonic
+    reactor.seconds = time.monotonic  # an instance attribute: ReactorBase reads self.seconds
+    return True
 
 
 def _start_up_line(notifier: Notifier) -> Callable[[str], None]:
