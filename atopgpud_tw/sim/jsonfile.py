@@ -2,7 +2,7 @@
 
 A fifo or a device (``/dev/zero``) would block or fill memory, so only a
 regular file is read, opened without blocking and at most `MAX_SIZE` bytes
-(`regularfile.read_regular`).
+(`checks.read_regular`).
 Text that is not UTF-8, JSON nested past Python's recursion limit, integers
 of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
 """
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from atopgpud_tw.regularfile import read_regular
+from atopgpud_tw.checks import read_regular
 
 #: far beyond any scenario or calibration recording (those are some 100 KiB)
 MAX_SIZE = 16 * 2**20
