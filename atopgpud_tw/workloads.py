@@ -12,7 +12,7 @@ shared out by the busy percent-seconds added (docs/metrics.md, "Workloads").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from twisted.logger import Logger
@@ -67,14 +67,6 @@ class WorkloadRow:
     memory_kib: float
 
 
-@dataclass(slots=True)
-class _Energy:
-    """A GPU's energy counter and its busy sum when it was last shared out."""
-
-    joules: float
-    busy: dict[int, float] = field(default_factory=dict)
-
-
 class WorkloadBook:
     """Every workload's sums, by GPU, within the bounds."""
 
@@ -98,7 +90,8 @@ class WorkloadBook:
         self._capped = False
         #: workloads that left the page (into ``other``)
         self.expired = 0
-        self._energy: dict[int, _Energy] = {}
+        #: by GPU: its energy counter, and each workload's busy sum, when it was last shared out
+        self._energy: dict[int, tuple[float, dict[int, float]]] = {}
 
     def _other(self, index: int) -> WorkloadSums:
         return self.others.setdefault(index, WorkloadSums(index, *OTHER))
@@ -174,9 +167,9 @@ class WorkloadBook:
             sums = self.entries.pop(key)
             other = self._other(sums.device_index)
             other.absorb(sums)
-            energy = self._energy.get(sums.device_index)
-            if energy is not None:  # its busy figure so far goes with it: no energy share for that
-                energy.busy[id(other)] = energy.busy.get(id(other), 0.0) + energy.busy.pop(id(sums), 0.0)
+            _, shared = self._energy.get(sums.device_index, (0.0, {}))
+            # its busy figure so far goes with it: no energy share for that
+            shared[id(other)] = shared.get(id(other), 0.0) + shared.pop(id(sums), 0.0)
             self.expired += 1
 
     def share_energy(self, energy: dict[int, float], rows: list[WorkloadRow]) -> None:
@@ -185,11 +178,11 @@ class WorkloadBook:
         for index, joules in energy.items():
             previous = self._energy.get(index)
             busy = {id(row.sums): row.busy for row in rows if row.sums.device_index == index}
-            self._energy[index] = _Energy(joules, busy)
-            if previous is None or joules < previous.joules:
+            self._energy[index] = (joules, busy)
+            if previous is None or joules < previous[0]:
                 continue  # the first reading, or a counter that went back (driver reloaded)
-            spent = joules - previous.joules
-            added = {key: value - previous.busy.get(key, 0.0) for key, value in busy.items()}
+            spent = joules - previous[0]
+            added = {key: value - previous[1].get(key, 0.0) for key, value in busy.items()}
             total = sum(value for value in added.values() if value > 0)
             if total <= 0 or spent <= 0:
                 continue  # the GPU's processes were idle: nothing to share (docs/metrics.md)
