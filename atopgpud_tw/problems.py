@@ -232,7 +232,6 @@ class Problems(dict[str, str]):
     Each kind has its cause and action in `problem_kinds.KINDS`."""
 
     def add(self, key: str, text: str) -> None:
-        """A trouble under `key`, described by `text`."""
         self[key] = text
 
 
@@ -304,7 +303,6 @@ class UidBurstLogs:
 
     @property
     def total(self) -> int:
-        """Events counted, of every uid."""
         return sum(b.total for b in self._logs.values()) + self._others.total + self._forgotten
 
     def stop(self) -> None:

@@ -282,7 +282,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The command line of ``atopgpu``."""
     parser = _Parser(
         prog="atopgpu",
         description="Show the GPU and per-process figures a running atopgpud serves to atop. "
@@ -365,7 +364,6 @@ def run_gpm(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Report once, or every --watch seconds until --count reports."""
     if args.health:
         run_health(args)
         return

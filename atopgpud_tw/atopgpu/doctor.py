@@ -225,7 +225,6 @@ def check_proc(host: Host) -> Check:
 
 
 def verdicts(host: Host) -> list[Check]:
-    """Every check's line, in order."""
     api = None if host.atop_version is None else 2 if host.atop_version >= UNIX_ATOP else 1
     checks = [check_socket(host, reach, listen, None if api is None else api == version)
               for reach, (_, listen, version) in zip(host.reaches, SOCKETS)]
@@ -362,7 +361,6 @@ def nvml_facts(host: Host, nvml: Any = None) -> None:
 
 
 def gather() -> Host:
-    """The facts of this host."""
     host = Host([reach(endpoint, version) for endpoint, _, version in SOCKETS], find_daemon(),
                 (os.getuid(), frozenset({os.getgid(), *os.getgroups()})))
     _atop_facts(host)
@@ -373,7 +371,6 @@ def gather() -> Host:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The command line of ``atopgpu doctor``."""
     parser = argparse.ArgumentParser(
         prog="atopgpu doctor",
         description="Check, in order, what lies between atop and its GPU figures on this host: the daemon on "
