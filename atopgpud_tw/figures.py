@@ -145,8 +145,6 @@ class Figure:
         return self.family.name, self.labels
 
 
-# -- the families ------------------------------------------------------------------
-
 TEMPERATURE = Family("atopgpud_gpu_temperature_celsius", "gauge", "GPU temperature.")
 MEMORY_TEMPERATURE = Family("atopgpud_gpu_memory_temperature_celsius", "gauge", "GPU memory (HBM) temperature.")
 POWER = Family("atopgpud_gpu_power_watts", "gauge", "Power drawn by the GPU now.")

@@ -210,9 +210,7 @@ def mig_mode(value: str) -> str:
 
 def merge_kind(first: str, second: str) -> str:
     """The kind of a pid listed as `first` and as `second`: "C+G" when they differ."""
-    if first == second:
-        return first
-    return "C+G" if first in KINDS and second in KINDS else first
+    return "C+G" if first != second and first in KINDS and second in KINDS else first
 
 
 def merge_processes(samples: Iterable[ProcessSample], memory: str = "first") -> tuple[ProcessSample, ...]:

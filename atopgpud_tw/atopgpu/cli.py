@@ -176,9 +176,6 @@ def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
     return groups
 
 
-# -- the table ------------------------------------------------------------------
-
-
 def columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
     """Header and rows as aligned lines (the tables of every view): columns in `left` to the
     left, the rest right; every cell shown as data (`codec.printable`), as a daemon, a
@@ -249,9 +246,6 @@ def render_table(doc: dict[str, Any]) -> str:
         lines.extend(["", f"by {doc['by']}:"])
         lines.extend(columns(_GROUP_HEADER, rows, {1}) if rows else ["(no processes)"])
     return "\n".join(lines)
-
-
-# -- the command ----------------------------------------------------------------
 
 
 #: --watch's shortest interval: shorter would only keep the daemon busy answering

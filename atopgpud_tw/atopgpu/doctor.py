@@ -232,9 +232,6 @@ def verdicts(host: Host) -> list[Check]:
                                                 check_devices, check_mig, check_proc)]
 
 
-# -- the facts ------------------------------------------------------------------------
-
-
 def reach(endpoint: str, version: int) -> Reach:
     """Ask the daemon at `endpoint` for its devices, as atop of API `version` does (version 2: all of them)."""
     from atopgpud_tw.server.system.access import peer_of
