@@ -1,9 +1,10 @@
 """Ask a running atopgpud for its figures, as atop does, and trust nothing it says.
 
-A blocking client: a ``T`` and an ``S`` request per reading, each reply read within
-atop's 2-second limit and checked (version, length against atop's limit and against
-what arrived, every field through `codec`).  Endpoints take the daemon's ``--listen``
-forms (its listener options ignored, so its own value can be pasted) and ``tcp:HOST:PORT``.
+A blocking client (``atopgpu`` has nothing else to do): a ``T`` and an ``S`` request per
+reading, each reply read within atop's 2-second limit and checked (version, length against
+atop's limit and against what arrived, every field through `codec`).  Endpoints take the
+daemon's ``--listen`` forms (its listener options ignored, so its own value can be pasted)
+and ``tcp:HOST:PORT``.
 """
 
 from __future__ import annotations
