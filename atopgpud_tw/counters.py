@@ -1,12 +1,8 @@
 """Cumulative counters per device and per process, folded from one Snapshot per poll.
 
-Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour atop's
-arithmetic depends on (docs/design.md, "Counter semantics"): a device's sample counts
-only when every supported value was read, so ``cum / samples`` is exact; -1 is
-"cannot report", a failed read is skipped, and real figures after -1 start a sum
-again from 0; a process counts once per poll per device, and is handed back once
-(`ExitedProcess`) when it leaves, its device goes, or its pid is reused; devices are
-never forgotten, so every counter is monotonic.
+Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour atop's arithmetic
+depends on, by the rules of docs/design.md, "Counter semantics" (``cum / samples`` exact,
+-1 for "cannot report", a failed read skipped, every counter monotonic).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Exact GPU time per workload (``--workloads``): its processes' counters summed, exited ones included.
 
-A workload is what a process's context names under the grouping chosen
-(`ProcessContext.workload`).  Its sums on a GPU are its exited processes' final
-figures, kept here, plus its active ones' as they are now, so they never go down.
-Bounded: beyond `limit` (workload, GPU) series, and after `expiry` seconds with no
-active process, a workload's sums go into ``other`` on its GPU.  A process is
-given to its workload once, when first collected with a context (or when it
-ends): never counted under one workload and then another.  Each GPU's energy is
-shared out by the busy percent-seconds added (docs/metrics.md, "Workloads").
+A workload's sums on a GPU are its exited processes' final figures, kept here, plus its
+active ones' as they are now, so they never go down; beyond `limit` series, or `expiry`
+seconds idle, they go into ``other``.  A process is given to one workload, once, when
+first collected with a context (or when it ends).  docs/metrics.md, "Workloads".
 """
 
 from __future__ import annotations
