@@ -25,7 +25,6 @@ from atopgpud_tw.snapshot import (
     merge_by_pid,
 )
 
-_NO_CONTEXTS: Mapping[int, ProcessContext] = {}
 _PID = attrgetter("pid")
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
@@ -290,7 +289,7 @@ class Counters:
 
     def _fold_device(
         self, index: int, sample: DeviceSample, taken: float | None, since: float,
-        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
+        contexts: Mapping[int, ProcessContext],
     ) -> list[ExitedProcess]:
         device = self.devices[index]
         if not sample.present:
@@ -334,7 +333,7 @@ class Counters:
         processes: tuple[ProcessSample, ...],
         taken: float | None,
         since: float,
-        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
+        contexts: Mapping[int, ProcessContext],
     ) -> list[ExitedProcess]:
         merged = dict(zip(map(_PID, processes), processes))  # no Python frame per process
         if len(merged) != len(processes):

@@ -71,10 +71,6 @@ def _account_id(option: str, name: str, what: str, lookup: Callable[[str], int],
         raise usage.UsageError(missing) from None
 
 
-def _user_id(user: str) -> int:
-    return _account_id("allow-uid", user, "user", lambda n: pwd.getpwnam(n).pw_uid, f"--allow-uid: no user {user!r}")
-
-
 def _group_id(group: str, option: str = "allow-gid") -> int:
     return _account_id(option, group, "group", lambda n: grp.getgrnam(n).gr_gid, f"no group {group!r}")
 
@@ -205,7 +201,8 @@ class Options(usage.Options):
 
     def opt_allow_uid(self, users: str) -> None:
         """Only these users (names or uids, comma-separated, repeatable; root always) may use UNIX sockets."""
-        self["allow-uid"] |= {_user_id(u) for u in _names("allow-uid", users)}
+        self["allow-uid"] |= {_account_id("allow-uid", u, "user", lambda n: pwd.getpwnam(n).pw_uid,
+                                          f"--allow-uid: no user {u!r}") for u in _names("allow-uid", users)}
 
     def opt_allow_gid(self, groups: str) -> None:
         """Only members of these groups (names or gids, comma-separated, repeatable) may use UNIX sockets."""
