@@ -72,10 +72,7 @@ class GpmFigures:
 
     def get(self, name: str) -> float | None:
         """One figure by name; None where the device does not report it."""
-        for key, value in self.values:
-            if key == name:
-                return value
-        return None
+        return next((value for key, value in self.values if key == name), None)
 
 
 @dataclass(frozen=True, slots=True)
