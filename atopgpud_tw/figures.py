@@ -32,10 +32,8 @@ class Family:
 
 @dataclass(frozen=True)
 class Ask:
-    """How the NVML reader asks for a figure: ``nvml.<function>(handle, *args)``, times `scale`.
-
-    Rows with the same call (function, args, variant, field) share one call per reading.
-    """
+    """How the NVML reader asks for a figure: ``nvml.<function>(handle, *args)``, times `scale`;
+    rows with the same call (function, args, variant, field) share one call per reading."""
 
     function: str
     args: tuple[int, ...] = ()

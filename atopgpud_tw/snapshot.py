@@ -77,13 +77,10 @@ class GpmFigures:
 
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
-    """One device (a whole card or a MIG instance) in one poll.
-
-    `key` identifies it across polls and re-discoveries (UUID, else the bus id).
-    `processes` None: the list could not be read (its processes neither count nor
-    end).  `present` False: known but unreadable (lost, driver gone): shown with -1
-    percentages, its processes end.
-    """
+    """One device (a whole card or a MIG instance) in one poll; `key` identifies it across polls
+    and re-discoveries (UUID, else the bus id).  `processes` None: the list could not be read
+    (they neither count nor end); `present` False: known but unreadable (lost, driver gone),
+    shown with -1 percentages, its processes end."""
 
     key: str
     busid: str

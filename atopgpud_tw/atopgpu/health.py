@@ -1,13 +1,9 @@
 """``atopgpu --health`` and ``--gpm``: a card's health and power figures, and what GPM measured, from the metrics page.
 
-atop's protocol has neither, so they are fetched from the daemon's ``--metrics``
-endpoint (``--metrics-url``) and read with prometheus_client's parser.  The page is
-checked as a reply is: it must be atopgpud's (``atopgpud_build_info``), and every
-figure a number.  The keys and columns are the table of figures' (each row's `Show`).
-
-GPM's series are exact cumulative counters: a figure over a span is the increase of
-its counter over that of ``atopgpud_gpu_gpm_seconds``, so the page is fetched twice,
-``--watch`` seconds apart (1 s without it).  docs/atopgpu.md has the JSON and the tables.
+atop's protocol has neither: the daemon's ``--metrics`` page is read (prometheus_client's
+parser) and checked as a reply is (atopgpud's, every figure a number); its keys and columns
+are the table of figures' `Show`.  A GPM figure over a span is its counter's increase over
+``atopgpud_gpu_gpm_seconds``'s, so the page is fetched twice, ``--watch`` (or 1) seconds apart.
 """
 
 from __future__ import annotations
