@@ -470,19 +470,12 @@ INVENTORY = (
 
 def families() -> dict[str, Family]:
     """Every family, by name, in the order the page lists them (the order of its first row)."""
-    found: dict[str, Family] = {}
-    for figure in FIGURES:
-        found.setdefault(figure.family.name, figure.family)
-    return found
+    return {figure.family.name: figure.family for figure in FIGURES}
 
 
 def played_fields() -> dict[str, Play]:
-    """The simulator's fields of a card's figures (one field may play several rows), by name."""
-    found: dict[str, Play] = {}
-    for figure in FIGURES:
-        if figure.play is not None and not (figure.nvml and figure.nvml.per_link):
-            found.setdefault(figure.play.field, figure.play)
-    return found
+    """The simulator's fields of a card's figures (one field may play several rows, alike), by name."""
+    return {f.play.field: f.play for f in FIGURES if f.play is not None and not (f.nvml and f.nvml.per_link)}
 
 
 def link_fields() -> dict[str, Play]:
