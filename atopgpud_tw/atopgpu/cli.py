@@ -182,12 +182,8 @@ def columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> lis
     metrics page or another user's process names them."""
     table = [list(header), *([codec.printable(cell) for cell in row] for row in rows)]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = []
-    for row in table:
-        cells = [cell.ljust(width) if i in left else cell.rjust(width) for i, (cell, width) in
-                 enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-    return lines
+    return ["  ".join(cell.ljust(width) if i in left else cell.rjust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in table]
 
 
 def _percent(value: float | None, decimals: int = 1) -> str:

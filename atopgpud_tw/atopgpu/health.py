@@ -170,10 +170,8 @@ def render_health(doc: dict[str, Any]) -> str:
         xids = ",".join(f"{code}x{count}" for code, count in sorted(gpu["xid_errors"].items())) or "-"
         throttle = ",".join(r for r in gpu["clocks_event_reasons"] if r != "gpu_idle") or "-"
         flags = [flag for flag, on in (("stale", gpu["stale"]), ("gone", gpu["present"] is False)) if on]
-        cells = []
-        for show in _COLUMNS:
-            value = _value(gpu, show.key)
-            cells.append("-" if value is None else show.prefix + _cell(value / show.column_per, show))
+        cells = ["-" if (value := _value(gpu, show.key)) is None else show.prefix + _cell(value / show.column_per, show)
+                 for show in _COLUMNS]
         rows.append([gpu["busid"], gpu["type"].replace(" ", "_") + (f" ({','.join(flags)})" if flags else ""),
                      *cells, xids, throttle])
     lines = [f"atopgpud health at {printable(doc['endpoint'])}"]
@@ -217,10 +215,8 @@ def gpm_report(before: Counters, after: Counters, url: str) -> dict[str, Any]:
         span = now.get("seconds", 0.0) - then.get("seconds", 0.0)
         entry: dict[str, Any] = {"busid": busid, "type": kind, "seconds": round(span, 3)}
         for gpm, show in _ROWS:
-            rate = None
-            if span > 0 and gpm.name in now:
-                rate = round((now[gpm.name] - then.get(gpm.name, 0.0)) / span / show.per, 2)
-            entry[show.key[0]] = rate
+            entry[show.key[0]] = (round((now[gpm.name] - then.get(gpm.name, 0.0)) / span / show.per, 2)
+                                  if span > 0 and gpm.name in now else None)
         gpus.append(entry)
     return {"endpoint": url, "time": round(time.time(), 3), "gpus": gpus}
 
