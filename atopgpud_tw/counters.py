@@ -197,9 +197,7 @@ class DeviceTotals:
 def _reading(cum: int | None, value: int | None) -> int | None:
     """A reading as the sum sees it: support is decided by the first reading, and
     "unsupported" after real values is a failed read (None), which must not end the sum."""
-    if value == UNSUPPORTED and cum is not None and cum != UNSUPPORTED:
-        return None
-    return value
+    return None if value == UNSUPPORTED and cum is not None and cum != UNSUPPORTED else value
 
 
 def _accumulate(cum: int | None, value: int | None) -> int:

@@ -32,9 +32,7 @@ _NO_DEVICE = codec.DeviceStats(0, 0, 0, 0, 0, 0, 0, 0, ())
 
 def _average(cum: int, base: int, samples: int) -> float | None:
     """A sum's change per sample; None when unsupported or nothing was sampled."""
-    if cum < 0 or base < 0 or samples <= 0:
-        return None
-    return round((cum - base) / samples, 2)
+    return None if cum < 0 or base < 0 or samples <= 0 else round((cum - base) / samples, 2)
 
 
 def _process_sums(proc: codec.ProcessStats, version: int) -> tuple[int, int, int, int]:
