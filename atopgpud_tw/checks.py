@@ -1,10 +1,13 @@
-"""The checks a value read from a user's file goes through: one rule for numbers, counts, flags and
-objects, shared by the simulator's scenario (its ``health`` and ``gpm`` objects too) and the web
+"""A user's file, read bounded (`read_regular`), and the checks each value read from it goes through:
+one rule for numbers, counts, flags and objects, shared by the simulator's scenario and the web
 configuration.  Each takes the value, where it stands (``gpus[0].gpu_util``) and the error to raise
 (a callable from the one-line message), and returns the value checked."""
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any, Callable
 
 Error = Callable[[str], Exception]
@@ -74,3 +77,31 @@ def known(value: Any, where: str, keys: set[str] | dict[str, Any], error: Error,
         if key not in keys and not str(key).startswith("_"):
             raise error(f"{where + '.' if prefix is None else prefix}{key} is not a known field")
     return value
+
+
+def read_regular(path: str | Path, max_size: int) -> bytes:
+    """The bytes of the regular file a user named at `path`, opened without blocking; OSError (its
+    strerror one line) if it is not one (a FIFO would block the reactor, ``/dev/zero`` fill
+    memory), cannot be read, or holds more than `max_size` bytes."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(0, "is a directory")
+        if not stat.S_ISREG(mode):
+            raise OSError(0, "not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            data = stream.read(max_size + 1)
+    finally:
+        os.close(descriptor)
+    if len(data) > max_size:
+        raise OSError(0, f"larger than {_size(max_size)}")
+    return data
+
+
+def _size(count: int) -> str:
+    if count % 2**20 == 0:
+        return f"{count // 2**20} MiB"
+    if count % 2**10 == 0:
+        return f"{count // 2**10} KiB"
+    return f"{count} bytes"

@@ -1,61 +1,83 @@
 """Cumulative counters per device and per process, folded from one Snapshot per poll.
 
-Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour, and it is
-what atop's arithmetic depends on (docs/design.md, "Counter semantics"):
-
-- one sample per device per poll, counted only when every supported value of the
-  device was read in that poll, so that ``cum / samples`` is an exact average;
-- a percentage the device cannot report is -1 in ``now`` and in ``cum``; one that
-  fails in a poll is skipped for that poll and does not poison the sum; -1 after
-  real figures is such a failure, and real figures after -1 (a figure the reader
-  had given up on answers again) start the sum again from 0;
-- a process counts once per poll per device whatever lists named it; its busy sums
-  start at 0 and are -1 only when the device cannot report per-process busy figures;
-  its memory (now and summed) is -1 when the driver cannot tell it from its first
-  sample on, and it is still counted: nothing else is summed from it;
-- a process that leaves a device, or whose device is gone, is handed back once as
-  an `ExitedProcess` under the device it ran on; so is one whose pid is listed
-  with another start time than before (a reused pid), and the new one starts
-  from zero;
-- every counter is monotonic while the daemon runs: devices are never forgotten,
-  only shown as absent, so a device that comes back (same key) carries on counting.
+Pure Python, no I/O and no clock: `Counters.fold` is the whole behaviour atop's arithmetic
+depends on, by the rules of docs/design.md, "Counter semantics" (``cum / samples`` exact,
+-1 for "cannot report", a failed read skipped, every counter monotonic).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import count
 from operator import attrgetter
 from typing import Mapping
 
-from atopgpud_tw.gpm_counters import GpmTotals, fold_gpm
 from atopgpud_tw.snapshot import (
     NO_INFO,
     UNSUPPORTED,
     DeviceInfo,
     DeviceSample,
+    GpmFigures,
     ProcessContext,
     ProcessSample,
     Snapshot,
     merge_by_pid,
 )
 
-_NO_CONTEXTS: Mapping[int, ProcessContext] = {}
 _PID = attrgetter("pid")
 #: numbers every process's life on a device, across all counters: never reused
 _lives = count(1)
 
 
+@cache
+def rates() -> frozenset[str]:
+    """The figures given in MiB/s, summed as bytes; every other figure is a percentage (the
+    table's units).  The table (figures.py) is loaded at the first GPM figures: a host
+    without GPM never needs it."""
+    from atopgpud_tw.figures import GPM_FIGURES
+
+    return frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
+
+
+@cache
+def _weights() -> dict[str, int]:
+    """What each figure is multiplied by besides its seconds: a rate's MiB, in bytes."""
+    from atopgpud_tw.figures import MIB
+
+    return dict.fromkeys(rates(), MIB)
+
+
+@dataclass(slots=True)
+class GpmTotals:
+    """One device's GPM sums: seconds covered, and per figure its percent-seconds or bytes.  Each
+    poll's figures are exact averages over the seconds between two GPM samples, so the sums'
+    ``rate()`` is exact (a poll whose GPM failed is covered by the next one's span)."""
+
+    seconds: float = 0.0
+    polls: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, figures: GpmFigures) -> None:
+        """Count one poll's figures over the seconds they cover (none: a poll too soon after the
+        last GPM sample carries the last figures on, over 0 seconds, and adds nothing)."""
+        span = figures.seconds
+        if span <= 0:
+            return
+        self.seconds += span
+        self.polls += 1
+        sums = self.sums
+        weights = _weights()
+        for name, value in figures.values:
+            weighted = value * span * weights.get(name, 1)
+            sums[name] = sums.get(name, 0.0) + weighted
+
+
 @dataclass(slots=True)
 class ProcessTotals:
-    """The running sums of one process on one device.
-
-    `life` tells this process apart from any other that had, or will have, the
-    same pid on the same device (a reused pid, a GPU lost and read again):
-    what is kept per process elsewhere (version 1's per-client sums) is keyed
-    by it.  `started` is the process's start time as the reader gave it (None:
-    not known).
-    """
+    """The running sums of one process on one device.  `life` tells it apart from any other
+    with the same pid there (a reused pid, a GPU lost and read again): per-process state
+    elsewhere (version 1's per-client sums) is keyed by it.  `started`: its start time."""
 
     pid: int
     kind: str = "C"
@@ -158,7 +180,7 @@ class DeviceTotals:
     memory_used_kib_seconds: float = 0.0
     #: what the device is (UUID, serial, versions), as its reader last told it
     info: DeviceInfo = NO_INFO
-    #: GPM's sums (gpm_counters.py); None while it has given no GPM figures
+    #: GPM's sums; None while it has given no GPM figures
     gpm: GpmTotals | None = None
 
     @property
@@ -173,23 +195,14 @@ class DeviceTotals:
 
 
 def _reading(cum: int | None, value: int | None) -> int | None:
-    """A reading as the sum sees it: "unsupported" after real values is a failure.
-
-    Support is decided by the first reading; a device that reported figures and
-    then says "unsupported" has failed that read, which must not end the sum.
-    """
-    if value == UNSUPPORTED and cum is not None and cum != UNSUPPORTED:
-        return None
-    return value
+    """A reading as the sum sees it: support is decided by the first reading, and
+    "unsupported" after real values is a failed read (None), which must not end the sum."""
+    return None if value == UNSUPPORTED and cum is not None and cum != UNSUPPORTED else value
 
 
 def _accumulate(cum: int | None, value: int | None) -> int:
-    """Add one reading (already passed through `_reading`) to a sum.
-
-    -1 stays -1 while the readings are -1; a sum that was -1 (the figure was
-    not reported: NOT_SUPPORTED from the start, N/A) starts again from 0 when
-    a figure comes: never summed from -1.
-    """
+    """Add one reading (through `_reading`) to a sum: -1 while the readings are -1; a sum
+    that was -1 (NOT_SUPPORTED from the start, N/A) starts from 0 when a figure comes."""
     if value == UNSUPPORTED:
         return UNSUPPORTED
     if cum == UNSUPPORTED:
@@ -214,23 +227,17 @@ class Counters:
         self.timed = False
 
     def declare(self, snapshot: Snapshot) -> None:
-        """Take the devices' identity and order from a snapshot, counting nothing.
-
-        What the reader found at start-up: ``T`` lists it before the first poll.
-        """
+        """Take the devices' identity and order from a snapshot (start-up's), counting nothing."""
         for sample in snapshot.devices:
             self._device_index(sample)
 
     def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
         """Count one poll and return the processes that ended in it.
 
-        `taken` is the poll's time and `since` the previous poll's, in seconds on
-        the poller's schedule (its loop's ticks times the interval).  With them, each counted sample's figures are also
-        summed times the seconds the sample covers: since the previous counted
-        sample of that device (or process), or since the previous poll for its
-        first.  A poll that failed, or a sample that was skipped, is so covered
-        by the next one, and ``rate()`` of the sums stays right when polls run
-        late.  The integer sums atop gets are untouched.
+        With `taken` (the poll's time on the poller's schedule) and `since` (the previous
+        poll's), each counted figure is also summed times the seconds since the previous
+        counted sample of its device or process (or `since`): a skipped sample is covered
+        by the next, so ``rate()`` stays right when polls run late.
         """
         exited: list[ExitedProcess] = []
         seen: set[int] = set()
@@ -280,14 +287,15 @@ class Counters:
 
     def _fold_device(
         self, index: int, sample: DeviceSample, taken: float | None, since: float,
-        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
+        contexts: Mapping[int, ProcessContext],
     ) -> list[ExitedProcess]:
         device = self.devices[index]
         if not sample.present:
             return self._mark_absent(index, device)
         device.present = True
         if sample.gpm is not None:
-            device.gpm = fold_gpm(device.gpm, sample.gpm)
+            device.gpm = device.gpm or GpmTotals()  # at the first figures a device has
+            device.gpm.add(sample.gpm)
         device.gpu_busy_now = UNSUPPORTED if sample.gpu_busy is None else sample.gpu_busy
         device.mem_busy_now = UNSUPPORTED if sample.mem_busy is None else sample.mem_busy
         if sample.memory_total_kib is not None:
@@ -323,7 +331,7 @@ class Counters:
         processes: tuple[ProcessSample, ...],
         taken: float | None,
         since: float,
-        contexts: Mapping[int, ProcessContext] = _NO_CONTEXTS,
+        contexts: Mapping[int, ProcessContext],
     ) -> list[ExitedProcess]:
         merged = dict(zip(map(_PID, processes), processes))  # no Python frame per process
         if len(merged) != len(processes):

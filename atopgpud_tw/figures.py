@@ -1,29 +1,13 @@
 """The table of figures: every health, power and GPM figure of a card as one row, for all who show or play it.
 
-A row (`Figure`) says everything about one figure: the series it is on the
-metrics page (its `Family`: name, type, help, label names; and its own label
-values), how the NVML reader asks for it (`Ask`: the call, its arguments, the
-scale to the series' unit), where nvidia-smi's report has it per schema
-(`Smi`), where ``atopgpu --health`` shows it (`Show`: its JSON key, and its
-column if it has one), and which field of a scenario's ``health`` object the
-simulator plays it from (`Play`).  A figure of GPU Performance Monitoring
-(Hopper and later) is a row of `GPM_FIGURES`, read per poll rather than per
-scrape: its source is a GPM metric (`Gpm`: the metric id of
-``nvmlGpmMetricsGet``, its name in each poll's figures and in the sums, its
-unit).  From this one table come the page's
-families (server/web/metrics_health.py), the NVML reader's calls
-(readers/nvml/health.py), the nvidia-smi reader's paths
-(readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
-the simulator's scenario fields and plain calls (sim/health_*.py); and from
-its GPM rows the GPM families (server/web/metrics_gpm.py), the metric ids the
-NVML reader asks (readers/nvml/gpm.py), the sums' units (gpm_counters.py),
-``atopgpu --gpm``'s keys and columns (atopgpu/gpm.py) and the simulator's GPM
-fields and metrics (sim/gpm_*.py).
-
-This module imports nothing of the package, so that every part may read it:
-the client and the simulator, which may import nothing of the daemon, as well
-as the readers and the server.  Adding a figure of a shape the table knows is
-one row here (docs/design.md, "Extending").
+A row (`Figure`) says everything about one figure: its series on the metrics page
+(`Family` and label values), how the NVML reader asks for it (`Ask`), where
+nvidia-smi's report has it (`Smi`), where ``atopgpu --health`` shows it (`Show`),
+and the simulator's scenario field it is played from (`Play`); a GPM row
+(`GPM_FIGURES`, read per poll) has a GPM metric (`Gpm`) instead.  The page, both
+readers, the client and the simulator all take their part from here, so this module
+imports nothing of the package; adding a figure of a known shape is one row here
+(docs/design.md, "Extending").
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 Number = float | int
-#: a series: (metric name, ((label, value), ...)), as in health.py
+#: the label values of a series (a series: its metric name and these, `Figure.series`)
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -48,10 +32,8 @@ class Family:
 
 @dataclass(frozen=True)
 class Ask:
-    """How the NVML reader asks for a figure: ``nvml.<function>(handle, *args)``, times `scale`.
-
-    Rows with the same call (function, args, variant, field) share one call per reading.
-    """
+    """How the NVML reader asks for a figure: ``nvml.<function>(handle, *args)``, times `scale`;
+    rows with the same call (function, args, variant, field) share one call per reading."""
 
     function: str
     args: tuple[int, ...] = ()
@@ -160,8 +142,6 @@ class Figure:
     def series(self) -> tuple[str, Labels]:
         return self.family.name, self.labels
 
-
-# -- the families ------------------------------------------------------------------
 
 TEMPERATURE = Family("atopgpud_gpu_temperature_celsius", "gauge", "GPU temperature.")
 MEMORY_TEMPERATURE = Family("atopgpud_gpu_memory_temperature_celsius", "gauge", "GPU memory (HBM) temperature.")
@@ -490,19 +470,12 @@ INVENTORY = (
 
 def families() -> dict[str, Family]:
     """Every family, by name, in the order the page lists them (the order of its first row)."""
-    found: dict[str, Family] = {}
-    for figure in FIGURES:
-        found.setdefault(figure.family.name, figure.family)
-    return found
+    return {figure.family.name: figure.family for figure in FIGURES}
 
 
 def played_fields() -> dict[str, Play]:
-    """The simulator's fields of a card's figures (one field may play several rows), by name."""
-    found: dict[str, Play] = {}
-    for figure in FIGURES:
-        if figure.play is not None and not (figure.nvml and figure.nvml.per_link):
-            found.setdefault(figure.play.field, figure.play)
-    return found
+    """The simulator's fields of a card's figures (one field may play several rows, alike), by name."""
+    return {f.play.field: f.play for f in FIGURES if f.play is not None and not (f.nvml and f.nvml.per_link)}
 
 
 def link_fields() -> dict[str, Play]:

@@ -1,25 +1,18 @@
 """One card's health and power figures: what a reader hands the metrics page, as `snapshot` is for a poll.
 
-Both readers fill a `CardHealth` per card when ``/metrics`` is fetched: the
-NVML reader by asking the card (atopgpud_tw/readers/nvml/health.py), the
-nvidia-smi reader from the report its last poll fetched
-(atopgpud_tw/readers/smi/health.py).  The metrics page (server/web/metrics_health.py)
-turns them into series, knowing nothing of either reader.  Which figures
-there are, and how each reader finds them, is the table of figures
-(atopgpud_tw/figures.py).
+Both readers fill a `CardHealth` per card when ``/metrics`` is fetched; the page
+(server/web/metrics_health.py) knows nothing of either.  Which figures there are is
+the table of figures (figures.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atopgpud_tw import figures
 from atopgpud_tw.problems import Problems
 
 #: a series: (metric name, ((label, value), ...))
 Series = tuple[str, tuple[tuple[str, str], ...]]
-#: the clocks-event (throttle) reasons, by bit (the table of figures' own)
-CLOCKS_EVENT_REASONS = figures.CLOCKS_EVENT_REASONS
 
 
 @dataclass

@@ -1,11 +1,8 @@
 """The names log lines carry: fixed, whatever module the code lives in.
 
-A log line names its source, ``[atopgpud_tw.protocol.AtopGpuProtocol#warn]``;
-sites filter the journal on these names and docs/reliability.md quotes them, so
-they are part of what the daemon promises.  Twisted's `Logger` takes the name
-from the module (and class) it is declared in, which would change them each
-time a module moves: every logger of the daemon is given its name instead, a
-module's as ``Logger(namespace=...)``, a class's as `ClassLogger`.
+Sites filter the journal on a line's source (``[atopgpud_tw.protocol.AtopGpuProtocol#warn]``),
+so it must not change when a module moves, as Twisted's `Logger` default would: every
+logger is given its name, a module's as ``Logger(namespace=...)``, a class's as `ClassLogger`.
 """
 
 from __future__ import annotations

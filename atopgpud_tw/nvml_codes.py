@@ -1,10 +1,7 @@
-"""NVML's return codes and the other constants of nvml.h the readers and the simulator use,
-one table for both.
+"""NVML's return codes and the other constants of nvml.h the readers and the simulator use.
 
-Every module names them from here; none types one as a number (tests/test_layout.py).  Each
-has the value of nvidia-ml-py's ``NVML_<name>`` (tests/test_layout.py checks it); they are
-not read from the binding at import, which would load it (about 6 MB) in every program that
-names a code, the simulator's pynvml stand-in (shim/) included.
+Each has the value of nvidia-ml-py's ``NVML_<name>`` (tests/test_layout.py), written here
+rather than read from the binding, which would load it (about 6 MB) wherever a code is named.
 """
 
 from __future__ import annotations
@@ -29,24 +26,9 @@ GPU_NOT_FOUND = 28
 UNKNOWN = 999
 
 #: the errors the daemon names (``NVML_ERROR_<name>`` in problems and log lines, else the
-#: number) and a simulated fault may return, each by its name without the prefix
-CODES = {
-    "UNINITIALIZED": UNINITIALIZED,
-    "INVALID_ARGUMENT": INVALID_ARGUMENT,
-    "NOT_SUPPORTED": NOT_SUPPORTED,
-    "NO_PERMISSION": NO_PERMISSION,
-    "NOT_FOUND": NOT_FOUND,
-    "INSUFFICIENT_SIZE": INSUFFICIENT_SIZE,
-    "DRIVER_NOT_LOADED": DRIVER_NOT_LOADED,
-    "TIMEOUT": TIMEOUT,
-    "LIBRARY_NOT_FOUND": LIBRARY_NOT_FOUND,
-    "FUNCTION_NOT_FOUND": FUNCTION_NOT_FOUND,
-    "GPU_IS_LOST": GPU_IS_LOST,
-    "OPERATING_SYSTEM": OPERATING_SYSTEM,
-    "LIB_RM_VERSION_MISMATCH": LIB_RM_VERSION_MISMATCH,
-    "GPU_NOT_FOUND": GPU_NOT_FOUND,
-    "UNKNOWN": UNKNOWN,
-}
+#: number) and a simulated fault may return, each by its name without the prefix: every code above
+CODES = {name: code for name, code in dict(globals()).items()
+         if name.isupper() and isinstance(code, int) and code not in (SUCCESS, ARGUMENT_VERSION_MISMATCH)}
 #: each name by its code
 NAMES = {code: name for name, code in CODES.items()}
 #: the codes after which NVML has to be initialised again

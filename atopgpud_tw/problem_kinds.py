@@ -1,11 +1,7 @@
 """The one table of the troubles a reader reports (`problems.Problems`), each with its cause and what to do.
 
-A reader keys each trouble ``"<subject> <kind>"`` (problems.py); `ProblemLog`
-logs its text when it starts and ``recovered (...)`` when it ends.  This table
-says, for each kind, which reader reports it, the words of its line, what causes
-it and what an operator does about it.  docs/operations.md's list of problem
-lines is written from it by docs/make_operations.py, and tests/test_operations.py
-checks that each place in the code that reports a trouble names a kind here.
+docs/operations.md's list of problem lines is written from it (docs/make_operations.py),
+and tests/test_operations.py checks that each place that reports a trouble names a kind here.
 """
 
 from __future__ import annotations
@@ -14,9 +10,8 @@ from typing import NamedTuple
 
 
 class Kind(NamedTuple):
-    """One kind of trouble: `name` (the anchor in docs/operations.md), the `reader`
-    whose lines carry it (``nvml``, ``nvidia-smi``, ``health``), the `line` after
-    ``<reader>: `` (``<...>``: what varies), its `cause`, and the `action` to take."""
+    """One kind of trouble: its anchor in docs/operations.md, the reader whose lines carry it, the
+    line after ``<reader>: `` (``<...>``: what varies), its cause, and the action to take."""
 
     name: str
     reader: str

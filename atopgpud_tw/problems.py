@@ -4,14 +4,15 @@ A trouble once when it starts and once when it ends (`ProblemLog`, over each
 poll's `Problems`), and a trouble that keeps coming back by a count at growing
 intervals (`DAMPING`); a condition when it changes (`Latch`); a burst of events by
 its first and, when it is over, a count of the rest (`BurstLog`; one per uid,
-`UidBurstLogs`).  What they log
-of the text they were given is shown as data (`printable`, the client's rule too).
+`UidBurstLogs`).  What they log of the text they were given is shown as data
+(`printable`, the client's rule too).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, Container, Mapping, NamedTuple
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -50,29 +51,25 @@ def span_words(seconds: float) -> str:
     return f"{round(seconds / 3600, 1):g} h"
 
 
+@dataclass(slots=True)
 class _Flaps:
     """One cause's recent history: how often it started, and what is held back."""
 
-    __slots__ = ("text", "first", "changed", "starts", "until", "step", "held_starts", "held_ends")
-
-    def __init__(self, text: str, now: float) -> None:
-        #: the words it was first logged with
-        self.text = text
-        self.first = now
-        #: its last start or recovery
-        self.changed = now
-        self.starts = 0
-        #: while damped: the end of the window in which nothing of it is logged
-        self.until: float | None = None
-        self.step = 0
-        self.held_starts = 0
-        self.held_ends = 0
+    #: the words it was first logged with, when, and its last start or recovery
+    text: str
+    first: float
+    changed: float
+    starts: int = 0
+    #: while damped: the end of the window in which nothing of it is logged
+    until: float | None = None
+    step: int = 0
+    held_starts: int = 0
+    held_ends: int = 0
 
 
 class Start(NamedTuple):
-    """A start to be said (`Damping.started`): `flapping` when it is the one after
-    `SAID_STARTS`, to be said with its number of `starts` in `span` seconds and that
-    it is now counted, a line at most every `every` seconds."""
+    """A start to be said (`Damping.started`); `flapping`: the one after `SAID_STARTS`, said with
+    its `starts` in `span` seconds and that it is now counted, a line every `every` seconds."""
 
     flapping: bool
     starts: int = 0
@@ -97,29 +94,21 @@ class Count(NamedTuple):
 class Damping:
     """Which starts and ends of causes that come and go are said, and the counts said in their place.
 
-    The rule of every flapping cause, whatever its lines: its first
-    `SAID_STARTS` starts and their ends are said one by one; the next start is
-    said with word that it is flapping (`Start.flapping`), and from then on
-    nothing of that cause is said until the end of a window (`DAMPING`: 1 min,
-    then 10 min, then each hour), when one line counts the starts and ends held
-    back and says whether it is failing now (`Count`); a window with nothing
-    held back ends without a line.  A cause that has not changed for
-    `FLAP_MEMORY` seconds is not damped any more (its next start is said again,
-    as the first of a new count), and a start that long after its last change
-    is not a flap.  The caller says what it is told to, in its own words.
+    A cause's first `SAID_STARTS` starts and ends are said one by one; the next start
+    is said as flapping (`Start.flapping`), then nothing of it until the end of a window
+    (`DAMPING`), when one line counts what was held back (`Count`; a quiet window has
+    none).  A cause unchanged for `FLAP_MEMORY` seconds is not damped any more.
     """
 
     def __init__(self) -> None:
-        self._flaps: dict[str, _Flaps] = {}
-        #: the causes remembered, the same dict (while it is empty, `windows_over` has nothing
-        #: to end or forget): an attribute, not a property, as it is looked at every poll
-        self.flaps: Mapping[str, _Flaps] = self._flaps
+        #: the causes remembered (while it is empty, `windows_over` has nothing to end or forget)
+        self.flaps: dict[str, _Flaps] = {}
 
     def started(self, cause: str, text: str, now: float) -> Start | None:
         """A cause starts (`text`: its words): how to say it, or None while it is damped."""
-        flaps = self._flaps.get(cause)
+        flaps = self.flaps.get(cause)
         if flaps is None or (flaps.until is None and now - flaps.changed >= FLAP_MEMORY):
-            flaps = self._flaps[cause] = _Flaps(text, now)
+            flaps = self.flaps[cause] = _Flaps(text, now, now)
         flaps.changed = now
         if flaps.until is not None:
             flaps.held_starts += 1
@@ -134,7 +123,7 @@ class Damping:
 
     def ended(self, cause: str, now: float) -> bool:
         """A cause ends: whether to say so (not while it is damped)."""
-        flaps = self._flaps.get(cause)
+        flaps = self.flaps.get(cause)
         if flaps is not None:
             flaps.changed = now
             if flaps.until is not None:
@@ -143,14 +132,13 @@ class Damping:
         return True
 
     def windows_over(self, now: float, active: Container[str]) -> list[Count]:
-        """Each damped cause whose window is over and held something back: its count
-        (`active`: the causes failing now); a quiet window ends the next one, or,
-        after `FLAP_MEMORY`, the damping."""
+        """The count of each damped cause whose window is over and held something back (`active`:
+        the causes failing now)."""
         counts = []
-        for cause, flaps in list(self._flaps.items()):
+        for cause, flaps in list(self.flaps.items()):
             if flaps.until is None:
                 if cause not in active and now - flaps.changed >= FLAP_MEMORY:
-                    del self._flaps[cause]  # long recovered: forgotten
+                    del self.flaps[cause]  # long recovered: forgotten
                 continue
             if now < flaps.until:
                 continue
@@ -173,19 +161,10 @@ class Damping:
 
 
 class ProblemLog:
-    """Tracks the set of current problems, each keyed by its cause.
-
-    A reader or the poller reports, after every poll, the problems it has now
-    (``{cause: description}``); a new cause is logged once as a warning, a cause
-    that is no longer reported is logged once as recovered.
-
-    A cause that fails and recovers again and again is damped (`Damping`): its
-    first `SAID_STARTS` starts and their recoveries are logged one by one, then
-    one line per window of `DAMPING` counts what was held back.  Windows are
-    ended by `report`, on `clock` (the reactor's seconds), so a reader that
-    reports every poll ends them within a poll.
-    docs/reliability.md, "A fault that keeps coming back".
-    """
+    """The current problems, each keyed by its cause: reported after every poll
+    (``{cause: description}``), a new cause is logged once as a warning, one no
+    longer reported once as recovered; one that comes and goes is damped
+    (`Damping`; docs/reliability.md, "A fault that keeps coming back")."""
 
     log = ClassLogger("atopgpud_tw.problems.ProblemLog")
 
@@ -198,20 +177,19 @@ class ProblemLog:
 
     def report(self, problems: Mapping[str, str]) -> None:
         """Log what started and what ended since the previous report, and the counts of windows now over."""
-        found = problems._found if type(problems) is Problems else problems
-        if not self._damping.flaps and found.keys() == self.active.keys():
+        if not self._damping.flaps and problems.keys() == self.active.keys():
             # the same causes as last time (at most polls: none): nothing starts, nothing
             # ends, no window is open to end; one comparison instead of the walk below
             return
         now = self.clock()
-        for cause, text in found.items():
+        for cause, text in problems.items():
             if cause not in self.active:
                 self._started(cause, text, now)
         for cause, text in self.active.items():
-            if cause not in found:
+            if cause not in problems:
                 self._ended(cause, text, now)
         # a cause keeps the words it was first logged with, so its recovery names it
-        self.active = {cause: self.active.get(cause, text) for cause, text in found.items()}
+        self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
         if not self._damping.flaps:
             return
         for count in self._damping.windows_over(now, self.active):
@@ -247,54 +225,18 @@ class ProblemLog:
             )
 
 
-class Problems(Mapping[str, str]):
-    """The troubles found in one poll (or one reading), for `ProblemLog.report`.
-
-    The contract between a reader and its log: each trouble is kept under a key
-    that names its cause and stays the same from poll to poll while the trouble
-    lasts: its subject first (a device or card key, a bus id, ``init``,
-    ``preamble``), then what went wrong there (``lost``, ``mig-empty``, an NVML
-    error's name, an element's path).  A key reported again is the same trouble,
-    not logged again; a key no longer reported has recovered.  The text is what is
-    logged; a trouble keeps the words it was first logged with, so that its
-    recovery names it.  Of two texts under one key in one poll, the later stands.
-    Each kind of trouble has its cause and action in `problem_kinds.KINDS`.
-    """
-
-    def __init__(self) -> None:
-        self._found: dict[str, str] = {}
+class Problems(dict[str, str]):
+    """The troubles found in one poll, for `ProblemLog.report`: each under a key that names its
+    cause and stays the same while it lasts, its subject first (a device key, a bus id,
+    ``init``), then what went wrong (``lost``, an NVML error's name, an element's path).
+    Each kind has its cause and action in `problem_kinds.KINDS`."""
 
     def add(self, key: str, text: str) -> None:
-        """A trouble under `key`, described by `text`."""
-        self._found[key] = text
-
-    def setdefault(self, key: str, text: str) -> str:
-        """A trouble under `key` unless one is there already (whose text stays)."""
-        return self._found.setdefault(key, text)
-
-    def update(self, other: Mapping[str, str]) -> None:
-        """Every trouble of `other` (another part of the poll) added."""
-        self._found.update(other)
-
-    def __getitem__(self, key: str) -> str:
-        return self._found[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._found)
-
-    def __len__(self) -> int:
-        return len(self._found)
-
-    def __repr__(self) -> str:
-        return f"Problems({self._found!r})"
+        self[key] = text
 
 
 class BurstLog:
-    """Logs the first of a burst of events, and a count when the burst is over.
-
-    A flood of refused connections costs one line at its start and one at its end,
-    however many there were.
-    """
+    """Logs the first of a burst of events (a flood of refused connections), and a count when it is over."""
 
     log = ClassLogger("atopgpud_tw.access.BurstLog")
 
@@ -335,11 +277,8 @@ class BurstLog:
 
 
 class UidBurstLogs:
-    """A `BurstLog` per uid: each uid's burst logged once, whoever else is in one.
-
-    At most `most` uids get a burst of their own at once (a user with many
-    subordinate uids cannot make a line each); the rest share one.
-    """
+    """A `BurstLog` per uid, for at most `most` uids at once (a user with many subordinate
+    uids cannot make a line each); the rest share one."""
 
     def __init__(self, clock: IReactorTime, quiet: float = 10.0, most: int = 32) -> None:
         self.clock = clock
@@ -364,7 +303,6 @@ class UidBurstLogs:
 
     @property
     def total(self) -> int:
-        """Events counted, of every uid."""
         return sum(b.total for b in self._logs.values()) + self._others.total + self._forgotten
 
     def stop(self) -> None:

@@ -43,15 +43,9 @@ class ProcessSample(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """What a device is, read once when it is discovered (it does not change while it is there).
-
-    Every field is text, empty where it cannot be read: the inventory series
-    (``atopgpud_gpu_info``) carries them as labels, and an empty label is a
-    series still there.  `uuid` is the card's ``GPU-...`` UUID, or a MIG
-    instance's own ``MIG-...`` UUID; `mig_profile` is empty for a whole card.
-    A MIG instance also has its card's UUID (`parent_uuid`) and its GPU and
-    compute instance ids (``atopgpud_mig_info``); all three are empty for a card.
-    """
+    """What a device is, read once when it is discovered: text, empty where it cannot be read
+    (labels of ``atopgpud_gpu_info``).  `uuid` is a card's ``GPU-...`` or a MIG instance's
+    ``MIG-...``; the MIG fields (``atopgpud_mig_info``) are empty for a whole card."""
 
     uuid: str = ""
     serial: str = ""
@@ -69,37 +63,24 @@ NO_INFO = DeviceInfo()
 
 @dataclass(frozen=True, slots=True)
 class GpmFigures:
-    """What GPU Performance Monitoring measured over one poll (readers/nvml/gpm.py).
-
-    Each figure is the exact average over `seconds`, the time between the poll's
-    GPM sample and the one before it: percentages (activities, DRAM bandwidth)
-    from 0 to 100, traffic in MiB per second.  A figure the device does not
-    report is left out of `values`.
-    """
+    """What GPU Performance Monitoring measured over one poll (readers/nvml/gpm.py): each figure
+    the exact average over `seconds` (between two GPM samples), a percentage or MiB per
+    second; one the device does not report is left out of `values`."""
 
     seconds: float
     values: tuple[tuple[str, float], ...] = ()
 
     def get(self, name: str) -> float | None:
         """One figure by name; None where the device does not report it."""
-        for key, value in self.values:
-            if key == name:
-                return value
-        return None
+        return next((value for key, value in self.values if key == name), None)
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
-    """One device (a whole card or a MIG instance) in one poll.
-
-    `key` identifies the device across polls and re-discoveries (UUID where known,
-    else the bus id); `busid` and `name` are what the ``T`` reply shows.
-    `processes` is ``None`` when the process list could not be read in this poll:
-    the processes then neither count a sample nor end.
-    `present` is False for a device that is known but could not be read at all
-    (lost from the bus, driver gone): it is shown with -1 percentages and its
-    processes end.
-    """
+    """One device (a whole card or a MIG instance) in one poll; `key` identifies it across polls
+    and re-discoveries (UUID, else the bus id).  `processes` None: the list could not be read
+    (they neither count nor end); `present` False: known but unreadable (lost, driver gone),
+    shown with -1 percentages, its processes end."""
 
     key: str
     busid: str
@@ -120,15 +101,13 @@ class DeviceSample:
     gpm: GpmFigures | None = None
 
     def read(self) -> bool:
-        """Whether anything of it was read in this poll: present, and a busy figure, its memory
-        or its process list read (a figure the GPU cannot report, -1, was read too)."""
+        """Whether anything of it was read in this poll (-1, a figure it cannot report, was read)."""
         return self.present and (
             self.gpu_busy is not None or self.mem_busy is not None or self.memory_used_kib is not None
             or self.processes is not None
         )
 
     def absent(self) -> DeviceSample:
-        """This device as one that cannot be read now: its identity, no readings."""
         return DeviceSample(
             key=self.key, busid=self.busid, name=self.name, task_support=self.task_support, present=False,
             info=self.info,
@@ -156,14 +135,10 @@ _WORKLOAD_ORDER = {
 
 @dataclass(frozen=True, slots=True)
 class CgroupWorkload:
-    """What a process's cgroup path says of it (readers/cgroups.py; empty: it says nothing).
-
-    `unit` is the innermost systemd unit of its cgroup (``NAME.service``,
-    ``NAME.scope``; a user manager's own units as ``user@UID.service/NAME``), `slice`
-    the innermost slice, `container` a container id (``docker://ID``,
-    ``containerd://ID``, ``cri-o://ID``, ``podman://ID``; a bare id where the layout
-    does not say the runtime), `pod` a Kubernetes pod uid, `job` a Slurm job id.
-    """
+    """What a process's cgroup path says of it (readers/cgroups.py; empty: it says nothing):
+    the innermost systemd unit (a user manager's as ``user@UID.service/NAME``) and slice,
+    a container id (``docker://ID``, ...; bare where the layout does not say the runtime),
+    a Kubernetes pod uid, a Slurm job id."""
 
     cgroup: str = ""
     unit: str = ""
@@ -175,12 +150,8 @@ class CgroupWorkload:
 
 @dataclass(frozen=True, slots=True)
 class ProcessContext(CgroupWorkload):
-    """Who a GPU process is, read from ``/proc`` once per process (readers/procinfo.py):
-    its cgroup's workload (`CgroupWorkload`'s fields) and who runs it.
-
-    Text fields are empty where not known.  `known` is False for a process gone
-    (or hidden) before it could be read: its workload is "unknown".
-    """
+    """Who a GPU process is, read from ``/proc`` once per process (readers/procinfo.py); text
+    empty where not known.  `known` False: gone (or hidden) before it was read ("unknown")."""
 
     known: bool = True
     uid: int = -1
@@ -191,7 +162,6 @@ class ProcessContext(CgroupWorkload):
     started: int | None = None
 
     def workload(self, grouping: str = "auto") -> tuple[str, str]:
-        """(kind, name) of the process's workload under `grouping` (`GROUPINGS`, or "auto")."""
         if not self.known:
             return "unknown", "unknown"
         for kind in _WORKLOAD_ORDER.get(grouping, _WORKLOAD_ORDER["auto"]):
@@ -212,12 +182,8 @@ UNKNOWN_CONTEXT = ProcessContext(known=False)
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Every device of one poll, in the order the reader discovered them.
-
-    `contexts` holds, by pid, who the processes listed are (`ProcessContext`), for
-    those read so far: a reader reads a few new ones per poll, so a process may
-    come without one for a poll or two.
-    """
+    """Every device of one poll, in the order the reader discovered them; `contexts`, by pid,
+    the processes read so far (a few new ones per poll: one may lack it for a poll or two)."""
 
     devices: tuple[DeviceSample, ...] = field(default_factory=tuple)
     contexts: Mapping[int, ProcessContext] = field(default_factory=dict)
@@ -238,19 +204,13 @@ def mig_mode(value: str) -> str:
 
 def merge_kind(first: str, second: str) -> str:
     """The kind of a pid listed as `first` and as `second`: "C+G" when they differ."""
-    if first == second:
-        return first
-    return "C+G" if first in KINDS and second in KINDS else first
+    return "C+G" if first != second and first in KINDS and second in KINDS else first
 
 
 def merge_processes(samples: Iterable[ProcessSample], memory: str = "first") -> tuple[ProcessSample, ...]:
-    """One sample per pid, in the order pids are first listed; its kind merged
-    (`merge_kind`) and its busy figures the first entry's.
-
-    `memory` says what a pid listed more than once holds: ``first`` (the first
-    entry's), ``max`` (one allocation listed under both kinds; failed if either
-    read failed) or ``sum`` (a pid on two MIG instances holds memory on both).
-    """
+    """One sample per pid, in the order pids are first listed; its kind merged, its busy
+    figures the first entry's, its memory by `memory`: ``first``, ``max`` (one allocation
+    listed under both kinds) or ``sum`` (a pid on two MIG instances holds memory on both)."""
     return tuple(merge_by_pid(samples, memory).values())
 
 
@@ -264,19 +224,13 @@ def merge_by_pid(samples: Iterable[ProcessSample], memory: str = "first") -> dic
             continue
         if memory == "first" and seen.kind == sample.kind:
             continue
-        found[sample.pid] = seen._replace(
-            kind=merge_kind(seen.kind, sample.kind), memory_kib=merge_memory(seen.memory_kib, sample.memory_kib, memory)
-        )
+        held, more = seen.memory_kib, sample.memory_kib
+        if memory == "sum":
+            held = add_memory(held, more)
+        elif memory == "max":
+            held = None if held is None or more is None else max(held, more)
+        found[sample.pid] = seen._replace(kind=merge_kind(seen.kind, sample.kind), memory_kib=held)
     return found
-
-
-def merge_memory(held: int | None, more: int | None, memory: str) -> int | None:
-    """What a pid listed again with `more` holds, by `merge_processes`'s `memory` rule."""
-    if memory == "first":
-        return held
-    if memory == "sum":
-        return add_memory(held, more)
-    return None if held is None or more is None else max(held, more)
 
 
 def fold_instances(
@@ -291,35 +245,9 @@ def fold_instances(
     summed, their processes merged (a pid on two instances holds memory on both),
     no utilization of its own.  An instance that is not present no longer counts;
     if one's process list could not be read, neither can the card's."""
-    # one pass, at every poll of every MIG card: `total_of` and `merge_processes`'s "sum" rule
-    total: int | None = 0
-    used: int | None = 0
-    merged: dict[int, ProcessSample] | None = {}
-    # free and reserved: summed where every instance reports them
-    free: int | None = 0
-    reserved: int | None = 0
-    for part in instances:
-        if not part.present:
-            continue
-        if free is not None:
-            free = None if part.memory_free_kib is None else free + part.memory_free_kib
-        if reserved is not None:
-            reserved = None if part.memory_reserved_kib is None else reserved + part.memory_reserved_kib
-        if total is not None:
-            total = None if part.memory_total_kib is None else total + part.memory_total_kib
-        if used is not None:
-            used = None if part.memory_used_kib is None else used + part.memory_used_kib
-        if merged is None:
-            continue
-        if part.processes is None:
-            merged = None
-            continue
-        for sample in part.processes:
-            seen = merged.setdefault(sample.pid, sample)
-            if seen is not sample:
-                merged[sample.pid] = seen._replace(
-                    kind=merge_kind(seen.kind, sample.kind), memory_kib=add_memory(seen.memory_kib, sample.memory_kib)
-                )
+    parts = [part for part in instances if part.present]
+    total = total_of([part.memory_total_kib for part in parts])
+    lists = [part.processes for part in parts]
     return DeviceSample(
         key,
         busid,
@@ -328,10 +256,11 @@ def fold_instances(
         gpu_busy=UNSUPPORTED,
         mem_busy=UNSUPPORTED,
         memory_total_kib=total,
-        memory_used_kib=used,
-        memory_free_kib=None if total is None or not total else free,
-        memory_reserved_kib=None if total is None or not total else reserved,
-        processes=None if merged is None else tuple(merged.values()),
+        memory_used_kib=total_of([part.memory_used_kib for part in parts]),
+        # free and reserved: summed where every instance reports them
+        memory_free_kib=total_of([part.memory_free_kib for part in parts]) if total else None,
+        memory_reserved_kib=total_of([part.memory_reserved_kib for part in parts]) if total else None,
+        processes=None if None in lists else merge_processes([p for ps in lists for p in ps or ()], "sum"),
         info=info,
     )
 
@@ -352,11 +281,8 @@ def add_memory(first: int | None, second: int | None) -> int | None:
 
 
 def clamp_percent(value: int | float | None) -> int | None:
-    """A percentage from a reader as an int in 0..100; ``None`` stays ``None``.
-
-    Drivers have been seen to report values above 100 (docs/fidelity.md);
-    rounding rather than truncating keeps fractional figures from nvidia-smi honest.
-    """
+    """A percentage from a reader as an int in 0..100 (drivers have reported more:
+    docs/fidelity.md), rounded, not truncated; ``None`` stays ``None``."""
     if value is None:
         return None
     if value < 0:

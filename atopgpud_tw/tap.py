@@ -14,7 +14,6 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from atopgpud_tw import distribution_version
-from atopgpud_tw.clock import use_monotonic_clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers import READERS, ReaderSettings, ReaderUnavailable, make_reader
 from atopgpud_tw.server.atop.board import DEFAULT_EXITED_LIMIT, Board
@@ -78,10 +77,6 @@ def _account_id(option: str, name: str, what: str, lookup: Callable[[str], int],
         return lookup(name)
     except KeyError:
         raise usage.UsageError(missing) from None
-
-
-def _user_id(user: str) -> int:
-    return _account_id("allow-uid", user, "user", lambda n: pwd.getpwnam(n).pw_uid, f"--allow-uid: no user {user!r}")
 
 
 def _group_id(group: str, option: str = "allow-gid") -> int:
@@ -214,7 +209,8 @@ class Options(usage.Options):
 
     def opt_allow_uid(self, users: str) -> None:
         """Only these users (names or uids, comma-separated, repeatable; root always) may use UNIX sockets."""
-        self["allow-uid"] |= {_user_id(u) for u in _names("allow-uid", users)}
+        self["allow-uid"] |= {_account_id("allow-uid", u, "user", lambda n: pwd.getpwnam(n).pw_uid,
+                                          f"--allow-uid: no user {u!r}") for u in _names("allow-uid", users)}
 
     def opt_allow_gid(self, groups: str) -> None:
         """Only members of these groups (names or gids, comma-separated, repeatable) may use UNIX sockets."""
@@ -246,12 +242,10 @@ class Options(usage.Options):
             )
         if self["socket-group"] is not None:
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
-        if self["metrics-processes"] and not self["metrics"]:
-            raise usage.UsageError("--metrics-processes needs --metrics ENDPOINT")
-        if self["web-config"] and not self["metrics"]:
-            raise usage.UsageError("--web-config needs --metrics ENDPOINT")
-        if self["metrics-process-context"] and not self["metrics-processes"]:
-            raise usage.UsageError("--metrics-process-context needs --metrics-processes")
+        for option, needed in (("metrics-processes", "metrics"), ("web-config", "metrics"),
+                               ("metrics-process-context", "metrics-processes")):
+            if self[option] and not self[needed]:
+                raise usage.UsageError(f"--{option} needs --{needed}" + (" ENDPOINT" if needed == "metrics" else ""))
         if self["workloads"] != "off" and not self["metrics"]:
             raise usage.UsageError("--workloads needs --metrics ENDPOINT")
         parent = getattr(self, "parent", None)
@@ -261,28 +255,25 @@ class Options(usage.Options):
                 raise usage.UsageError(refused)
 
 
-def reader_settings(options: Options) -> ReaderSettings:
-    """The options that concern the reader, typed: readers never see the Options mapping."""
-    return ReaderSettings(
-        kind=options["reader"],
-        mig=options["mig"],
-        scenario=options["scenario"],
-        smi_path=options["nvidia-smi"],
-        smi_timeout=options["smi-timeout"],
-        hang_warning=options.get("hang-warning"),
-        start_timeout=options.get("start-timeout"),
-    )
-
-
 def makeService(options: Options, reactor: Any = None) -> IService:
     """The daemon: a poller and one listener per --listen, around one Board."""
     if reactor is None:
         from twisted.internet import reactor
-    use_monotonic_clock(reactor)  # before anything reads the time or schedules (atopgpud_tw/clock.py)
+    use_monotonic_clock(reactor)  # before anything reads the time or schedules
     _check_pidfile(getattr(options, "parent", None))
     notifier = Notifier()
     try:
-        reader, layout = make_reader(reader_settings(options), reactor, _start_up_line(notifier))
+        # the options that concern the reader, typed: readers never see the Options mapping
+        settings = ReaderSettings(
+            kind=options["reader"],
+            mig=options["mig"],
+            scenario=options["scenario"],
+            smi_path=options["nvidia-smi"],
+            smi_timeout=options["smi-timeout"],
+            hang_warning=options.get("hang-warning"),
+            start_timeout=options.get("start-timeout"),
+        )
+        reader, layout = make_reader(settings, reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
     workloads = options["workloads"] != "off"
@@ -295,13 +286,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
-        max_clients=options["max-clients"],
-        max_clients_per_uid=options["max-clients-per-uid"],
-        reserved_clients=options["reserved-clients"],
-        max_unsent=options["max-unsent"],
-        idle_timeout=options["idle-timeout"],
-        busy_idle_timeout=options["busy-idle-timeout"],
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
+        **{name: options[name.replace("_", "-")] for name in (
+            "max_clients", "max_clients_per_uid", "reserved_clients", "max_unsent", "idle_timeout",
+            "busy_idle_timeout")},
     )
     factory = AtopGpuFactory(board, limits, reactor)
     listeners = [Listener(description, _endpoint(reactor, "--listen", description), factory)
@@ -353,6 +341,26 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     return top
 
 
+def use_monotonic_clock(reactor: Any) -> bool:
+    """Make `reactor` tell the time on CLOCK_MONOTONIC, whether it was changed: on Twisted's
+    wall clock, a clock set back an hour holds every timer for an hour (docs/design.md, "Time").
+    Every timer reads the reactor's `seconds`; calls already scheduled keep their delay.  A
+    reactor that is not a `ReactorBase` (`task.Clock` in tests) keeps its test's time."""
+    import time
+
+    from twisted.internet.base import ReactorBase
+
+    if not isinstance(reactor, ReactorBase) or reactor.seconds is time.monotonic:
+        return False
+    shift = time.monotonic() - reactor.seconds()
+    for call in [*reactor._pendingTimedCalls, *reactor._newTimedCalls]:
+        # the same delay from now, on the new clock (the heap's order is unchanged)
+        call.time += shift
+        call.seconds = time.monotonic
+    reactor.seconds = time.monotonic  # an instance attribute: ReactorBase reads self.seconds
+    return True
+
+
 def _start_up_line(notifier: Notifier) -> Callable[[str], None]:
     """What start-up waits for, said at once: on standard error (the log is written
     nowhere until the service is built) and as systemd's status line."""
@@ -366,11 +374,8 @@ def _start_up_line(notifier: Notifier) -> Callable[[str], None]:
 
 
 def _check_pidfile(server: Any) -> None:
-    """Refuse at once, in one line, the pid file twistd could not write.
-
-    twistd writes it only after daemonizing, and then reports a failure as a
-    quoted traceback line, or (with -n) a traceback.
-    """
+    """Refuse at once, in one line, the pid file twistd could not write (it writes it only after
+    daemonizing, and reports a failure as a traceback)."""
     path = server.get("pidfile") if server is not None else None
     if not path:
         return

@@ -1,36 +1,14 @@
 """Exact GPU time per workload (``--workloads``): its processes' counters summed, exited ones included.
 
-A workload is what a process's context names under the grouping chosen
-(`snapshot.GROUPINGS`: its systemd unit, container, pod, Slurm job or user;
-`ProcessContext.workload`).  Its sums on a GPU are those of every process of
-it that ran there: the exited ones' final figures, kept here, and the
-active ones' figures as they are now, added when the page is collected.  A
-process's own sums never go down, and an exited one's stay here, so a
-workload's sums never go down while it is on the page.
-
-The page is bounded:
-
-- at most `limit` (workload, GPU) series; a workload beyond them is summed
-  under ``other`` on its GPU (said once in the log);
-- a workload with no active process for `expiry` seconds leaves the page, and
-  its sums go into ``other`` on that GPU: every GPU's sum over its workloads,
-  ``other`` included, never goes down.
-
-A process is given to its workload when it is first collected with a
-context (or when it ends, if it was never collected); one whose context the
-reader has not read yet is left out until it has: a process is never counted
-under one workload and then another.  One gone before it could be read is
-``unknown``.
-
-Energy (`share_energy`): each GPU's energy counter, read when ``/metrics`` is
-fetched, is shared out between those reads by each workload's share of the
-GPU busy percent-seconds its processes added over the same span
-(docs/metrics.md, "Workloads").
+A workload's sums on a GPU are its exited processes' final figures, kept here, plus its
+active ones' as they are now, so they never go down; beyond `limit` series, or `expiry`
+seconds idle, they go into ``other``.  A process is given to one workload, once, when
+first collected with a context (or when it ends).  docs/metrics.md, "Workloads".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from twisted.logger import Logger
@@ -85,14 +63,6 @@ class WorkloadRow:
     memory_kib: float
 
 
-@dataclass(slots=True)
-class _Energy:
-    """A GPU's energy counter and its busy sum when it was last shared out."""
-
-    joules: float
-    busy: dict[int, float] = field(default_factory=dict)
-
-
 class WorkloadBook:
     """Every workload's sums, by GPU, within the bounds."""
 
@@ -116,13 +86,11 @@ class WorkloadBook:
         self._capped = False
         #: workloads that left the page (into ``other``)
         self.expired = 0
-        self._energy: dict[int, _Energy] = {}
+        #: by GPU: its energy counter, and each workload's busy sum, when it was last shared out
+        self._energy: dict[int, tuple[float, dict[int, float]]] = {}
 
     def _other(self, index: int) -> WorkloadSums:
-        other = self.others.get(index)
-        if other is None:
-            other = self.others[index] = WorkloadSums(index, *OTHER)
-        return other
+        return self.others.setdefault(index, WorkloadSums(index, *OTHER))
 
     def _sums_for(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         kind, name = (totals.context or UNKNOWN_CONTEXT).workload(self.grouping)
@@ -175,9 +143,7 @@ class WorkloadBook:
                     if totals.context is None:
                         continue  # not read yet: counted once it is
                     sums = self._give(index, totals)
-                figures = live.get(id(sums))
-                if figures is None:
-                    figures = live[id(sums)] = [0.0, 0.0, 0.0]
+                figures = live.setdefault(id(sums), [0.0, 0.0, 0.0])
                 figures[0] += totals.gpu_busy_seconds
                 figures[1] += totals.mem_busy_seconds
                 figures[2] += totals.memory_kib_seconds
@@ -197,9 +163,9 @@ class WorkloadBook:
             sums = self.entries.pop(key)
             other = self._other(sums.device_index)
             other.absorb(sums)
-            energy = self._energy.get(sums.device_index)
-            if energy is not None:  # its busy figure so far goes with it: no energy share for that
-                energy.busy[id(other)] = energy.busy.get(id(other), 0.0) + energy.busy.pop(id(sums), 0.0)
+            _, shared = self._energy.get(sums.device_index, (0.0, {}))
+            # its busy figure so far goes with it: no energy share for that
+            shared[id(other)] = shared.get(id(other), 0.0) + shared.pop(id(sums), 0.0)
             self.expired += 1
 
     def share_energy(self, energy: dict[int, float], rows: list[WorkloadRow]) -> None:
@@ -208,11 +174,11 @@ class WorkloadBook:
         for index, joules in energy.items():
             previous = self._energy.get(index)
             busy = {id(row.sums): row.busy for row in rows if row.sums.device_index == index}
-            self._energy[index] = _Energy(joules, busy)
-            if previous is None or joules < previous.joules:
+            self._energy[index] = (joules, busy)
+            if previous is None or joules < previous[0]:
                 continue  # the first reading, or a counter that went back (driver reloaded)
-            spent = joules - previous.joules
-            added = {key: value - previous.busy.get(key, 0.0) for key, value in busy.items()}
+            spent = joules - previous[0]
+            added = {key: value - previous[1].get(key, 0.0) for key, value in busy.items()}
             total = sum(value for value in added.values() if value > 0)
             if total <= 0 or spent <= 0:
                 continue  # the GPU's processes were idle: nothing to share (docs/metrics.md)

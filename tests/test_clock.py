@@ -1,4 +1,4 @@
-"""The reactor's clock is CLOCK_MONOTONIC (atopgpud_tw/clock.py): a wall clock that steps moves no timer."""
+"""The reactor's clock is CLOCK_MONOTONIC (atopgpud_tw/tap.py): a wall clock that steps moves no timer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from twisted.internet import task
 from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.pollreactor import PollReactor
 
-from atopgpud_tw.clock import use_monotonic_clock
+from atopgpud_tw.tap import use_monotonic_clock
 
 
 def _reactor(kind=EPollReactor):

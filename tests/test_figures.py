@@ -24,10 +24,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from atopgpud_tw import figures
-from atopgpud_tw.atopgpu.gpm import gpm_report, render_gpm
-from atopgpud_tw.atopgpu.health import health_report, render_health
-from atopgpud_tw.counters import Counters
-from atopgpud_tw.gpm_counters import rates
+from atopgpud_tw.atopgpu.health import gpm_report, health_report, render_gpm, render_health
+from atopgpud_tw.counters import Counters, rates
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.nvml.gpm import metrics
 from atopgpud_tw.readers.nvml.health import read_card_health

@@ -126,7 +126,7 @@ def test_a_p_request_loads_the_codec_s_p_lines(tmp_path):
 
 OWN_LATER_PROBE = textwrap.dedent("""
     import sys
-    from atopgpud_tw import codec, gpm_counters, tap
+    from atopgpud_tw import codec, counters, tap
     from atopgpud_tw.readers.nvml import gpm, health
     from atopgpud_tw.snapshot import GpmFigures
 
@@ -148,7 +148,7 @@ OWN_LATER_PROBE = textwrap.dedent("""
     assert callable(codec.parse_types) and codec.parse is sys.modules["atopgpud_tw.codec.parse"]
     # the table of figures: at the first GPM figures, or a health reading's rows
     assert "atopgpud_tw.figures" not in sys.modules
-    totals = gpm_counters.GpmTotals()
+    totals = counters.GpmTotals()
     totals.add(GpmFigures(2.0, (("sm", 50.0), ("pcie_tx", 3.0))))
     assert totals.sums == {"sm": 100.0, "pcie_tx": 6.0 * 1048576} and "atopgpud_tw.figures" in sys.modules
     from atopgpud_tw import figures

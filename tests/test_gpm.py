@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 from sim_readers import make_reader, poll
 
-from atopgpud_tw.counters import Counters
+from atopgpud_tw.counters import Counters, GpmTotals
 from atopgpud_tw.figures import MIB
-from atopgpud_tw.gpm_counters import GpmTotals
 from atopgpud_tw.readers.nvml.gpm import MIN_SPAN
 from atopgpud_tw.server.atop.render import render_types
 from atopgpud_tw.sim import parse_scenario, simulated_binding

@@ -21,11 +21,11 @@ DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 ALLOWED = {
     "codec": set(),
     "atopgpu": {"codec", "figures"},
-    "sim": {"nvml_codes", "figures", "regularfile", "checks"},
+    "sim": {"nvml_codes", "figures", "checks"},
     "readers": {"snapshot", "health", "problems", "lognames", "nvml_codes", "figures"},
     "server": {
-        "snapshot", "health", "problems", "lognames", "counters", "gpm_counters", "codec", "readers.base", "figures",
-        "workloads", "regularfile", "checks",
+        "snapshot", "health", "problems", "lognames", "counters", "codec", "readers.base", "figures",
+        "workloads", "checks",
     },
 }
 

@@ -14,7 +14,7 @@ from daemon import free_port, run_daemon
 from prometheus_client.parser import text_string_to_metric_families
 
 from atopgpud_tw.atopgpu import cli
-from atopgpud_tw.atopgpu.gpm import gpm_report, render_gpm
+from atopgpud_tw.atopgpu.health import gpm_report, render_gpm
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_gpm import GpmCollector

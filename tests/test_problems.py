@@ -111,7 +111,7 @@ def test_one_count_per_window_the_windows_growing():
     assert "in the last 10 min" in counts[1] and "counted again for 1 h" in counts[1]
     assert "in the last 1 h" in counts[2] and "counted again for 1 h" in counts[3]
     # every failure is said once: logged, counted, or held back for the next count
-    held = flapping.log._damping._flaps["mem"].held_starts
+    held = flapping.log._damping.flaps["mem"].held_starts
     counted = sum(event["failed"] for event in flapping.events[5:])
     assert 3 + counted + held == 2 * 3600 + 700
 
@@ -164,7 +164,7 @@ def test_a_long_recovered_cause_is_forgotten():
         flapping.at(float(pid), f"pid {pid}")
         flapping.at(pid + 0.5)
     flapping.at(1000.0 + 3600.0)
-    assert flapping.log._damping._flaps == {}
+    assert flapping.log._damping.flaps == {}
 
 
 def test_logged_texts_are_shown_as_data():

@@ -1,13 +1,9 @@
-"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON.
+"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON (docs/atopgpu.md).
 
-Averages are worked out as atop works them out: a busy figure over a span is the
-change of its cumulative sum divided by the change of the sample count.  The first
-report covers the time since the daemon started; with ``--watch`` each later one
-covers the interval since the previous report, on the same connection (so a
-process that ends shows once, marked ``E``, as atop sees it).  ``--health`` shows
-the health and power figures instead, from the daemon's metrics page
-(`atopgpud_tw.atopgpu.health`).  The JSON schema and the table are described in
-docs/atopgpu.md.
+Averages are atop's: a sum's change over the sample count's.  The first report covers
+the time since the daemon started; with ``--watch`` each later one the interval since
+the previous, on the same connection (so an ended process shows once, ``E``, as atop
+sees it).
 """
 
 from __future__ import annotations
@@ -30,16 +26,13 @@ from atopgpud_tw.atopgpu.connection import (
     parse_endpoint,
     take_reading,
 )
-from atopgpud_tw.atopgpu.table import columns
 
 _NO_DEVICE = codec.DeviceStats(0, 0, 0, 0, 0, 0, 0, 0, ())
 
 
 def _average(cum: int, base: int, samples: int) -> float | None:
     """A sum's change per sample; None when unsupported or nothing was sampled."""
-    if cum < 0 or base < 0 or samples <= 0:
-        return None
-    return round((cum - base) / samples, 2)
+    return None if cum < 0 or base < 0 or samples <= 0 else round((cum - base) / samples, 2)
 
 
 def _process_sums(proc: codec.ProcessStats, version: int) -> tuple[int, int, int, int]:
@@ -128,8 +121,7 @@ def _gpu_report(
 
 
 def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | None = None) -> dict[str, Any]:
-    """The JSON document for a reading: since start, or since `previous`; with `by`
-    (user, workload), the groups' figures too (`group_report`)."""
+    """The JSON document for a reading: since start, or since `previous`; with `by`, the groups' too."""
     before: list[codec.DeviceStats | None] = [None] * len(reading.stats)
     if previous is not None:
         for index, (kind, dev) in enumerate(zip(previous.types, previous.stats)):
@@ -157,11 +149,8 @@ def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | 
 
 
 def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
-    """Per GPU and group (`by`: user or workload), atop's arithmetic over the span: the
-    group's processes' busy and memory sums changed, over the GPU's samples in the span.
-
-    A process's sums count wholly in the span it ran in, so the figures are what
-    the group used of the GPU on average over the span, exited processes included."""
+    """Per GPU and group (`by`: user or workload), atop's arithmetic over the span: the group's
+    processes' sums changed (exited ones included), over the GPU's samples in the span."""
     groups = []
     for gpu in doc["gpus"]:
         found: dict[str, dict[str, Any]] = {}
@@ -179,16 +168,20 @@ def group_report(doc: dict[str, Any], by: str) -> list[dict[str, Any]]:
             group = found[name]
             sums = group.pop("sums")
             samples = gpu["samples"]
-            group.update({
-                "gpu_busy_avg": None if sums[0] is None or samples <= 0 else round(sums[0] / samples, 2),
-                "mem_busy_avg": None if sums[1] is None or samples <= 0 else round(sums[1] / samples, 2),
-                "memory_avg_kib": None if sums[2] is None or samples <= 0 else round(sums[2] / samples, 2),
-            })
+            group.update({key: None if value is None or samples <= 0 else round(value / samples, 2)
+                          for key, value in zip(("gpu_busy_avg", "mem_busy_avg", "memory_avg_kib"), sums)})
             groups.append(group)
     return groups
 
 
-# -- the table ------------------------------------------------------------------
+def columns(header: Sequence[str], rows: list[list[str]], left: set[int]) -> list[str]:
+    """Header and rows as aligned lines (the tables of every view): columns in `left` to the
+    left, the rest right; every cell shown as data (`codec.printable`), as a daemon, a
+    metrics page or another user's process names them."""
+    table = [list(header), *([codec.printable(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) if i in left else cell.rjust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in table]
 
 
 def _percent(value: float | None, decimals: int = 1) -> str:
@@ -212,10 +205,8 @@ _GROUP_HEADER = ("GPU", "GROUP", "PROCS", "AVGBUSY", "MEMBUSY", "AVGMEM")
 
 def render_table(doc: dict[str, Any]) -> str:
     """The report as text: a row per GPU, its processes indented below it."""
-    if doc["span"] == "start":
-        span = "averages since the daemon started"
-    else:
-        span = f"averages over the last {doc['seconds']:.1f} s"
+    span = ("averages since the daemon started" if doc["span"] == "start"
+            else f"averages over the last {doc['seconds']:.1f} s")
     lines = [f"atopgpud at {codec.printable(doc['endpoint'])} (API {doc['version']}), {span}"]
     gpu_rows, proc_rows = [], []
     for gpu in doc["gpus"]:
@@ -246,13 +237,9 @@ def render_table(doc: dict[str, Any]) -> str:
     if "groups" in doc:
         rows = [[str(g["gpu"]), g["name"], str(g["processes"]), _percent(g["gpu_busy_avg"]),
                  _percent(g["mem_busy_avg"]), _size(g["memory_avg_kib"])] for g in doc["groups"]]
-        lines.append("")
-        lines.append(f"by {doc['by']}:")
+        lines.extend(["", f"by {doc['by']}:"])
         lines.extend(columns(_GROUP_HEADER, rows, {1}) if rows else ["(no processes)"])
     return "\n".join(lines)
-
-
-# -- the command ----------------------------------------------------------------
 
 
 #: --watch's shortest interval: shorter would only keep the daemon busy answering
@@ -283,7 +270,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The command line of ``atopgpu``."""
     parser = _Parser(
         prog="atopgpu",
         description="Show the GPU and per-process figures a running atopgpud serves to atop. "
@@ -325,9 +311,16 @@ def _emit(doc: dict[str, Any], args: argparse.Namespace,
     print(text, flush=True)
 
 
-def _last(args: argparse.Namespace, shown: int) -> bool:
-    """Whether `shown` reports are all: one without --watch, --count with it."""
-    return args.watch is None or (args.count is not None and shown >= args.count)
+def _repeat(args: argparse.Namespace, once: Callable[[], None], start: float | None = None) -> None:
+    """`once` once, or every --watch seconds until --count reports: on a fixed grid from
+    `start` (now by default), so that slow replies do not stretch the intervals."""
+    shown, start = 0, time.monotonic() if start is None else start
+    while True:
+        once()
+        shown += 1
+        if args.watch is None or (args.count is not None and shown >= args.count):
+            return
+        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
 
 
 def run_health(args: argparse.Namespace) -> None:
@@ -335,37 +328,30 @@ def run_health(args: argparse.Namespace) -> None:
     from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, health_report, render_health
 
     url = args.metrics_url or DEFAULT_URL
-    shown, start = 0, time.monotonic()
-    while True:
-        _emit(health_report(fetch(url), url), args, render_health)
-        shown += 1
-        if _last(args, shown):
-            return
-        time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+    _repeat(args, lambda: _emit(health_report(fetch(url), url), args, render_health))
 
 
 def run_gpm(args: argparse.Namespace) -> None:
     """--gpm: GPM's averages between readings of the metrics page, --watch (or 1) seconds apart."""
-    from atopgpud_tw.atopgpu.gpm import gpm_counters, gpm_report, render_gpm
-    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch
+    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, gpm_counters, gpm_report, render_gpm
 
     url = args.metrics_url or DEFAULT_URL
     span = args.watch or 1.0
     start = time.monotonic()
-    before = gpm_counters(fetch(url), url)
-    shown = 0
-    while True:
-        time.sleep(max(0.0, start + (shown + 1) * span - time.monotonic()))
+    before, shown = gpm_counters(fetch(url), url), 0
+
+    def once() -> None:
+        nonlocal before, shown
+        shown += 1
+        time.sleep(max(0.0, start + shown * span - time.monotonic()))
         after = gpm_counters(fetch(url), url)
         _emit(gpm_report(before, after, url), args, render_gpm)
-        shown += 1
-        if _last(args, shown):
-            return
         before = after
+
+    _repeat(args, once, start)
 
 
 def run(args: argparse.Namespace) -> None:
-    """Report once, or every --watch seconds until --count reports."""
     if args.health:
         run_health(args)
         return
@@ -375,25 +361,22 @@ def run(args: argparse.Namespace) -> None:
     address = parse_endpoint(args.connect)
     told = True
     connection = Connection(address)
+    previous: Reading | None = None
+
+    def once() -> None:
+        nonlocal connection, told, previous
+        reading = take_reading(connection, args.version, contexts=told)
+        if told and reading.contexts is None:
+            # a daemon that does not know P closed the connection: go on without, on a new one
+            told = False
+            if args.watch is not None:
+                connection.close()
+                connection = Connection(address)
+        _emit(report(reading, previous, args.connect, args.by), args)
+        previous = reading
+
     try:
-        previous: Reading | None = None
-        shown = 0
-        start = time.monotonic()
-        while True:
-            reading = take_reading(connection, args.version, contexts=told)
-            if told and reading.contexts is None:
-                # a daemon that does not know P closed the connection: go on without, on a new one
-                told = False
-                if args.watch is not None:
-                    connection.close()
-                    connection = Connection(address)
-            _emit(report(reading, previous, args.connect, args.by), args)
-            shown += 1
-            if _last(args, shown):
-                return
-            previous = reading
-            # on a fixed grid, so that slow replies do not stretch the intervals
-            time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
+        _repeat(args, once)
     finally:
         connection.close()
 

@@ -1,15 +1,10 @@
 """Ask a running atopgpud for its figures, as atop does, and trust nothing it says.
 
-A blocking client (the ``atopgpu`` command has nothing else to do while it waits):
-one connection, a ``T`` and an ``S`` request per reading, each reply read within
-atop's 2-second limit.  Every reply is checked before use: the prelude's version
-against the one asked for, its length against atop's 8192 bytes and against the
-bytes that really arrived, then every field through `codec`.
-
-Endpoints take the forms of the daemon's ``--listen``: ``unix:@NAME`` (abstract),
-``unix:/path`` (or ``unix:address=/path``), ``tcp:PORT:interface=HOST`` and the
-client form ``tcp:HOST:PORT``.  Options a listener takes (``mode``, ``backlog``,
-``lockfile``) are accepted and ignored, so the daemon's own value can be pasted.
+A blocking client (``atopgpu`` has nothing else to do): a ``T`` and an ``S`` request per
+reading, each reply read within atop's 2-second limit and checked (version, length against
+atop's limit and against what arrived, every field through `codec`).  Endpoints take the
+daemon's ``--listen`` forms (its listener options ignored, so its own value can be pasted)
+and ``tcp:HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -164,9 +159,8 @@ class Connection:
         return self._sock
 
     def ask(self, command: str, version: int, asked: int | None = None, limit: int = codec.ATOP_REPLY_LIMIT) -> bytes:
-        """Send one request for a reply of `version` (with the version byte `asked`,
-        if given: `codec.WIDE_REQUEST`); the reply body, once its prelude has been checked
-        (its length within `limit`: atop's, but for ``P``)."""
+        """Send one request (version byte `asked`, `version` by default) for a reply of `version`;
+        its body, once the prelude is checked (length within `limit`: atop's, but for ``P``)."""
         name = f"{command} request"
         try:
             self._sock.sendall(codec.encode_request(command, version if asked is None else asked))
@@ -251,13 +245,9 @@ def _malformed(what: str) -> Iterator[None]:
 
 
 def take_reading(connection: Connection, version: int, contexts: bool = False) -> Reading:
-    """Ask ``T`` and ``S``; ``T`` again once if a GPU appeared in between; with
-    `contexts`, ``P`` after them (who the processes are).
-
-    Version 2 is asked with `codec.WIDE_REQUEST`, which atop never sends: on a
-    host of more than atop's 32 devices the daemon then lists up to
-    `codec.MAX_WIRE_DEVICES`.  Version 1 is asked as atop 2.4 to 2.12 ask.
-    """
+    """Ask ``T`` and ``S`` (``T`` again once if a GPU appeared in between), then with `contexts` ``P``.
+    Version 2 is asked with `codec.WIDE_REQUEST`, which atop never sends, so that a host of
+    more than atop's 32 devices lists up to `codec.MAX_WIRE_DEVICES`."""
     asked = codec.WIDE_REQUEST if version == 2 else version
     with _malformed("T"):
         types = codec.parse_types(connection.ask("T", version, asked))

@@ -1,9 +1,7 @@
 """``atopgpu doctor``: why atop would show no GPU figures on this host.
 
-The facts are gathered first (`gather`: sockets, /proc, atop, systemd, NVML);
-each check is a plain function of them (`verdicts`), one line: OK, or what is
-wrong and the fix.  docs/operations.md ("Troubleshooting") explains the lines,
-docs/atop.md the facts about atop's versions.
+The facts are gathered first (`gather`); each check is a plain function of them
+(`verdicts`).  docs/operations.md ("Troubleshooting") explains the lines.
 """
 
 from __future__ import annotations
@@ -227,15 +225,11 @@ def check_proc(host: Host) -> Check:
 
 
 def verdicts(host: Host) -> list[Check]:
-    """Every check's line, in order."""
     api = None if host.atop_version is None else 2 if host.atop_version >= UNIX_ATOP else 1
     checks = [check_socket(host, reach, listen, None if api is None else api == version)
               for reach, (_, listen, version) in zip(host.reaches, SOCKETS)]
     return checks + [check(host) for check in (check_access, check_atop, check_atop_service, check_nvml,
                                                 check_devices, check_mig, check_proc)]
-
-
-# -- the facts ------------------------------------------------------------------------
 
 
 def reach(endpoint: str, version: int) -> Reach:
@@ -364,7 +358,6 @@ def nvml_facts(host: Host, nvml: Any = None) -> None:
 
 
 def gather() -> Host:
-    """The facts of this host."""
     host = Host([reach(endpoint, version) for endpoint, _, version in SOCKETS], find_daemon(),
                 (os.getuid(), frozenset({os.getgid(), *os.getgroups()})))
     _atop_facts(host)
@@ -375,7 +368,6 @@ def gather() -> Host:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The command line of ``atopgpu doctor``."""
     parser = argparse.ArgumentParser(
         prog="atopgpu doctor",
         description="Check, in order, what lies between atop and its GPU figures on this host: the daemon on "

@@ -1,11 +1,9 @@
-"""``atopgpu --health``: the daemon's health and power figures for one host, from its metrics page.
+"""``atopgpu --health`` and ``--gpm``: a card's health and power figures, and what GPM measured, from the metrics page.
 
-atop's protocol has no health figures, so these are fetched from the daemon's
-``--metrics`` endpoint (``--metrics-url``) and read with prometheus_client's
-parser of the text format.  The page is checked as a reply is: it must be a
-metrics page of atopgpud (``atopgpud_build_info``), and every figure a number.
-Its keys and columns are the table of figures' (atopgpud_tw/figures.py: each
-row's `Show`).  The JSON schema and the table are in docs/atopgpu.md.
+atop's protocol has neither: the daemon's ``--metrics`` page is read (prometheus_client's
+parser) and checked as a reply is (atopgpud's, every figure a number); its keys and columns
+are the table of figures' `Show`.  A GPM figure over a span is its counter's increase over
+``atopgpud_gpu_gpm_seconds``'s, so the page is fetched twice, ``--watch`` (or 1) seconds apart.
 """
 
 from __future__ import annotations
@@ -16,10 +14,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from atopgpud_tw.atopgpu.cli import columns
 from atopgpud_tw.atopgpu.connection import BadReply, ClientError
-from atopgpud_tw.atopgpu.table import columns
 from atopgpud_tw.codec import printable
-from atopgpud_tw.figures import FIGURES
+from atopgpud_tw.figures import FIGURES, GPM_FIGURES, Show
 
 DEFAULT_URL = "http://127.0.0.1:9445/metrics"
 #: seconds to wait for the page (the daemon waits at most 2 s for a stuck NVML call)
@@ -33,7 +31,7 @@ _BY_SERIES = {figure.series: figure for figure in _SHOWN}
 _FAMILIES = {figure.family.name: figure.family for figure in _SHOWN}
 #: the families shown as lists of the reasons active (whatever reasons a daemon names)
 _LISTED = {figure.family.name for figure in _SHOWN if figure.show and figure.show.key == _REASONS}
-_COLUMNS = tuple(figure for figure in _SHOWN if figure.show and figure.show.column)
+_COLUMNS = tuple(figure.show for figure in _SHOWN if figure.show and figure.show.column)
 
 
 def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> str:
@@ -122,9 +120,7 @@ def health_report(text: str, url: str) -> dict[str, Any]:
         elif found is not None:
             figure, link = found
             *path, leaf = figure.show.key
-            place = card(labels)
-            for step in path:
-                place = place[step]
+            place = _value(card(labels), path)
             if link is None:
                 place[leaf] = _whole(value / figure.show.per)
             else:
@@ -154,13 +150,11 @@ def _whole(value: float) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 3)
 
 
-def _cell(value: Any, unit: str = "", decimals: int = 0) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.{decimals}f}{unit}"
+def _cell(value: Any, show: Show) -> str:
+    return "-" if value is None else f"{value:.{show.decimals}f}{show.unit}"
 
 
-_HEADER = ("BUSID", "TYPE", *(str(figure.show.column) for figure in _COLUMNS if figure.show), "XID", "THROTTLE")
+_HEADER = ("BUSID", "TYPE", *(str(show.column) for show in _COLUMNS), "XID", "THROTTLE")
 
 
 def _value(gpu: dict[str, Any], key: tuple[str, ...]) -> Any:
@@ -176,17 +170,69 @@ def render_health(doc: dict[str, Any]) -> str:
         xids = ",".join(f"{code}x{count}" for code, count in sorted(gpu["xid_errors"].items())) or "-"
         throttle = ",".join(r for r in gpu["clocks_event_reasons"] if r != "gpu_idle") or "-"
         flags = [flag for flag, on in (("stale", gpu["stale"]), ("gone", gpu["present"] is False)) if on]
-        cells = []
-        for figure in _COLUMNS:
-            show = figure.show
-            assert show is not None
-            value = _value(gpu, show.key)
-            cells.append("-" if value is None else show.prefix + _cell(value / show.column_per, show.unit,
-                                                                      show.decimals))
+        cells = ["-" if (value := _value(gpu, show.key)) is None else show.prefix + _cell(value / show.column_per, show)
+                 for show in _COLUMNS]
         rows.append([gpu["busid"], gpu["type"].replace(" ", "_") + (f" ({','.join(flags)})" if flags else ""),
                      *cells, xids, throttle])
     lines = [f"atopgpud health at {printable(doc['endpoint'])}"]
     lines.extend(columns(_HEADER, rows, {0, 1, len(_HEADER) - 2, len(_HEADER) - 1}))
     if not doc["gpus"]:
         lines.append("(no health figures: no GPU, or a reader without them)")
+    return "\n".join(lines)
+
+
+# -- --gpm ---------------------------------------------------------------------------
+
+_GPM_P = "atopgpud_gpu_gpm_"
+#: the table's GPM rows (figures.GPM_FIGURES), each with its metric and its view
+_ROWS = tuple((f.gpm, f.show) for f in GPM_FIGURES if f.gpm is not None and f.show is not None)
+#: series (without the prefix and ``_total``) -> the figure's name: percent-seconds, then bytes
+_PERCENTS = {f.family.name[len(_GPM_P):].removesuffix("_total"): f.gpm.name
+             for f in GPM_FIGURES if f.gpm is not None and not f.gpm.rate}
+_BYTES = {f.family.name[len(_GPM_P):]: f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate}
+
+Counters = dict[tuple[str, str], dict[str, float]]
+
+
+def gpm_counters(text: str, url: str) -> Counters:
+    """The GPM counters of a metrics page, by device (bus id, type)."""
+    found: Counters = {}
+    for name, labels, value in _samples(text, url):
+        if not name.startswith(_GPM_P) or math.isnan(value):
+            continue
+        short = name[len(_GPM_P):]
+        key = "seconds" if short == "seconds_total" else _PERCENTS.get(short.removesuffix("_total"), _BYTES.get(short))
+        if key is not None:
+            found.setdefault((labels.get("busid", ""), labels.get("type", "")), {})[key] = value
+    return found
+
+
+def gpm_report(before: Counters, after: Counters, url: str) -> dict[str, Any]:
+    """The JSON document: per device, each figure's average between two readings (null where it has none)."""
+    gpus = []
+    for (busid, kind), now in sorted(after.items()):
+        then = before.get((busid, kind), {})
+        span = now.get("seconds", 0.0) - then.get("seconds", 0.0)
+        entry: dict[str, Any] = {"busid": busid, "type": kind, "seconds": round(span, 3)}
+        for gpm, show in _ROWS:
+            entry[show.key[0]] = (round((now[gpm.name] - then.get(gpm.name, 0.0)) / span / show.per, 2)
+                                  if span > 0 and gpm.name in now else None)
+        gpus.append(entry)
+    return {"endpoint": url, "time": round(time.time(), 3), "gpus": gpus}
+
+
+_GPM_SHOWN = tuple(show for _, show in _ROWS if show.column is not None)
+_GPM_HEADER = ("BUSID", "TYPE", *(str(show.column) for show in _GPM_SHOWN))
+
+
+def render_gpm(doc: dict[str, Any]) -> str:
+    """The report as text: one row per device, `-` where it has no such figure."""
+    rows = [
+        [gpu["busid"], gpu["type"].replace(" ", "_"), *(_cell(gpu[show.key[0]], show) for show in _GPM_SHOWN)]
+        for gpu in doc["gpus"]
+    ]
+    lines = [f"atopgpud GPM at {printable(doc['endpoint'])}"]
+    lines.extend(columns(_GPM_HEADER, rows, {0, 1}))
+    if not doc["gpus"]:
+        lines.append("(no GPM figures: no GPU with GPM, Hopper or later)")
     return "\n".join(lines)

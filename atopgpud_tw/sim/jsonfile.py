@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from atopgpud_tw.regularfile import read_regular
+from atopgpud_tw.checks import read_regular
 
 #: far beyond any scenario or calibration recording (those are some 100 KiB)
 MAX_SIZE = 16 * 2**20

@@ -1,7 +1,7 @@
 """GPU Performance Monitoring on ``/metrics``: exact cumulative counters per GPU and per MIG instance.
 
 Each poll's GPM figures are exact averages over the seconds between two GPM
-samples (readers/nvml/gpm.py); `gpm_counters.GpmTotals` sums them times those
+samples (readers/nvml/gpm.py); `counters.GpmTotals` sums them times those
 seconds.  So ``rate()`` of a ``*_percent_seconds`` counter is the true average
 percentage over the range, and ``rate()`` of a ``*_bytes`` counter the bytes
 per second, whatever the polls did; ``rate(atopgpud_gpu_gpm_seconds_total)`` is

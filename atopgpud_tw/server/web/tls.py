@@ -37,7 +37,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from atopgpud_tw.regularfile import read_regular
+from atopgpud_tw.checks import read_regular
 from atopgpud_tw.server.system.access import peer_name
 from atopgpud_tw.server.web.webbounds import BoundedChannel
 from atopgpud_tw.server.web.webconfig import CERT_REQUIRED, CERT_VERIFIED, MAX_SIZE, TLSSettings, WebConfigError

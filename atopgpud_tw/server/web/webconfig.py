@@ -40,8 +40,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from atopgpud_tw.checks import flag, integer, kind
-from atopgpud_tw.regularfile import read_regular
+from atopgpud_tw.checks import flag, integer, kind, read_regular
 
 #: the largest web configuration, or certificate file, read (a real one is a few KiB)
 MAX_SIZE = 1024 * 1024
