@@ -15,7 +15,7 @@ families (server/web/metrics_health.py), the NVML reader's calls
 (readers/nvml/health.py), the nvidia-smi reader's paths
 (readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
 the simulator's scenario fields and plain calls (sim/health_*.py); and from
-its GPM rows the GPM families (server/web/metrics_gpm.py), the metric ids the
+its GPM rows the GPM families (server/web/metrics.py), the metric ids the
 NVML reader asks (readers/nvml/gpm.py), the sums' units (gpm_counters.py),
 ``atopgpu --gpm``'s keys and columns (atopgpu/gpm.py) and the simulator's GPM
 fields and metrics (sim/gpm_*.py).

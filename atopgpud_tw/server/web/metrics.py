@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterator, Protocol, TypeGuard, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
@@ -34,16 +33,13 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import distribution_version
-from atopgpud_tw.counters import DeviceTotals, ProcessTotals
-from atopgpud_tw.figures import INFO, INVENTORY, MIG_INFO
+from atopgpud_tw.counters import Counters, DeviceTotals, ProcessTotals
+from atopgpud_tw.figures import GPM_FIGURES, INFO, INVENTORY, MIG_INFO
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
-from atopgpud_tw.server.web.metrics_gpm import GpmCollector
 from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
 from atopgpud_tw.server.web.metrics_web import make_root
-from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
-from atopgpud_tw.server.web.page import InThread, MetricsPage, Rendered
+from atopgpud_tw.server.web.page import Collector, Families, InThread, MetricsPage, Rendered
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
 from atopgpud_tw.workloads import WorkloadBook
@@ -52,11 +48,17 @@ KIB = 1024
 #: what "the seconds it covers" means, in the help text of the *_seconds series
 _SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type", "uuid"]
+WORKLOAD_LABELS = ["index", "busid", "uuid", "kind", "workload"]
 PROCESS_LABELS = ["index", "busid", "pid", "uuid"]
 #: what --metrics-process-context adds to them
 CONTEXT_LABELS = ["user", "comm", "workload"]
 #: the inventory series' labels: what a card (or MIG instance) is
 INFO_LABELS = list(INFO.labels)
+#: figure -> (series name, help), one GPM family per GPM row of the figures table (figures.GPM_FIGURES), in
+#: their order
+GPM_SERIES = tuple((f.gpm.name, f.family.name.removesuffix("_total"), f.family.help)
+                   for f in GPM_FIGURES if f.gpm is not None)
+ENERGY = ("atopgpud_gpu_energy_joules_total", ())
 
 
 class PollStatistics(Protocol):
@@ -69,6 +71,10 @@ class PollStatistics(Protocol):
 def _known(value: int | None) -> TypeGuard[int]:
     """A figure worth exporting: decided (not None) and supported (not -1)."""
     return value is not None and value >= 0
+
+
+def _gpu_labels(index: int, device: DeviceTotals) -> list[str]:
+    return [str(index), device.busid, device.name, device.info.uuid]
 
 
 def _add_busy_seconds(busy: CounterMetricFamily, mem_busy: CounterMetricFamily, labels: list[str],
@@ -186,7 +192,7 @@ class BoardCollector:
         info = GaugeMetricFamily(INFO.name, INFO.help, labels=INFO_LABELS)
         mig_info = GaugeMetricFamily(MIG_INFO.name, MIG_INFO.help, labels=list(MIG_INFO.labels))
         for index, device in enumerate(devices):
-            labels = [str(index), device.busid, device.name, device.info.uuid]
+            labels = _gpu_labels(index, device)
             what = device.info
             shown = {row.label: getattr(what, row.attribute) for row in INVENTORY}
             info.add_metric([str(index), device.busid, what.uuid, device.name,
@@ -244,6 +250,98 @@ class BoardCollector:
         yield from (memory, samples, busy, mem_busy)
 
 
+def atop_sums(board: Board) -> Iterator[Metric]:
+    """atop's own busy sums, ``gpuperccum`` and ``memperccum`` exactly as ``S`` gives them: the increase of
+    either over that of ``gpusamples`` is atop's figure for any span, whatever the polls did."""
+    busy = CounterMetricFamily("atopgpud_gpu_busy_percent_sum", "Per-sample GPU busy percentages summed "
+                               "(atop's gpuperccum): its increase over that of the samples is atop's figure.",
+                               labels=GPU_LABELS)
+    mem = CounterMetricFamily("atopgpud_gpu_memory_busy_percent_sum", "Per-sample memory-controller busy "
+                              "percentages summed (atop's memperccum).", labels=GPU_LABELS)
+    for index, device in enumerate(board.counters.devices):
+        if _known(device.gpu_busy_cum):
+            busy.add_metric(_gpu_labels(index, device), device.gpu_busy_cum)
+        if _known(device.mem_busy_cum):
+            mem.add_metric(_gpu_labels(index, device), device.mem_busy_cum)
+    yield from (busy, mem)
+
+
+def gpm_families(board: Board) -> Iterator[Metric]:
+    """GPM's exact sums per GPU and MIG instance that has GPM (`gpm_counters.GpmTotals`: each poll's exact
+    averages times the seconds they cover, so rate() is exact whatever the polls did); none without GPM."""
+    devices = board.counters.devices
+    if all(device.gpm is None for device in devices):
+        return
+    seconds = CounterMetricFamily("atopgpud_gpu_gpm_seconds", "Seconds GPM's figures cover (each poll's "
+                                  "span between two GPM samples), summed.", labels=GPU_LABELS)
+    families = [(name, CounterMetricFamily(series, text, labels=GPU_LABELS)) for name, series, text in GPM_SERIES]
+    for index, device in enumerate(devices):
+        if (totals := device.gpm) is not None:
+            labels = _gpu_labels(index, device)
+            seconds.add_metric(labels, totals.seconds)
+            for name, family in families:
+                if name in totals.sums:
+                    family.add_metric(labels, totals.sums[name])
+    yield seconds
+    yield from (family for _, family in families)
+
+
+def card_energy(counters: Counters, health: HealthCache | None) -> dict[int, float]:
+    """Each whole card's energy counter as last read with the health figures, by device index."""
+    if health is None:
+        return {}
+    found = {}
+    for index, device in enumerate(counters.devices):
+        reading = health.readings.get(device.key)
+        if reading is not None and not reading.lost:
+            joules = reading.values.get(ENERGY)  # type: ignore[call-overload]
+            if joules is not None:
+                found[index] = float(joules)
+    return found
+
+
+def workload_families(book: WorkloadBook, health: HealthCache | None = None) -> Iterator[Metric]:
+    """``--workloads``: each workload's exact GPU time, by GPU (workloads.py)."""
+    devices = book.counters.devices
+    rows = book.rows()
+    book.share_energy(card_energy(book.counters, health), rows)
+
+    def counter(name: str, text: str) -> CounterMetricFamily:
+        return CounterMetricFamily(name, text, labels=WORKLOAD_LABELS)
+
+    busy = counter("atopgpud_workload_busy_percent_seconds", "The GPU busy percent-seconds of the "
+                   "workload's processes on the GPU, exited ones included: rate() is its busy percentage.")
+    mem_busy = counter("atopgpud_workload_memory_busy_percent_seconds", "The memory busy percent-seconds "
+                       "of the workload's processes on the GPU, exited ones included.")
+    memory = counter("atopgpud_workload_memory_used_byte_seconds", "The GPU memory times seconds held by "
+                     "the workload's processes on the GPU, exited ones included.")
+    seen = counter("atopgpud_workload_processes", "The workload's processes seen on the GPU.")
+    ended = counter("atopgpud_workload_processes_ended", "The workload's processes that ended on the GPU.")
+    energy = counter("atopgpud_workload_energy_joules", "The GPU's energy shared out to the workload by its "
+                     "share of the GPU busy time of the GPU's processes (docs/metrics.md).")
+    shown = 0
+    for row in rows:
+        sums = row.sums
+        if sums.device_index >= len(devices):
+            continue
+        shown += 1
+        device = devices[sums.device_index]
+        labels = [str(sums.device_index), device.busid, device.info.uuid, sums.kind, sums.name]
+        busy.add_metric(labels, row.busy)
+        mem_busy.add_metric(labels, row.mem_busy)
+        memory.add_metric(labels, row.memory_kib * KIB)
+        seen.add_metric(labels, sums.seen)
+        ended.add_metric(labels, sums.ended)
+        energy.add_metric(labels, sums.energy_joules)
+    yield from (busy, mem_busy, memory, seen, ended, energy)
+    yield GaugeMetricFamily("atopgpud_workload_series", "Workload series on the page, other included "
+                            "(--workload-limit bounds the named ones; the rest are summed under "
+                            "workload=\"other\").", value=shown)
+    yield CounterMetricFamily("atopgpud_workloads_expired", "Workloads that left the page after "
+                              "--workload-expiry seconds without a process; their sums went into "
+                              "workload=\"other\".", value=book.expired)
+
+
 _ACCEPTS_GZIP = re.compile(rb"(?:^|[\s,])gzip(?:$|[\s,;])")
 #: pages above this are written as the client reads them, a chunk at a time
 _PRODUCED = 4 * PageWriter.chunk
@@ -255,7 +353,7 @@ class MetricsResource(Resource):
     isLeaf = True
     log = ClassLogger("atopgpud_tw.metrics.MetricsResource")
 
-    def __init__(self, page: MetricsPage | CollectorRegistry) -> None:
+    def __init__(self, page: MetricsPage | Collector) -> None:
         super().__init__()
         self.page = page if isinstance(page, MetricsPage) else MetricsPage(page)
 
@@ -328,32 +426,6 @@ class MetricsSite(Site):
         pass  # a scrape every few seconds is not worth a log line
 
 
-def make_registry(
-    board: Board,
-    poller: PollStatistics,
-    interval: float,
-    processes: bool = False,
-    calls: CallStatistics | None = None,
-) -> CollectorRegistry:
-    """A registry holding only this daemon's collector."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(board, poller, interval, processes, calls))
-    return registry
-
-
-def _registry(collect: Callable[[], Iterator[Metric]]) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Part(collect))
-    return registry
-
-
-class _Part:
-    """Some of a collector's families, as a collector of their own."""
-
-    def __init__(self, collect: Callable[[], Iterator[Metric]]) -> None:
-        self.collect = collect
-
-
 def make_site(
     board: Board,
     poller: PollStatistics,
@@ -382,18 +454,16 @@ def make_site(
     def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
         return deferToThreadPool(reactor, reactor.getThreadPool(), render)
 
-    live = _registry(collector.live)
-    health_part = None
-    if health is not None:
-        health_part = CollectorRegistry(auto_describe=False)
-        health_part.register(HealthCollector(health))  # read when scraped (page.py: at most every HEALTH_TTL)
-    polled = _registry(collector.polled)
-    polled.register(AtopSumsCollector(board))  # atop's gpuperccum and memperccum (metrics_atop.py)
-    polled.register(GpmCollector(board))  # GPM's exact sums, where a GPU has GPM (metrics_gpm.py)
-    if workloads is not None:
-        polled.register(WorkloadCollector(workloads, health))  # per workload (--workloads: workloads.py)
-    page = MetricsPage(
-        live, polled, lambda: board.counters.generation, in_thread or in_pool, health_part, reactor.seconds
+    def polled() -> Iterator[Metric]:
+        yield from collector.polled()
+        yield from atop_sums(board)
+        yield from gpm_families(board)
+        if workloads is not None:
+            yield from workload_families(workloads, health)
+
+    page = MetricsPage(  # the health part read when scraped (page.py: at most every HEALTH_TTL)
+        Families(collector.live), Families(polled), lambda: board.counters.generation, in_thread or in_pool,
+        None if health is None else HealthCollector(health), reactor.seconds,
     )
     metrics: Resource = MetricsResource(page)
     if health is not None:

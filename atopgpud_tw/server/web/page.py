@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import gzip as gzip_format
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Protocol, Union
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import CollectorRegistry
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
@@ -52,14 +51,17 @@ class _Part:
     at: float | None = None
 
 
-class _Frozen:
-    """Families collected earlier, as a registry the encoders can read in a thread."""
+class Collector(Protocol):
+    """What the encoders read: a registry, or anything with `collect`."""
 
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
+    def collect(self) -> Iterable[Metric]: ...
 
-    def collect(self) -> list[Metric]:
-        return self.families
+
+@dataclass(frozen=True)
+class Families:
+    """Families a function makes, as a collector."""
+
+    collect: Callable[[], Iterable[Metric]]
 
 
 def _at_once(render: Callable[[], Rendered]) -> Deferred[Rendered]:
@@ -72,11 +74,11 @@ class MetricsPage:
 
     def __init__(
         self,
-        live: CollectorRegistry,
-        polled: CollectorRegistry | None = None,
+        live: Collector,
+        polled: Collector | None = None,
         generation: Callable[[], int] | None = None,
         in_thread: InThread | None = None,
-        health: CollectorRegistry | None = None,
+        health: Collector | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.live = live
@@ -145,10 +147,10 @@ class MetricsPage:
             return waiter
         self._pending[key] = [waiter]
         assert self.polled is not None
-        families = _Frozen(list(self.polled.collect()))  # here, in the reactor thread: one poll's figures
+        families = list(self.polled.collect())  # here, in the reactor thread: one poll's figures
 
         def render() -> Rendered:
-            return Rendered(generation, encoder(families))
+            return Rendered(generation, encoder(Families(lambda: families)))
 
         self.in_thread(render).addBoth(self._rendered, key, content_type)
         return waiter
