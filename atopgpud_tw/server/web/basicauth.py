@@ -28,18 +28,16 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.guard import BasicCredentialFactory
-from twisted.web.resource import IResource, getChildForRequest
+from twisted.web.resource import IResource, Resource, getChildForRequest
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.problems import BurstLog
 from atopgpud_tw.server.system.access import address_name
+from atopgpud_tw.server.web.metrics_web import plain
 from atopgpud_tw.server.web.passwords import MAX_PASSWORD, Busy, PasswordChecks
+from atopgpud_tw.server.web.webbounds import Bursts
 from atopgpud_tw.server.web.webconfig import WebConfig
-
-_PLAIN = b"text/plain; charset=utf-8"
-
 
 _BASIC = BasicCredentialFactory(b"atopgpud")
 
@@ -63,13 +61,13 @@ def credentials(request: Request) -> UsernamePassword | None:
         return None
 
 
-@implementer(IResource)
-class _Answer:
-    """A short plain-text reply: 401 or 503."""
+class _Answer(Resource):
+    """A short plain-text reply: 401, 429 or 503."""
 
     isLeaf = True
 
-    def __init__(self, code: int, text: bytes, headers: dict[bytes, bytes]) -> None:
+    def __init__(self, code: int, text: str, headers: dict[bytes, bytes]) -> None:
+        super().__init__()
         self.code = code
         self.text = text
         self.headers = headers
@@ -78,23 +76,12 @@ class _Answer:
         request.setResponseCode(self.code)
         for name, value in self.headers.items():
             request.setHeader(name, value)
-        request.setHeader(b"content-type", _PLAIN)
-        request.setHeader(b"cache-control", b"no-store")
-        return self.text
-
-    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        return self
-
-    def putChild(self, path: bytes, child: IResource) -> None:
-        raise NotImplementedError
+        return plain(request, self.text)
 
 
-def unauthorized() -> IResource:
-    return _Answer(401, b"Unauthorized\n", {b"www-authenticate": b'Basic realm="atopgpud"'})
-
-
-def too_many() -> IResource:
-    return _Answer(429, b"Too Many Requests\n", {b"retry-after": b"1"})
+UNAUTHORIZED = _Answer(401, "Unauthorized\n", {b"www-authenticate": b'Basic realm="atopgpud"'})
+TOO_MANY = _Answer(429, "Too Many Requests\n", {b"retry-after": b"1"})
+BUSY = _Answer(503, "Too many password checks at once; try again\n", {b"retry-after": b"1"})
 
 
 class TokenBucket:
@@ -117,17 +104,13 @@ class TokenBucket:
         return True
 
 
-def busy() -> IResource:
-    return _Answer(503, b"Too many password checks at once; try again\n", {b"retry-after": b"1"})
-
-
-@implementer(IResource)
-class _Waiting:
+class _Waiting(Resource):
     """The request while its password is checked: rendered once the answer (a resource) is in."""
 
     isLeaf = True
 
     def __init__(self, answer: Deferred[IResource]) -> None:
+        super().__init__()
         self.answer = answer
 
     def render(self, request: Request) -> Any:
@@ -135,12 +118,6 @@ class _Waiting:
         request.notifyFinish().addErrback(lambda _: gone.append(True))
         self.answer.addCallback(lambda answer: None if gone else request.render(answer))
         return NOT_DONE_YET
-
-    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        return self
-
-    def putChild(self, path: bytes, child: IResource) -> None:
-        raise NotImplementedError
 
 
 @implementer(IResource, IRealm)
@@ -159,10 +136,7 @@ class Protected:
         checks.users = dict(config.users)
         self.portal = Portal(self, [checks])
         self.bucket = self._bucket(config)
-        self._wrong = BurstLog(clock)
-        self._busy = BurstLog(clock)
-        self._limited = BurstLog(clock)
-        self._too_long = BurstLog(clock)
+        self.bursts = Bursts(clock, self.log)
 
     @property
     def config(self) -> WebConfig:
@@ -189,23 +163,22 @@ class Protected:
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
         config = self.config
         if self.bucket is not None and not self.bucket.take():
-            self._limited.event(lambda: self.log.warn("answering metrics requests 429: over rate_limit"),
-                                "metrics requests answered 429 (rate_limit)")
-            return too_many()  # before a password is checked, as the toolkit has it
+            self.bursts.cut("metrics requests answered 429 (rate_limit)",
+                            "answering metrics requests 429: over rate_limit")
+            return TOO_MANY  # before a password is checked, as the toolkit has it
         for header, value in config.headers.items():
             request.setHeader(header.encode("ascii"), value.encode("utf-8"))
         if not config.users:
             return self.inner.getChildWithDefault(name, request)
         given = credentials(request)
         if given is None:
-            return unauthorized()  # a first request without a password is no refusal worth a line
+            return UNAUTHORIZED  # a first request without a password is no refusal worth a line
 
         if len(given.password) > MAX_PASSWORD:
-            peer = self._peer(request)
-            self._too_long.event(lambda: self.log.warn(
-                "refusing metrics requests from {peer}: a password of {size} bytes, over bcrypt's {most}",
-                peer=peer, size=len(given.password), most=MAX_PASSWORD), "metrics requests refused: password too long")
-            return unauthorized()
+            self.bursts.cut("metrics requests refused: password too long", "refusing metrics requests from {peer}: "
+                            "a password of {size} bytes, over bcrypt's {most}", peer=self._peer(request),
+                            size=len(given.password), most=MAX_PASSWORD)
+            return UNAUTHORIZED
         # the checks are queued fairly by whom the connection is counted to (else by address)
         peer = getattr(getattr(request, "channel", None), "peer", None) or self._peer(request)
         login = self.portal.login(Credentials(given.username, given.password, peer), None, IResource)
@@ -222,17 +195,14 @@ class Protected:
         if not isinstance(login, Failure):
             return page(login[1])
         if login.check(Busy):
-            return self._busy_answer()
+            self.bursts.cut("metrics requests answered 503 (password checks pending)",
+                            "answering metrics requests 503: {count} password checks already pending",
+                            count=len(self.checks.pending))
+            return BUSY
         if not login.check(UnauthorizedLogin):
             self.log.failure("a password check failed", login)
         refused()
-        return unauthorized()
-
-    def _busy_answer(self) -> IResource:
-        self._busy.event(lambda: self.log.warn(
-            "answering metrics requests 503: {count} password checks already pending",
-            count=len(self.checks.pending)), "metrics requests answered 503 (password checks pending)")
-        return busy()
+        return UNAUTHORIZED
 
     @staticmethod
     def _peer(request: Request) -> str:
@@ -240,13 +210,9 @@ class Protected:
 
     def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
         peer = self._peer(request)
-
-        def line() -> None:
-            self._wrong.event(lambda: self.log.warn(
-                "refusing metrics requests from {peer}: wrong user name or password (user {user!r})",
-                peer=peer, user=user.decode("utf-8", "replace")), "metrics requests refused: wrong password")
-
-        return line
+        return lambda: self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from "
+                                       "{peer}: wrong user name or password (user {user!r})", peer=peer,
+                                       user=user.decode("utf-8", "replace"))
 
     def putChild(self, path: bytes, child: IResource) -> None:
         self.inner.putChild(path, child)
@@ -255,7 +221,4 @@ class Protected:
         return self.inner.render(request)
 
     def stop(self) -> None:
-        self._wrong.stop()
-        self._busy.stop()
-        self._limited.stop()
-        self._too_long.stop()
+        self.bursts.stop()

@@ -47,7 +47,7 @@ def not_ready(poller: PollState) -> str | None:
     return unread
 
 
-def _plain(request: Request, text: str) -> bytes:
+def plain(request: Request, text: str) -> bytes:
     request.setHeader(b"content-type", _PLAIN)
     request.setHeader(b"cache-control", b"no-store")
     return text.encode("utf-8", "replace")
@@ -59,7 +59,7 @@ class Healthy(Resource):
     isLeaf = True
 
     def render_GET(self, request: Request) -> bytes:
-        return _plain(request, "atopgpud is healthy\n")
+        return plain(request, "atopgpud is healthy\n")
 
 
 class Ready(Resource):
@@ -74,9 +74,9 @@ class Ready(Resource):
     def render_GET(self, request: Request) -> bytes:
         reason = not_ready(self.poller)
         if reason is None:
-            return _plain(request, "atopgpud is ready\n")
+            return plain(request, "atopgpud is ready\n")
         request.setResponseCode(503)
-        return _plain(request, f"atopgpud is not ready: {' '.join(reason.split())}\n")
+        return plain(request, f"atopgpud is not ready: {' '.join(reason.split())}\n")
 
 
 _INDEX = b"""<!DOCTYPE html>

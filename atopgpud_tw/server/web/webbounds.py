@@ -27,6 +27,7 @@ from typing import Any
 
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.error import UnsupportedMethod
 from twisted.web.http import NOT_ALLOWED, NOT_IMPLEMENTED, HTTPChannel
@@ -60,20 +61,39 @@ class WebLimits:
     max_handshakes_per_peer: int = 4
 
 
-class WebGuard:
+class Bursts:
+    """A `BurstLog` per cause: the first of each burst of refusals or cuts logged with `log`."""
+
+    def __init__(self, clock: IReactorTime, log: Logger) -> None:
+        self.clock = clock
+        self.logger = log
+        self._bursts: dict[str, BurstLog] = {}
+
+    def cut(self, what: str, line: str, **fields: Any) -> None:
+        """Count one refusal or cut of cause `what`; log it if it starts a burst."""
+        burst = self._bursts.get(what)
+        if burst is None:
+            burst = self._bursts[what] = BurstLog(self.clock)
+        burst.event(lambda: self.logger.warn(line, **fields), what)
+
+    def stop(self) -> None:
+        for burst in self._bursts.values():
+            burst.stop()
+
+
+class WebGuard(Bursts):
     """The shared side of the bounds: the connections open, and a burst log per cause."""
 
     log = ClassLogger("atopgpud_tw.webbounds.WebGuard")
 
     def __init__(self, limits: WebLimits, clock: IReactorTime) -> None:
+        super().__init__(clock, self.log)
         self.limits = limits
-        self.clock = clock
         self.channels: set[BoundedChannel] = set()
         #: per peer address, the TLS connections whose handshake is in flight, oldest first
         self.handshakes: dict[str, list[Any]] = {}
         #: tells a local TCP client's uid (`BoundedChannel.peer`)
         self.diag = SockDiag()
-        self._bursts: dict[str, BurstLog] = {}
 
     def room(self) -> bool:
         """Whether another connection may open; a refusal is logged once per burst."""
@@ -95,16 +115,8 @@ class WebGuard:
     def forget(self, channel: BoundedChannel) -> None:
         self.channels.discard(channel)
 
-    def cut(self, what: str, line: str, **fields: Any) -> None:
-        """Count one refusal or cut of cause `what`; log it if it starts a burst."""
-        burst = self._bursts.get(what)
-        if burst is None:
-            burst = self._bursts[what] = BurstLog(self.clock)
-        burst.event(lambda: self.log.warn(line, **fields), what)
-
     def stop(self) -> None:
-        for burst in self._bursts.values():
-            burst.stop()
+        super().stop()
         self.diag.close()
 
 
