@@ -21,7 +21,7 @@ is listed in docs/metrics.md.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterator, Protocol, TypeGuard, cast
+from typing import Any, Callable, Iterator, Protocol, TypeGuard
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -403,13 +403,9 @@ class MetricsSite(Site):
     protocol = BoundedChannel  # type: ignore[assignment]  # Twisted types it as a callable
     requestFactory = BoundedRequest
 
-    def __init__(self, resource: Resource, limits: WebLimits | None = None, clock: IReactorTime | None = None) -> None:
-        if clock is None:
-            from twisted.internet import reactor
-
-            clock = cast(IReactorTime, reactor)
+    def __init__(self, resource: Resource, limits: WebLimits, clock: IReactorTime) -> None:
         super().__init__(resource, reactor=clock)
-        self.guard = WebGuard(limits or WebLimits(), clock)
+        self.guard = WebGuard(limits, clock)
 
     def buildProtocol(self, addr: Any) -> Any:
         if not self.guard.room():
@@ -468,6 +464,6 @@ def make_site(
     metrics: Resource = MetricsResource(page)
     if health is not None:
         metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
-    site = MetricsSite(make_root(metrics, poller), limits, clock)  # with /, /-/healthy, /-/ready
+    site = MetricsSite(make_root(metrics, poller), limits or WebLimits(), reactor)  # with /, /-/healthy, /-/ready
     site.displayTracebacks = False
     return site

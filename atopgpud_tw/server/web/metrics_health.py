@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.resource import Resource
@@ -100,26 +100,18 @@ class HealthCache:
         return bool(watchdog.running_seconds() >= min(watchdog.after, self.wait))
 
     def _first_of(self, jobs: list[Deferred]) -> Deferred:
-        done: Deferred = Deferred()
         if not jobs:
-            done.callback(None)
-            return done
-        left = [len(jobs)]
+            return succeed(None)
+        done: Deferred = Deferred()
 
-        def one(result: Any) -> Any:
-            left[0] -= 1
-            if left[0] == 0 and not done.called:
+        def fire(_: Any = None) -> None:
+            if timer.active():
                 timer.cancel()
-                done.callback(None)
-            return result
-
-        def late() -> None:
             if not done.called:
                 done.callback(None)
 
-        timer = self.clock.callLater(self.wait, late)
-        for job in jobs:
-            job.addBoth(one)
+        timer = self.clock.callLater(self.wait, fire)
+        DeferredList(jobs).addCallback(fire)  # not cancelled: a job late for this scrape is for the next
         return done
 
     def _stored(self, reading: CardHealth, key: str) -> None:

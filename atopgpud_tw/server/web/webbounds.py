@@ -131,14 +131,11 @@ class BoundedRequest(Request):
         super().render(_MethodsChecked(resrc))
 
 
-@implementer(IResource)
 class _MethodsChecked:
-    """A resource as it is, except that a method it lacks is answered with
+    """A resource rendered as it is, except that a method it lacks is answered with
     `twisted.web.pages.errorPage` (405 with ``Allow``, or 501 for a method HTTP
     does not define), where Request.render would use a deprecated page that does
     not escape HTML.  A HEAD on a resource with only GET is still Twisted's to fake."""
-
-    isLeaf = True
 
     def __init__(self, inner: IResource) -> None:
         self.inner = inner
@@ -160,12 +157,6 @@ class _MethodsChecked:
             return errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.").render(
                 request
             )
-
-    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        return self.inner.getChildWithDefault(name, request)
-
-    def putChild(self, path: bytes, child: IResource) -> None:
-        self.inner.putChild(path, child)
 
 
 class BoundedChannel(HTTPChannel):

@@ -52,15 +52,15 @@ class Loaded:
 
 def signature(path: str, files: tuple[str, ...]) -> Signature:
     """What says the file or a certificate changed: each one's inode, size and mtime (None: missing)."""
-    marks: list[tuple[int, int, int] | None] = []
-    for name in (path, *files):
-        try:
-            status = os.stat(name)
-        except OSError:
-            marks.append(None)
-            continue
-        marks.append((status.st_ino, status.st_size, status.st_mtime_ns))
-    return tuple(marks)
+    return tuple(_mark(name) for name in (path, *files))
+
+
+def _mark(name: str) -> tuple[int, int, int] | None:
+    try:
+        status = os.stat(name)
+    except OSError:
+        return None
+    return status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def attempt(path: str, fallback: tuple[str, ...] = ()) -> tuple[Loaded | WebConfigError, Signature, tuple[str, ...]]:
