@@ -1,20 +1,14 @@
 """Basic authentication and the rate limit on the metrics listener: the site's root under ``--web-config``.
 
-`Protected` is the site's root: it answers 429 beyond ``rate_limit`` (a token
-bucket, as the toolkit's), sets ``http_server_config.headers`` on every
-response, then passes the request on, or answers 401 (with
-``WWW-Authenticate: Basic``) or 503 (too many password checks pending,
-`passwords.PasswordChecks`), for every page of the listener.  The password is
-checked through `twisted.cred`: the header decoded by ``twisted.web.guard``'s
-`BasicCredentialFactory`, a `Portal` whose checker is the bcrypt one and whose
-realm (`Protected` itself) hands out the site.  A request whose password is
-being checked waits in `_Waiting` and is rendered once the verdict is in.
-
-``twisted.web.guard.HTTPAuthSessionWrapper`` itself does not serve: any failure
-of a login but a refusal becomes a 500 with a logged traceback (the checker's
-"busy" must be a 503 with ``Retry-After``), its 401 has a body and headers of
-its own, and it has no place for the rate limit, the configured headers, the
-client's address the checks are queued by, or the damped log lines.
+`Protected` answers 429 beyond ``rate_limit`` (a token bucket, as the
+toolkit's), sets ``http_server_config.headers``, then passes the request on or
+answers 401 or 503 (too many password checks pending), for every page.  The
+password is checked through `twisted.cred` (``twisted.web.guard``'s header
+decoding, a `Portal` over the bcrypt checker, `Protected` its realm).
+``twisted.web.guard.HTTPAuthSessionWrapper`` does not serve: it makes any login
+failure but a refusal a 500 (the checker's "busy" must be a 503 with
+``Retry-After``), and has no place for the rate limit, the headers, the client's
+address the checks are queued by, or the damped log lines.
 """
 
 from __future__ import annotations

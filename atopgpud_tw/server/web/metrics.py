@@ -1,21 +1,15 @@
 """``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``).
 
 A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then: nobody scraping costs nothing per poll.  Its families are collected
-in the reactor thread, the one thread that changes the Board, so a scrape always
-sees one poll's figures whole (prometheus_client's own Twisted resource would
-collect in a thread pool, racing the poller); the GPU and process families are
-then encoded once per poll in a thread (`page.MetricsPage`).  The site runs
-within `webbounds.WebLimits`.
-
-The counters are the cumulative figures atop gets, scaled to base units, with
-one difference: the ``*_seconds`` series sum each sample's figure times the
-seconds that sample covers (`counters.Counters.fold`), so ``rate()`` of them is
-the average busy percentage even when polls run late or fail; atop's
-``gpuperccum`` sums one figure per sample, and the ratio of the increases of
-``gpuperccum`` and ``gpusamples`` is atop's figure.  A value the device cannot
-report (-1 on the wire) is left out rather than exported as -1.  Every metric
-is listed in docs/metrics.md.
+only then.  Its families are collected in the reactor thread, the one thread
+that changes the Board, so a scrape sees one poll's figures whole
+(prometheus_client's own Twisted resource collects in a thread pool, racing the
+poller); `page.MetricsPage` encodes them.  The counters are atop's cumulative
+figures in base units, except that the ``*_seconds`` series sum each sample's
+figure times the seconds it covers (`counters.Counters.fold`): ``rate()`` of
+them is the average busy percentage even when polls run late or fail (atop's
+own sums are `atop_sums`).  A value the device cannot report (-1 on the wire)
+is left out, not exported as -1.  docs/metrics.md lists every metric.
 """
 
 from __future__ import annotations
@@ -96,10 +90,7 @@ class CallStatistics(Protocol):
 
 
 class BoardCollector:
-    """A prometheus_client collector over a Board, read at scrape time.
-
-    `calls` is the NVML reader's hang watchdog; the nvidia-smi reader has none.
-    """
+    """A prometheus_client collector over a Board, read at scrape time; `calls`: the NVML reader's hang watchdog."""
 
     def __init__(
         self,
@@ -435,11 +426,8 @@ def make_site(
     workloads: WorkloadBook | None = None,
     process_context: bool = False,
 ) -> Site:
-    """The web site served on ``--metrics``: ``/metrics``, gzip when asked for, and
-    the health endpoints (`metrics_web`).
-
-    `in_thread` runs the encoding of the polled part (default: in the reactor's
-    thread pool)."""
+    """The site on ``--metrics``: ``/metrics`` and the other pages (`metrics_web`); `in_thread` runs the
+    encoding of the polled part (default: in the reactor's thread pool)."""
     collector = BoardCollector(board, poller, interval, processes, calls, process_context)
     if workloads is not None:
         collector.grouping = workloads.grouping

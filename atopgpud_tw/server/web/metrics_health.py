@@ -1,16 +1,13 @@
 """The health and power series of ``/metrics``: read when scraped, never waited on for long.
 
-A scrape asks the reader (`NvmlReader.health`) to read each card's figures in
-its worker thread, and the XID counts with them, and waits for the answers at
-most `HEALTH_WAIT` seconds (the page is sent then, whatever is still out): a
-call stuck in the driver delays a scrape by that long and no more, and the
-page marks the cards whose figures are from an earlier reading
-(``atopgpud_gpu_health_stale 1``) with their age; while the reader's thread
-is in a call the hang watchdog already counts as hung, a scrape does not wait.  A card whose reading is
-still out is not asked again until it answers, so a stuck call never piles
-jobs up behind it; a reading younger than `FRESH` seconds is reused, so two
-scrapers do not double the calls.  Nobody scraping costs nothing.  The series
-are listed in docs/metrics.md.
+A scrape asks the reader (`NvmlReader.health`) for each card's figures and the
+XID counts, and waits at most `HEALTH_WAIT` seconds: a call stuck in the driver
+delays a scrape by that long and no more, and cards whose figures are from an
+earlier reading are marked (``atopgpud_gpu_health_stale 1``, and their age);
+while the reader's thread is in a call the hang watchdog counts as hung, a scrape
+does not wait.  A card whose reading is out is not asked again until it answers
+(a stuck call piles no jobs up), and a reading younger than `FRESH` seconds is
+reused.  docs/metrics.md lists the series.
 """
 
 from __future__ import annotations

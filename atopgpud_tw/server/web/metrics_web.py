@@ -1,15 +1,11 @@
 """The metrics listener's other pages: ``/``, ``/-/healthy`` (also ``/healthz``) and ``/-/ready``.
 
-``/-/healthy`` answers 200 whenever the reactor answers at all: a liveness probe
-that fails only when the process does not serve.  ``/-/ready`` answers 200 once
-the first poll is folded in, while the latest poll worked, the reader waits
-for nothing and a GPU was read in one of the last few polls (``unread``: every
-call failing, every GPU lost, none found); otherwise 503 with the reason on one line, so that a load balancer
-or ``kubectl describe`` shows why.  Each is a few bytes computed from two or
-three attributes of the poller, so they cost the reactor nothing that a scrape
-would not; they are served by the same site as ``/metrics``, behind the same
-bounds (`webbounds`) and access gate.  Any other path is a 404 from
-`twisted.web.pages` (an HTML-escaping error page).
+``/-/healthy`` answers 200 whenever the reactor answers at all.  ``/-/ready``
+answers 200 once the first poll is folded in, while the latest poll worked, the
+reader waits for nothing and a GPU was read in one of the last few polls;
+otherwise 503 with the reason on one line (for a load balancer or ``kubectl
+describe``).  They read a few attributes of the poller and are served behind the
+same bounds and gate as ``/metrics``; any other path is `twisted.web.pages`' 404.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The ``/metrics`` page, rendered once per poll and format however many scrape it.
 
-The page has three parts.  The daemon's own figures (polls, clients, an NVML call
-in progress) may change between polls and are small: they are rendered for every
-scrape.  The GPUs' health figures are read when scraped, at most once a second or
-so each (metrics_health.py): they are rendered at most once per `HEALTH_TTL`
-seconds, so that hundreds of scrapes at once cost the reactor one rendering.
-The GPU and process series change only when a poll is folded in, and with
-``--metrics-processes`` run to hundreds of kilobytes: they are collected in the
-reactor thread (so they are one poll's figures, whole), then encoded and
-compressed in a thread, once per poll and format, while the reactor goes on
-answering atop; scrapes that come meanwhile wait for that one rendering.
-
-A gzip page is the whole page compressed once (`gzip.compress`), and kept for
-the scrapes that find the same parts (the same fresh text, the same health and
-polled renderings): a burst of scrapes between two polls costs one compression.
+Three parts: the daemon's own figures (polls, clients, an NVML call in progress)
+are small and rendered for every scrape; the GPUs' health figures
+(metrics_health.py) at most once per `HEALTH_TTL` seconds, so that hundreds of
+scrapes at once cost one rendering; the GPU and process series, hundreds of
+kilobytes with ``--metrics-processes``, are collected in the reactor thread (one
+poll's figures, whole), then encoded in a thread once per poll and format while
+the reactor answers atop, scrapes meanwhile waiting for that one rendering.  A
+gzip page is compressed once and kept for the scrapes that find the same parts.
 """
 
 from __future__ import annotations

@@ -1,37 +1,17 @@
 """Checking a password against its bcrypt hash, at a bounded cost (``basic_auth_users``).
 
-A bcrypt check costs tens of milliseconds of CPU by design (cost 10: some
-80 ms here), so it never runs in the reactor's thread, which serves atop:
-
-- `PasswordChecks` runs them in a thread pool of its own (`THREADS` threads;
-  the ``bcrypt`` library lets go of the GIL while it hashes), with at most
-  `MAX_PENDING` checks running or queued; beyond that the answer is "busy" at
-  once (503), so a flood of wrong passwords costs at most `THREADS` cores; but
-  a client (`access.peer_key`: its address, and a local client's uid) holding
-  fewer of those places than the client holding the most takes that one's
-  newest (answered 503): a flood from one client, or a few, never keeps
-  another's first check out (only one from as many clients as there are places
-  can fill them);
-- a verdict (right or wrong) is kept for `CACHE_SECONDS` under a SHA-256 of the
-  user, the stored hash and the password, so a repeated wrong password pays for
-  one check a minute; a right verdict is renewed by each use, so Prometheus
-  scraping every few seconds pays for one check in all; checks of the same
-  credentials at once share one run;
-- credentials once found right (until the users change) are checked again, when
-  their verdict has expired or was pushed out of the cache, in a thread of their
-  own and outside the `MAX_PENDING` bound: a flood of wrong passwords fills the
-  shared pool, never the real scraper's way (it got 503 on every scrape once its
-  verdict expired);
-- an unknown user is refused at once, without a check, so that a flood of
-  made-up users costs nothing and takes no place from the scraper (the time
-  taken does tell whether a user name exists: the names are not the secret, the
-  passwords are);
-- a password over `MAX_PASSWORD` bytes is wrong at once: bcrypt hashes no more
-  (bcrypt 5 raises on a longer one, older versions cut it), so no hash can have
-  been made of it;
-- stopping waits for no check: the pool's threads are daemon threads and are
-  not joined, and a check still queued is not run (`_Pool`), so SIGTERM with
-  checks pending exits at once rather than after them.
+A bcrypt check costs tens of milliseconds of CPU by design, so it never runs in
+the reactor's thread, which serves atop (docs/metrics.md, "What a password
+costs"): `PasswordChecks` runs them in a pool of `THREADS` daemon threads (bcrypt
+lets go of the GIL), at most `MAX_PENDING` running or queued, beyond that "busy"
+(503) at once, the places shared fairly by client (`access.peer_key`).  A verdict
+is kept `CACHE_SECONDS` under a SHA-256 of the user, the stored hash and the
+password, a right one renewed by each use; checks of the same credentials at once
+share one run.  Credentials once found right are checked again in a thread of
+their own, outside the bound, so a flood of wrong passwords never stands in the
+real scraper's way.  An unknown user, or a password over `MAX_PASSWORD` bytes (no
+bcrypt hash can be of it), is refused without a check.  Stopping waits for no
+check (`_Pool`): SIGTERM with checks pending exits at once.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """TLS on the metrics listener: an OpenSSL context from ``tls_server_config``, swapped on reload.
 
-`build_context` turns `webconfig.TLSSettings` into a pyOpenSSL context through
-Twisted's `CertificateOptions` (the certificates read with the ``cryptography``
-library, so that a bad file is one line); `Contexts` hands the current one to each new connection, so a reload
-changes what the next handshake sees and leaves open connections as they are;
-`TLSSiteFactory` is Twisted's TLS (`twisted.protocols.tls`) around the metrics
-site, and `TLSChannel` the site's channel with a deadline for the handshake
-(`WebLimits.handshake_timeout`, 5 s) and at most
-`WebLimits.max_handshakes_per_peer` (4) handshakes in flight per peer address
-(and per uid, for a client on this host: the socket's owner, as the atop
-listeners tell it): a newer one closes that peer's oldest, so slow or stalled
-handshakes hold at most 4 of the listener's places per peer, each for at most
-5 s, and a scraper's handshake (milliseconds) is never the oldest for long.
-
-client_auth_type maps onto OpenSSL's verify modes as Go's crypto/tls defines
-the five (https://pkg.go.dev/crypto/tls#ClientAuthType):
-
-- NoClientCert: no certificate asked for;
-- RequestClientCert: asked for, not required, not verified;
-- RequireAnyClientCert: required, not verified;
-- VerifyClientCertIfGiven: asked for, verified against the client CAs if sent;
-- RequireAndVerifyClientCert: required and verified.
+`build_context` makes the context through Twisted's `CertificateOptions` (the
+certificates read with ``cryptography``, so that a bad file is one line);
+`Contexts` hands the current one to each new connection, so a reload changes the
+next handshake and leaves open connections as they are; `TLSSiteFactory` is
+Twisted's TLS around the metrics site, and `TLSChannel` bounds the handshakes.
+client_auth_type maps onto OpenSSL's verify modes with Go's meanings
+(https://pkg.go.dev/crypto/tls#ClientAuthType; docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """The metrics web server's bounds: what one HTTP client, and all of them, may take.
 
-twisted.web alone holds a client for as long as it trickles header bytes, spools a
-request body of any size to a file, and answers pipelined requests whether or not
-the client reads the replies.  A scraper needs none of that, and the reactor that
-serves atop must not pay for it, so `BoundedChannel` adds (`WebLimits`):
-
-- a cap on connections (``--metrics-max-clients``); more are closed at once;
-- a deadline for a request's head, from its first byte to its blank line;
-- no request body beyond a few bytes (a chunked one is refused outright), kept in
-  memory, never in a file;
-- one reply at a time for a client that does not read: the next pipelined request
-  is answered only once the transport has taken the last reply, and a reply left
-  unread past a deadline ends the connection.
-
-Each refusal or cut is logged once per burst (`problems.BurstLog`).  Holding the
-next pipelined request reads two attributes of HTTPChannel's own flow control
-(``_waitingForTransport``, ``_networkProducer``, there since Twisted 17.9);
-tests/test_metrics_bounds.py pins the behaviour.
+twisted.web alone holds a client for as long as it trickles header bytes, spools
+a request body of any size to a file, and answers pipelined requests whether or
+not the client reads the replies; the reactor that serves atop must not pay for
+that.  `BoundedChannel` caps the connections (``--metrics-max-clients``), gives a
+request's head a deadline, takes no body beyond a few bytes (none chunked, kept
+in memory), and answers a client that does not read one reply at a time, ending
+the connection when a reply stays unread past a deadline (`WebLimits`).  Each
+refusal or cut is logged once per burst.  Holding the next pipelined request
+reads two attributes of HTTPChannel's own flow control (``_waitingForTransport``,
+``_networkProducer``, there since Twisted 17.9); tests/test_metrics_bounds.py
+pins the behaviour.
 """
 
 from __future__ import annotations

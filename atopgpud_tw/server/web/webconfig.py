@@ -1,34 +1,14 @@
 """``--web-config FILE``: the Prometheus exporter-toolkit's web configuration, parsed.
 
 The file is the YAML every exporter built on the exporter toolkit takes
-(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md)::
-
-    tls_server_config:        # TLS on the metrics listener (absent: plain HTTP)
-      cert_file: server.crt   # or cert: <PEM>; relative paths are the file's folder's
-      key_file: server.key    # or key: <PEM>
-      client_auth_type: RequireAndVerifyClientCert
-      client_ca_file: ca.crt  # or client_ca: <PEM>
-      client_allowed_sans: [scraper.example.org]
-      min_version: TLS12      # TLS10 .. TLS13
-      max_version: TLS13
-      cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]   # Go's names
-      prefer_server_cipher_suites: true
-    http_server_config:
-      http2: false            # accepted; HTTP/2 is never served
-      headers: {X-Content-Type-Options: nosniff}
-    basic_auth_users:
-      prometheus: $2y$10$...  # bcrypt hashes
-    rate_limit:               # a token bucket over every request: 429 beyond it
-      interval: 1s            # one token per interval (0: no limit), Go's duration syntax
-      burst: 20
-
-`read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
-the reactor at a reload, ``/dev/zero`` fill memory), as `tls` its certificates.
-`parse` checks the text only, as strictly as the toolkit's Go parser does (an
-unknown key, a duplicate key or a value of the wrong type is an error), and
-reads no other file; `tls` loads the certificates.  What the toolkit has and
-this daemon does not (``curve_preferences``) is refused by name,
-never ignored.  Every error is a `WebConfigError` of one line.
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md;
+docs/metrics.md lists the keys).  `read` takes only a regular file of at most
+`MAX_SIZE` bytes (a FIFO would hang the reactor at a reload, ``/dev/zero`` fill
+memory).  `parse` checks the text as strictly as the toolkit's Go parser does (an
+unknown key, a duplicate key or a value of the wrong type is an error) and reads
+no other file; `tls` loads the certificates.  What the toolkit has and this
+daemon does not (``curve_preferences``) is refused by name, never ignored.
+Every error is a `WebConfigError` of one line.
 """
 
 from __future__ import annotations

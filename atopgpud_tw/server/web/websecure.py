@@ -1,19 +1,13 @@
 """``--web-config``: the metrics site under TLS and basic auth, re-read when the file changes.
 
-`secure_site` reads the file at start-up (a bad one: one line on standard error
-and exit status 2), wraps the site (`basicauth.Protected` at its root,
-`tls.TLSSiteFactory` around it when ``tls_server_config`` is given) and returns
-the `WebSecurity` service that keeps it current: once a second it compares the
-file's and the certificates' (inode, size, modification time) with the last
-read, and re-reads on a change and on SIGHUP (`signals.SignalService`): built
-in a thread, applied on the reactor, at most one a second.  A
-reload that fails keeps the last good configuration and says so in one line;
-one that works says what it turned on.  Whether the listener speaks TLS is
-fixed at start-up (a port does not change protocol under its clients): a
-reload that turns TLS on or off is refused the same way.  So is one that would
-turn basic auth off: a file emptied (what ``> FILE`` does first) or cut after
-``basic_auth_users:`` parses as no users, and would have let every request in;
-a restart turns it off on purpose.
+`secure_site` reads the file at start-up (a bad one: one line on standard error,
+exit status 2), wraps the site (`basicauth.Protected` at its root,
+`tls.TLSSiteFactory` around it under ``tls_server_config``) and returns the
+`WebSecurity` service that re-reads it when the file or a certificate changes and
+on SIGHUP.  A reload that fails keeps the last good configuration, in one line.
+Turning TLS on or off is refused the same way (a port does not change protocol
+under its clients), and so is turning basic auth off: a file emptied (what
+``> FILE`` does first) or cut after ``basic_auth_users:`` parses as no users.
 """
 
 from __future__ import annotations
