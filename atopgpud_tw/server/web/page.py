@@ -31,18 +31,11 @@ HEALTH_TTL = 0.5
 
 @dataclass(frozen=True)
 class Rendered:
-    """The polled part of one poll in one format."""
+    """A part in one format: the polled part of the poll `stamp` (its generation), or the health part
+    rendered at `stamp` (the clock's time)."""
 
-    generation: int | None
+    stamp: float | None
     text: bytes
-
-
-@dataclass(eq=False)
-class _Part:
-    """The health part of a page, and when it was rendered (kept for later scrapes)."""
-
-    text: bytes
-    at: float | None = None
 
 
 class Collector(Protocol):
@@ -79,7 +72,7 @@ class MetricsPage:
         self.health = health
         self.clock = clock
         #: the health part per format
-        self._health: dict[str, _Part] = {}
+        self._health: dict[str, Rendered] = {}
         self.polled = polled
         self.generation = generation
         self.in_thread = in_thread or _at_once
@@ -114,16 +107,16 @@ class MetricsPage:
             kept = self._gzipped[content_type] = (key, gzip_format.compress(page, _GZIP_LEVEL, mtime=0))
         return kept[1]
 
-    def _health_part(self, encoder: Encoder, content_type: str) -> _Part:
+    def _health_part(self, encoder: Encoder, content_type: str) -> Rendered:
         assert self.health is not None
         now = self.clock() if self.clock is not None else None
         cached = self._health.get(content_type)
-        if cached is not None and cached.at is not None and now is not None and 0 <= now - cached.at < HEALTH_TTL:
+        if cached is not None and cached.stamp is not None and now is not None and 0 <= now - cached.stamp < HEALTH_TTL:
             return cached
         text = encoder(self.health)
         if self.polled is not None and text.endswith(_EOF):
             text = text[: -len(_EOF)]
-        part = _Part(text, at=now)
+        part = Rendered(now, text)
         if now is not None:
             self._health[content_type] = part
         return part
@@ -131,7 +124,7 @@ class MetricsPage:
     def _polled(self, encoder: Encoder, content_type: str) -> Union[Rendered, Deferred[Rendered]]:
         generation = self.generation() if self.generation is not None else None
         cached = self._cache.get(content_type)
-        if cached is not None and generation is not None and cached.generation == generation:
+        if cached is not None and generation is not None and cached.stamp == generation:
             return cached
         key = (content_type, generation)
         waiting = self._pending.get(key)
@@ -152,7 +145,7 @@ class MetricsPage:
     def _rendered(self, result: Rendered | Failure, key: tuple[str, int | None], content_type: str) -> None:
         if isinstance(result, Rendered):
             cached = self._cache.get(content_type)
-            if cached is None or cached.generation is None or (result.generation or 0) >= cached.generation:
+            if cached is None or cached.stamp is None or (result.stamp or 0) >= cached.stamp:
                 self._cache[content_type] = result
         for waiter in self._pending.pop(key, []):
             if isinstance(result, Failure):

@@ -235,7 +235,6 @@ class TLSChannel(BoundedChannel):
                 del self.guard.handshakes[self.peer]
 
     def _too_slow(self) -> None:
-        self._handshake = None
         self._stop_waiting()
         self.guard.cut(
             "metrics TLS handshakes cut: too slow",

@@ -153,6 +153,15 @@ class _MethodsChecked:
             )
 
 
+#: a deadline's cause and line, by what it waits for
+_EXPIRED = {
+    "head": ("metrics requests cut: headers too slow",
+             "closing a metrics connection from {peer}: no request headers within {seconds} s"),
+    "reply": ("metrics replies cut: left unread",
+              "closing a metrics connection from {peer}: its reply unread after {seconds} s"),
+}
+
+
 class BoundedChannel(HTTPChannel):
     """An HTTP connection within `WebLimits`; its site has a `guard` (`WebGuard`)."""
 
@@ -250,29 +259,16 @@ class BoundedChannel(HTTPChannel):
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
-        self._deadline = self.guard.clock.callLater(seconds, self._expired, what)
+        self._deadline = self.guard.clock.callLater(seconds, self._expired, what, seconds)
 
     def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
 
-    def _expired(self, what: str) -> None:
+    def _expired(self, what: str, seconds: float) -> None:
         self._deadline = None
-        if what == "head":
-            self.guard.cut(
-                "metrics requests cut: headers too slow",
-                "closing a metrics connection from {peer}: no request headers within {seconds} s",
-                peer=peer_name(self.transport),
-                seconds=self.limits.head_timeout,
-            )
-        else:
-            self.guard.cut(
-                "metrics replies cut: left unread",
-                "closing a metrics connection from {peer}: its reply unread after {seconds} s",
-                peer=peer_name(self.transport),
-                seconds=self.limits.reply_timeout,
-            )
+        self.guard.cut(*_EXPIRED[what], peer=peer_name(self.transport), seconds=seconds)
         self._close()
 
     def _refuse_body(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import yaml
@@ -46,15 +46,9 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
 UNSUPPORTED = {
     "tls_server_config.curve_preferences": "curve_preferences is not supported (OpenSSL's default groups are used)",
 }
-_TLS_KEYS = ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type", "client_ca_file",
-             "client_allowed_sans", "min_version", "max_version", "cipher_suites", "prefer_server_cipher_suites",
-             "curve_preferences")
-_HTTP_KEYS = ("http2", "headers")
-_RATE_KEYS = ("interval", "burst")
 #: a Go duration: 1s, 250ms, 1m30s
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 #: a bcrypt hash in the modular crypt format: $2a$, $2b$ or $2y$ (htpasswd -B), cost, 53 characters
 _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 #: the lowest and highest bcrypt cost taken: each step doubles a check (cost 10: some 80 ms, 14: some 1.3 s of a
@@ -72,12 +66,12 @@ class TLSSettings:
     """``tls_server_config``: PEM text given inline, or a file (absolute) to read it from."""
 
     cert: str | None = None
-    cert_file: str | None = None
     key: str | None = None
-    key_file: str | None = None
     client_ca: str | None = None
-    client_ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
     client_auth_type: str = "NoClientCert"
+    client_ca_file: str | None = None
     client_allowed_sans: tuple[str, ...] | None = None
     min_version: str = "TLS12"
     max_version: str = "TLS13"
@@ -158,9 +152,9 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
         raise WebConfigError(f"not valid YAML: {_line(str(error))}") from None
     if document is None:
         return WebConfig()  # an empty file: plain HTTP, no users (as the toolkit has it)
-    top = _table(document, "the file", _TOP_KEYS)
+    top = _table(document, "the file", ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"))
     tls = _tls(top.get("tls_server_config"), folder)
-    http = _table(top.get("http_server_config"), "http_server_config", _HTTP_KEYS)
+    http = _table(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
     http2 = flag(http.get("http2", True), "http_server_config.http2", WebConfigError)
     headers = _headers(http.get("headers"))
     users = _users(top.get("basic_auth_users"))
@@ -213,7 +207,8 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...], default: str) -> s
 
 
 def _tls(value: Any, folder: str) -> TLSSettings | None:
-    table = _table(value, "tls_server_config", _TLS_KEYS)
+    # the keys in TLSSettings' order (the error for an unknown key lists them)
+    table = _table(value, "tls_server_config", (*(f.name for f in fields(TLSSettings)), "curve_preferences"))
     where = "tls_server_config."
     given = {key: _string(table.get(key), where + key) for key in ("cert", "key", "client_ca", "cert_file",
                                                                   "key_file", "client_ca_file")}
@@ -274,7 +269,7 @@ def duration(text: Any, where: str) -> float:
 
 
 def _rate(value: Any) -> tuple[float, int] | None:
-    table = _table(value, "rate_limit", _RATE_KEYS)
+    table = _table(value, "rate_limit", ("interval", "burst"))
     if not table:
         return None
     interval = duration(table.get("interval", 0), "rate_limit.interval")
