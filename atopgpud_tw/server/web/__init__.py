@@ -1,2 +1,2 @@
-"""The metrics web: `metrics` is ``/metrics`` (with `metrics_health` and `page`),
-`metrics_web` the listener's other pages, `webbounds` its bounds."""
+"""The metrics web: `metrics` is the site and ``/metrics`` (with `metrics_health` and `page`),
+`webbounds` its bounds; `websecure` puts it under ``--web-config``."""

@@ -28,7 +28,7 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.system.access import address_name
-from atopgpud_tw.server.web.metrics_web import plain
+from atopgpud_tw.server.web.metrics import plain
 from atopgpud_tw.server.web.passwords import MAX_PASSWORD, Busy, PasswordChecks
 from atopgpud_tw.server.web.webbounds import Bursts
 from atopgpud_tw.server.web.webconfig import WebConfig

@@ -10,6 +10,12 @@ figure times the seconds it covers (`counters.Counters.fold`): ``rate()`` of
 them is the average busy percentage even when polls run late or fail (atop's
 own sums are `atop_sums`).  A value the device cannot report (-1 on the wire)
 is left out, not exported as -1.  docs/metrics.md lists every metric.
+
+The site's other pages: ``/-/healthy`` (also ``/healthz``) answers 200 whenever
+the reactor answers; ``/-/ready`` 200 once the first poll is folded in, while
+the latest poll worked, the reader waits for nothing and a GPU was read in one
+of the last few polls, else 503 and why on one line (for a load balancer or
+``kubectl describe``); ``/`` links them; any other path is a 404.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
-from twisted.web.resource import Resource
+from twisted.web import pages
+from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from atopgpud_tw import distribution_version
@@ -32,13 +39,13 @@ from atopgpud_tw.figures import GPM_FIGURES, INFO, INVENTORY, MIG_INFO
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics_health import HealthCache, HealthCollector, HealthWaiting
-from atopgpud_tw.server.web.metrics_web import make_root
 from atopgpud_tw.server.web.page import Collector, Families, InThread, MetricsPage, Rendered
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
 from atopgpud_tw.workloads import WorkloadBook
 
 KIB = 1024
+PLAIN = b"text/plain; charset=utf-8"
 #: what "the seconds it covers" means, in the help text of the *_seconds series
 _SPAN = " (since the previous sample, on the poll schedule: a late or failed poll makes the next sample cover more)"
 GPU_LABELS = ["index", "busid", "type", "uuid"]
@@ -56,7 +63,9 @@ ENERGY = ("atopgpud_gpu_energy_joules_total", ())
 
 
 class PollStatistics(Protocol):
-    """What the collector needs of the poller (`PollerService` has it)."""
+    """What the site reads of the poller (`PollerService` has it); readiness reads ``failing`` (the cause the
+    latest poll failed with), ``waiting`` (what the reader waits for, such as the NVIDIA driver) and ``unread``
+    (why no GPU was read in the last few polls) when present."""
 
     polls: int
     failed_polls: dict[str, int]
@@ -387,6 +396,98 @@ class MetricsResource(Resource):
         return b""
 
 
+def not_ready(poller: PollStatistics) -> str | None:
+    """Why the daemon is not ready to be scraped, in a few words; None when it is."""
+    failing: str | None = getattr(poller, "failing", None)
+    if failing is not None:
+        return f"the reader is failing: {failing}"
+    waiting: str | None = getattr(poller, "waiting", None)
+    if waiting is not None:
+        return waiting
+    if poller.polls == 0:
+        return "waiting for the first poll"
+    unread: str | None = getattr(poller, "unread", None)
+    return unread
+
+
+def plain(request: Request, text: str) -> bytes:
+    request.setHeader(b"content-type", PLAIN)
+    request.setHeader(b"cache-control", b"no-store")
+    return text.encode("utf-8", "replace")
+
+
+class Healthy(Resource):
+    """``GET /-/healthy``: 200 while the process serves."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Request) -> bytes:
+        return plain(request, "atopgpud is healthy\n")
+
+
+class Ready(Resource):
+    """``GET /-/ready``: 200 once the first poll is done and the reader is not failing, else 503 and why."""
+
+    isLeaf = True
+
+    def __init__(self, poller: PollStatistics) -> None:
+        super().__init__()
+        self.poller = poller
+
+    def render_GET(self, request: Request) -> bytes:
+        reason = not_ready(self.poller)
+        if reason is None:
+            return plain(request, "atopgpud is ready\n")
+        request.setResponseCode(503)
+        return plain(request, f"atopgpud is not ready: {' '.join(reason.split())}\n")
+
+
+_INDEX = b"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>atopgpud</title></head>
+<body><h1>atopgpud</h1>
+<ul>
+<li><a href="metrics">/metrics</a>: Prometheus metrics</li>
+<li><a href="-/healthy">/-/healthy</a>: 200 while the daemon serves</li>
+<li><a href="-/ready">/-/ready</a>: 200 once it has polled its GPUs, else 503 and why</li>
+</ul>
+</body></html>
+"""
+
+
+class Index(Resource):
+    """``GET /``: a small page linking the others."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return _INDEX
+
+
+class Folder(Resource):
+    """A path with children: itself and any child it lacks are 404s."""
+
+    def getChild(self, path: bytes, request: Request) -> IResource:
+        return pages.notFound()
+
+    def render(self, request: Request) -> bytes | int:
+        return pages.notFound().render(request)  # type: ignore[no-any-return]
+
+
+def make_root(metrics: IResource, poller: PollStatistics) -> Resource:
+    """The site's tree: ``/``, ``/metrics``, ``/-/healthy``, ``/healthz``, ``/-/ready``."""
+    root = Folder()
+    root.putChild(b"", Index())
+    root.putChild(b"metrics", metrics)
+    healthy = Healthy()
+    dash = Folder()
+    dash.putChild(b"healthy", healthy)
+    dash.putChild(b"ready", Ready(poller))
+    root.putChild(b"-", dash)
+    root.putChild(b"healthz", healthy)
+    return root
+
+
 class MetricsSite(Site):
     """The metrics web site within `WebLimits`, without an access-log line per scrape."""
 
@@ -426,7 +527,7 @@ def make_site(
     workloads: WorkloadBook | None = None,
     process_context: bool = False,
 ) -> Site:
-    """The site on ``--metrics``: ``/metrics`` and the other pages (`metrics_web`); `in_thread` runs the
+    """The site on ``--metrics``: ``/metrics`` and the other pages (`make_root`); `in_thread` runs the
     encoding of the polled part (default: in the reactor's thread pool)."""
     collector = BoardCollector(board, poller, interval, processes, calls, process_context)
     if workloads is not None:
