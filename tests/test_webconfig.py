@@ -22,9 +22,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from webtls import Pki, hashed, web_config
 
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.server.web import passwords
-from atopgpud_tw.server.web.basicauth import Protected
-from atopgpud_tw.server.web.passwords import PasswordChecks
+from atopgpud_tw.server.web import basicauth as passwords
+from atopgpud_tw.server.web.basicauth import PasswordChecks, Protected
 from atopgpud_tw.server.web.tls import CIPHERS, Contexts, build_context, subject_names
 from atopgpud_tw.server.web.webconfig import CLIENT_AUTH_TYPES, WebConfig, WebConfigError, parse
 from atopgpud_tw.server.web.websecure import WebSecurity, load
@@ -552,7 +551,7 @@ def test_a_reload_with_a_cost_over_the_bound_keeps_the_last_good(tmp_path: Path,
 STOPPING = """
 import sys, threading
 from twisted.internet import reactor
-from atopgpud_tw.server.web import passwords
+from atopgpud_tw.server.web import basicauth as passwords
 
 never = threading.Event()
 started = []

@@ -24,8 +24,7 @@ from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.web.basicauth import Protected
-from atopgpud_tw.server.web.passwords import PasswordChecks
+from atopgpud_tw.server.web.basicauth import PasswordChecks, Protected
 from atopgpud_tw.server.web.tls import Contexts, TLSChannel, TLSSiteFactory, build_context
 from atopgpud_tw.server.web.webconfig import WebConfig, WebConfigError, read
 
