@@ -24,9 +24,8 @@ from webtls import Pki, hashed, web_config
 from atopgpud_tw.server.system.signals import SignalService
 from atopgpud_tw.server.web import basicauth as passwords
 from atopgpud_tw.server.web.basicauth import PasswordChecks, Protected
-from atopgpud_tw.server.web.tls import CIPHERS, Contexts, build_context, subject_names
 from atopgpud_tw.server.web.webconfig import CLIENT_AUTH_TYPES, WebConfig, WebConfigError, parse
-from atopgpud_tw.server.web.websecure import WebSecurity, load
+from atopgpud_tw.server.web.websecure import CIPHERS, Contexts, WebSecurity, build_context, load, subject_names
 
 HASH = "$2y$10$" + "a" * 53
 
@@ -732,8 +731,8 @@ def test_fifty_sighups_build_a_few_reloads_none_on_the_reactor(tmp_path: Path) -
 
 def tls_site(pki: Pki, tmp_path: Path, clock: task.Clock, max_clients: int = 1):
     from atopgpud_tw.server.web.metrics import MetricsSite
-    from atopgpud_tw.server.web.tls import TLSChannel, TLSSiteFactory
     from atopgpud_tw.server.web.webbounds import WebLimits
+    from atopgpud_tw.server.web.websecure import TLSChannel, TLSSiteFactory
 
     context = load(str(web_config(tmp_path / "web.yml", tls=tls_of(pki)))).context
     site = MetricsSite(page_tree(), WebLimits(max_clients=max_clients), clock)
@@ -835,7 +834,7 @@ def wired(*args: str):
 def test_makeservice_wraps_the_metrics_site_in_tls_and_reloads_on_sighup(pki: Pki, tmp_path: Path) -> None:
     """With --web-config the --metrics port serves Twisted's TLS around the site, a WebSecurity service
     watches the file, and the signal service's SIGHUP calls it."""
-    from atopgpud_tw.server.web.tls import TLSSiteFactory
+    from atopgpud_tw.server.web.websecure import TLSSiteFactory
 
     path = web_config(tmp_path / "web.yml", tls=tls_of(pki), users={"alice": hashed("one")})
     service, reactor = wired("--metrics", "tcp:9445:interface=127.0.0.1", "--web-config", str(path))

@@ -6,7 +6,7 @@ docs/metrics.md lists the keys).  `read` takes only a regular file of at most
 `MAX_SIZE` bytes (a FIFO would hang the reactor at a reload, ``/dev/zero`` fill
 memory).  `parse` checks the text as strictly as the toolkit's Go parser does (an
 unknown key, a duplicate key or a value of the wrong type is an error) and reads
-no other file; `tls` loads the certificates.  What the toolkit has and this
+no other file; `websecure` loads the certificates.  What the toolkit has and this
 daemon does not (``curve_preferences``) is refused by name, never ignored.
 Every error is a `WebConfigError` of one line.
 """
