@@ -6,8 +6,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import atop_sums
-from atopgpud_tw.server.web.page import Families
+from atopgpud_tw.server.web.metrics import Families, atop_sums
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, Snapshot
 
 
