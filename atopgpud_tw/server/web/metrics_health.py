@@ -85,20 +85,9 @@ class HealthCache:
             if counting is not None:
                 self.pending["xid"] = counting
                 counting.addCallbacks(self._counted, self._failed, errbackArgs=("xid",))
-        if self._hung():
-            return self._first_of([])  # the jobs queue behind a hung call: the page goes out now
-        return self._first_of(list(self.pending.values()))
-
-    def _hung(self) -> bool:
-        """Whether a call in the reader's thread is hung (its watchdog says so): a scrape does not wait."""
         watchdog = self.source.watchdog
-        if watchdog is None:
-            return False
-        return bool(watchdog.running_seconds() >= min(watchdog.after, self.wait))
-
-    def _first_of(self, jobs: list[Deferred]) -> Deferred:
-        if not jobs:
-            return succeed(None)
+        if not self.pending or watchdog is not None and watchdog.running_seconds() >= min(watchdog.after, self.wait):
+            return succeed(None)  # nothing to wait for, or the jobs queue behind a hung call (its watchdog says)
         done: Deferred = Deferred()
 
         def fire(_: Any = None) -> None:
@@ -108,7 +97,8 @@ class HealthCache:
                 done.callback(None)
 
         timer = self.clock.callLater(self.wait, fire)
-        DeferredList(jobs).addCallback(fire)  # not cancelled: a job late for this scrape is for the next
+        # not cancelled after `wait`: a job late for this scrape is for the next
+        DeferredList(list(self.pending.values())).addCallback(fire)
         return done
 
     def _stored(self, reading: CardHealth, key: str) -> None:
