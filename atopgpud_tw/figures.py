@@ -11,7 +11,7 @@ simulator plays it from (`Play`).  A figure of GPU Performance Monitoring
 scrape: its source is a GPM metric (`Gpm`: the metric id of
 ``nvmlGpmMetricsGet``, its name in each poll's figures and in the sums, its
 unit).  From this one table come the page's
-families (server/web/metrics_health.py), the NVML reader's calls
+families (server/web/metrics.py), the NVML reader's calls
 (readers/nvml/health.py), the nvidia-smi reader's paths
 (readers/smi/health.py), the client's keys and columns (atopgpu/health.py) and
 the simulator's scenario fields and plain calls (sim/health_*.py); and from

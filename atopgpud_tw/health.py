@@ -3,7 +3,7 @@
 Both readers fill a `CardHealth` per card when ``/metrics`` is fetched: the
 NVML reader by asking the card (atopgpud_tw/readers/nvml/health.py), the
 nvidia-smi reader from the report its last poll fetched
-(atopgpud_tw/readers/smi/health.py).  The metrics page (server/web/metrics_health.py)
+(atopgpud_tw/readers/smi/health.py).  The metrics page (server/web/metrics.py)
 turns them into series, knowing nothing of either reader.  Which figures
 there are, and how each reader finds them, is the table of figures
 (atopgpud_tw/figures.py).

@@ -36,8 +36,7 @@ from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import GPM_SERIES, gpm_families
-from atopgpud_tw.server.web.metrics_health import FAMILIES, HealthCache, HealthCollector
+from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, HealthCache, HealthCollector, gpm_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.gpm_model import PLAYED
 from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS

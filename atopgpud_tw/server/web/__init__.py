@@ -1,2 +1,2 @@
-"""The metrics web: `metrics` is the site and ``/metrics`` (with `metrics_health`), `webbounds` its
-bounds; `websecure` puts it under ``--web-config``."""
+"""The metrics web: `metrics` is the site and ``/metrics``, `webbounds` its bounds; `websecure` puts it under
+``--web-config``."""
