@@ -428,42 +428,6 @@ def _totals(counts: dict[tuple[str, int], int]) -> dict[str, int]:
     return totals
 
 
-class HealthWaiting(Resource):
-    """Wraps ``/metrics``: a GET first has the health figures refreshed (within the bound)."""
-
-    isLeaf = True
-
-    def __init__(self, inner: Resource, cache: HealthCache) -> None:
-        super().__init__()
-        self.inner = inner
-        self.cache = cache
-
-    def render_GET(self, request: Request) -> Any:
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
-
-        def send(_: Any) -> None:
-            if gone:
-                return  # the scraper hung up while the figures were read
-            body = self.inner.render(request)
-            if isinstance(body, bytes):
-                request.write(body)
-                request.finish()
-            # else the page is written, and the request finished, by the inner resource
-
-        def failed(failure: Any) -> None:
-            log.failure("health: scrape failed", failure)
-            if not gone:
-                request.setResponseCode(500)
-                request.finish()
-
-        self.cache.refresh().addCallback(send).addErrback(failed)
-        return NOT_DONE_YET
-
-    def render_HEAD(self, request: Request) -> bytes:
-        return self.inner.render(request)
-
-
 def atop_sums(board: Board) -> Iterator[Metric]:
     """atop's own busy sums, ``gpuperccum`` and ``memperccum`` exactly as ``S`` gives them: the increase of
     either over that of ``gpusamples`` is atop's figure for any span, whatever the polls did."""
@@ -587,10 +551,6 @@ class Families:
     collect: Callable[[], Iterable[Metric]]
 
 
-def _at_once(render: Callable[[], Rendered]) -> Deferred[Rendered]:
-    return succeed(render())
-
-
 class MetricsPage:
     """The page in each format; `render` gives bytes, or a Deferred of them while
     the polled part of a new poll is being rendered."""
@@ -611,7 +571,7 @@ class MetricsPage:
         self._health: dict[str, Rendered] = {}
         self.polled = polled
         self.generation = generation
-        self.in_thread = in_thread or _at_once
+        self.in_thread: InThread = in_thread or (lambda render: succeed(render()))
         self._cache: dict[str, Rendered] = {}
         self._pending: dict[tuple[str, int | None], list[Deferred[Rendered]]] = {}
         #: per format, the last gzip page and the parts it was made of
@@ -696,16 +656,42 @@ _PRODUCED = 4 * PageWriter.chunk
 
 
 class MetricsResource(Resource):
-    """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it."""
+    """``GET /metrics``: the page in the format the scraper asks for, gzip if it accepts it; with `health`,
+    once the health figures are refreshed (within the bound)."""
 
     isLeaf = True
     log = ClassLogger("atopgpud_tw.metrics.MetricsResource")
 
-    def __init__(self, page: MetricsPage | Collector) -> None:
+    def __init__(self, page: MetricsPage | Collector, health: HealthCache | None = None) -> None:
         super().__init__()
         self.page = page if isinstance(page, MetricsPage) else MetricsPage(page)
+        self.health = health
 
     def render_GET(self, request: Request) -> bytes | int:
+        if self.health is None:
+            return self._render(request)
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
+        def send(_: Any) -> None:
+            if gone:
+                return  # the scraper hung up while the figures were read
+            body = self._render(request)
+            if isinstance(body, bytes):
+                request.write(body)
+                request.finish()
+            # else the page is written, and the request finished, as it is rendered
+
+        def failed(failure: Any) -> None:
+            log.failure("health: scrape failed", failure)
+            if not gone:
+                request.setResponseCode(500)
+                request.finish()
+
+        self.health.refresh().addCallback(send).addErrback(failed)
+        return NOT_DONE_YET
+
+    def _render(self, request: Request) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
         gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
         page = self.page.render(encoder, content_type, gzip)
@@ -898,9 +884,7 @@ def make_site(
         Families(collector.live), Families(polled), lambda: board.counters.generation, in_thread or in_pool,
         None if health is None else HealthCollector(health), reactor.seconds,
     )
-    metrics: Resource = MetricsResource(page)
-    if health is not None:
-        metrics = HealthWaiting(metrics, health)  # health figures read first, within a bound
+    metrics = MetricsResource(page, health)
     site = MetricsSite(make_root(metrics, poller), limits or WebLimits(), reactor)  # with /, /-/healthy, /-/ready
     site.displayTracebacks = False
     return site
