@@ -36,7 +36,7 @@ from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, HealthCache, HealthCollector, gpm_families
+from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, Families, HealthCache, gpm_families, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.gpm_model import PLAYED
 from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
@@ -282,7 +282,7 @@ class XidSource:
 
 def page_text(cache: HealthCache) -> str:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HealthCollector(cache))
+    registry.register(Families(lambda: health_families(cache)))
     return generate_latest(registry).decode()
 
 

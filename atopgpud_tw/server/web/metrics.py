@@ -374,50 +374,45 @@ class HealthCache:
         return key in self.pending
 
 
-class HealthCollector:
-    """A prometheus_client collector over a `HealthCache`, read at scrape time."""
-
-    def __init__(self, cache: HealthCache) -> None:
-        self.cache = cache
-
-    def collect(self) -> Iterator[Metric]:
-        families: dict[str, Any] = {}
-        for name, (kind, text, extra) in FAMILIES.items():
-            make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            families[name] = make(name.removesuffix("_total") if kind == "counter" else name, text,
-                                  labels=CARD_LABELS + list(extra))
-        stale = GaugeMetricFamily("atopgpud_gpu_health_stale", "1 if the health figures shown are from an "
-                                  "earlier reading: the latest did not answer in time.", labels=CARD_LABELS)
-        age = GaugeMetricFamily("atopgpud_gpu_health_age_seconds", "Seconds since the health figures shown "
-                                "were read.", labels=CARD_LABELS)
-        xid = CounterMetricFamily("atopgpud_gpu_xid_errors", "XID critical errors the driver reported, by XID "
-                                  "code, since the daemon started.", labels=CARD_LABELS + ["xid"])
-        now = self.cache.clock.seconds()
-        cards = {}
-        for key, reading in sorted(self.cache.readings.items(), key=lambda item: item[1].busid):
-            labels = [reading.busid, reading.name, reading.uuid]
-            cards[key] = labels
-            stale.add_metric(labels, 1 if self.cache.stale(key) else 0)
-            age.add_metric(labels, max(0.0, now - self.cache.read_at[key]))
-            for (series, pairs), value in reading.values.items():
-                families[series].add_metric(labels + [v for _, v in pairs], value)
-        events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
-                                     "reported since the daemon started (0 from the start, for alerts).",
-                                     labels=CARD_LABELS)
-        totals = dict.fromkeys(self.cache.xid_cards & set(cards), 0)
-        for (key, code), count in sorted(self.cache.xids.items()):
-            if key in cards:
-                xid.add_metric(cards[key] + [str(code)], count)
-                totals[key] = totals.get(key, 0) + count
-        last = GaugeMetricFamily("atopgpud_gpu_xid_last_seconds", "When the daemon last saw an XID critical error "
-                                 "of the GPU, in seconds since the epoch (absent until the first).",
+def health_families(cache: HealthCache) -> Iterator[Metric]:
+    """The health families of the cards `cache` holds, read at scrape time."""
+    families: dict[str, Any] = {}
+    for name, (kind, text, extra) in FAMILIES.items():
+        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        families[name] = make(name.removesuffix("_total") if kind == "counter" else name, text,
+                              labels=CARD_LABELS + list(extra))
+    stale = GaugeMetricFamily("atopgpud_gpu_health_stale", "1 if the health figures shown are from an "
+                              "earlier reading: the latest did not answer in time.", labels=CARD_LABELS)
+    age = GaugeMetricFamily("atopgpud_gpu_health_age_seconds", "Seconds since the health figures shown "
+                            "were read.", labels=CARD_LABELS)
+    xid = CounterMetricFamily("atopgpud_gpu_xid_errors", "XID critical errors the driver reported, by XID "
+                              "code, since the daemon started.", labels=CARD_LABELS + ["xid"])
+    now = cache.clock.seconds()
+    cards = {}
+    for key, reading in sorted(cache.readings.items(), key=lambda item: item[1].busid):
+        labels = [reading.busid, reading.name, reading.uuid]
+        cards[key] = labels
+        stale.add_metric(labels, 1 if cache.stale(key) else 0)
+        age.add_metric(labels, max(0.0, now - cache.read_at[key]))
+        for (series, pairs), value in reading.values.items():
+            families[series].add_metric(labels + [v for _, v in pairs], value)
+    events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
+                                 "reported since the daemon started (0 from the start, for alerts).",
                                  labels=CARD_LABELS)
-        for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
-            events.add_metric(cards[key], count)
-            if key in self.cache.xid_last:
-                last.add_metric(cards[key], self.cache.xid_last[key])
-        yield from families.values()
-        yield from (xid, events, stale, age, last)
+    totals = dict.fromkeys(cache.xid_cards & set(cards), 0)
+    for (key, code), count in sorted(cache.xids.items()):
+        if key in cards:
+            xid.add_metric(cards[key] + [str(code)], count)
+            totals[key] = totals.get(key, 0) + count
+    last = GaugeMetricFamily("atopgpud_gpu_xid_last_seconds", "When the daemon last saw an XID critical error "
+                             "of the GPU, in seconds since the epoch (absent until the first).",
+                             labels=CARD_LABELS)
+    for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
+        events.add_metric(cards[key], count)
+        if key in cache.xid_last:
+            last.add_metric(cards[key], cache.xid_last[key])
+    yield from families.values()
+    yield from (xid, events, stale, age, last)
 
 
 def _totals(counts: dict[tuple[str, int], int]) -> dict[str, int]:
@@ -466,15 +461,12 @@ def gpm_families(board: Board) -> Iterator[Metric]:
 
 def card_energy(counters: Counters, health: HealthCache | None) -> dict[int, float]:
     """Each whole card's energy counter as last read with the health figures, by device index."""
-    if health is None:
-        return {}
     found = {}
     for index, device in enumerate(counters.devices):
-        reading = health.readings.get(device.key)
-        if reading is not None and not reading.lost:
-            joules = reading.values.get(ENERGY)  # type: ignore[call-overload]
-            if joules is not None:
-                found[index] = float(joules)
+        reading = None if health is None else health.readings.get(device.key)
+        joules = None if reading is None or reading.lost else reading.values.get(ENERGY)  # type: ignore[call-overload]
+        if joules is not None:
+            found[index] = float(joules)
     return found
 
 
@@ -882,7 +874,7 @@ def make_site(
 
     page = MetricsPage(  # the health part read when scraped (at most every HEALTH_TTL)
         Families(collector.live), Families(polled), lambda: board.counters.generation, in_thread or in_pool,
-        None if health is None else HealthCollector(health), reactor.seconds,
+        None if health is None else Families(lambda: health_families(health)), reactor.seconds,
     )
     metrics = MetricsResource(page, health)
     site = MetricsSite(make_root(metrics, poller), limits or WebLimits(), reactor)  # with /, /-/healthy, /-/ready

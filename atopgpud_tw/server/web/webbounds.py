@@ -126,10 +126,8 @@ class BoundedRequest(Request):
 
 
 class _MethodsChecked:
-    """A resource rendered as it is, except that a method it lacks is answered with
-    `twisted.web.pages.errorPage` (405 with ``Allow``, or 501 for a method HTTP
-    does not define), where Request.render would use a deprecated page that does
-    not escape HTML.  A HEAD on a resource with only GET is still Twisted's to fake."""
+    """A resource whose missing method gets `twisted.web.pages.errorPage` (405 with ``Allow``, or 501), not
+    Request.render's deprecated page that does not escape HTML; a HEAD on a GET-only one is Twisted's to fake."""
 
     def __init__(self, inner: IResource) -> None:
         self.inner = inner

@@ -821,12 +821,8 @@ def _certificates(data: bytes, name: str) -> list[x509.Certificate]:
 
 def build_context(settings: TLSSettings) -> SSL.Context:
     """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do.
-
-    Twisted's `CertificateOptions` makes it (certificate chain, key, versions, ciphers, sessions); the client
-    certificates are set on its context after (`_client_certificates`), as it can neither ask for a
-    certificate it does not verify (RequestClientCert, RequireAnyClientCert) nor check client_allowed_sans,
-    and it always prefers the server's order of suites (prefer_server_cipher_suites: false is taken and
-    has no effect, as in Go since 1.18)."""
+    The client certificates are set after `CertificateOptions`, which can neither ask for one it does not
+    verify nor check client_allowed_sans (and always prefers the server's order of suites, as Go since 1.18)."""
     chain_data, chain_name = _pem(settings.cert, settings.cert_file, "cert")
     chain = _certificates(chain_data, chain_name)
     key_data, key_name = _pem(settings.key, settings.key_file, "key")
@@ -1052,12 +1048,9 @@ def load(path: str) -> Loaded:
 
 
 class WebSecurity(Service):
-    """Keeps the metrics site's TLS context and users those of the file, re-read on change and SIGHUP.
-
-    A reload is built in a thread (`run`: the reactor's pool; YAML, hashes, certificates and the TLS
-    context cost some 80 ms, which atop would wait for) and applied on the reactor; reloads are coalesced:
-    at most one is built at a time and one starts per `interval`, so a burst of SIGHUPs is one or two
-    builds, the last one reading the file as the burst left it."""
+    """Keeps the metrics site's TLS context and users those of the file, re-read on change and SIGHUP: built
+    in a thread (`run`; some 80 ms atop would wait for), applied on the reactor, at most one built at a time
+    and one started per `interval`, so a burst of SIGHUPs is one or two builds."""
 
     log = ClassLogger("atopgpud_tw.websecure.WebSecurity")
 
@@ -1161,9 +1154,8 @@ class WebSecurity(Service):
 
 
 def secure_site(path: str, site: Any, reactor: Any, endpoint: str = "") -> tuple[Any, WebSecurity]:
-    """The metrics site under the web configuration at `path`, and the service that reloads it.
-
-    A configuration that cannot be used ends start-up: one line, exit status 2."""
+    """The metrics site under the web configuration at `path`, and the service that reloads it; a
+    configuration that cannot be used ends start-up: one line, exit status 2."""
     try:
         loaded = load(path)
         if loaded.context is not None and endpoint.startswith("ssl:"):
