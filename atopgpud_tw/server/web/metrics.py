@@ -1,39 +1,33 @@
-"""``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``).
+"""``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``), and the site's other pages.
 
 A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then.  Its families are collected in the reactor thread, the one thread
-that changes the Board, so a scrape sees one poll's figures whole
-(prometheus_client's own Twisted resource collects in a thread pool, racing the
-poller).  The counters are atop's cumulative
+only then, in the reactor thread, the one that changes the Board, so a scrape
+sees one poll's figures whole (prometheus_client's own Twisted resource collects
+in a thread pool, racing the poller).  The counters are atop's cumulative
 figures in base units, except that the ``*_seconds`` series sum each sample's
 figure times the seconds it covers (`counters.Counters.fold`): ``rate()`` of
 them is the average busy percentage even when polls run late or fail (atop's
 own sums are `atop_sums`).  A value the device cannot report (-1 on the wire)
 is left out, not exported as -1.  docs/metrics.md lists every metric.
 
-The health and power series are read when scraped (`HealthCache`: the reader's
-`health` for each card's figures, and the XID counts), and waited for at most
-`HEALTH_WAIT` seconds: a call stuck in the driver delays a scrape by that long and
-no more, and cards whose figures are from an earlier reading are marked
-(``atopgpud_gpu_health_stale 1``, and their age); while the reader's thread is in
-a call the hang watchdog counts as hung, a scrape does not wait.  A card whose
-reading is out is not asked again until it answers (a stuck call piles no jobs
-up), and a reading younger than `FRESH` seconds is reused.
+The health series are read when scraped (`HealthCache`), waited for at most
+`HEALTH_WAIT` seconds (a call stuck in the driver delays a scrape that long and no
+more; figures from an earlier reading are marked stale, with their age), and not
+at all while the hang watchdog counts the reader's call as hung.  A card whose
+reading is out is not asked again until it answers, and a reading younger than
+`FRESH` seconds is reused.
 
-`MetricsPage` renders the page in three parts: the daemon's own figures (polls,
-clients, an NVML call in progress), small, for every scrape; the GPUs' health
-figures at most once per `HEALTH_TTL` seconds, so that
-hundreds of scrapes at once cost one rendering; the GPU and process series,
-hundreds of kilobytes with ``--metrics-processes``, collected in the reactor
-thread, then encoded in a thread once per poll and format while the reactor
-answers atop, scrapes meanwhile waiting for that one rendering.  A gzip page is
-compressed once and kept for the scrapes that find the same parts.
+`MetricsPage` renders the page in three parts: the daemon's own figures, small,
+for every scrape; the health figures at most once per `HEALTH_TTL` seconds; the
+GPU and process series (hundreds of kilobytes with ``--metrics-processes``)
+collected in the reactor thread, then encoded in a thread once per poll and
+format while the reactor answers atop.  A gzip page is compressed once and kept
+for the scrapes that find the same parts.
 
-The site's other pages: ``/-/healthy`` (also ``/healthz``) answers 200 whenever
-the reactor answers; ``/-/ready`` 200 once the first poll is folded in, while
-the latest poll worked, the reader waits for nothing and a GPU was read in one
-of the last few polls, else 503 and why on one line (for a load balancer or
-``kubectl describe``); ``/`` links them; any other path is a 404.
+``/-/healthy`` (also ``/healthz``) answers 200 whenever the reactor answers;
+``/-/ready`` 200 once the first poll is folded in, while the latest poll worked,
+the reader waits for nothing and a GPU was read in one of the last few polls,
+else 503 and why on one line; ``/`` links them; any other path is a 404.
 """
 
 from __future__ import annotations

@@ -3,14 +3,13 @@
 twisted.web alone holds a client for as long as it trickles header bytes, spools
 a request body of any size to a file, and answers pipelined requests whether or
 not the client reads the replies; the reactor that serves atop must not pay for
-that.  `BoundedChannel` caps the connections (``--metrics-max-clients``), gives a
-request's head a deadline, takes no body beyond a few bytes (none chunked, kept
-in memory), and answers a client that does not read one reply at a time, ending
-the connection when a reply stays unread past a deadline (`WebLimits`).  Each
-refusal or cut is logged once per burst.  Holding the next pipelined request
-reads two attributes of HTTPChannel's own flow control (``_waitingForTransport``,
-``_networkProducer``, there since Twisted 17.9); tests/test_metrics_bounds.py
-pins the behaviour.
+that.  `BoundedChannel` caps the connections, gives a request's head a deadline,
+takes no body beyond a few bytes (none chunked; in memory), and answers a client
+that does not read one reply at a time, ending the connection when a reply stays
+unread past a deadline (`WebLimits`); each refusal or cut is logged once per
+burst.  Holding the next pipelined request reads two attributes of HTTPChannel's
+flow control (``_waitingForTransport``, ``_networkProducer``, there since Twisted
+17.9); tests/test_metrics_bounds.py pins the behaviour.
 """
 
 from __future__ import annotations
@@ -106,9 +105,6 @@ class WebGuard(Bursts):
         self.channels.add(channel)
         return True
 
-    def forget(self, channel: BoundedChannel) -> None:
-        self.channels.discard(channel)
-
     def stop(self) -> None:
         super().stop()
         self.diag.close()
@@ -181,6 +177,10 @@ class BoundedChannel(HTTPChannel):
     def limits(self) -> WebLimits:
         return self.guard.limits
 
+    def cut(self, what: str, line: str, **fields: Any) -> None:
+        """`WebGuard.cut` of a refusal or cut of this connection, its ``{peer}`` named."""
+        self.guard.cut(what, line, peer=peer_name(self.transport), **fields)
+
     def connectionMade(self) -> None:
         self.totalHeadersSize = self.limits.max_head
         if not self.guard.admit(self):
@@ -196,7 +196,7 @@ class BoundedChannel(HTTPChannel):
         self._disarm()
         self._held = None
         if self._admitted:
-            self.guard.forget(self)
+            self.guard.channels.discard(self)
             super().connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
@@ -235,22 +235,15 @@ class BoundedChannel(HTTPChannel):
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         # twisted.web's answer to a malformed or oversized head: 400, then close
-        self.guard.cut(
-            "metrics requests refused: malformed",
-            "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
-            peer=peer_name(self.transport),
-            limit=self.limits.max_head,
-        )
+        self.cut("metrics requests refused: malformed",
+                 "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
+                 limit=self.limits.max_head)
         self._cut = True
         self._disarm()
         super()._respondToBadRequestAndDisconnect()
 
     def timeoutConnection(self) -> None:
-        self.guard.cut(
-            "idle metrics connections closed",
-            "closing an idle metrics connection from {peer}",
-            peer=peer_name(self.transport),
-        )
+        self.cut("idle metrics connections closed", "closing an idle metrics connection from {peer}")
         self._close()
 
     # -- deadlines --
@@ -266,17 +259,13 @@ class BoundedChannel(HTTPChannel):
 
     def _expired(self, what: str, seconds: float) -> None:
         self._deadline = None
-        self.guard.cut(*_EXPIRED[what], peer=peer_name(self.transport), seconds=seconds)
+        self.cut(*_EXPIRED[what], seconds=seconds)
         self._close()
 
     def _refuse_body(self) -> None:
-        self.guard.cut(
-            "metrics requests refused: a body",
-            "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
-            peer=peer_name(self.transport),
-            size="unstated size" if self.length is None else f"{self.length} bytes",
-            limit=self.limits.max_body,
-        )
+        self.cut("metrics requests refused: a body",
+                 "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
+                 size="unstated size" if self.length is None else f"{self.length} bytes", limit=self.limits.max_body)
         self._cut = True
         self.transport.write(
             b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"

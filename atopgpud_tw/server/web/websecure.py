@@ -2,41 +2,35 @@
 
 The file is the YAML every exporter built on the Prometheus exporter toolkit takes
 (https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md;
-docs/metrics.md, "TLS and basic authentication", lists the keys and the costs).
+docs/metrics.md, "TLS and basic authentication", has the keys and the costs).
 `read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
 the reactor at a reload, ``/dev/zero`` fill memory), as `build_context` its
-certificates; `parse` checks the text as strictly as the toolkit's Go parser (an
-unknown or duplicate key, a value of the wrong type: an error; what the toolkit
-has and this daemon does not, ``curve_preferences``, refused by name).  Every
-error is a `WebConfigError` of one line.
+certificates; `parse` is as strict as the toolkit's Go parser (an unknown or
+duplicate key, a value of the wrong type, ``curve_preferences``: an error of one
+line, `WebConfigError`).
 
-`secure_site` reads it at start-up (a bad one: one line on standard error, exit
-status 2), puts `Protected` at the site's root and `TLSSiteFactory` around it, and
-returns the `WebSecurity` service that re-reads it when the file or a certificate
-changes and on SIGHUP; a reload that fails keeps the last good configuration, in
-one line.  So does one that turns TLS on or off (a port does not change protocol
-under its clients), or basic auth off (a file emptied, as ``> FILE`` does first,
-or cut after ``basic_auth_users:`` parses as no users).  `Contexts` hands the
-current TLS context to each new connection, so a reload changes the next
-handshake and leaves open connections as they are; `TLSChannel` bounds the
-handshakes; client_auth_type has Go's meanings
+`secure_site` reads it at start-up (a bad one: one line, exit status 2), puts
+`Protected` at the site's root and `TLSSiteFactory` around it, and returns the
+`WebSecurity` service that re-reads it when the file or a certificate changes and
+on SIGHUP; a reload that fails, or turns TLS on or off (a port keeps its
+protocol), or basic auth off (a file emptied by ``> FILE`` or cut after
+``basic_auth_users:``), keeps the last good configuration, in one line.
+`Contexts` hands the current TLS context to each new connection, so a reload
+changes the next handshake only; client_auth_type has Go's meanings
 (https://pkg.go.dev/crypto/tls#ClientAuthType).
 
 `Protected` answers 429 beyond ``rate_limit`` (a token bucket, as the toolkit's),
-sets ``http_server_config.headers``, then passes the request on or answers 401,
-or 503 when too many password checks are pending.  The password is checked
-through `twisted.cred` (``twisted.web.guard``'s header decoding, a `Portal` over
-the bcrypt checker, `Protected` its realm); ``HTTPAuthSessionWrapper`` does not
-serve: it makes any login failure but a refusal a 500, and has no place for the
-rate limit, the headers, the client's address the checks are queued by, or the
-damped log lines.  A bcrypt check costs tens of milliseconds of CPU by design, so
-`PasswordChecks` runs them in a pool of `THREADS` daemon threads, at most
+sets ``http_server_config.headers``, then passes the request on, or answers 401,
+or 503 when too many password checks are pending; the password is checked through
+`twisted.cred` (``HTTPAuthSessionWrapper`` makes any login failure but a refusal
+a 500, and has no place for the rate limit, the headers, the client's address or
+the damped log lines).  A bcrypt check costs tens of milliseconds of CPU by
+design: `PasswordChecks` runs them in `THREADS` daemon threads, at most
 `MAX_PENDING` running or queued (beyond: 503 at once), the places shared fairly by
 client (`access.peer_key`); a verdict is kept `CACHE_SECONDS`, a right one renewed
-by each use, and credentials once found right are checked again outside the bound,
-so a flood of wrong passwords never stands in the real scraper's way.  An unknown
-user, or a password over `MAX_PASSWORD` bytes, is refused without a check;
-stopping waits for no check (`_Pool`).
+by each use and checked again outside the bound, so a flood of wrong passwords
+never stands in the real scraper's way.  An unknown user, or a password over
+`MAX_PASSWORD` bytes, is refused without a check; stopping waits for no check.
 """
 
 from __future__ import annotations
@@ -705,9 +699,7 @@ class Protected:
         return IResource, self.inner, lambda: None
 
     def _bucket(self, config: WebConfig) -> TokenBucket | None:
-        if config.rate_limit is None:
-            return None
-        return TokenBucket(config.rate_limit[0], config.rate_limit[1], self.clock)
+        return None if config.rate_limit is None else TokenBucket(*config.rate_limit, self.clock)
 
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
         config = self.config
@@ -809,22 +801,22 @@ def _pem(text: str | None, path: str | None, what: str) -> tuple[bytes, str]:
         raise WebConfigError(f"tls_server_config.{what}_file {path}: cannot be read ({cause})") from None
 
 
-def _certificates(data: bytes, name: str) -> list[x509.Certificate]:
+def _certificates(text: str | None, path: str | None, what: str) -> tuple[list[x509.Certificate], str]:
+    data, name = _pem(text, path, what)
     try:
         found = x509.load_pem_x509_certificates(data)
     except ValueError:
         found = []
     if not found:
         raise WebConfigError(f"{name}: no PEM certificate in it")
-    return found
+    return found, name
 
 
 def build_context(settings: TLSSettings) -> SSL.Context:
     """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do.
     The client certificates are set after `CertificateOptions`, which can neither ask for one it does not
     verify nor check client_allowed_sans (and always prefers the server's order of suites, as Go since 1.18)."""
-    chain_data, chain_name = _pem(settings.cert, settings.cert_file, "cert")
-    chain = _certificates(chain_data, chain_name)
+    chain, chain_name = _certificates(settings.cert, settings.cert_file, "cert")
     key_data, key_name = _pem(settings.key, settings.key_file, "key")
     try:
         key = serialization.load_pem_private_key(key_data, password=None)
@@ -861,10 +853,9 @@ def _client_certificates(context: SSL.Context, settings: TLSSettings) -> None:
     if mode == "NoClientCert":
         return
     if settings.client_ca is not None or settings.client_ca_file is not None:
-        data, name = _pem(settings.client_ca, settings.client_ca_file, "client_ca")
+        authorities, _ = _certificates(settings.client_ca, settings.client_ca_file, "client_ca")
         store = context.get_cert_store()
         assert store is not None
-        authorities = _certificates(data, name)
         # no list of authorities in the certificate request (pyOpenSSL deprecates its X509Name): a
         # client sends the certificate it was configured with, as Prometheus and curl do
         for authority in authorities:
@@ -958,11 +949,9 @@ class TLSChannel(BoundedChannel):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_waiting()
         if not self._shaken and self in self.guard.channels and reason is not None and reason.check(SSL.Error):
-            self.guard.cut(
-                "metrics TLS handshakes failed",
-                "refusing a metrics connection from {peer}: TLS handshake failed ({cause})",
-                peer=peer_name(self.transport), cause=_cause(reason.value),
-            )
+            self.cut("metrics TLS handshakes failed",
+                     "refusing a metrics connection from {peer}: TLS handshake failed ({cause})",
+                     cause=_cause(reason.value))
         super().connectionLost(reason)
 
     def _stop_waiting(self) -> None:
@@ -977,11 +966,9 @@ class TLSChannel(BoundedChannel):
 
     def _too_slow(self) -> None:
         self._stop_waiting()
-        self.guard.cut(
-            "metrics TLS handshakes cut: too slow",
-            "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
-            peer=peer_name(self.transport), seconds=self.limits.handshake_timeout,
-        )
+        self.cut("metrics TLS handshakes cut: too slow",
+                 "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
+                 seconds=self.limits.handshake_timeout)
         self.transport.abortConnection()
 
 
