@@ -32,6 +32,7 @@ else 503 and why on one line; ``/`` links them; any other path is a 404.
 
 from __future__ import annotations
 
+import functools
 import gzip as gzip_format
 import re
 import time
@@ -182,12 +183,8 @@ class BoardCollector:
                                 value=len(self.board.behind))
 
     def _gpus(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
-        def gauge(name: str, text: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, text, labels=GPU_LABELS)
-
-        def counter(name: str, text: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, text, labels=GPU_LABELS)
-
+        gauge = functools.partial(GaugeMetricFamily, labels=GPU_LABELS)
+        counter = functools.partial(CounterMetricFamily, labels=GPU_LABELS)
         present = gauge("atopgpud_gpu_present", "1 if the GPU was read in the last poll, 0 if it is gone.")
         busy = gauge("atopgpud_gpu_busy_percent", "GPU busy percentage of the last sample.")
         mem_busy = gauge("atopgpud_gpu_memory_busy_percent", "Memory-controller busy percentage of the last "
@@ -470,9 +467,7 @@ def workload_families(book: WorkloadBook, health: HealthCache | None = None) -> 
     rows = book.rows()
     book.share_energy(card_energy(book.counters, health), rows)
 
-    def counter(name: str, text: str) -> CounterMetricFamily:
-        return CounterMetricFamily(name, text, labels=WORKLOAD_LABELS)
-
+    counter = functools.partial(CounterMetricFamily, labels=WORKLOAD_LABELS)
     busy = counter("atopgpud_workload_busy_percent_seconds", "The GPU busy percent-seconds of the "
                    "workload's processes on the GPU, exited ones included: rate() is its busy percentage.")
     mem_busy = counter("atopgpud_workload_memory_busy_percent_seconds", "The memory busy percent-seconds "
