@@ -21,11 +21,19 @@ from atopgpud_tw.server.atop.board import DEFAULT_EXITED_LIMIT, Board
 from atopgpud_tw.server.atop.poller import PollerService
 from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.server.system.access import AllowList, Gate, GatedFactory
-from atopgpud_tw.server.system.activation import ActivationError, inherited_sockets, take_inherited
-from atopgpud_tw.server.system.endpoints import PROCESS_LISTS, CheckedEndpoint, listen_endpoint
 from atopgpud_tw.server.system.journal import DEFAULT_LEVEL, LEVELS
 from atopgpud_tw.server.system.journal import install as install_journal
-from atopgpud_tw.server.system.listening import Listener, ListeningService, listen_all
+from atopgpud_tw.server.system.listening import (
+    PROCESS_LISTS,
+    ActivationError,
+    CheckedEndpoint,
+    Listener,
+    ListeningService,
+    inherited_sockets,
+    listen_all,
+    listen_endpoint,
+    take_inherited,
+)
 from atopgpud_tw.server.system.notify import Notifier, NotifyService
 from atopgpud_tw.server.system.signals import SignalService
 from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT, GROUPINGS, MIG_MODES

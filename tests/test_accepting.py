@@ -15,8 +15,7 @@ from twisted.internet.testing import MemoryReactorClock
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.protocol import AtopGpuFactory, Limits
 from atopgpud_tw.server.system.accepting import ACCEPT_BUDGET, FairTCPPort, FairUNIXPort, fair_reactor
-from atopgpud_tw.server.system.access import peer_uid
-from atopgpud_tw.server.system.sockdiag import SockDiag
+from atopgpud_tw.server.system.access import SockDiag, peer_uid
 
 NOBODY = 65534
 

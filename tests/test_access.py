@@ -18,7 +18,7 @@ from twisted.internet.defer import succeed
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
-from atopgpud_tw.server.system.endpoints import CheckedEndpoint
+from atopgpud_tw.server.system.listening import CheckedEndpoint
 
 # the client runs as user nobody, who may not reach this interpreter (under /root)
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -23,8 +23,7 @@ from daemon import Client, free_port, stop_process, unique_name
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint, UNIXServerEndpoint
 from twisted.internet.task import Clock
 
-from atopgpud_tw.server.system.activation import ActivationError, Inherited, address_of, take_inherited
-from atopgpud_tw.server.system.listening import Listener
+from atopgpud_tw.server.system.listening import ActivationError, Inherited, Listener, address_of, take_inherited
 
 ACTIVATE = shutil.which("systemd-socket-activate")
 needs_activate = pytest.mark.skipif(
@@ -172,7 +171,7 @@ def test_matching_takes_each_passed_socket_once():
 
 
 def test_without_systemd_nothing_is_inherited():
-    from atopgpud_tw.server.system.activation import inherited_sockets
+    from atopgpud_tw.server.system.listening import inherited_sockets
 
     environ = {"LISTEN_FDNAMES": "x"}
     assert inherited_sockets(environ) == [] and "LISTEN_FDNAMES" not in environ
@@ -180,7 +179,7 @@ def test_without_systemd_nothing_is_inherited():
 
 
 def test_passed_descriptor_that_is_no_listening_socket_is_refused():
-    from atopgpud_tw.server.system.activation import _inspect
+    from atopgpud_tw.server.system.listening import _inspect
 
     left, right = socket.socketpair()
     read, write = os.pipe()

@@ -14,8 +14,7 @@ from daemon import Client, Daemon, stop_process, twistd, unique_name
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
-from atopgpud_tw.server.system.endpoints import DEFAULT_BACKLOG, listen_endpoint
-from atopgpud_tw.server.system.listening import AcceptLog
+from atopgpud_tw.server.system.listening import DEFAULT_BACKLOG, AcceptLog, listen_endpoint
 
 LIMIT = 48
 

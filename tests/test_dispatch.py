@@ -12,7 +12,7 @@ from snapshots import dev, proc, snap
 import atopgpud_tw.server.atop as atop_wing
 from atopgpud_tw import codec
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.atop.intervals import V1Session
+from atopgpud_tw.server.atop.clients import V1Session
 
 WING = Path(atop_wing.__file__).parent
 

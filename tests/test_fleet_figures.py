@@ -13,7 +13,7 @@ from metrics_text import FakePoller, samples_of, series
 from prometheus_client.exposition import generate_latest
 from sim_readers import make_reader, poll
 
-from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
+from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
 from atopgpud_tw.server.atop.board import Board
@@ -120,8 +120,8 @@ def smi_devices(mig: str = "instances") -> tuple[DeviceSample, ...]:
     root, _ = read_report((FIXTURES / "mig.xml").read_bytes())
     listing = (FIXTURES / "mig-list.txt").read_text()
     slots = mig_slots(root)
-    devices, problems = read_devices(root, mig, name_slots(slots, parse_mig_names(listing)), None,
-                                     uuid_slots(slots, parse_mig_uuids(listing)))
+    profiles, uuids = name_slots(slots, parse_mig_names(listing))
+    devices, problems = read_devices(root, mig, profiles, None, uuids)
     assert not problems
     return devices
 

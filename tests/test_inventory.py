@@ -19,7 +19,7 @@ from sim_readers import make_reader, poll
 
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.smi.health import read_cards_health
-from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
+from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
 from atopgpud_tw.server.atop.board import Board
@@ -153,8 +153,8 @@ def test_smi_mig_instances_carry_the_uuids_nvidia_smi_l_lists():
     root, _ = read_report((FIXTURES / "mig.xml").read_bytes())
     listing = (FIXTURES / "mig-list.txt").read_text()
     slots = mig_slots(root)
-    devices, _ = read_devices(root, "instances", name_slots(slots, parse_mig_names(listing)), None,
-                              uuid_slots(slots, parse_mig_uuids(listing)))
+    profiles, uuids = name_slots(slots, parse_mig_names(listing))
+    devices, _ = read_devices(root, "instances", profiles, None, uuids)
     instances = [device for device in devices if "/" in device.busid]
     assert [device.info.uuid for device in instances] == [
         "MIG-0e3e4b6d-1c0a-5d2e-9f3c-111111111111", "MIG-0e3e4b6d-1c0a-5d2e-9f3c-222222222222",

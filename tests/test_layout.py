@@ -39,7 +39,6 @@ NAMESPACES = {
     "atopgpud_tw.readers.nvml_mig",
     "atopgpud_tw.readers.nvml_gpm",
     "atopgpud_tw.readers.smi",
-    "atopgpud_tw.readers.smi_child",
     "atopgpud_tw.readers.smi_orphans",
     "atopgpud_tw.watchdog.HangWatchdog",
     "atopgpud_tw.board",

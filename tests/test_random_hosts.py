@@ -4,14 +4,17 @@ A random simulated host (one to three GPUs at constant loads, processes that
 start, stop, run on two GPUs at once and give their pid to a later process),
 read by the NVML reader on simulated time and folded into the counters, while
 the reader's calls take random time (now and then a great deal) and polls
-start late at random.  `cases` can also step the host's wall clock forward and
-back, between polls and inside calls, and suspend the host (`STEPPED`); what
-that found is kept in `FOUND` and `NOT_EXACT`, and those hosts run in no set
-while a thousand of them still find a case not exact.  The oracle is the scenario:
+start late at random; polls are on the ticks of the interval, and a poll that
+runs past a tick skips it, as the daemon's poller does.  `cases` can also step
+the host's wall clock forward and back, between polls and inside calls, and
+suspend the host (`STEPPED`); what that found is kept in `FOUND`, and in
+`NOT_EXACT` what is not exact yet.  The oracle is the scenario:
 
 - every GPU counts one sample per poll, and its busy and memory busy sums are
   the sums of its load over the time each poll's samples call covered (the
-  simulator's `true_load`), within one poll's worth; its memory sum exactly;
+  simulator's `true_load`), within one poll's worth (and one more for each
+  poll shorter than a sample period, whose load NVML cannot tell: docs/fidelity.md);
+  its memory sum exactly;
 - every process's life is counted once, under the start time the scenario
   gives it, with one sample per poll whose process list showed it (the time of
   that call, as the simulator answered it, decides), its busy sums within one
@@ -24,12 +27,13 @@ The examples hypothesis found are kept (``@example``), with what each was.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 from sim_readers import make_reader
 
@@ -109,7 +113,7 @@ class Played:
 
 
 def play(case: Case) -> Played:
-    """Poll the case's host `POLLS` times on simulated time."""
+    """Poll the case's host on simulated time, `POLLS` ticks of its interval (fewer polls after a long call)."""
     draw = random.Random(case.seed)
     clock = [0.0]
     data = case.scenario()
@@ -143,12 +147,18 @@ def play(case: Case) -> Played:
         slowed(name)
     counters = Counters()
     played = Played([], [], [[] for _ in case.gpus], [[] for _ in case.gpus])
-    for poll in range(1, POLLS + 1):
-        due = poll * case.interval
+    tick = 0
+    while True:
+        # the daemon's poller (a `LoopingCall`) skips the ticks a poll ran past: polls never stack
+        # up at one moment after a long call; the next covers the intervals skipped
+        since, tick = tick, max(tick + 1, math.ceil(round(clock[0] / case.interval, 6)))
+        if tick > POLLS:
+            break
+        due = tick * case.interval
         late = draw.random() * case.interval / 2 if draw.random() < case.late else 0.0
         clock[0] = max(clock[0], due + late)
         snapshot, _ = reader.read(clock[0])
-        played.exits += [(e.device_index, e.totals.life) for e in counters.fold(snapshot, due, due - case.interval)]
+        played.exits += [(e.device_index, e.totals.life) for e in counters.fold(snapshot, due, since * case.interval)]
         for index in range(len(case.gpus)):
             played.listed_at[index].append(listed[index])
             played.sampled_at[index].append(sampled[index])
@@ -182,12 +192,15 @@ def check(case: Case, played: Played) -> None:
         loads = [host.true_load(index, start, end) for start, end in zip([times[0] - 1.0, *times], times)]
         samples, gpu_sum, mem_sum, memory, _ = last[index]
         where = f"GPU {index}"
-        assert samples == POLLS, where
+        assert samples == len(history), where
+        # polls shorter than a sample period (after a long call): the driver's samples cannot tell
+        # the load in them (docs/fidelity.md, "Random hosts against their scenario"), one poll's worth more each
+        short = {n for n in range(1, len(times)) if times[n] - times[n - 1] < gpu.sample_period}
         # one poll's worth: the most one poll reads (the load, constant here)
         truth = sum(load.gpu for load in loads)
-        assert abs(gpu_sum - truth) <= max(gpu.gpu_util, 1), (where, "busy", gpu_sum, truth)
+        assert abs(gpu_sum - truth) <= max(gpu.gpu_util, 1) * (1 + len(short)), (where, "busy", gpu_sum, truth)
         truth = sum(load.mem for load in loads)
-        assert abs(mem_sum - truth) <= max(gpu.mem_util, 1), (where, "memory busy", mem_sum, truth)
+        assert abs(mem_sum - truth) <= max(gpu.mem_util, 1) * (1 + len(short)), (where, "memory busy", mem_sum, truth)
         assert memory == gpu.memory_used_mib * 1024 * samples, where
         # every life: counted once, under its start time, for the polls that listed it
         counted: dict[tuple[int, int | None], list[tuple[int, tuple[int, ...]]]] = {}
@@ -204,7 +217,8 @@ def check(case: Case, played: Played) -> None:
                     max(p.mem_util, 1) for p in gpu.processes if p.pid == process.pid]
                 expected[(process.pid, host.process_start_time(process.pid))] = (
                     polls, process, sum(loads[n].processes[process.pid][0] for n in polls),
-                    sum(loads[n].processes[process.pid][1] for n in polls), max(worth[0]), max(worth[1]))
+                    sum(loads[n].processes[process.pid][1] for n in polls),
+                    *(max(kind) * (1 + len(short.intersection(polls))) for kind in worth))
         assert set(counted) == set(expected), (where, sorted(counted), sorted(expected))
         for key, (polls, process, sm, busy, sm_worth, busy_worth) in expected.items():
             found = counted[key]
@@ -334,6 +348,63 @@ FOUND = (
     # from the others (taken for the period): GPU 1 at 40 % read 20 for five polls, 1100 for 1200
     Case(interval=2.0, gpus=((0, 0, 0), (40, 30, 0)), lives=((1, (1,), 1.0, None, 20, 10, 0),),
          steps=(Step(at=6.0, seconds=1.25),), delay=0.0, late=0.0),
+    # two forward steps 0.375 s apart between 0.5 s polls: the samples of the clock between them,
+    # placed 0.5 s late, were taken for proof that the next ones were of the clock before, 1 s
+    # ahead: GPU 1 at 1 % summed 28 for 30
+    Case(interval=0.5, gpus=((0, 0, 0), (1, 0, 0)), lives=(
+        (1, (0,), 1.0, 2.0, 0, 0, 0), (1, (0,), 3.0, None, 0, 0, 0), (2, (0,), 0.0, 1.0, 0, 0, 0),
+        (2, (0,), 2.0, None, 0, 0, 0), (3, (0,), 0.0, 1.0, 0, 0, 0), (3, (0,), 2.0, None, 0, 0, 0)),
+        steps=(Step(at=2.0, seconds=0.5), Step(at=1.625, seconds=1.0)), delay=0.0, late=0.0),
+    # the same inside one call: +0.2 s, then +107 s 1.1 s later: the samples after the second were
+    # placed on the clock before it, 107 s ahead, and read as a dry spell: GPU 0 at 98 % memory busy
+    # summed 2533 for 2744
+    Case(interval=1.0, gpus=((1, 98, 541),), lives=(), steps=(
+        Step(at=22.31, seconds=0.2, inside=True, tail=0.53), Step(at=23.442, seconds=107.248, inside=True, tail=0.851)),
+        seed=1393, delay=0.0, late=0.3),
+    # three steps (+50 s, -37 s, -85 s) between two looks of GPU 1: the samples of the two clocks
+    # that held only between them were placed with one offset, one run 18 s ahead: GPU 1 read 0
+    # from then on, 324 for 1296
+    Case(interval=0.5, gpus=((78, 43, 2081), (48, 33, 2609)), lives=(), steps=(
+        Step(at=4.064, seconds=-85.436, inside=True, tail=1.071),
+        Step(at=3.689, seconds=-37.101, inside=True, tail=0.258), Step(at=3.288, seconds=49.84)),
+        seed=65139, delay=0.0, late=0.0),
+    # +48 s between polls, then -109 s and a suspend inside the next call: two samples of the clock
+    # between, 61 s below the first, fitted the first stretch (which has no beginning), and the
+    # buffer's order put the samples of +48 s there too, 48 s ahead: GPU 0 at 67 % read 0 from
+    # then on, 292 for 1943
+    Case(interval=1.0, gpus=((67, 74, 1235),), lives=(), steps=(
+        Step(at=4.583, seconds=-108.923, inside=True, tail=1.011), Step(at=4.0, seconds=47.7)),
+        suspends=((5.0, 2.0),), seed=693, delay=0.03, late=0.0),
+    # two forward steps of 0.585 s inside one call of 3.5 s: the samples of the clock between them
+    # fitted the clock before (0.585 s late), and the buffer's order moved those of the clock after
+    # onto it, 1.17 s ahead: GPU 0 at 20 % read 0 from then on, 21 for 480
+    Case(interval=0.5, gpus=((20, 100, 1798),), lives=(), steps=(
+        Step(at=2.328, seconds=0.585, inside=True, tail=1.5), Step(at=1.5, seconds=0.585, inside=True, tail=1.5)),
+        delay=0.0, late=0.0),
+    # a forward step inside a call of 1.9 s at 0.5 s polls: the test played three more polls at the
+    # call's end, which the daemon's poller skips (the next poll covers them): a process at 1 % for
+    # 1 s summed 1 for 2.3
+    Case(interval=0.5, gpus=((74, 42, 300), (74, 42, 300), (59, 15, 93)), lives=(
+        (0, (0,), 0.0, None, 77, 97, 900), (1, (0, 1), 7.5, 11.08, 23, 14, 0), (1, (0,), 17.45, None, 35, 14, 2048),
+        (2, (0,), 1.9, 5.35, 96, 91, 2048), (3, (0,), 2.25, 3.25, 1, 58, 302), (3, (1,), 4.35, 5.11, 59, 33, 304)),
+        steps=(Step(at=1.5, seconds=1.0, inside=True, tail=1.397),), suspends=((7.427, 453.1), (5.782, 62.2)),
+        seed=65536, delay=0.03),
+    # a poll 0.15 s after a call of 0.85 s (shorter than a sample period), a process that started
+    # 6 ms before that call returned at 45 %: 0 in that poll, 43 for 90; and one 45 ms after a call
+    # of 2 s, a process at 62 % that started 0.33 s before it returned: 1431 for 1496.  Not exact:
+    # within the bound the oracle allows for polls shorter than a period (one poll's worth each)
+    Case(interval=0.5, gpus=((96, 100, 1332), (93, 100, 1332)), lives=(
+        (0, (0, 1), 6.34, 8.0, 46, 93, 1579), (0, (0, 1), 14.34, None, 45, 21, 794),
+        (2, (0, 1), 6.74, 10.83, 22, 56, 159), (2, (0, 1), 11.83, 18.17, 93, 11, 2003)),
+        steps=(Step(at=1.9, seconds=105.117, inside=True, tail=1.32),
+               Step(at=13.639, seconds=-99.749, inside=True, tail=0.707)), seed=1939, delay=0.0, late=0.0),
+    Case(interval=0.5, gpus=((34, 90, 951), (53, 29, 112)), lives=(
+        (0, (1,), 0.0, 1.24, 78, 80, 419), (0, (0,), 6.67, None, 49, 77, 1865), (1, (0, 1), 0.0, 3.31, 42, 5, 207),
+        (1, (0, 1), 3.83, 5.42, 91, 58, 1156), (1, (0, 1), 12.07, 17.75, 81, 70, 1432),
+        (3, (0,), 2.67, None, 62, 62, 1385)),
+        steps=(Step(at=10.573, seconds=84.962, inside=True, tail=0.5), Step(at=1.5, seconds=13.672, inside=True,
+                                                                            tail=1.5)),
+        suspends=((10.567, 272.3), (10.568, 203.1)), seed=40807, delay=0.0, late=0.3),
 )
 
 
@@ -348,28 +419,43 @@ def examples(found: tuple[Case, ...]) -> Any:
 
 #: hosts with churn, slow calls and late polls
 HOSTS = cases(steps_=0, suspends_=0)
-#: the same with steps of the wall clock and suspends: a thousand find cases like `NOT_EXACT`
-#: (docs/fidelity.md), so these run in no set yet; the examples they found are in `FOUND`
+#: the same with steps of the wall clock (forward and back, between polls and inside calls) and suspends
 STEPPED = cases()
+#: hypothesis's settings: the same hosts in every run (`derandomize`), no shrinking (a stepped host
+#: takes minutes to shrink: a case found is played with `tests/` helpers and kept in `FOUND` by hand)
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True,
+            "database": None, "phases": [Phase.explicit, Phase.reuse, Phase.generate]}
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-          database=None)
+@settings(max_examples=200, **SETTINGS)
 @given(HOSTS)
-@examples(FOUND)
 def test_random_hosts_equal_their_scenario(case: Case) -> None:
-    """200 random hosts (the slow set: `slow`, left out of the quick loop with `e2e`), the same
-    ones in every run (`derandomize`): a thousand find a case of `NOT_EXACT` now and then."""
+    """200 random hosts without steps (the slow set: `slow`, left out of the quick loop with `e2e`)."""
     check(case, play(case))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-          database=None)
-@given(HOSTS)
+@pytest.mark.slow
+@settings(max_examples=200, **SETTINGS)
+@given(STEPPED)
 @examples(FOUND)
+def test_random_stepped_hosts_equal_their_scenario(case: Case) -> None:
+    """200 random hosts whose clocks step and sleep, and the cases found."""
+    check(case, play(case))
+
+
+@settings(max_examples=4, **SETTINGS)
+@given(HOSTS)
 def test_a_few_random_hosts_equal_their_scenario(case: Case) -> None:
     """The same, a handful of hosts: for the quick loop."""
+    check(case, play(case))
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(STEPPED)
+@examples(FOUND)
+def test_a_few_random_stepped_hosts_equal_their_scenario(case: Case) -> None:
+    """A handful of stepped hosts, and the cases found: for the quick loop."""
     check(case, play(case))
 
 
@@ -388,27 +474,21 @@ NOT_EXACT = (
              steps=(Step(at=1.75, seconds=1.0), Step(at=0.5, seconds=1.0, inside=True, tail=1.25)),
              delay=0.0, late=0.0),
         marks=pytest.mark.xfail(strict=True, reason="two forward steps of 1 s before GPU 1's first look (inside "
-                                "GPU 0's first call): its 4th and 5th polls read 0 and 16 for 40, 1136 for 1200"),
+                                "GPU 0's first call): its 2nd and 3rd polls read 0 and 16 for 40, 1056 for 1120"),
         id="forward steps before the first look",
     ),
     pytest.param(
-        Case(interval=0.5, gpus=((0, 0, 0), (1, 0, 0)), lives=(
-            (1, (0,), 1.0, 2.0, 0, 0, 0), (1, (0,), 3.0, None, 0, 0, 0), (2, (0,), 0.0, 1.0, 0, 0, 0),
-            (2, (0,), 2.0, None, 0, 0, 0), (3, (0,), 0.0, 1.0, 0, 0, 0), (3, (0,), 2.0, None, 0, 0, 0)),
-            steps=(Step(at=2.0, seconds=0.5), Step(at=1.625, seconds=1.0)), delay=0.0, late=0.0),
-        marks=pytest.mark.xfail(strict=True, reason="two forward steps 0.375 s apart between 0.5 s polls: GPU 1 "
-                                "at 1 % sums 28 for 30"),
-        id="two short forward steps between polls",
-    ),
-    pytest.param(
-        Case(interval=0.5, gpus=((74, 42, 300), (74, 42, 300), (59, 15, 93)), lives=(
-            (0, (0,), 0.0, None, 77, 97, 900), (1, (0, 1), 7.5, 11.08, 23, 14, 0), (1, (0,), 17.45, None, 35, 14, 2048),
-            (2, (0,), 1.9, 5.35, 96, 91, 2048), (3, (0,), 2.25, 3.25, 1, 58, 302), (3, (1,), 4.35, 5.11, 59, 33, 304)),
-            steps=(Step(at=1.5, seconds=1.0, inside=True, tail=1.397),), suspends=((7.427, 453.1), (5.782, 62.2)),
-            seed=65536, delay=0.03),
-        marks=pytest.mark.xfail(strict=True, reason="a forward step inside a call of 1.9 s at 0.5 s polls: a "
-                                "process at 1 % for 1 s sums 1 for 2.3"),
-        id="a step inside a call of four polls",
+        Case(interval=1.0, gpus=((6, 6, 85),), lives=(
+            (0, (0,), 0.0, None, 93, 90, 1224), (1, (0,), 5.8, 19.67, 72, 46, 89), (1, (0,), 24.3, 35.87, 29, 9, 389),
+            (1, (0,), 44.33, 44.83, 86, 16, 1715), (2, (0,), 5.31, 9.12, 88, 52, 527), (3, (0,), 0.0, 0.5, 17, 42, 451),
+            (3, (0,), 5.04, None, 100, 32, 152)),
+            steps=(Step(at=4.762, seconds=-24.782, inside=True, tail=0.913), Step(at=19.692, seconds=-60.185),
+                   Step(at=21.831, seconds=-18.701, inside=True, tail=1.497)),
+            suspends=((22.67, 199.9), (3.441, 66.1)), seed=3849, delay=0.0, late=0.3),
+        marks=pytest.mark.xfail(strict=True, reason="a step back of 18.7 s and a suspend of 200 s inside one call: "
+                                "the samples between them, stamped below the one asked with, are never asked for "
+                                "(the call's net step is forward): a process at 100 % sums 2208 for 2325"),
+        id="a step back hidden by a suspend inside a call",
     ),
 )
 

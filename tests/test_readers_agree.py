@@ -81,7 +81,7 @@ def smi_counters(mig: str) -> Counters:
     profiles = {}
     if mig == "instances":  # the reader runs -L only to name instances
         root, _ = read_report(data)
-        profiles = name_slots(mig_slots(root), parse_mig_names(LISTING.read_text()))
+        profiles, _ = name_slots(mig_slots(root), parse_mig_names(LISTING.read_text()))
     counters = Counters()
     for _ in range(POLLS):
         devices, problems = parse_report(data, mig, profiles)

@@ -278,7 +278,9 @@ def test_parse_mig_names_by_card_uuid_and_device() -> None:
     """-L gives profiles per (card UUID, Device N); cards without MIG lines give none."""
     names = parse_mig_names((FIXTURES / "mig-list.txt").read_text())
     card = "GPU-11111111-2222-3333-4444-555555555555"
-    assert names == {(card, 0): "3g.40gb", (card, 1): "2g.20gb", (card, 2): "1g.10gb"}
+    assert {key: profile for key, (profile, _) in names.items()} == {
+        (card, 0): "3g.40gb", (card, 1): "2g.20gb", (card, 2): "1g.10gb"
+    }
 
 
 def test_parse_mig_names_old_driver_and_compute_instances() -> None:
@@ -289,14 +291,17 @@ def test_parse_mig_names_old_driver_and_compute_instances() -> None:
         "  MIG 1c.3g.20gb Device 1: (UUID: MIG-GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77/1/1)\r\n"
     )
     card = "GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77"
-    assert parse_mig_names(text) == {(card, 0): "1c.3g.20gb", (card, 1): "1c.3g.20gb"}
+    assert parse_mig_names(text) == {
+        (card, 0): ("1c.3g.20gb", f"MIG-{card}/1/0"), (card, 1): ("1c.3g.20gb", f"MIG-{card}/1/1")
+    }
 
 
 def test_name_slots_maps_devices_to_instance_ids() -> None:
     """-L's Device N becomes the profile of the instance whose <index> is N."""
     root, _ = read_report(fixture("mig.xml"))
     names = parse_mig_names((FIXTURES / "mig-list.txt").read_text())
-    assert name_slots(mig_slots(root), names) == {
+    profiles, _ = name_slots(mig_slots(root), names)
+    assert profiles == {
         ("00000000:17:00.0", 1, 0): "3g.40gb",
         ("00000000:17:00.0", 5, 0): "2g.20gb",
         ("00000000:17:00.0", 13, 0): "1g.10gb",
@@ -306,7 +311,7 @@ def test_name_slots_maps_devices_to_instance_ids() -> None:
 def test_name_slots_refuses_a_listing_of_other_instances() -> None:
     """When -L and -q -x disagree (reconfigured in between) no name is guessed."""
     root, _ = read_report(fixture("mig.xml"))
-    names = {("GPU-11111111-2222-3333-4444-555555555555", 0): "7g.80gb"}
+    names = {("GPU-11111111-2222-3333-4444-555555555555", 0): ("7g.80gb", "")}
     expected = r"lists MIG devices \[0\] of GPU 00000000:17:00.0, the report \[0, 1, 2\]"
     with pytest.raises(SmiReportError, match=expected):
         name_slots(mig_slots(root), names)

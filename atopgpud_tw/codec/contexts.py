@@ -1,21 +1,7 @@
 """The ``P`` request: who the processes are, for ``atopgpu`` (atop never sends it).
 
-Request: ``P`` and a version byte, as ``T`` and ``S``.  Reply: the prelude
-(version 2, whatever was asked) and a body of one line per process, the
-processes active on the devices the wide request carries (`WIDE_REQUEST`) and
-those that ended most recently, newest last::
-
-    PID UID USER KIND WORKLOAD COMM\\n
-
-`UID` is -1 where it is not known; each text is a token (`context_token`:
-printable ASCII but for spaces, each other character one ``_``; ``-`` when
-empty); `KIND` is ``unit``, ``slice``, ``container``, ``pod``, ``job``,
-``user`` or ``unknown``, and `WORKLOAD` names it (the most specific workload
-the process has: pod, container, job, unit, slice, user).  A pid listed twice
-(a pid reused, an exited process and the new one) is the later line's.  The
-body is at most `CONTEXT_REPLY_LIMIT` bytes; a daemon that does not know ``P``
-closes the connection (an unknown command), which a client takes as "not
-told".
+The reply's body is a line per process, ``PID UID USER KIND WORKLOAD COMM``, each
+text a token (`context_token`), at most `CONTEXT_REPLY_LIMIT` bytes: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -23,17 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from atopgpud_tw.codec.wire import COMMAND_CONTEXTS, ProtocolError
-
-__all__ = [
-    "COMMAND_CONTEXTS",
-    "CONTEXT_REPLY_LIMIT",
-    "CONTEXT_TOKEN_CHARS",
-    "ProcessInfo",
-    "context_token",
-    "render_contexts",
-    "parse_contexts",
-]
+from atopgpud_tw.codec.wire import ProtocolError
 
 #: a ``P`` body's bytes at most (not atop's: atop never asks)
 CONTEXT_REPLY_LIMIT = 262144
@@ -66,10 +42,8 @@ def render_contexts(records: Iterable[ProcessInfo]) -> bytes:
     lines = []
     size = 0
     for record in records:
-        line = b" ".join((
-            str(record.pid).encode(), str(record.uid).encode(), context_token(record.user),
-            context_token(record.kind), context_token(record.workload), context_token(record.comm),
-        )) + b"\n"
+        texts = (record.user, record.kind, record.workload, record.comm)
+        line = f"{record.pid} {record.uid} ".encode() + b" ".join(map(context_token, texts)) + b"\n"
         size += len(line)
         if size > CONTEXT_REPLY_LIMIT:
             break

@@ -9,16 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from atopgpud_tw.codec.wire import ProtocolError
-
-__all__ = [
-    "DeviceType",
-    "ProcessStats",
-    "DeviceStats",
-    "parse_types",
-    "parse_stats",
-    "check_stats",
-]
+from atopgpud_tw.codec.wire import LLONG_MAX, ProtocolError
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,21 +44,13 @@ class DeviceStats:
     processes: tuple[ProcessStats, ...]
 
 
-def _is_integer(field: str) -> bool:
-    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
-    digits = field[1:] if field.startswith("-") else field
-    return digits.isascii() and digits.isdigit()
-
-
-#: atop reads every figure as a signed 64-bit integer
-_LARGEST = 2**63 - 1
-
-
 def _ints(fields: Sequence[str], what: str) -> list[int]:
-    if not all(_is_integer(f) for f in fields):
+    # int() alone would also take "+5", " 5" and "1_000", which no daemon sends
+    if not all((digits := f.removeprefix("-")).isascii() and digits.isdigit() for f in fields):
         raise ProtocolError(f"non-numeric field in {what}: {' '.join(fields)[:200]!r}")
-    # the length first: int() refuses thousands of digits, and later sums overflow floats
-    if any(len(f) > 20 or abs(int(f)) > _LARGEST for f in fields):
+    # the length first: int() refuses thousands of digits, and later sums overflow floats; atop reads
+    # every figure as a signed 64-bit integer
+    if any(len(f) > 20 or abs(int(f)) > LLONG_MAX for f in fields):
         raise ProtocolError(f"a field of the {what} is beyond 64 bits")
     return [int(f) for f in fields]
 
@@ -140,11 +123,8 @@ def _check_not_below(value: int, floor: int, what: str) -> None:
 
 
 def check_stats(devices: Sequence[DeviceStats], version: int) -> None:
-    """Refuse parsed ``S`` figures that no daemon can mean (a `ProtocolError`).
-
-    Percentages are -1..100; a sum of per-sample percentages is at most 100 per
-    sample; counts and memory are not negative (-1 means "not available").
-    """
+    """Refuse parsed ``S`` figures no daemon can mean (`ProtocolError`): percentages beyond -1..100 (a sum
+    of per-sample ones, 100 per sample), negative counts, memory below -1 ("not available")."""
     for index, dev in enumerate(devices):
         where = f"GPU {index}"
         _check_not_below(dev.samples, 0, f"{where} samples")

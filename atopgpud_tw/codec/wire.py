@@ -13,36 +13,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = [
-    "PRELUDE",
-    "REQUEST_SIZE",
-    "NEWEST_VERSION",
-    "VERSIONS",
-    "COMMAND_TYPES",
-    "COMMAND_STATS",
-    "COMMAND_CONTEXTS",
-    "COMMANDS",
-    "ATOP_REPLY_LIMIT",
-    "REPLY_LIMIT",
-    "MAX_PROCESSES_PER_DEVICE",
-    "ATOP_MAX_GPUS",
-    "ATOP_ID_CHARS",
-    "MAX_TOKEN_CHARS",
-    "MAX_WIRE_DEVICES",
-    "WIDE_REQUEST",
-    "wire_devices",
-    "INT_MAX",
-    "LLONG_MAX",
-    "ProtocolError",
-    "Request",
-    "negotiate",
-    "parse_request",
-    "encode_request",
-    "frame",
-    "parse_prelude",
-    "wire_token",
-]
-
 PRELUDE = struct.Struct(">I")
 REQUEST_SIZE = 2
 NEWEST_VERSION = 2
@@ -55,8 +25,7 @@ COMMAND_CONTEXTS = ord("P")
 COMMANDS = (COMMAND_TYPES, COMMAND_STATS, COMMAND_CONTEXTS)
 #: atop's hard limit on a reply body
 ATOP_REPLY_LIMIT = 8192
-#: what this daemon allows a whole reply, prelude included, so that no reading of
-#: atop's limit (body or whole reply) is ever exceeded
+#: what this daemon allows a whole reply, prelude included: no reading of atop's limit is exceeded
 REPLY_LIMIT = ATOP_REPLY_LIMIT
 #: atop keeps at most this many process entries per GPU (an unsigned char)
 MAX_PROCESSES_PER_DEVICE = 255
@@ -66,31 +35,22 @@ MAX_PROCESSES_PER_DEVICE = 255
 ATOP_MAX_GPUS = 32
 #: atop keeps the last characters of a bus id and of a type name
 ATOP_ID_CHARS = 12
-#: a longer name or bus id keeps only its last this many characters on the wire
-#: (atop shows the last 12 of them), so that ``T`` fits whatever a reader says
+#: a longer name or bus id keeps its last this many characters on the wire: ``T`` fits whatever it is
 MAX_TOKEN_CHARS = 64
 #: atop reads ``%d`` and ``%lld`` numbers: nothing on the wire goes beyond these
 INT_MAX = 2**31 - 1
 LLONG_MAX = 2**63 - 1
 #: the longest device record: ``@`` and eight numbers of up to 20 characters
 _LONGEST_DEVICE_RECORD = 1 + 8 * 20 + 7
-#: devices on the wire at most: this many device records fit in one reply
-#: whatever their numbers, and their ``T`` entries too
+#: devices on the wire at most: this many device records (and ``T`` entries) fit in one reply
 MAX_WIRE_DEVICES = (REPLY_LIMIT - PRELUDE.size) // _LONGEST_DEVICE_RECORD
-#: a version byte atop never sends (it sends 1 or 2): ``atopgpu`` asks with it for
-#: version 2 replies of up to `MAX_WIRE_DEVICES` devices.  The reply is version 2; a
-#: daemon that does not know this byte answers it as the newest version, as the
-#: protocol has unknown versions mean, so the request works with any daemon
+#: a version byte atop never sends: ``atopgpu`` asks with it for version 2 replies of up to
+#: `MAX_WIRE_DEVICES` devices (a daemon that does not know it answers it as the newest version)
 WIDE_REQUEST = 0x80 | 2
 
 
 def wire_devices(asked: int) -> int:
-    """How many devices (the first, in ``T`` order) a reply carries, by the version byte asked with.
-
-    Every atop keeps 32 (`ATOP_MAX_GPUS`) and, given a ``T`` of more, shows
-    no GPU at all (atop 2.8.1 and 2.13, tests/test_atop.py): any request atop
-    sends gets the first 32.  Only `WIDE_REQUEST` gets `MAX_WIRE_DEVICES`.
-    """
+    """How many devices (the first, in ``T`` order) a reply to the version byte `asked` carries."""
     return MAX_WIRE_DEVICES if asked == WIDE_REQUEST else ATOP_MAX_GPUS
 
 #: a byte as it may stand in a token: printable ASCII but for the separators, else ``_``
@@ -122,8 +82,7 @@ def negotiate(version: int) -> int:
     return version if version in VERSIONS else NEWEST_VERSION
 
 
-#: every valid request parsed so far, parsed once: a daemon parses one per reply, and its
-#: clients ask a few of the 768 there are (all of them made up front would be some 100 KiB)
+#: every valid request parsed so far (a few of the 768 there are), parsed once: one per reply
 _REQUESTS: dict[bytes, Request] = {}
 
 
@@ -164,12 +123,8 @@ def parse_prelude(prelude: bytes) -> tuple[int, int]:
 
 
 def wire_token(text: str) -> bytes:
-    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``.
-
-    Every other character (space, control, anything beyond ASCII) becomes one
-    ``_``; an empty text is ``_``, so that the token is still there.  A text
-    longer than `MAX_TOKEN_CHARS` keeps its last characters, those atop shows.
-    """
+    """A name or bus id as one ``T`` token: printable ASCII without ``@`` or ``#``, every other character
+    one ``_``, an empty text ``_``; of a longer text the last `MAX_TOKEN_CHARS` (atop shows the last)."""
     # a character beyond ASCII becomes 0x80 first, which the table turns into "_"
     raw = bytes(min(ord(c), 0x80) for c in text[-MAX_TOKEN_CHARS:]) or b"_"
     return raw.translate(_SAFE)

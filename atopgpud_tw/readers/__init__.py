@@ -1,8 +1,4 @@
-"""Readers: where a Snapshot comes from (NVML, nvidia-smi, the simulator).
-
-`make_reader` picks and opens one at start-up; it raises `ReaderUnavailable`
-with a one-line reason when none can work here.
-"""
+"""Readers: where a Snapshot comes from (NVML, nvidia-smi, the simulator); `make_reader` opens one."""
 
 from __future__ import annotations
 
@@ -53,9 +49,7 @@ def _smi(settings: ReaderSettings, reactor: Any) -> IReader:
     from atopgpud_tw.readers.smi.reader import SmiReader
 
     # the daemon starts no other processes: it may take what runs leave behind as its own
-    return SmiReader(
-        reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig, adopt_orphans=True
-    )
+    return SmiReader(reactor, settings.smi_path, timeout=settings.smi_timeout, mig=settings.mig, adopt_orphans=True)
 
 
 def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
@@ -66,9 +60,8 @@ def _sim(settings: ReaderSettings, reactor: Any) -> IReader:
         scenario = load_scenario(settings.scenario) if settings.scenario else demo_scenario()
     except ScenarioError as error:
         raise ReaderUnavailable(f"scenario {error}") from None
-    return NvmlReader(
-        simulated_binding(scenario), reactor, mig=settings.mig, hang_after=_hang_after(settings), name="sim"
-    )
+    binding = simulated_binding(scenario)
+    return NvmlReader(binding, reactor, mig=settings.mig, hang_after=_hang_after(settings), name="sim")
 
 
 def _hang_after(settings: ReaderSettings) -> float:
@@ -103,13 +96,9 @@ class _Hung(ReaderUnavailable):
 def make_reader(
     settings: ReaderSettings, reactor: Any, say: Callable[[str], None] | None = None
 ) -> tuple[IReader, Snapshot]:
-    """The reader `settings` ask for, opened, and the devices it found.
-
-    `auto` tries nvml, then nvidia-smi.  `say` is told, in one line each, what
-    start-up waits for while a reader opens (an NVML call that hangs), and that
-    `auto` moves on to nvidia-smi after such a hang: before the reactor runs the
-    log is not yet written anywhere, so the caller prints it (and tells systemd).
-    """
+    """The reader `settings` ask for, opened, and the devices it found; ReaderUnavailable with each
+    reason in one line.  `say` is told what start-up waits for (an NVML call that hangs), and that `auto`
+    moves on after such a hang: before the reactor runs the log is written nowhere, so the caller says it."""
     order = ("nvml", "nvidia-smi") if settings.kind == "auto" else (settings.kind,)
     say = say or (lambda text: None)
     reasons = []

@@ -20,39 +20,23 @@ class IReader(Interface):
     name = Attribute("a short name for logs: 'nvml', 'nvidia-smi', 'sim'")
 
     def open() -> Snapshot:
-        """Check at start-up that the reader can work; raise ReaderUnavailable if not.
-
-        Returns the devices found, by identity (their readings are not used), so
-        that ``T`` lists them before the first poll.  May block (it runs once,
-        before the reactor starts).
-        """
+        """At start-up, before the reactor runs (it may block): the devices found, by identity, for ``T``
+        to list before the first poll; ReaderUnavailable if the reader cannot work."""
 
     def poll() -> Deferred:
-        """Read every device once; the Deferred fires with a Snapshot.
-
-        Never blocks the reactor.  A failure fails this poll only.
-        """
+        """Read every device once, never blocking the reactor; fires with a Snapshot or fails this poll."""
 
     def close() -> Deferred | None:
-        """Release what the reader holds (NVML, child processes); may return a
-        Deferred that fires when done (stopping waits for it, briefly)."""
+        """Release what the reader holds; a Deferred, if any, fires when done (stopping waits briefly)."""
 
-    watchdog = Attribute(
-        "the HangWatchdog over the calls in the reader's own thread (its figures are on /metrics); "
-        "None for a reader with no such thread"
-    )
+    watchdog = Attribute("the HangWatchdog over the calls in the reader's own thread (on /metrics), or None")
 
     def health(wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """The health figures (`health.CardHealth`) of each card `wanted` (by key),
-        one Deferred per card; only ``/metrics`` asks, when it is scraped."""
+        """The health figures (`health.CardHealth`) of each card `wanted` (by key), a Deferred each (/metrics)."""
 
     def xid_counts() -> Deferred | None:
-        """A Deferred firing with the XID errors counted so far, by (card key, XID);
-        None where the reader cannot count them."""
+        """A Deferred firing with the XID errors counted so far, by (card key, XID); None if not counted."""
 
 
 class PollError(Exception):
-    """A poll failure the reader understands (a timeout, a garbled report).
-
-    The poller logs it as one line, without a traceback.
-    """
+    """A poll failure the reader understands (a timeout, a garbled report): logged in one line, no traceback."""

@@ -1,34 +1,14 @@
 """A process's workload, from its ``/proc/PID/cgroup``: pure text, no I/O.
 
-``/proc/PID/cgroup`` has a line per hierarchy, ``ID:CONTROLLERS:PATH``
-(cgroups(7)).  On a cgroup v2 host the one line is ``0::PATH``; a hybrid host
-adds v1 hierarchies (``1:name=systemd:PATH``, ``4:memory:PATH``...) and keeps
-``0::``, which is ``/`` or empty when nothing uses v2 there; a v1-only host has
-no ``0::`` line.  The path systemd placed the process in is the ``0::`` one
-when it says anything, else the ``name=systemd`` one, else the first v1
-controller's.  What is found in it:
+The path read is the ``0::`` line's when it says anything (cgroup v2), else the
+``name=systemd`` line's, else the first v1 controller's (cgroups(7)).  What it
+names: a systemd unit and slice, a container id (the systemd and cgroupfs
+drivers' scopes and folders), a Kubernetes pod uid, a Slurm job id, each only
+from the part of the path its manager owns, above every delegated subtree
+(`workload_of`).  docs/metrics.md, "Workloads", has the layouts.
 
-- the process's systemd unit (``NAME.service``, ``NAME.scope``; below a unit
-  that delegates its subtree, ``OWNER/NAME``: ``user@UID.service/NAME``) and
-  the innermost slice of systemd's own (``user-1000.slice``, ``system.slice``);
-- a container id, from the systemd cgroup driver's scopes
-  (``docker-ID.scope``, ``cri-containerd-ID.scope``, ``crio-ID.scope``,
-  ``libpod-ID.scope``) or the cgroupfs driver's folders (``/docker/ID``,
-  ``crio-ID``, ``libpod-ID``, a bare 64-hex id in a pod's folder);
-- a Kubernetes pod uid, from ``kubepods-...-podUID.slice`` (the uid's dashes
-  written as ``_``; ``ROOT-kubepods-...`` under a kubelet's ``--cgroup-root``) or
-  the cgroupfs ``/kubepods/.../podUID/`` (``/ROOT/kubepods/...``);
-- a Slurm job id, from a ``job_N`` folder on any hierarchy (v1:
-  ``/slurm/uid_U/job_N/step_S``; v2: ``/system.slice/slurmstepd.scope/job_N/...``).
-
-Each only from the part of the path its manager owns, above every delegated
-subtree (`workload_of` says how): a user who owns ``user@1000.service`` may make
-``app.slice/kubepods-besteffort-podUID.slice`` in it, and its processes are
-still ``user@1000.service``'s, not that pod's.
-
-Sources: cgroups(7); systemd.unit(5) and the systemd "Control Group APIs and
-Delegation" page (https://systemd.io/CGROUP_DELEGATION/); the kubelet's cgroup
-drivers (https://kubernetes.io/docs/setup/production-environment/container-runtimes/);
+Sources: cgroups(7); systemd.unit(5) and https://systemd.io/CGROUP_DELEGATION/; the kubelet's
+cgroup drivers (https://kubernetes.io/docs/setup/production-environment/container-runtimes/);
 Slurm's cgroup v2 plugin (https://slurm.schedmd.com/cgroup_v2.html).
 """
 
@@ -38,14 +18,8 @@ import re
 
 from atopgpud_tw.snapshot import CgroupWorkload
 
-#: the systemd driver's container scopes, and the runtime each names (as Kubernetes
-#: writes a container id: ``RUNTIME://ID``)
-_SCOPES = (
-    ("cri-containerd-", "containerd"),
-    ("docker-", "docker"),
-    ("crio-", "cri-o"),
-    ("libpod-", "podman"),
-)
+#: the systemd driver's container scopes, and the runtime each names (a container id: ``RUNTIME://ID``)
+_SCOPES = (("cri-containerd-", "containerd"), ("docker-", "docker"), ("crio-", "cri-o"), ("libpod-", "podman"))
 _ID = re.compile(r"[0-9a-f]{32,128}")
 #: the systemd driver's pod slice; a kubelet with --cgroup-root=/ROOT names its slices
 #: ``ROOT-kubepods-...`` (kind's nodes: ``kubelet-kubepods-besteffort-podUID.slice``)
@@ -57,8 +31,7 @@ _SLURM_SCOPE = "slurmstepd.scope"
 
 
 def cgroup_paths(text: str) -> tuple[str, list[str]]:
-    """(the path systemd placed the process in, every hierarchy's path) of a
-    ``/proc/PID/cgroup`` text."""
+    """(the path systemd placed the process in, every hierarchy's path) of a ``/proc/PID/cgroup`` text."""
     unified = named = first = ""
     paths = []
     for line in text.splitlines():
@@ -116,12 +89,10 @@ def _job(path: str) -> str:
 
 
 def workload_of(text: str) -> CgroupWorkload:
-    """The workload a ``/proc/PID/cgroup`` text names.
+    """The workload a ``/proc/PID/cgroup`` text names, from the part of the path no one was delegated.
 
-    Only the part of the path that no one was delegated names a pod, a container, a job or a
-    slice: systemd delegates a subtree only at a unit (``user@UID.service``, a container's scope, a
-    service with ``Delegate=``), and a container runtime's cgroupfs folder is the container's own.
-    So the walk down the path trusts what it finds until the first unit or container:
+    systemd delegates a subtree only at a unit (``user@UID.service``, a container's scope,
+    ``Delegate=``), and a cgroupfs container folder is the container's own, so the walk trusts:
 
     - a slice only on systemd's own chain (``a-b.slice`` directly in ``a.slice``, from the root, or
       from the top a cgroup namespace shows), and a pod slice only as a link of that chain;

@@ -1,52 +1,32 @@
 """Who a GPU process is: its user, command, start time and cgroup, read from ``/proc`` once.
 
-`read_context` reads ``/proc/PID/{stat,status,cmdline,cgroup}`` (each file world
-readable, unless ``/proc`` hides other users' processes: ``hidepid=``,
-systemd's ``ProtectProc=``), each within a bound, and names the workload from
-the cgroup (`cgroups.workload_of`).  A process gone before it could be read, or
-one that is not visible, is `UNKNOWN_CONTEXT`.  Its start time is read before
-and after the other files: a pid that another process took in between is
-unknown too, rather than another process's context.
-
-`Contexts` runs in the reader's thread after each poll's readings: it reads
-the processes it has not read yet, at most `READS_PER_POLL` of them per poll
-(the rest in the next polls), keeps them by pid while they are listed, and
-reads a pid again when its start time changes (a reused pid).  A simulated
-host's processes are read from ``/proc`` too: a scenario whose pids are real
-processes (the tests' own) is shown with their context.
+A process gone before it could be read, or not visible (``hidepid=``, systemd's
+``ProtectProc=``), is `UNKNOWN_CONTEXT`; so is one whose start time changed while
+its files were read (its pid taken by another process).  `Contexts` reads at most
+`READS_PER_POLL` new processes per poll, in the reader's thread, and reads a pid
+again when its start time changes.  A simulated host's processes are read from
+``/proc`` too: a scenario whose pids are real processes is shown with their context.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import pwd
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from atopgpud_tw.readers.cgroups import workload_of
-from atopgpud_tw.readers.starts import stat_start_time
-from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, CgroupWorkload, ProcessContext, Snapshot
+from atopgpud_tw.readers.starts import read_proc, stat_start_time
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, ProcessContext, Snapshot
 
 #: new processes read per poll at most: a poll's cost stays bounded when hundreds start at once
 READS_PER_POLL = 64
 #: bytes read of each file at most (a command line may be long; a cgroup file of many hierarchies)
 _FILE_LIMIT = 16384
+_FILES = ("stat", "status", "cgroup", "cmdline")
 #: characters of a command line kept
 CMDLINE_CHARS = 256
-#: user names remembered (a lookup goes through NSS)
+#: user names remembered
 _NAMES_KEPT = 4096
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        return os.read(fd, _FILE_LIMIT)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _status_fields(status: bytes) -> tuple[str, int]:
@@ -64,59 +44,40 @@ def _status_fields(status: bytes) -> tuple[str, int]:
     return name, uid
 
 
-class UserNames:
-    """User names by uid, looked up once each (a bounded memory)."""
-
-    def __init__(self) -> None:
-        self._names: dict[int, str] = {}
-
-    def __call__(self, uid: int) -> str:
-        name = self._names.get(uid)
-        if name is None:
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except (KeyError, OverflowError):
-                name = ""
-            if len(self._names) >= _NAMES_KEPT:
-                self._names.clear()
-            self._names[uid] = name
-        return name
+@functools.lru_cache(maxsize=_NAMES_KEPT)
+def user_name(uid: int) -> str:
+    """The name of `uid` ("" if it has none), looked up once (a lookup goes through NSS)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return ""
 
 
-def read_context(pid: int, proc: str = "/proc", names: UserNames | None = None) -> ProcessContext:
-    """The context of the process `pid` as ``/proc`` shows it now; `UNKNOWN_CONTEXT`
-    if it is gone or not visible."""
+def read_context(pid: int, proc: str = "/proc") -> ProcessContext:
+    """The context of the process `pid` as ``/proc`` shows it now; `UNKNOWN_CONTEXT` if gone or not visible."""
     base = f"{proc}/{pid}"
-    stat = _read(f"{base}/stat")
-    status = _read(f"{base}/status")
-    cgroup = _read(f"{base}/cgroup")
-    cmdline = _read(f"{base}/cmdline")
+    stat, status, cgroup, cmdline = (read_proc(f"{base}/{name}", _FILE_LIMIT) for name in _FILES)
     if stat is None or status is None or cgroup is None:
         return UNKNOWN_CONTEXT
     started = stat_start_time(stat)
-    again = _read(f"{base}/stat")
+    again = read_proc(f"{base}/stat", _FILE_LIMIT)
     if again is None or stat_start_time(again) != started:
         return UNKNOWN_CONTEXT  # the pid went to another process while it was read
     comm, uid = _status_fields(status)
-    user = (names or UserNames())(uid) if uid >= 0 else ""
+    user = user_name(uid) if uid >= 0 else ""
     command = (cmdline or b"").rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:CMDLINE_CHARS]
     found = workload_of(cgroup.decode("utf-8", "replace"))
-    workload = {name: getattr(found, name) for name in CgroupWorkload.__dataclass_fields__}
-    return ProcessContext(uid=uid, user=user, comm=comm, cmdline=command, started=started, **workload)
+    return ProcessContext(uid=uid, user=user, comm=comm, cmdline=command, started=started, **asdict(found))
 
 
 class Contexts:
-    """The contexts of the processes a reader lists, read a few new ones per poll.
-
-    Runs in the reader's thread (`attach`); the reactor never reads ``/proc``.
-    """
+    """The contexts of the processes a reader lists, read in the reader's thread: the reactor never reads /proc."""
 
     def __init__(self, proc: str = "/proc", reads_per_poll: int = READS_PER_POLL) -> None:
         self.proc = proc
         self.reads_per_poll = reads_per_poll
         #: by pid: the start time the reader gave it when it was read, and its context
         self._known: dict[int, tuple[int | None, ProcessContext]] = {}
-        self._names = UserNames()
         #: contexts read since start (for tests and benchmarks)
         self.reads = 0
         #: the pids (and start times) of the last poll, and its contexts if every one was read
@@ -125,10 +86,7 @@ class Contexts:
 
     def attach(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot` with the contexts of its processes, those read so far."""
-        listed: dict[int, int | None] = {}
-        for device in snapshot.devices:
-            for process in device.processes or ():
-                listed[process.pid] = process.started
+        listed = {process.pid: process.started for device in snapshot.devices for process in device.processes or ()}
         if listed == self._listed and self._complete is not None:
             # the same processes as the last poll, every one read then: the same contexts
             return replace(snapshot, contexts=self._complete)
@@ -146,7 +104,7 @@ class Contexts:
                 continue  # read in a later poll
             budget -= 1
             self.reads += 1
-            context = read_context(pid, self.proc, self._names)
+            context = read_context(pid, self.proc)
             known[pid] = (started, context)
             contexts[pid] = context
         if len(known) > len(contexts):

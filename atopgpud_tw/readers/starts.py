@@ -1,20 +1,13 @@
 """Process start times: what tells a reused pid from the process that had it.
 
 A process that exits and a new one that gets its pid between two polls are
-listed by the driver under one pid.  Their start times differ: field 22 of
-``/proc/PID/stat`` (``starttime``, clock ticks since boot), read while the pid
-is listed.  Where ``/proc`` does not show the pid (another pid namespace,
-``hidepid``, systemd's ``ProtectProc=invisible``) the start time is not known
-(None) and a pid is one process for as long as every poll lists it
-(docs/fidelity.md, "A pid reused").
-
-Read for every listed pid at every poll that is three system calls and a
-parse per pid (thousands a poll on a big host), so `ProcStarts` reads each
-process's once and watches it with a pidfd: only a process that has exited
-(its pidfd readable) has its pid read again.
-
-A simulated host has no such processes: its binding carries the start times
-of its own (`START_TIMES`, the simulator's ``process_start_time``).
+listed by the driver under one pid; their start times differ (field 22 of
+``/proc/PID/stat``, ``starttime``).  Where ``/proc`` does not show the pid
+(another pid namespace, ``hidepid``, ``ProtectProc=invisible``) it is None, and a
+pid is one process while every poll lists it (docs/fidelity.md, "A pid reused").
+`ProcStarts` reads each process's once and watches it with a pidfd, rather than
+three system calls per listed pid at every poll.  A simulated host's binding
+carries start times of its own (`START_TIMES`).
 """
 
 from __future__ import annotations
@@ -35,28 +28,35 @@ START_TIMES = "process_start_time"
 StartTimes = Callable[[int], "int | None"]
 
 
-def proc_start_time(pid: int, proc: str = "/proc") -> int | None:
-    """``starttime`` of ``/proc/PID/stat`` (`proc`: where /proc is); None where the pid cannot be seen or read."""
+def read_proc(path: str, limit: int = 4096) -> bytes | None:
+    """The first `limit` bytes of a ``/proc`` file; None where it cannot be opened or read."""
     try:
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
-        data = os.read(fd, 4096)
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return stat_start_time(data)
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/PID/stat`` line from field 3 (the state) on to field 22 (``starttime``,
+    [19]), the rest in one: the command name (field 2) is in parentheses and may hold spaces and ')'."""
+    return stat[stat.rfind(b")") + 1:].split(None, 20) if b")" in stat else []
+
+
+def proc_start_time(pid: int, proc: str = "/proc") -> int | None:
+    """``starttime`` of ``/proc/PID/stat`` (`proc`: where /proc is); None where the pid cannot be seen or read."""
+    return stat_start_time(read_proc(f"{proc}/{pid}/stat") or b"")
 
 
 def stat_start_time(stat: bytes) -> int | None:
     """Field 22 (``starttime``) of a ``/proc/PID/stat`` line; None if it has none."""
-    # the command name (field 2) is in parentheses and may hold spaces and ')'
-    close = stat.rfind(b")")
-    fields = stat[close + 2:].split(b" ", 20) if close >= 0 else []
     try:
-        return int(fields[19])
+        return int(stat_fields(stat)[19])
     except (IndexError, ValueError):
         return None
 
@@ -70,12 +70,8 @@ PIDFD_SHARE = 2
 
 
 class Starts:
-    """Start times of listed pids, read by a reader's worker thread.
-
-    `check` is called after the driver's lists were taken and before their pids
-    are looked up (with the call itself, or with `of`); `sweep` after each poll,
-    `close` at shut-down.  This one asks a function per pid (a simulated host's).
-    """
+    """Start times of listed pids from a function (a simulated host's), in a reader's worker thread: `check`
+    once the driver's lists are taken, then the call or `of` per pid; `sweep` after each poll."""
 
     def __init__(self, own: StartTimes) -> None:
         self._own = own
@@ -84,31 +80,26 @@ class Starts:
         return self._own(pid)
 
     def check(self) -> None:
-        """Which kept processes have exited since the lists were taken (nothing to do here)."""
+        """Which kept processes have exited since the lists were taken."""
 
     def of(self, pids: list[int]) -> Iterable[int | None]:
-        """The start times of one list's pids, in its order, once the list is taken."""
+        """The start times of one list's pids, in its order."""
         return map(self._own, pids)
 
     def sweep(self) -> None:
         """A poll is over: what the pids not listed since the last sweep held is let go."""
 
     def close(self) -> None:
-        """Shut-down: everything kept is let go."""
+        """Everything kept is let go."""
 
 
 class ProcStarts(Starts):
-    """Start times from ``/proc/PID/stat``, each read once per process where the kernel
-    has pidfds: a pidfd opened when a pid is first listed watches that very process,
-    and one ``poll()`` over a list's pidfds says which of its processes have exited (a
-    pidfd of an exited process is readable even once its pid is reused), so only those
-    are read again.  A pid with no pidfd (no pidfds in the kernel, a pid this namespace cannot
-    see, no descriptors to spare) is read at every poll, as it always was.
+    """Start times from ``/proc/PID/stat``, each read once per process where the kernel has pidfds.
 
-    The pidfd is opened before the start time is read: a process read is then the
-    one watched or a later one, and a later one is read again at the next check.
-    The check comes after the lists are taken: a pidfd not readable then means its
-    process still held the pid when the driver listed it.
+    A pidfd opened when a pid is first listed, before its start time is read, watches that process;
+    one ``poll()`` over a list's pidfds, after the list is taken, says which have exited (readable even
+    once the pid is reused): only those are read again.  A pid with no pidfd (none in the kernel, one
+    this namespace cannot see, no descriptors to spare) is read at every poll.
     """
 
     def __init__(self, proc: str = "/proc", limit: int | None = None) -> None:
@@ -195,10 +186,9 @@ class ProcStarts(Starts):
 
     def _forget_unwatched(self) -> None:
         """The start times read for pids with no pidfd are good for the list they were read for only."""
-        if self._transient:
-            for pid in self._transient:
-                self._known.pop(pid, None)
-            self._transient.clear()
+        for pid in self._transient:
+            self._known.pop(pid, None)
+        self._transient.clear()
 
     @property
     def watched(self) -> int:
@@ -225,16 +215,14 @@ class ProcStarts(Starts):
                     log.info(NO_PIDFDS)
                 elif error.errno in (errno.EMFILE, errno.ENFILE):
                     self._crowded.add(pid)
-                self._unwatched.add(pid)
-                return
             except (ValueError, OverflowError):
-                self._unwatched.add(pid)
+                pass
+            else:
+                self._fds[pid] = fd
+                self._pids[fd] = pid
+                self._poller.register(fd, select.POLLIN)
                 return
-            self._fds[pid] = fd
-            self._pids[fd] = pid
-            self._poller.register(fd, select.POLLIN)
-            return
-        if self._pidfds:
+        elif self._pidfds:
             self._crowded.add(pid)
         self._unwatched.add(pid)
 
@@ -248,7 +236,6 @@ class ProcStarts(Starts):
 
 
 def start_times(binding: Any) -> Starts:
-    """Where a reader over `binding` finds process start times: the binding's own host's
-    (a simulated one) if it says, else /proc."""
+    """Where a reader over `binding` finds process start times: its own host's (simulated) if it has, else /proc."""
     own = getattr(binding, START_TIMES, None)
     return Starts(own) if callable(own) else ProcStarts()

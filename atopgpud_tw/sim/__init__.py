@@ -1,9 +1,6 @@
 """The GPU simulator: a simulated libnvidia-ml beneath the real pynvml, driven by a JSON scenario.
 
-See docs/simulator.md.  `simulated_binding` is the one way in: it gives a
-private copy of nvidia-ml-py's `pynvml` module with the simulated library
-(`library.SimulatedLibrary`) installed as its ``nvmlLib``, over the driver
-model (`nvml.SimulatedNvml`) of a scenario.
+`simulated_binding` is the one way in (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -75,17 +72,12 @@ def _pynvml_code() -> Any:
 
 @functools.cache
 def _sharing_code() -> tuple[Any, dict[str, type]]:
-    """pynvml's module body, compiled to take its ctypes structure types from
-    the dict that comes with it, instead of making them.
+    """pynvml's module body, compiled to take its ctypes structure types from the dict with it.
 
-    Making pynvml's 200-odd `Structure` and `Union` types is most of what
-    running its body costs, and they are plain layouts: their methods read
-    nothing but the module's constants.  So a private run of the original body
-    makes them once, and in this body each one's ``class`` statement becomes
-    ``name = <that type>``.  Everything else, functions, error classes and
-    state, is made by each run as before; a name defined twice keeps its
-    ``class`` statements.
-    """
+    Making pynvml's 200-odd `Structure` and `Union` types is most of what running its body
+    costs, and they are plain layouts (their methods read only the module's constants): a
+    private run makes them once, and here each ``class`` statement becomes ``name = <that
+    type>``; functions, error classes and state are each run's own."""
     origin = pynvml_origin()
     template = vars(_run(_pynvml_code(), "atopgpud_tw.sim._pynvml_types"))
     tree = ast.parse(Path(origin).read_bytes(), origin)
@@ -125,11 +117,8 @@ def _run(code: Any, name: str, shared: dict[str, type] | None = None) -> ModuleT
 def fresh_pynvml(name: str | None = None) -> ModuleType:
     """A private copy of the real `pynvml` module: its own nvmlLib, function-pointer cache and refcount.
 
-    Its functions, error classes and state are its own.  Its ctypes structure
-    types are those all copies after the first share (see `_sharing_code`): a
-    process that makes one copy, such as a daemon on a simulated host, does not
-    pay for preparing that.
-    """
+    Copies after the first share its structure types (`_sharing_code`): a process that makes
+    one copy, such as a daemon on a simulated host, does not pay for preparing that."""
     name = name or f"atopgpud_tw.sim._pynvml_{next(_copies)}"
     if next(_made) == 0:
         return _run(_pynvml_code(), name)
@@ -150,10 +139,7 @@ def binding_over(model: SimulatedNvml, module: ModuleType | None = None) -> Modu
 
 
 def simulated_binding(scenario: Scenario, clock: Callable[[], float] | None = None) -> ModuleType:
-    """The NVML binding a reader is given on a simulated host: the real pynvml over the simulated library.
+    """The NVML binding of a simulated host: the real pynvml over the simulated library.
 
-    Readers, tests and benchmarks get their simulated NVML through this one
-    function.  ``binding.nvmlLib`` is the library (its ``calls`` count the C
-    calls), ``binding.nvmlLib.model`` the driver model.
-    """
+    ``binding.nvmlLib`` is the library (its ``calls`` count the C calls), ``.model`` the driver model."""
     return binding_over(SimulatedNvml(scenario, clock=clock))

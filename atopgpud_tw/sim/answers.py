@@ -1,12 +1,5 @@
-"""What the driver model answers: plain data, an NVML return code, or a fault of the binding itself.
-
-The model (`nvml.py`, `health_model.py`, `gpm_model.py`, and a replayed
-recording, `replay.py`) answers a call with plain data (`Rates`, `Memory`,
-`Sample`, ...), which the library (`library.py`) writes into the caller's C
-structures, or fails it with `NvmlFault(code)`, whose code the library
-returns as a C function does; the real binding above raises its own
-exception for it.  A scenario names a fault by its NVML name or as one of
-`scenario.OTHER_FAULTS`; `raise_fault` turns that name into the exception.
+"""What the driver model answers: plain data, which the library writes into the caller's C
+structures, or `NvmlFault(code)`, which it returns as a C function does.
 """
 
 from __future__ import annotations

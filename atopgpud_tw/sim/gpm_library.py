@@ -1,39 +1,23 @@
-"""The simulated libnvidia-ml's GPM functions (a part of `SimulatedLibrary`).
-
-Each C function asks the driver model (sim/gpm_model.py) and writes its
-answer through the caller's pointers and structures, as `library.py` does for
-the rest, so nvidia-ml-py's own GPM wrappers run unchanged:
-
-- ``nvmlGpmQueryDeviceSupport`` checks the structure's ``version``
-  (NVML_GPM_SUPPORT_VERSION, else ARGUMENT_VERSION_MISMATCH) and sets
-  ``isSupportedDevice``;
-- ``nvmlGpmSampleAlloc`` writes an opaque pointer value into the caller's
-  ``nvmlGpmSample_t``; the binding passes that value back to the others;
-- ``nvmlGpmMetricsGet`` checks ``version`` (NVML_GPM_METRICS_GET_VERSION) and
-  ``numMetrics`` (at most NVML_GPM_METRIC_MAX), and answers each entry of
-  ``metrics[]`` in its own ``nvmlReturn`` and ``value``.
+"""The simulated libnvidia-ml's GPM functions (a part of `SimulatedLibrary`), so that nvidia-ml-py's
+own GPM wrappers run unchanged: versions and counts checked, each metric answered in its entry.
 """
 
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT, SUCCESS
-from atopgpud_tw.sim.answers import NvmlFault
-from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint
+from atopgpud_tw.sim.health_library import _at, _ident, _int, _ptr, _uint
 
 #: where the opaque sample pointers the library gives out start
 _SAMPLE_BASE = 0x5300_0000
 _SAMPLE_STEP = 0x100
 
 
-def _sample_id(pointer: int | None) -> int:
-    """The model's buffer behind a sample pointer the library gave out."""
-    value = pointer or 0
-    if value <= _SAMPLE_BASE or (value - _SAMPLE_BASE) % _SAMPLE_STEP:
-        raise NvmlFault(INVALID_ARGUMENT)
-    return (value - _SAMPLE_BASE) // _SAMPLE_STEP
+#: the model's buffer behind a sample pointer the library gave out
+_sample_id = partial(_ident, base=_SAMPLE_BASE, step=_SAMPLE_STEP)
 
 
 def _pointer_value(field: Any) -> int:

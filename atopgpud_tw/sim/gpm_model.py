@@ -1,27 +1,8 @@
-"""The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`).
+"""The simulated driver's GPU Performance Monitoring (a part of `SimulatedNvml`; docs/simulator.md, GPM).
 
-A GPM sample holds the counters of a card (``nvmlGpmSampleGet``) or of one of
-its MIG GPU instances (``nvmlGpmMigSampleGet``) at the moment it was taken:
-here, each activity integrated over simulated time since 0 (busy seconds) and
-the bytes moved.  ``nvmlGpmMetricsGet`` divides the difference of two samples
-by the time between them, so a metric is the exact average of the played
-timelines over that span, as the hardware's counters give it.
-
-What the model does, as the driver does or is documented to:
-
-- nvmlGpmQueryDeviceSupport: ``isSupportedDevice`` 1 for a GPU with a ``gpm``
-  object, 0 for one without (GPUs before Hopper);
-- a sample buffer is allocated, filled and freed; a buffer not allocated (or
-  freed) is INVALID_ARGUMENT; `gpm_buffers` counts those in use, to find leaks;
-- the card's sample works in MIG mode too (the whole GPU); a MIG sample is
-  NOT_SUPPORTED on a card out of MIG mode and NOT_FOUND for a GPU instance
-  that does not exist now (destroyed, or not yet created); its counters run
-  only while the instance exists;
-- two samples of different sources, or out of order, make the metrics call
-  INVALID_ARGUMENT; a metric the model does not play is NOT_SUPPORTED in its
-  own entry (the call itself succeeds);
-- faults (``nvmlGpmSampleGet``, ``nvmlGpmMigSampleGet``, ``nvmlGpmMetricsGet``)
-  come from the scenario's fault lists, a MIG instance's own included.
+A sample holds a card's (or a MIG GPU instance's) activities integrated over simulated time, so a
+metric of two samples is the exact average of the played timelines between them, as the hardware's
+counters give it.
 """
 
 from __future__ import annotations
@@ -33,9 +14,8 @@ from typing import Any
 from atopgpud_tw.figures import GPM_FIGURES
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, SUCCESS
 from atopgpud_tw.sim.answers import NvmlFault, raise_fault
-from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, Timeline, cycled
+from atopgpud_tw.sim.scenario import GpuSpec, MigSpec, cycled
 
-MIB = 1048576
 #: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
 #: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
 #: "rate" MiB/s while active; from the table's GPM rows (figures.GPM_FIGURES: `Gpm` and `Play`)
@@ -57,12 +37,13 @@ class GpmRecord:
     counters: tuple[tuple[int, float], ...]
 
 
-def _busy_seconds(timeline: Timeline | None, util: Any, t: float) -> float:
-    """Seconds of activity from 0 to `t` (weighted by the level)."""
+def _busy_seconds(part: GpuSpec | MigSpec, which: str, start: float, end: float) -> float:
+    """Seconds of `part`'s `which` ("gpu", "mem") activity from `start` to `end` (weighted by the level)."""
+    timeline = getattr(part, f"{which}_timeline")
     if timeline is not None:
-        return timeline.busy_time(t) * timeline.level / 100.0
-    level = float(cycled(util, 0) or 0)
-    return level / 100.0 * t
+        return timeline.busy_time(end) * timeline.level / 100.0 - timeline.busy_time(start) * timeline.level / 100.0
+    level = float(cycled(getattr(part, f"{which}_util"), 0) or 0)
+    return level / 100.0 * end - level / 100.0 * start
 
 
 class GpmDriver:
@@ -115,12 +96,11 @@ class GpmDriver:
         gpu = self._gpu(handle)
         if gpu.gpm is None:
             raise NvmlFault(NOT_SUPPORTED)
-        if handle.instance is not None:
-            self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, handle.instance, self._clock()))
-            return
         t = self._clock()
-        self._gpm_fill(buffer, _record((handle.gpu, None, None), gpu, gpu.gpu_timeline, gpu.gpu_util,
-                                       gpu.mem_timeline, gpu.mem_util, 0.0, t, t))
+        if handle.instance is not None:
+            self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, handle.instance, t))
+        else:
+            self._gpm_fill(buffer, _record((handle.gpu, None, None), gpu, gpu, 0.0, t, t))
 
     def gpm_mig_sample(self, handle: Any, gpu_instance: int, buffer: int) -> None:
         """nvmlGpmMigSampleGet: the counters of one GPU instance of a card in MIG mode."""
@@ -141,8 +121,7 @@ class GpmDriver:
     def _instance_record(self, index: int, gpu: GpuSpec, instance: MigSpec, t: float) -> GpmRecord:
         """A GPU instance's counters (those its `MigSpec` plays): they run only while it exists."""
         end = t if instance.stop is None else min(t, instance.stop)
-        return _record((index, instance.gpu_instance, instance.start), gpu, instance.gpu_timeline,
-                       instance.gpu_util, instance.mem_timeline, instance.mem_util, instance.start, end, t)
+        return _record((index, instance.gpu_instance, instance.start), gpu, instance, instance.start, end, t)
 
     def gpm_metrics(self, first: int, second: int, metric_ids: list[int]) -> list[tuple[int, float]]:
         """nvmlGpmMetricsGet: each metric's (return code, value) between two filled buffers."""
@@ -167,16 +146,13 @@ class GpmDriver:
 _MISSING = object()
 
 
-def _record(
-    source: tuple[Any, ...], gpu: GpuSpec, gpu_timeline: Timeline | None, gpu_util: Any,
-    mem_timeline: Timeline | None, mem_util: Any, start: float, end: float, at: float,
-) -> GpmRecord:
-    """The counters of a source active from `start` to `end`, as sampled at `at`."""
+def _record(source: tuple[Any, ...], gpu: GpuSpec, part: GpuSpec | MigSpec, start: float, end: float, at: float
+            ) -> GpmRecord:
+    """The counters of a source (`part`: the card or a MIG instance) active from `start` to `end`, sampled at `at`."""
     spec = gpu.gpm
     assert spec is not None
     end = max(start, end)
-    active = _busy_seconds(gpu_timeline, gpu_util, end) - _busy_seconds(gpu_timeline, gpu_util, start)
-    memory = _busy_seconds(mem_timeline, mem_util, end) - _busy_seconds(mem_timeline, mem_util, start)
+    active, memory = _busy_seconds(part, "gpu", start, end), _busy_seconds(part, "mem", start, end)
     counters = []
     values = dict(spec.values)
     for metric, (kind, name) in PLAYED.items():

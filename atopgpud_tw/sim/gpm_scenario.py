@@ -1,23 +1,7 @@
-"""What a simulated GPU's GPU Performance Monitoring (GPM) plays: the ``gpm`` object of a scenario GPU.
+"""What a simulated GPU's GPM plays: the ``gpm`` object of a scenario GPU (docs/simulator.md, GPM).
 
-GPM (NVML on Hopper and later) is a set of hardware counters: a sample is a
-snapshot of them, and a metric is worked out from two samples as the average
-over the time between them.  The simulator plays it from the timelines that
-drive the utilization sample buffer: the graphics activity of a card (or of a
-MIG GPU instance) over a span is exactly its ``gpu_timeline`` (or ``gpu_util``)
-busy share of that span, and the other activities are fixed shares of it:
-
-- ``sm_share``: SM activity per unit of graphics activity (the SMs busy while
-  something runs), likewise ``occupancy_share``, ``tensor_share``,
-  ``fp64_share``, ``fp32_share`` and ``fp16_share``;
-- ``dram_share``: DRAM bandwidth use per unit of memory activity
-  (``mem_timeline`` or ``mem_util``);
-- ``pcie_tx_mib_s``, ``pcie_rx_mib_s``, ``nvlink_tx_mib_s``,
-  ``nvlink_rx_mib_s``: MiB per second moved while active (times the graphics
-  activity).
-
-A GPU without a ``gpm`` object has no GPM (nvmlGpmQueryDeviceSupport says it
-is not supported, as on GPUs before Hopper).  docs/simulator.md lists the fields.
+Its activities are fixed shares of the graphics (or memory) activity, its traffic MiB/s while
+active; a GPU without ``gpm`` has none, as before Hopper.
 """
 
 from __future__ import annotations
@@ -33,8 +17,6 @@ from atopgpud_tw.figures import GPM_FIGURES, Play
 FIELDS: dict[str, Play] = {f.play.field: f.play for f in GPM_FIGURES if f.gpm is not None and f.play is not None}
 #: the traffic rates, MiB/s while fully active
 RATES = tuple(f.play.field for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate and f.play is not None)
-#: the shares, each 0 to 1
-SHARES = tuple(name for name in FIELDS if name not in RATES)
 _DEFAULTS = tuple((name, float(play.default or 0)) for name, play in FIELDS.items())
 
 

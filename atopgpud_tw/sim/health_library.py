@@ -1,18 +1,12 @@
 """The simulated libnvidia-ml's health and event functions (a part of `SimulatedLibrary`).
 
-Each C function asks the driver model (sim/health_model.py) and writes its
-answer through the caller's pointers, as `library.py` does for the rest.
-``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn``
-(the call itself succeeds); the simulator knows the field ids of the table of
-figures (memory temperature, clocks-event durations, NVLink throughput by
-link in ``scopeId``), and any other field id is NOT_SUPPORTED.  A call of the
-table that answers one number (the model's `plain`) gets its C function
-here from the row: its arguments as unsigned ints, one unsigned int out.
+``nvmlDeviceGetFieldValues`` answers per field in each entry's ``nvmlReturn``; the call succeeds.
 """
 
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import INVALID_ARGUMENT, NO_INSTANCE, NOT_SUPPORTED, SUCCESS
@@ -29,44 +23,14 @@ VALUE_MEMBERS = {1: "uiVal", 3: "ullVal"}
 _EVENT_SET_BASE = 0x5200_0000
 
 
-def _at(address: int, ctype: Any) -> Any:
-    """The C value of type `ctype` at `address` (not NULL), read and written as ``[0]``."""
+def _at(address: int | None, ctype: Any) -> Any:
+    """The C value of type `ctype` at `address` (checked not NULL), read and written as ``[0]``."""
     return (ctype * 1).from_address(address)
 
 
 def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
     """The C symbols of the health figures and events, for `SimulatedLibrary._table`."""
     h = _ptr
-
-    def out_uint(method: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call(method, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
-    def out_ull(method: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call(method, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _ull)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
-    def remapped(device: int | None, *outs: int | None) -> int:
-        values = library._call("nvmlDeviceGetRemappedRows", library.model_handle(device))
-        if not all(outs):
-            return INVALID_ARGUMENT
-        for out, value in zip(outs, values):
-            _at(out, _uint)[0] = int(value)  # type: ignore[arg-type]  # checked not NULL above
-        return SUCCESS
 
     def field_values(device: int | None, count: int, buffer: int | None) -> int:
         handle = library.model_handle(device)
@@ -88,40 +52,12 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
                 entry.nvmlReturn = SUCCESS
         return SUCCESS
 
-    def plain(function: str) -> Callable[..., int]:
-        def answer(device: int | None, *args: Any) -> int:
-            *values, out = args
-            result = library._call("plain", function, library.model_handle(device), *values)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(result)
-            return SUCCESS
-
-        return answer
-
     def violation(device: int | None, policy: int, out: int | None) -> int:
         reference, held = library._call("nvmlDeviceGetViolationStatus", library.model_handle(device), policy)
         if not out:
             return INVALID_ARGUMENT
         _at(out, _ull)[0] = int(reference)  # c_nvmlViolationTime_t: referenceTime, then violationTime
         _at(out + ctypes.sizeof(_ull), _ull)[0] = int(held)
-        return SUCCESS
-
-    def engine(function: str) -> Callable[..., int]:
-        def answer(device: int | None, util: int | None, period: int | None) -> int:
-            percent, sampled = library._call("engine_utilization", function, library.model_handle(device))
-            if not util or not period:
-                return INVALID_ARGUMENT
-            _at(util, _uint)[0], _at(period, _uint)[0] = int(percent), int(sampled)
-            return SUCCESS
-
-        return answer
-
-    def event_set_create(out: int | None) -> int:
-        ident = library._call("nvmlEventSetCreate")
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _ptr)[0] = _EVENT_SET_BASE + ident
         return SUCCESS
 
     def register(device: int | None, types: int, event_set: int | None) -> int:
@@ -143,37 +79,46 @@ def health_table(library: Any) -> dict[str, tuple[Any, tuple[Any, ...], Callable
         return SUCCESS
 
     table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
-        "nvmlDeviceGetTemperature": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetTemperature")),
         "nvmlDeviceGetFieldValues": (_int, (h, ctypes.c_int32, _ptr), field_values),
-        "nvmlDeviceGetTotalEnergyConsumption": (_int, (h, _ptr), out_ull("nvmlDeviceGetTotalEnergyConsumption")),
-        "nvmlDeviceGetCurrentClocksEventReasons": (
-            _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksEventReasons")),
-        "nvmlDeviceGetCurrentClocksThrottleReasons": (
-            _int, (h, _ptr), out_ull("nvmlDeviceGetCurrentClocksThrottleReasons")),
-        "nvmlDeviceGetPerformanceState": (_int, (h, _ptr), out_uint("nvmlDeviceGetPerformanceState")),
-        "nvmlDeviceGetTotalEccErrors": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetTotalEccErrors")),
-        "nvmlDeviceGetRemappedRows": (_int, (h, _ptr, _ptr, _ptr, _ptr), remapped),
-        "nvmlEventSetCreate": (_int, (_ptr,), event_set_create),
+        "nvmlDeviceGetRemappedRows": (
+            _int, (h, _ptr, _ptr, _ptr, _ptr), library.out("nvmlDeviceGetRemappedRows", _uint, outs=4)),
+        "nvmlEventSetCreate": (
+            _int, (_ptr,), library.out("nvmlEventSetCreate", _ptr, False, write=lambda ident: _EVENT_SET_BASE + ident)),
         "nvmlDeviceRegisterEvents": (_int, (h, _ull, _ptr), register),
-        "nvmlDeviceGetSupportedEventTypes": (_int, (h, _ptr), out_ull("nvmlDeviceGetSupportedEventTypes")),
         "nvmlEventSetWait_v2": (_int, (_ptr, _ptr, _uint), wait),
         "nvmlEventSetFree": (_int, (_ptr,), free),
         "nvmlDeviceGetViolationStatus": (_int, (h, _uint, _ptr), violation),
-        "nvmlDeviceGetNvLinkState": (_int, (h, _uint, _ptr), out_uint("nvmlDeviceGetNvLinkState")),
-        "nvmlDeviceGetNvLinkErrorCounter": (_int, (h, _uint, _uint, _ptr), out_ull("nvmlDeviceGetNvLinkErrorCounter")),
     }
+    # the calls that answer one number: (symbol, its arguments after the handle, what it writes)
+    for symbol, args, ctype in (
+        ("nvmlDeviceGetTemperature", (_uint,), _uint),
+        ("nvmlDeviceGetTotalEnergyConsumption", (), _ull),
+        ("nvmlDeviceGetCurrentClocksEventReasons", (), _ull),
+        ("nvmlDeviceGetCurrentClocksThrottleReasons", (), _ull),
+        ("nvmlDeviceGetPerformanceState", (), _uint),
+        ("nvmlDeviceGetTotalEccErrors", (_uint, _uint), _ull),
+        ("nvmlDeviceGetSupportedEventTypes", (), _ull),
+        ("nvmlDeviceGetNvLinkState", (_uint,), _uint),
+        ("nvmlDeviceGetNvLinkErrorCounter", (_uint, _uint), _ull),
+    ):
+        table[symbol] = (_int, (h, *args, _ptr), library.out(symbol, ctype))
     for function in ENGINES:
-        table[function] = (_int, (h, _ptr, _ptr), engine(function))
+        # (percent, sampling period in µs)
+        table[function] = (_int, (h, _ptr, _ptr), library.out("engine_utilization", _uint, True, function, outs=2))
     for function, rows in PLAIN.items():
         if function not in table:
             arity = len(next(iter(rows)))
-            table[function] = (_int, (h, *[_uint] * arity, _ptr), plain(function))
+            table[function] = (_int, (h, *[_uint] * arity, _ptr), library.out("plain", _uint, True, function))
     return table
 
 
-def _set_id(event_set: int | None) -> int:
-    """The model's event set behind the pointer value the library gave out."""
-    value = event_set or 0
-    if value <= _EVENT_SET_BASE:
+def _ident(pointer: int | None, base: int, step: int = 1) -> int:
+    """The model's id behind an opaque pointer value the library gave out (`base` + id * `step`)."""
+    value = pointer or 0
+    if value <= base or (value - base) % step:
         raise NvmlFault(INVALID_ARGUMENT)
-    return value - _EVENT_SET_BASE
+    return (value - base) // step
+
+
+#: the model's event set behind the pointer value the library gave out
+_set_id = partial(_ident, base=_EVENT_SET_BASE)

@@ -1,16 +1,8 @@
-"""The simulated driver's health figures and XID events (a part of `SimulatedNvml`).
+"""The simulated driver's health figures and XID events (a part of `SimulatedNvml`; docs/simulator.md).
 
-What a scenario GPU's ``health`` object plays (sim/health_scenario.py), as
-methods named and shaped like nvidia-ml-py's functions.  A call of the table
-of figures (atopgpud_tw/figures.py) that answers one number is `plain`: its
-arguments pick the row, and the row's field is played in NVML's units; the
-other shapes (a structure, a mask, field values, NVLinks) have methods here.  The figures are the
-card's: on a MIG handle every one is NOT_SUPPORTED, as NVML has most of them
-per card only.  A figure the scenario gives as ``null`` is NOT_SUPPORTED.  The
-total energy is the integral of the played power since the simulation began
-(plus ``energy_start_j``), in millijoules, on the unwrapped clock, so it never
-decreases.  XID events are delivered to an event set only once they are due
-and only if registered before they happened, as the driver does.
+A call of the table of figures (figures.py) that answers one number is `plain`: its arguments pick
+the row.  On a MIG handle every figure is NOT_SUPPORTED (NVML has most per card only), as is one
+played as ``null``; the energy is the integral of the power on the unwrapped clock.
 """
 
 from __future__ import annotations
@@ -91,7 +83,6 @@ class HealthDriver:
     _gpu: Any
     _clock: Any
 
-
     def _played(self, call: str, handle: Any, name: str) -> tuple[Played, float]:
         now = self._enter(call, handle)
         gpu = self._gpu(handle)
@@ -104,10 +95,15 @@ class HealthDriver:
         played, now = self._played(call, handle, name)
         return played.at(now)
 
+    def _pick(self, table: dict[Any, Any], key: Any, call: str, handle: Any, code: int) -> Any:
+        """`table`'s entry for a call's arguments; none: the call fails with `code` (after its faults)."""
+        if key not in table:
+            self._enter(call, handle)
+            raise NvmlFault(code)
+        return table[key]
+
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        if sensor != TEMPERATURE_GPU:
-            self._enter("nvmlDeviceGetTemperature", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        self._pick({TEMPERATURE_GPU: None}, sensor, "nvmlDeviceGetTemperature", handle, INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTemperature", handle, "temperature_c"))
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
@@ -127,10 +123,7 @@ class HealthDriver:
 
     def plain(self, function: str, handle: Any, *args: int) -> int:
         """A call of the table's that answers one number: the field its arguments pick, in NVML's units."""
-        play = PLAIN[function].get(tuple(int(a) for a in args))
-        if play is None:
-            self._enter(function, handle)
-            raise NvmlFault(NOT_SUPPORTED)  # no such figure on a card
+        play = self._pick(PLAIN[function], tuple(int(a) for a in args), function, handle, NOT_SUPPORTED)
         value = self._value(function, handle, play.field) * play.per
         return int(round(value)) if play.per != 1 else int(value)
 
@@ -142,20 +135,14 @@ class HealthDriver:
             if played is None or not link.active:
                 raise NvmlFault(NOT_SUPPORTED)
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(self._integral(played))
-        play = FIELD_IDS.get(field)
-        if play is None:
-            self._enter("nvmlDeviceGetFieldValues", handle)
-            raise NvmlFault(NOT_SUPPORTED)
+        play = self._pick(FIELD_IDS, field, "nvmlDeviceGetFieldValues", handle, NOT_SUPPORTED)
         value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
         return (VALUE_TYPE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_TYPE_UNSIGNED_LONG_LONG,
                                                                                    int(round(value)))
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> tuple[int, int]:
         """(reference time in µs, the time the policy held the clocks down in ns)."""
-        play = VIOLATIONS.get((int(policy),))
-        if play is None:
-            self._enter("nvmlDeviceGetViolationStatus", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        play = self._pick(VIOLATIONS, (int(policy),), "nvmlDeviceGetViolationStatus", handle, INVALID_ARGUMENT)
         played, now = self._played("nvmlDeviceGetViolationStatus", handle, play.field)
         return int(now * 1e6), int(round(played.at(now) * play.per))
 
@@ -194,10 +181,7 @@ class HealthDriver:
         return int(self._value("nvmlDeviceGetPerformanceState", handle, "performance_state"))
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
-        name = ECC.get((errorType, counterType))
-        if name is None:
-            self._enter("nvmlDeviceGetTotalEccErrors", handle)
-            raise NvmlFault(INVALID_ARGUMENT)
+        name = self._pick(ECC, (errorType, counterType), "nvmlDeviceGetTotalEccErrors", handle, INVALID_ARGUMENT)
         return int(self._value("nvmlDeviceGetTotalEccErrors", handle, name))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:

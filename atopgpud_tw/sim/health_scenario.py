@@ -1,20 +1,13 @@
-"""The health and power figures of a simulated GPU: the ``health`` object of a scenario GPU.
+"""The health and power figures of a simulated GPU: the ``health`` object (docs/simulator.md).
 
-Each figure is a *played value*: a number (constant), a list of numbers
-(cycled one entry per second of simulated time, so that what is reported does
-not depend on who asks how often), ``{"steps": [[t, v], ...]}`` (``v`` from
-time ``t`` on; the first value before the first step), or ``null``: the
-device cannot report it, and its NVML function answers NOT_SUPPORTED.  The
-total energy is the integral of the played power, so its increase over a span
-is exactly the power times the time.  The fields are the table of figures'
-(atopgpud_tw/figures.py: each row's `Play`), with ``xid_events`` and
-``nvlink`` (a list of links, each with fields of its own); docs/simulator.md
-lists them.
+Each figure is a played value: a number, a list cycled one entry per simulated second (so what
+is reported does not depend on who asks how often), steps, or ``null`` (NOT_SUPPORTED).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,12 +32,8 @@ class Played:
     def at(self, t: float) -> Number:
         if self.cycle:
             return self.cycle[int(math.floor(t)) % len(self.cycle)]
-        if self.steps:
-            value = self.steps[0][1]
-            for when, step in self.steps:
-                if when <= t:
-                    value = step
-            return value
+        if self.steps:  # the last step by `t`; before the first, its value
+            return self.steps[max(0, bisect_right([when for when, _ in self.steps], t) - 1)][1]
         assert self.constant is not None
         return self.constant
 
@@ -99,11 +88,7 @@ class LinkSpec:
 
 
 def default_health() -> HealthSpec:
-    return parse_health(None, "health", _no_error)
-
-
-def _no_error(message: str) -> Exception:
-    return ValueError(message)
+    return parse_health(None, "health", ValueError)
 
 
 def parse_health(value: Any, where: str, error: Callable[[str], Exception]) -> HealthSpec:

@@ -1,10 +1,5 @@
-"""Reading a JSON file a user named: every way it can be wrong is one line.
-
-A fifo or a device (``/dev/zero``) would block or fill memory, so only a
-regular file is read, opened without blocking and at most `MAX_SIZE` bytes
-(`regularfile.read_regular`).
-Text that is not UTF-8, JSON nested past Python's recursion limit, integers
-of thousands of digits and ``NaN`` or ``Infinity`` are refused too.
+"""Reading a JSON file a user named: every way it can be wrong is one line (a regular file only,
+at most `MAX_SIZE` bytes: a fifo or ``/dev/zero`` would block or fill memory).
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ MAX_SIZE = 16 * 2**20
 def read_json(path: str | Path, error: type[Exception]) -> Any:
     """The decoded contents of `path`; `error` with a one-line message naming it if unusable."""
     try:
-        data = _read(path)
+        data = read_regular(path, MAX_SIZE)
     except OSError as failure:
         raise error(f"{path}: {failure.strerror or failure}") from None
     try:
@@ -37,10 +32,6 @@ def read_json(path: str | Path, error: type[Exception]) -> Any:
         raise error(f"{path}: not usable JSON (nested too deeply)") from None
     except ValueError as failure:  # an integer of more digits than int() takes, NaN
         raise error(f"{path}: not usable JSON ({str(failure).split(';')[0]})") from None
-
-
-def _read(path: str | Path) -> bytes:
-    return read_regular(path, MAX_SIZE)
 
 
 def _no_constant(name: str) -> Any:

@@ -1,40 +1,11 @@
-"""A simulated libnvidia-ml: C functions beneath the real `pynvml` module.
+"""A simulated libnvidia-ml: C functions beneath the real `pynvml` module (docs/simulator.md).
 
-nvidia-ml-py looks every C function up in its module-level ``nvmlLib`` (the
-`CDLL` of libnvidia-ml.so.1), and loads the library only while ``nvmlLib`` is
-unset.  `SimulatedLibrary` takes that place: each of its attributes is a real
-ctypes function pointer (`ctypes.CFUNCTYPE`) made from a Python callable, so
-the binding's own wrappers run unchanged: they allocate their structures, call
-the pointer with ``byref(...)`` and arrays, check the return code and convert
-the result, exactly as on a real driver.
-
-Each callback asks the driver model (`atopgpud_tw.sim.nvml.SimulatedNvml`) and
-writes its answer into the caller's structures, cast to the binding's own
-types.  What a real library does that the binding depends on is played here:
-
-- size queries: a NULL buffer gets the count and INSUFFICIENT_SIZE (process
-  lists: SUCCESS with count 0 when there are none; samples: SUCCESS), and a
-  fill call whose buffer is too small gets INSUFFICIENT_SIZE and the count
-  needed (see the GPU fields ``grow_between_calls`` and
-  ``process_list_capacity``); a fill with no size query before it (an array
-  kept from call to call, as the daemon's reader does) asks the model itself,
-  and after an INSUFFICIENT_SIZE answer the next fill writes what that answer
-  found, grown as after a size query;
-- strings as NUL-terminated bytes, ``usedGpuMemory`` not available as
-  NVML_VALUE_NOT_AVAILABLE_ulonglong, errors as return codes;
-- a symbol the scenario's driver lacks is not an attribute at all, so the
-  binding raises FUNCTION_NOT_FOUND (or NVMLLibraryMismatchError from an
-  unversioned wrapper), as with a real old driver.
-
-Faults: ``hang`` sleeps inside the callback; ``NVMLLibraryMismatchError``
-returns FUNCTION_NOT_FOUND, which the binding's unversioned wrappers turn into
-that exception; ``RuntimeError`` is a reply the binding's own conversion code
-fails on: a string that is not UTF-8 (UnicodeDecodeError from its str
-conversion) or a process list claiming more entries than the caller's buffer
-holds (IndexError from its copy loop).
-
-No Python exception leaves a callback (ctypes would print it and return 0): an
-unexpected one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
+`SimulatedLibrary` takes the place of the binding's ``nvmlLib``: each attribute is a real ctypes
+function pointer, so the binding's own wrappers run unchanged, as on a real driver; each asks the
+driver model (`nvml.SimulatedNvml`) and writes its answer into the caller's structures, playing
+what the binding depends on: size queries, growing lists, NUL-terminated strings, absent symbols,
+replies it fails on.  No Python exception leaves a callback (ctypes would print it and return 0):
+one returns NVML_ERROR_UNKNOWN and is kept in `errors`.
 """
 
 from __future__ import annotations
@@ -68,22 +39,13 @@ GROWN_PID = 4_000_000
 NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
 _HANDLE_BASE = 0x5100_0000
 _HANDLE_STEP = 0x40
-
-
-
-class _Corrupt:
-    """A pending reply the binding's conversion code will fail on (fault RuntimeError)."""
-
-
-_CORRUPT = _Corrupt()
+#: a pending reply the binding's conversion code will fail on (fault RuntimeError)
+_CORRUPT = object()
 
 
 class SimulatedLibrary:
-    """libnvidia-ml over a driver model; install it as a binding's ``nvmlLib``.
-
-    `binding` is the pynvml module it is installed into: its structure types are
-    the ones the callbacks fill.  `calls` counts the C calls by symbol.
-    """
+    """libnvidia-ml over a driver model, installed as `binding`'s ``nvmlLib`` (whose structure
+    types the callbacks fill); `calls` counts the C calls by symbol."""
 
     def __init__(self, model: SimulatedNvml, binding: ModuleType) -> None:
         self.model = model
@@ -122,12 +84,6 @@ class SimulatedLibrary:
             raise NvmlFault(INVALID_ARGUMENT)
         return handle
 
-    def _put_handle(self, out: int | None, handle: Handle) -> int:
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _ptr)[0] = self.handle_id(handle)
-        return SUCCESS
-
     # -- plumbing --
 
     def _export(self, symbol: str, restype: Any, argtypes: Sequence[Any], function: Callable[..., int]) -> Any:
@@ -149,9 +105,6 @@ class SimulatedLibrary:
         """One model call, looked up at call time (tests may wrap the model's methods)."""
         return getattr(self.model, method)(*args)
 
-    def _key(self, symbol: str, device: int | None) -> tuple[Any, ...]:
-        return (symbol, device, threading.get_ident())
-
     def _grown(self, device: int | None, symbol: str, which: str) -> int:
         """How many entries the list `which` gains before this size query's fill."""
         handle = self.model_handle(device)
@@ -163,32 +116,36 @@ class SimulatedLibrary:
     def _table(self) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
         h = _ptr
         table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
-            "nvmlInit_v2": (_int, (), self._init),
-            "nvmlInitWithFlags": (_int, (_uint,), self._init_with_flags),
-            "nvmlShutdown": (_int, (), self._shutdown),
+            "nvmlInit_v2": (_int, (), self.done("nvmlInit")),
+            "nvmlInitWithFlags": (_int, (_uint,), self.done("nvmlInitWithFlags")),
+            "nvmlShutdown": (_int, (), self.done("nvmlShutdown")),
             "nvmlErrorString": (_ptr, (_int,), self._error_string),
-            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._driver_version),
-            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self._count),
-            "nvmlDeviceGetHandleByIndex_v2": (_int, (_uint, _ptr), self._handle_by_index),
+            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._text("nvmlSystemGetDriverVersion")),
+            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self.out("nvmlDeviceGetCount", _uint, False)),
+            "nvmlDeviceGetHandleByIndex_v2": (
+                _int, (_uint, _ptr), self.out("nvmlDeviceGetHandleByIndex", _ptr, False, write=self.handle_id)),
             "nvmlDeviceGetName": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetName")),
             "nvmlDeviceGetUUID": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetUUID")),
             "nvmlDeviceGetSerial": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetSerial")),
             "nvmlDeviceGetVbiosVersion": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetVbiosVersion")),
-            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion")),
-            "nvmlSystemGetCudaDriverVersion_v2": (_int, (_ptr,), self._cuda("nvmlSystemGetCudaDriverVersion_v2")),
+            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion", _int, False)),
+            "nvmlSystemGetCudaDriverVersion_v2": (
+                _int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion_v2", _int, False)),
             "nvmlDeviceGetPciInfo_v3": (_int, (h, _ptr), self._pci_info),
             "nvmlDeviceGetMemoryInfo": (_int, (h, _ptr), self._memory_v1),
             "nvmlDeviceGetMemoryInfo_v2": (_int, (h, _ptr), self._memory_v2),
             "nvmlDeviceGetUtilizationRates": (_int, (h, _ptr), self._rates),
             "nvmlDeviceGetSamples": (_int, (h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
             "nvmlDeviceGetProcessUtilization": (_int, (h, _ptr, _ptr, _ull), self._process_utilization),
-            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self._mig_mode),
-            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self._uint("nvmlDeviceGetMaxMigDeviceCount")),
-            "nvmlDeviceGetMigDeviceHandleByIndex": (_int, (h, _uint, _ptr), self._mig_handle),
-            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self._uint("nvmlDeviceIsMigDeviceHandle")),
-            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (_int, (h, _ptr), self._parent_handle),
-            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetGpuInstanceId")),
-            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self._uint("nvmlDeviceGetComputeInstanceId")),
+            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self.out("nvmlDeviceGetMigMode", _uint, outs=2)),
+            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self.out("nvmlDeviceGetMaxMigDeviceCount", _uint)),
+            "nvmlDeviceGetMigDeviceHandleByIndex": (
+                _int, (h, _uint, _ptr), self.out("nvmlDeviceGetMigDeviceHandleByIndex", _ptr, write=self.handle_id)),
+            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self.out("nvmlDeviceIsMigDeviceHandle", _uint)),
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (
+                _int, (h, _ptr), self.out("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", _ptr, write=self.handle_id)),
+            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetGpuInstanceId", _uint)),
+            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetComputeInstanceId", _uint)),
         }
         for kind in ("Compute", "Graphics"):
             for version in ("_v3", "_v2"):
@@ -199,91 +156,60 @@ class SimulatedLibrary:
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 
-    def _init(self) -> int:
-        self._call("nvmlInit")
-        return SUCCESS
+    def done(self, method: str) -> Callable[..., int]:
+        """A C function that only calls the model's `method`."""
 
-    def _init_with_flags(self, flags: int) -> int:
-        self._call("nvmlInitWithFlags", flags)
-        return SUCCESS
+        def call(*args: Any) -> int:
+            self._call(method, *args)
+            return SUCCESS
 
-    def _shutdown(self) -> int:
-        self._call("nvmlShutdown")
-        return SUCCESS
+        return call
+
+    def out(self, method: str, ctype: Any, device: bool = True, *lead: Any,
+            write: Callable[[Any], int] = int, outs: int = 1) -> Callable[..., int]:
+        """A C function that writes the model's answer through its last argument (a `ctype`; the
+        last `outs`, one part of the answer each): its `method` asked with `lead` and the other
+        arguments, the first a device handle if `device`."""
+
+        def answer(*args: Any) -> int:
+            values, targets = list(args[:-outs]), args[-outs:]
+            if device:
+                values[0] = self.model_handle(values[0])
+            result = self._call(method, *lead, *values)
+            if not all(targets):
+                return INVALID_ARGUMENT
+            for target, part in zip(targets, result if outs > 1 else (result,)):
+                _at(target, ctype)[0] = write(part)
+            return SUCCESS
+
+        return answer
 
     def _error_string(self, code: int) -> int:
         """A static string, as the C library returns (the binding sets restype c_char_p)."""
         with self._lock:
             text = self._strings.get(code)
             if text is None:
-                words = "Success" if code == SUCCESS else _error_text(code)
+                # its name as words ("Not Supported")
+                words = "Success" if code == SUCCESS else NAMES.get(code, "UNKNOWN_ERROR").replace("_", " ").title()
                 text = self._strings[code] = ctypes.create_string_buffer(words.encode("ascii"))
         return ctypes.addressof(text)
 
-    def _write_text(self, buffer: int | None, length: int, value: Any) -> int:
-        data = value if isinstance(value, bytes) else str(value).encode("utf-8")
-        if not buffer:
-            return INVALID_ARGUMENT
-        if len(data) + 1 > length:
-            return INSUFFICIENT_SIZE
-        ctypes.memmove(buffer, data + b"\0", len(data) + 1)
-        return SUCCESS
-
-    def _driver_version(self, buffer: int | None, length: int) -> int:
-        try:
-            value = self._call("nvmlSystemGetDriverVersion")
-        except RuntimeError:
-            value = NOT_UTF8
-        return self._write_text(buffer, length, value)
-
     def _text(self, method: str) -> Callable[..., int]:
-        def text(device: int | None, buffer: int | None, length: int) -> int:
-            handle = self.model_handle(device)
+        def text(*args: Any) -> int:
+            *device, buffer, length = args  # no device: the driver version
             try:
-                value = self._call(method, handle)
+                value = self._call(method, *map(self.model_handle, device))
             except RuntimeError:
                 value = NOT_UTF8
-            return self._write_text(buffer, length, value)
+            data = value if isinstance(value, bytes) else str(value).encode("utf-8")
+            if not buffer:
+                return INVALID_ARGUMENT
+            if len(data) + 1 > length:
+                return INSUFFICIENT_SIZE
+            ctypes.memmove(buffer, data + b"\0", len(data) + 1)
+            return SUCCESS
 
         return text
-
-    def _cuda(self, method: str) -> Callable[..., int]:
-        def answer(out: int | None) -> int:
-            value = self._call(method)
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _int)[0] = int(value)
-            return SUCCESS
-
-        return answer
-
-    def _uint(self, method: str) -> Callable[..., int]:
-        def answer(device: int | None, out: int | None) -> int:
-            value = self._call(method, self.model_handle(device))
-            if not out:
-                return INVALID_ARGUMENT
-            _at(out, _uint)[0] = int(value)
-            return SUCCESS
-
-        return answer
-
-    def _count(self, out: int | None) -> int:
-        value = self._call("nvmlDeviceGetCount")
-        if not out:
-            return INVALID_ARGUMENT
-        _at(out, _uint)[0] = int(value)
-        return SUCCESS
-
-    def _handle_by_index(self, index: int, out: int | None) -> int:
-        return self._put_handle(out, self._call("nvmlDeviceGetHandleByIndex", index))
-
-    def _mig_handle(self, device: int | None, index: int, out: int | None) -> int:
-        handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", self.model_handle(device), index)
-        return self._put_handle(out, handle)
-
-    def _parent_handle(self, device: int | None, out: int | None) -> int:
-        handle = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self.model_handle(device))
-        return self._put_handle(out, handle)
 
     def _array(self, out: int | None, name: str) -> Any:
         """The caller's memory at `out` as an array of the binding's structure `name`, to write as C does."""
@@ -328,33 +254,25 @@ class SimulatedLibrary:
         target.gpu, target.memory = int(rates.gpu), int(rates.memory)
         return SUCCESS
 
-    def _mig_mode(self, device: int | None, current: int | None, pending: int | None) -> int:
-        mode = self._call("nvmlDeviceGetMigMode", self.model_handle(device))
-        if not (current and pending):
-            return INVALID_ARGUMENT
-        _at(current, _uint)[0] = int(mode[0])
-        _at(pending, _uint)[0] = int(mode[1])
-        return SUCCESS
 
     # -- lists: a size query with a NULL buffer, then the fill --
 
-    def _fill(
-        self,
-        items: list[Any],
-        count: Any,
-        buffer: int | None,
-        struct: str,
-        write: Callable[[Any, Any], None],
-        key: tuple[Any, ...],
-        grown: Callable[[], Any],
-    ) -> int:
+    def _list_call(self, symbol: str, device: int | None, count_out: int | None, *outs: int | None
+                   ) -> tuple[Handle, Any, tuple[Any, ...]]:
+        """A list call's handle, the caller's count (read and written) and the key of what a size query keeps."""
+        handle = self.model_handle(device)
+        if not (count_out and all(outs)):
+            raise NvmlFault(INVALID_ARGUMENT)
+        return handle, _at(count_out, _uint), (symbol, device, threading.get_ident())
+
+    def _fill(self, items: list[Any], count: Any, buffer: int | None, struct: str, write: Callable[[Any, Any], None],
+              key: tuple[Any, ...], grow: Callable[[list[Any]], Any]) -> int:
         """Write `items` into the caller's array of `count` entries, or say how many are
-        needed: then what the next call fills is kept, grown as the scenario says (a list
+        needed: then what the next call fills is kept, `grow`n as the scenario says (a list
         that grows between the answer that sized the caller's array and the fill)."""
         if len(items) > count[0]:
             count[0] = len(items)
-            more = grown()
-            self._pending[key] = more if isinstance(more, tuple) else items + more
+            self._pending[key] = grow(items)
             return INSUFFICIENT_SIZE
         # NULL only with nothing to write (no items, or a count of them that fits)
         array = self._array(buffer, struct)
@@ -365,108 +283,78 @@ class SimulatedLibrary:
 
     def _processes(self, symbol: str, method: str) -> Callable[..., int]:
         def processes(device: int | None, count_out: int | None, buffer: int | None) -> int:
-            handle = self.model_handle(device)
-            if not count_out:
-                return INVALID_ARGUMENT
-            count = _at(count_out, _uint)
-            key = self._key(symbol, device)
-            if not buffer:
+            handle, count, key = self._list_call(symbol, device, count_out)
+
+            def ask() -> Any:
                 try:
-                    listed = list(self._call(method, handle))
+                    return list(self._call(method, handle))
                 except RuntimeError:
-                    self._pending[key] = _CORRUPT
-                    count[0] = 1
-                    return INSUFFICIENT_SIZE
-                grown = self._grown(device, symbol, "process_lists")
-                self._pending[key] = listed + [_grown_process(i) for i in range(grown)]
-                count[0] = len(listed)
+                    return _CORRUPT
+
+            def grow(listed: list[Any]) -> list[Any]:
+                return listed + [_grown_process(i) for i in range(self._grown(device, symbol, "process_lists"))]
+
+            if not buffer:
+                listed = ask()
+                self._pending[key] = listed if listed is _CORRUPT else grow(listed)
+                count[0] = 1 if listed is _CORRUPT else len(listed)
                 return INSUFFICIENT_SIZE if listed else SUCCESS
             pending = self._pending.pop(key, None)
-            if pending is None:
-                try:
-                    pending = list(self._call(method, handle))
-                except RuntimeError:
-                    pending = _CORRUPT
+            pending = ask() if pending is None else pending
             if pending is _CORRUPT:
                 count[0] = count[0] + 1  # more than the buffer holds: the caller's copy loop fails
                 return SUCCESS
-            def started() -> list[Any]:
-                return [_grown_process(i) for i in range(self._grown(device, symbol, "process_lists"))]
-
-            return self._fill(pending, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process, key, started)
+            return self._fill(pending, count, buffer, f"c_nvmlProcessInfo{symbol[-3:]}_t", _write_process, key, grow)
 
         return processes
 
     def _process_utilization(self, device: int | None, buffer: int | None, count_out: int | None, since: int) -> int:
-        handle = self.model_handle(device)
-        if not count_out:
-            return INVALID_ARGUMENT
-        count = _at(count_out, _uint)
-        key = self._key("nvmlDeviceGetProcessUtilization", device)
+        symbol = "nvmlDeviceGetProcessUtilization"
+        handle, count, key = self._list_call(symbol, device, count_out)
         capacity = self.model.scenario.gpus[handle.gpu].process_list_capacity
+
+        def ask() -> list[Any]:
+            samples = list(self._call(symbol, handle, since))
+            # the driver keeps that many entries at most: the newest
+            return samples if capacity is None else sorted(samples, key=lambda s: int(s.timeStamp))[-capacity:]
+
+        def grow(items: list[Any]) -> list[Any]:
+            newest = max((int(s.timeStamp) for s in items), default=0)
+            return items + [_grown_sample(i, newest) for i in range(self._grown(device, symbol, "process_utilization"))]
+
         if not buffer:
-            samples = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-            if capacity is not None:
-                # the driver keeps that many entries at most: the newest
-                samples = sorted(samples, key=lambda s: int(s.timeStamp))[-capacity:]
-            grown = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
-            newest = max((int(s.timeStamp) for s in samples), default=0)
-            self._pending[key] = samples + [_grown_sample(i, newest) for i in range(grown)]
+            samples = ask()
+            self._pending[key] = grow(samples)
             # some drivers answer the size query with their buffer's capacity, not the count
             count[0] = capacity if capacity is not None else len(samples)
             return INSUFFICIENT_SIZE
         items = self._pending.pop(key, None)
-        if items is None:
-            items = list(self._call("nvmlDeviceGetProcessUtilization", handle, since))
-            if capacity is not None:
-                items = sorted(items, key=lambda s: int(s.timeStamp))[-capacity:]
+        items = ask() if items is None else items
+        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample, key, grow)
 
-        def sampled() -> list[Any]:
-            newest = max((int(s.timeStamp) for s in items), default=0)
-            more = self._grown(device, "nvmlDeviceGetProcessUtilization", "process_utilization")
-            return [_grown_sample(i, newest) for i in range(more)]
-
-        return self._fill(items, count, buffer, "c_nvmlProcessUtilizationSample_t", _write_process_sample, key, sampled)
-
-    def _samples(
-        self,
-        device: int | None,
-        kind: int,
-        since: int,
-        value_type: int | None,
-        count_out: int | None,
-        buffer: int | None,
-    ) -> int:
-        handle = self.model_handle(device)
-        if not (count_out and value_type):
-            return INVALID_ARGUMENT
-        count = _at(count_out, _uint)
-        key = self._key("nvmlDeviceGetSamples", device)
-        if not buffer:
-            kind_out, samples = self._call("nvmlDeviceGetSamples", handle, kind, since)
-            samples = list(samples)
-            grown = self._grown(device, "nvmlDeviceGetSamples", "samples")
-            self._pending[key] = (kind_out, samples + samples[-1:] * grown)
-            _at(value_type, _int)[0] = int(kind_out)
-            count[0] = len(samples)
-            return SUCCESS
-        pending = self._pending.pop(key, None)
-        kind_out, items = pending if pending is not None else self._call("nvmlDeviceGetSamples", handle, kind, since)
+    def _samples(self, device: int | None, kind: int, since: int, value_type: int | None, count_out: int | None,
+                 buffer: int | None) -> int:
+        symbol = "nvmlDeviceGetSamples"
+        handle, count, key = self._list_call(symbol, device, count_out, value_type)
+        pending = None if not buffer else self._pending.pop(key, None)
+        kind_out, items = pending if pending is not None else self._call(symbol, handle, kind, since)
         _at(value_type, _int)[0] = int(kind_out)
         items = list(items)
 
-        def more() -> tuple[int, list[Any]]:
-            return kind_out, items + items[-1:] * self._grown(device, "nvmlDeviceGetSamples", "samples")
+        def grow(items: list[Any]) -> tuple[int, list[Any]]:
+            return kind_out, items + items[-1:] * self._grown(device, symbol, "samples")
 
-        return self._fill(items, count, buffer, "c_nvmlSample_t", _write_sample, key, more)
+        if not buffer:
+            self._pending[key] = grow(items)
+            count[0] = len(items)
+            return SUCCESS
+        return self._fill(items, count, buffer, "c_nvmlSample_t", _write_sample, key, grow)
 
 
 @functools.cache
 def _raw(struct: type) -> Any:
-    """A pointer to the layout of the binding's structure `struct`, without pynvml's
-    attribute hooks (`_PrintableStructure`'s ``__setattr__`` and ``__getattribute__``,
-    which only convert str and bytes): the library writes the caller's memory as
-    plain C fields, as a C library does, and at C speed."""
+    """A pointer to the layout of `struct` without pynvml's attribute hooks (which only convert
+    str and bytes): the library writes the caller's memory as plain C fields, at C speed."""
     plain = type(
         struct.__name__, (struct,), {"__setattr__": object.__setattr__, "__getattribute__": object.__getattribute__}
     )
@@ -502,7 +390,3 @@ def _write_sample(target: Any, sample: Any) -> None:
     target.timeStamp = int(sample.timeStamp)
     target.sampleValue.uiVal = int(sample.value)
 
-
-def _error_text(code: int) -> str:
-    """nvmlErrorString's words for a code: its name, as words ("Not Supported")."""
-    return NAMES[code].replace("_", " ").title() if code in NAMES else "Unknown Error"

@@ -1,11 +1,7 @@
 """The C symbols the simulated libnvidia-ml exports, and those each driver branch lacks.
 
-`SimulatedLibrary` (sim/library.py) exports exactly `LIBRARY_SYMBOLS`, its
-health and event functions (sim/health_library.py) `HEALTH_SYMBOLS` and its
-GPU Performance Monitoring (sim/gpm_library.py) `GPM_SYMBOLS`; it checks its
-table of C functions against this list.  The list is apart from the library's
-code so that a scenario's ``driver`` and ``missing_symbols`` can be checked
-against it without loading the library.
+Apart from the library's code, so a scenario's ``driver`` and ``missing_symbols`` can be
+checked without loading it; `SimulatedLibrary` checks its table against `LIBRARY_SYMBOLS`.
 """
 
 from __future__ import annotations

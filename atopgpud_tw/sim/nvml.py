@@ -1,34 +1,20 @@
-"""The simulated driver: what a scenario's GPUs report, call by call.
+"""The simulated driver: what a scenario's GPUs report, call by call (docs/simulator.md, docs/mig.md).
 
-`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml
-(`atopgpud_tw.sim.library`): the values, timelines, faults and MIG layout of a
-scenario, as Python methods named after NVML's functions: results as plain
-data (`Rates`, `Memory`, `Sample`, ...), failures as `NvmlFault(code)`.  Programs do not
-call it directly: the library adapts each C call into one of these methods and
-its result into the caller's C structures, beneath the real `pynvml` module.
-
-Behaviour follows the driver where it matters for a poller: NOT_SUPPORTED for
-utilization on MIG cards and for null percentages, NOT_FOUND from the process
-utilization call when nothing ran since the timestamp, timestamps in
-microseconds, `usedGpuMemory` in bytes, names as str, bus ids as bytes.
-
-MIG (docs/mig.md): a GPU with a ``mig`` list is in MIG mode.  Its
-instances sit in sparse slots (NOT_FOUND for an empty one), each MIG handle has
-its own name (``<card> MIG <profile>``), UUID, ids, memory and process lists;
-device and process utilization are NOT_SUPPORTED on the card and on its
-instances.  An instance exists from its ``start`` to its ``stop``; a handle of
-an instance that no longer exists fails with INVALID_ARGUMENT, as a handle of a
-destroyed instance does.
+`SimulatedNvml` is the driver model beneath the simulated libnvidia-ml (`library.py`): a method
+per NVML function, answering plain data (`answers.py`) or raising `NvmlFault(code)`, following
+the driver where a poller depends on it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from atopgpud_tw.nvml_codes import (
     DEVICE_MIG_DISABLE,
@@ -56,28 +42,88 @@ from atopgpud_tw.sim.answers import (
 )
 from atopgpud_tw.sim.gpm_model import GpmDriver
 from atopgpud_tw.sim.health_model import EventSet, HealthDriver
-from atopgpud_tw.sim.hostclocks import BOOT, WALL, HostClocks
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
-from atopgpud_tw.sim.replay import Replayed
-from atopgpud_tw.sim.scenario import (
-    Fault,
-    GpuSpec,
-    MigSpec,
-    ProcessSpec,
-    Scenario,
-    cycled,
-)
+from atopgpud_tw.sim.replay import SAMPLE_BUFFER, Replayed
+from atopgpud_tw.sim.scenario import Fault, GpuSpec, MigSpec, ProcessSpec, Scenario, cycled, in_span
 
-#: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
-SAMPLE_BUFFER = 100
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
 
 
+#: a change of the host's clocks against the monotonic one smaller than this is not a step
+LIVE_STEP_US = 1_000
+#: the wall clock (epoch) and the clocks that go on across a suspend
+WALL, BOOT = 0, 1
+
+
+def live_offsets() -> tuple[int, int]:
+    """The host's (CLOCK_REALTIME, CLOCK_BOOTTIME) less CLOCK_MONOTONIC, µs."""
+    mono = time.monotonic_ns()
+    try:
+        boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    except OSError:  # some LD_PRELOAD time shifters fail it: taken as not moved
+        boot = mono
+    return (time.time_ns() - mono) // 1000, (boot - mono) // 1000
+
+
+class HostClocks:
+    """How far the wall clock and the boot clock are from simulated time, by simulated time: by the
+    scenario's ``clock_steps`` and ``suspends`` and, on the real clock, by what the host's clocks did
+    (docs/simulator.md, "The driver's clocks")."""
+
+    def __init__(
+        self, steps: Sequence[tuple[float, float]] = (), suspends: Sequence[tuple[float, float]] = (),
+        live: bool = False,
+    ) -> None:
+        #: (simulated time, wall shift µs, boot shift µs), in order: the shifts from then on
+        self._changes: list[tuple[float, int, int]] = [(float("-inf"), 0, 0)]
+        moments = sorted([(when, int(seconds * 1e6), 0) for when, seconds in steps]
+                         + [(when, int(seconds * 1e6), int(seconds * 1e6)) for when, seconds in suspends])
+        wall = boot = 0
+        for when, by_wall, by_boot in moments:
+            wall += by_wall
+            boot += by_boot
+            self._changes.append((when, wall, boot))
+        self._times = [when for when, _, _ in self._changes]
+        self._live = live_offsets() if live else None
+        self._live_shift = (0, 0)
+
+    @property
+    def steady(self) -> bool:
+        """Whether no clock has moved yet (nor is scripted to)."""
+        return len(self._changes) == 1
+
+    def shift_us(self, when: float, which: int) -> int:
+        """How far clock `which` (WALL, BOOT) is ahead of simulated time at `when`, µs."""
+        change = self._changes[bisect_right(self._times, when) - 1]
+        return int(change[1 + which])
+
+    def observe(self, now: float) -> None:
+        """On the real clock: note a step of the host's clocks as of simulated time `now`."""
+        if self._live is None:
+            return
+        real, boot = live_offsets()
+        shift = (real - self._live[0], boot - self._live[1])
+        if abs(shift[0] - self._live_shift[0]) < LIVE_STEP_US and abs(shift[1] - self._live_shift[1]) < LIVE_STEP_US:
+            return
+        moved = (shift[0] - self._live_shift[0], shift[1] - self._live_shift[1])
+        self._live_shift = shift
+        # from now on (scripted changes after now move by it too)
+        position = bisect_right(self._times, now)
+        before = self._changes[position - 1]
+        later = [(when, wall + moved[0], boot + moved[1]) for when, wall, boot in self._changes[position:]]
+        self._changes[position:] = [(now, before[1] + moved[0], before[2] + moved[1]), *later]
+        self._times = [when for when, _, _ in self._changes]
+
+    def offsets_us(self, now: float, epoch_us: int, boot_us: int) -> tuple[int, int]:
+        """What a reader on simulated time sees of the host clocks at `now`: (wall - monotonic,
+        boot - monotonic), µs, given what they read at simulated time 0."""
+        return epoch_us + self.shift_us(now, WALL), boot_us + self.shift_us(now, BOOT)
+
+
 @dataclass(frozen=True)
 class Load:
-    """What a GPU truly did over a span of time (`SimulatedNvml.true_load`): busy %, memory
-    busy %, and by pid (SM busy %, memory busy %)."""
+    """What a GPU truly did over a span (`SimulatedNvml.true_load`): busy %, memory busy %, by pid (SM %, memory %)."""
 
     gpu: float
     mem: float
@@ -92,9 +138,19 @@ class Handle:
     instance: MigSpec | None = None
 
 
+def _device(method: Callable[..., Any]) -> Any:
+    """An NVML call with a handle: `_enter` (delay, faults, initialisation), then `method` given its GPU and time."""
+
+    @functools.wraps(method)
+    def call(self: SimulatedNvml, handle: Handle, *args: Any) -> Any:
+        now = self._enter(method.__name__, handle)
+        return method(self, handle, self._gpu(handle), now, *args)
+
+    return call
+
+
 class SimulatedNvml(HealthDriver, GpmDriver):
-    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`
-    (the library writes both into C)."""
+    """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
@@ -111,16 +167,16 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._samples: dict[tuple[Any, ...], int] = {}
         self._drawn: dict[tuple[Any, ...], tuple[float, Any]] = {}
         self._event_sets: dict[int, EventSet] = {}
-        #: by id() of a GpuSpec of the scenario (which keeps them)
-        self._shift_tables: dict[int, _StampShifts] = {}
+        #: by id() of a GpuSpec of the scenario (which keeps them): how its sample stamps are off
+        self._shifts = {id(gpu): _stamp_shifts(gpu) for gpu in scenario.gpus}
         #: by id() of a replayed GpuSpec: what answers for it
         self._replayed = {
             id(gpu): Replayed(gpu.replay, self._clock, self._sample_base_us(gpu))
             for gpu in scenario.gpus if gpu.replay is not None
         }
         self._event_lock = threading.Lock()
-        #: by pid, when its processes ran (`process_start_time`), made when first asked
-        self._runs: dict[int, list[tuple[float, float | None]]] | None = None
+        #: by pid, when its processes ran (`process_start_time`)
+        self._runs = _pid_runs(scenario)
         self._gpm_setup()
 
     # -- helpers --
@@ -138,8 +194,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         return self._epoch_us + int(now * 1_000_000) + self.clocks.shift_us(now, WALL)
 
     def host_offsets(self) -> tuple[int, int]:
-        """The host's (wall, boot) clocks less simulated time, µs: what a reader whose clock
-        is simulated time sees of them (`NvmlReader.host_offsets`, in tests)."""
+        """The host's (wall, boot) clocks less simulated time, µs (`NvmlReader.host_offsets`, in tests)."""
         now = self._clock()
         self.clocks.observe(now)
         return self.clocks.offsets_us(now, self._epoch_us, self._boot_us)
@@ -198,52 +253,23 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     def _slots(self, gpu: GpuSpec) -> int:
         """nvmlDeviceGetMaxMigDeviceCount: 7 on today's cards, more if the scenario needs them."""
-        if gpu.mig is None:
-            return 0
-        return max([7] + [m.slot + 1 for m in gpu.mig])
+        return 0 if gpu.mig is None else max([7] + [m.slot + 1 for m in gpu.mig])
 
     def _check_instance(self, handle: Handle, now: float) -> None:
         if handle.instance is not None and not handle.instance.alive(now):
             raise NvmlFault(INVALID_ARGUMENT)
 
     def process_start_time(self, pid: int) -> int | None:
-        """The host's start time of the process with this pid now, as ``/proc/PID/stat``
-        gives it (clock ticks: hundredths of a simulated second; None: no such process).
-
-        Scenario processes of one pid whose runs overlap are one process (a
-        process on two GPUs), started when the first of them did; one that
-        starts when or after the others have stopped is another process (a
-        reused pid).  With `repeat`, each round's processes are new ones.
-        """
-        clock = self._clock()
-        now = self.now()
-        runs = self._pid_runs().get(pid, ())
-        for start, stop in runs:
-            if start <= now and (stop is None or now < stop):
+        """The start time of the process with this pid now, in ``/proc/PID/stat``'s clock ticks
+        (hundredths of a simulated second; None: no such process).  Scenario processes of one pid
+        whose runs overlap are one process (on two GPUs); one that starts when the others have
+        stopped is another (a reused pid); with `repeat`, each round's processes are new ones."""
+        clock, now = self._clock(), self.now()
+        for start, stop in self._runs.get(pid, ()):
+            if in_span(now, start, stop):
                 rounds = int(clock // self.scenario.repeat) if self.scenario.repeat else 0
                 return round((start + rounds * (self.scenario.repeat or 0)) * 100)
         return None
-
-    def _pid_runs(self) -> dict[int, list[tuple[float, float | None]]]:
-        """By pid: when the processes of that pid ran, overlapping runs joined (made once)."""
-        if self._runs is not None:
-            return self._runs
-        spans: dict[int, list[tuple[float, float]]] = {}
-        for gpu in self.scenario.gpus:
-            for proc in gpu.processes + tuple(p for m in gpu.mig or () for p in m.processes):
-                stop = math.inf if proc.stop is None else proc.stop
-                spans.setdefault(proc.pid, []).append((proc.start or -math.inf, stop))
-        runs: dict[int, list[tuple[float, float | None]]] = {}
-        for pid, found in spans.items():
-            joined: list[list[float]] = []
-            for start, stop in sorted(found):
-                if joined and start < joined[-1][1]:
-                    joined[-1][1] = max(joined[-1][1], stop)
-                else:
-                    joined.append([start, stop])
-            runs[pid] = [(max(start, 0.0), None if stop == math.inf else stop) for start, stop in joined]
-        self._runs = runs
-        return runs
 
     # -- library --
 
@@ -287,60 +313,52 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     # -- identity --
 
-    def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
-        self._enter("nvmlDeviceGetPciInfo", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetPciInfo(self, handle: Handle, gpu: GpuSpec, now: float) -> PciInfo:
         return PciInfo(busId=gpu.busid.encode("ascii"), busIdLegacy=gpu.busid[-12:].encode("ascii"))
 
-    def nvmlDeviceGetName(self, handle: Handle) -> str:
-        now = self._enter("nvmlDeviceGetName", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetName(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             self._check_instance(handle, now)
             return f"{gpu.name} MIG {handle.instance.profile}"
         return gpu.name
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
-        now = self._enter("nvmlDeviceGetUUID", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetUUID(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             self._check_instance(handle, now)
             tail = gpu.uuid.removeprefix("GPU-")[:-6]
-            ids = f"{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
-            return f"MIG-{tail}{ids}"
+            return f"MIG-{tail}{handle.instance.gpu_instance:03d}{handle.instance.compute_instance:03d}"
         return gpu.uuid
 
-    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
-        self._enter("nvmlDeviceGetSerial", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetSerial(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if gpu.serial is None or handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         return gpu.serial
 
-    def nvmlDeviceGetVbiosVersion(self, handle: Handle) -> str:
-        self._enter("nvmlDeviceGetVbiosVersion", handle)
+    @_device
+    def nvmlDeviceGetVbiosVersion(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
         if handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
-        return self._gpu(handle).vbios
+        return gpu.vbios
 
     # -- MIG --
 
-    def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
-        self._enter("nvmlDeviceGetMigMode", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMigMode(self, device: Handle, gpu: GpuSpec, now: float) -> list[int]:
         if not gpu.mig_capable or device.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         mode = DEVICE_MIG_DISABLE if gpu.mig is None else DEVICE_MIG_ENABLE
         return [mode, mode]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
-        self._enter("nvmlDeviceGetMaxMigDeviceCount", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle, gpu: GpuSpec, now: float) -> int:
         return 0 if device.instance is not None else self._slots(gpu)
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> Handle:
-        now = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", device)
-        gpu = self._gpu(device)
+    @_device
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, gpu: GpuSpec, now: float, index: int) -> Handle:
         if device.instance is not None or not 0 <= index < self._slots(gpu):
             raise NvmlFault(INVALID_ARGUMENT)
         for instance in self._instances(gpu, now):
@@ -348,37 +366,36 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 return Handle(device.gpu, instance)
         raise NvmlFault(NOT_FOUND)
 
-    def nvmlDeviceIsMigDeviceHandle(self, device: Handle) -> int:
-        self._enter("nvmlDeviceIsMigDeviceHandle", device)
+    @_device
+    def nvmlDeviceIsMigDeviceHandle(self, device: Handle, gpu: GpuSpec, now: float) -> int:
         return 1 if device.instance is not None else 0
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle) -> Handle:
-        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+    @_device
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Handle, gpu: GpuSpec, now: float) -> Handle:
         if migDevice.instance is None:
             raise NvmlFault(INVALID_ARGUMENT)
         return Handle(migDevice.gpu)
 
-    def nvmlDeviceGetGpuInstanceId(self, device: Handle) -> int:
-        now = self._enter("nvmlDeviceGetGpuInstanceId", device)
+    @_device
+    def nvmlDeviceGetGpuInstanceId(self, device: Handle, gpu: GpuSpec, now: float) -> int:
+        return self._instance(device, now).gpu_instance
+
+    @_device
+    def nvmlDeviceGetComputeInstanceId(self, device: Handle, gpu: GpuSpec, now: float) -> int:
+        return self._instance(device, now).compute_instance
+
+    def _instance(self, device: Handle, now: float) -> MigSpec:
+        """The MIG instance of a handle that must be one (INVALID_ARGUMENT for a card's)."""
         if device.instance is None:
             raise NvmlFault(INVALID_ARGUMENT)
         self._check_instance(device, now)
-        return device.instance.gpu_instance
+        return device.instance
 
-    def nvmlDeviceGetComputeInstanceId(self, device: Handle) -> int:
-        now = self._enter("nvmlDeviceGetComputeInstanceId", device)
-        if device.instance is None:
-            raise NvmlFault(INVALID_ARGUMENT)
-        self._check_instance(device, now)
-        return device.instance.compute_instance
+    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`): this
+    # model's `rates`, `samples`, `memory`, `running`, `process_samples`, or a recording's --
 
-    # -- readings: each call makes its checks, then asks the GPU's `Answers` (`_answers`):
-    # the scenario's values (this model's `rates`, `samples`, `memory`, `running`,
-    # `process_samples`) or a recording (`replay.Replayed`) --
-
-    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Rates:
-        now = self._enter("nvmlDeviceGetUtilizationRates", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle, gpu: GpuSpec, now: float) -> Rates:
         self._check_instance(handle, now)
         if gpu.mig is not None or gpu.gpu_util is None or gpu.mem_util is None:
             raise NvmlFault(NOT_SUPPORTED)
@@ -387,16 +404,12 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def rates(self, handle: Handle, gpu: GpuSpec) -> Rates:
         """The rates call: like the driver, the busy share of its last sample period only."""
         last = self._periods(gpu, newest_only=True)
-        return Rates(
-            gpu=self._util(handle, gpu, "gpu", last),
-            memory=self._util(handle, gpu, "mem", last),
-        )
+        return Rates(gpu=self._util(handle, gpu, "gpu", last), memory=self._util(handle, gpu, "mem", last))
 
+    @_device
     def nvmlDeviceGetSamples(
-        self, device: Handle, sampling_type: int, timeStamp: int
+        self, device: Handle, gpu: GpuSpec, now: float, sampling_type: int, timeStamp: int
     ) -> tuple[int, list[Sample]]:
-        self._enter("nvmlDeviceGetSamples", device)
-        gpu = self._gpu(device)
         field = {GPU_UTILIZATION_SAMPLES: "gpu", MEMORY_UTILIZATION_SAMPLES: "mem"}.get(sampling_type)
         if field is None:
             raise NvmlFault(NOT_SUPPORTED)
@@ -433,15 +446,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def _periods(
         self, gpu: GpuSpec, since: int = 0, base_us: int | None = None, newest_only: bool = False
     ) -> list[tuple[int, float, float]]:
-        """The driver's completed sample periods in its buffer, stamped after
-        `since`: (stamp, start, end).
-
-        Period k ends at ``sample_phase + k * sample_period``; its stamp is that
-        time on the sample clock (`base_us` at time 0, the epoch by default),
-        off by the GPU's jitter and late stamps; a missing sample is left out,
-        and a sample is there only once its stamp has passed (it is written late).
-        `newest_only`: the last of them alone (looked for from the newest back).
-        """
+        """The driver's completed sample periods in its buffer stamped after `since`: (stamp, start, end).
+        Period k ends at ``sample_phase + k * sample_period``, stamped then on the sample clock (`base_us`
+        at time 0, the epoch by default), off by jitter and late stamps; a missing sample is left out,
+        and one is there only once its stamp has passed (it is written late).  `newest_only`: the last."""
         period, phase = gpu.sample_period, gpu.sample_phase
         base = self._epoch_us if base_us is None else base_us
         which = WALL if base_us is None or gpu.sample_clock is None else BOOT
@@ -452,12 +460,12 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         first = last - SAMPLE_BUFFER + 1
         if since > base and self.clocks.steady:
             first = max(first, int(((since - base) / 1_000_000 - phase) / period) - 1)
-        shifts = None if not (gpu.sample_jitter_ms or gpu.late_samples or gpu.missing_samples) else self._shifts(gpu)
+        shifts = self._shifts[id(gpu)]
         out = []
         numbers = range(first, last + 1)
         for k in reversed(numbers) if newest_only else numbers:
             end = phase + k * period
-            shift = 0.0 if shifts is None else shifts(k)
+            shift = shifts(k)
             if shift is None or end + shift > now + 1e-9:
                 continue
             # stamped when it was taken, on the clock as it read then
@@ -468,13 +476,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                     break
         return out
 
-    def _shifts(self, gpu: GpuSpec) -> Callable[[int], float | None]:
-        """How `gpu`'s sample stamps are off (see `_StampShifts`), made once per GPU."""
-        shifts = self._shift_tables.get(id(gpu))
-        if shifts is None:
-            shifts = self._shift_tables[id(gpu)] = _StampShifts(gpu)
-        return shifts
-
     def _util(self, handle: Handle, gpu: GpuSpec, field: str, periods: list[Any]) -> int:
         """The GPU's busy percentage over one period (timeline or constant) or its next cycled value."""
         if _per_call(gpu, field):
@@ -484,9 +485,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         start, end = periods[-1][-2:]
         return _period_level(gpu, field, self.scenario.repeat)(start, end)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: Any = None) -> Memory:
-        now = self._enter("nvmlDeviceGetMemoryInfo", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, gpu: GpuSpec, now: float, version: Any = None) -> Memory:
         return self._answers(gpu).memory(handle, gpu, version, now)
 
     def memory(self, handle: Handle, gpu: GpuSpec, version: Any, now: float) -> Memory:
@@ -510,15 +510,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         free_b = max(0, total_b - used_b - reserved_b)
         return Memory(total=total_b, used=used_b, free=free_b, reserved=reserved_b)
 
-    def _running(
-        self, handle: Handle, call: str, kinds: tuple[str, ...], listed: bool
-    ) -> list[RunningProcess]:
-        now = self._enter(call, handle)
-        gpu = self._gpu(handle)
-        if not listed:
-            raise NvmlFault(NOT_SUPPORTED)
-        return self._answers(gpu).running(handle, gpu, call, kinds, now)
-
     def running(
         self, handle: Handle, gpu: GpuSpec, call: str, kinds: tuple[str, ...], now: float
     ) -> list[RunningProcess]:
@@ -537,30 +528,26 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             for proc in processes:
                 if proc.type in kinds and proc.alive(now):
                     memory = self._next((handle.gpu, _part(owner), proc.pid, call), proc.memory_mib)
-                    out.append(
-                        RunningProcess(
-                            pid=proc.pid,
-                            # None: "not available", as pynvml gives it (WDDM, some vGPU guests)
-                            usedGpuMemory=None if memory is None else int(memory * 1048576),
-                            gpuInstanceId=NO_INSTANCE if owner is None else owner.gpu_instance,
-                            computeInstanceId=NO_INSTANCE if owner is None else owner.compute_instance,
-                        )
-                    )
+                    ids = (NO_INSTANCE, NO_INSTANCE) if owner is None else (owner.gpu_instance, owner.compute_instance)
+                    # usedGpuMemory None: "not available", as pynvml gives it (WDDM, some vGPU guests)
+                    out.append(RunningProcess(proc.pid, None if memory is None else int(memory * 1048576), *ids))
         return out
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
-        gpu = self._gpu(handle)
-        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), gpu.compute_list)
+    @_device
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, gpu: GpuSpec, now: float) -> list[RunningProcess]:
+        if not gpu.compute_list:
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).running(handle, gpu, "nvmlDeviceGetComputeRunningProcesses", ("C", "C+G"), now)
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[RunningProcess]:
-        gpu = self._gpu(handle)
-        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), gpu.graphics_list)
+    @_device
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle, gpu: GpuSpec, now: float) -> list[RunningProcess]:
+        if not gpu.graphics_list:
+            raise NvmlFault(NOT_SUPPORTED)
+        return self._answers(gpu).running(handle, gpu, "nvmlDeviceGetGraphicsRunningProcesses", ("G", "C+G"), now)
 
-    def nvmlDeviceGetProcessUtilization(
-        self, handle: Handle, timeStamp: int
-    ) -> list[ProcessSample]:
-        now = self._enter("nvmlDeviceGetProcessUtilization", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetProcessUtilization(self, handle: Handle, gpu: GpuSpec, now: float, timeStamp: int
+                                        ) -> list[ProcessSample]:
         self._check_instance(handle, now)
         return self._answers(gpu).process_samples(handle, gpu, timeStamp, now)
 
@@ -579,13 +566,11 @@ class SimulatedNvml(HealthDriver, GpmDriver):
                 sm = self._held((handle.gpu, proc.pid, "sm_util"), proc.sm_util, self._clock())
                 mem = self._held((handle.gpu, proc.pid, "mem_util"), proc.mem_util, self._clock())
                 if (sm or mem) and stamp > timeStamp:
-                    out.append(_process_sample(proc.pid, stamp, sm, mem))
-            elif gpu.process_utilization == "per-call":
-                out.extend(_window_average(proc, periods, self.scenario.repeat))
+                    out.append(ProcessSample(proc.pid, stamp, int(sm), int(mem)))
             else:
-                out.extend(_busy_periods(proc, periods, self.scenario.repeat))
+                out.extend(_busy(proc, periods, self.scenario.repeat, gpu.process_utilization == "per-call"))
         if periods:
-            out.extend(_process_sample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
+            out.extend(ProcessSample(pid, periods[-1][0], sm, mem) for pid, sm, mem in gpu.stray_process_samples)
         if gpu.duplicate_process_samples:
             out = [copy for sample in out for copy in (sample, replace(sample))]
         if not out:
@@ -593,12 +578,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         return out
 
     def true_load(self, index: int, start: float, end: float) -> Load:
-        """The truth of what GPU `index` (a card out of MIG mode, its load per sample period)
-        did over simulated time from `start` to `end`, by the rules its answers follow: the
-        mean over the driver's sample periods that end in ``(start, end]`` (none: the last
-        one that ended by `end`) of the GPU's busy and memory busy % and, by pid, of its
-        processes' SM and memory busy % (0 for a period in which none of that pid ran).
-        What a poll whose window was that span reads, were it exact (an oracle for tests)."""
+        """What GPU `index` (out of MIG mode) truly did from `start` to `end`, by its answers' rules
+        (an oracle for tests): the mean over the sample periods ending in ``(start, end]`` (none:
+        the last ended by `end`) of its busy %, memory busy % and, by pid, its processes' SM and
+        memory busy % (0 for a period none of that pid ran)."""
         gpu = self.scenario.gpus[index]
         period, phase, repeat = gpu.sample_period, gpu.sample_phase, self.scenario.repeat
         last = math.floor((end - phase) / period + 1e-9)
@@ -622,6 +605,25 @@ class SimulatedNvml(HealthDriver, GpmDriver):
     def _answers(self, gpu: GpuSpec) -> Answers:
         """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
         return self._replayed.get(id(gpu), self)
+
+
+def _pid_runs(scenario: Scenario) -> dict[int, list[tuple[float, float | None]]]:
+    """By pid: when the processes of that pid ran, overlapping runs joined."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for gpu in scenario.gpus:
+        for proc in gpu.processes + tuple(p for m in gpu.mig or () for p in m.processes):
+            stop = math.inf if proc.stop is None else proc.stop
+            spans.setdefault(proc.pid, []).append((proc.start or -math.inf, stop))
+    runs: dict[int, list[tuple[float, float | None]]] = {}
+    for pid, found in spans.items():
+        joined: list[list[float]] = []
+        for start, stop in sorted(found):
+            if joined and start < joined[-1][1]:
+                joined[-1][1] = max(joined[-1][1], stop)
+            else:
+                joined.append([start, stop])
+        runs[pid] = [(max(start, 0.0), None if stop == math.inf else stop) for start, stop in joined]
+    return runs
 
 
 def _per_call(gpu: GpuSpec, field: str) -> bool:
@@ -670,86 +672,61 @@ def _process_levels(proc: ProcessSpec, repeat: float | None = None) -> Callable[
     """A process's SM and memory busy percentages over a period from start to end
     (0 when it did not run): its timelines' shares, or its steady levels; with
     `repeat`, those of the round's scenario time."""
-    return _in_round(_scenario_levels(proc), repeat)
-
-
-def _scenario_levels(proc: ProcessSpec) -> Callable[[float, float], tuple[float, ...]]:
-    alive = proc.alive
-    if proc.sm_timeline is None and proc.mem_timeline is None:
-        steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
-        return lambda start, end: steady if alive(start) or alive(end) else (0.0, 0.0)
-    sm_timeline, mem_timeline = proc.sm_timeline, proc.mem_timeline
+    alive, sm_timeline, mem_timeline = proc.alive, proc.sm_timeline, proc.mem_timeline
+    steady = float(cycled(proc.sm_util, 0) or 0), float(cycled(proc.mem_util, 0) or 0)
 
     def levels(start: float, end: float) -> tuple[float, float]:
         if not (alive(start) or alive(end)):
             return 0.0, 0.0
+        if sm_timeline is None and mem_timeline is None:
+            return steady
         sm = sm_timeline.percent(start, end) if sm_timeline else 0.0
         mem = mem_timeline.percent(start, end) if mem_timeline else 0.0
         return float(sm or 0), float(mem or 0)
 
-    return levels
+    return _in_round(levels, repeat)
 
 
-def _busy_periods(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
-                  ) -> list[Any]:
-    """One entry per period in which the process was busy, as some drivers keep them."""
-    levels = _process_levels(proc, repeat)
+def _busy(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None, window: bool
+          ) -> list[ProcessSample]:
+    """A process's entries: one per period in which it was busy, as some drivers keep them, or (`window`)
+    one for the whole window asked for, its average stamped with the newest period, as drivers are
+    reported to answer."""
+    level = _process_levels(proc, repeat)
+    entries = [(stamp, level(start, end)) for stamp, start, end in periods]
+    if window and entries:
+        entries = [(entries[-1][0], tuple(sum(x) / len(entries) for x in zip(*(e[1] for e in entries))))]
     out = []
-    for stamp, start, end in periods:
-        sm, mem = (round(x) for x in levels(start, end))
-        if sm or mem:
-            out.append(_process_sample(proc.pid, stamp, sm, mem))
+    for stamp, (sm, mem) in entries:
+        if round(sm) or round(mem):
+            out.append(ProcessSample(proc.pid, stamp, round(sm), round(mem)))
     return out
 
 
-def _window_average(proc: ProcessSpec, periods: list[tuple[int, float, float]], repeat: float | None = None
-                    ) -> list[Any]:
-    """One entry for the whole window asked for: the process's average over it,
-    stamped with the window's newest period, as drivers are reported to answer."""
-    if not periods:
-        return []
-    level = _process_levels(proc, repeat)
-    levels = [level(start, end) for _, start, end in periods]
-    sm = round(sum(level[0] for level in levels) / len(levels))
-    mem = round(sum(level[1] for level in levels) / len(levels))
-    if not (sm or mem):
-        return []
-    return [_process_sample(proc.pid, periods[-1][0], sm, mem)]
+def _stamp_shifts(gpu: GpuSpec) -> Callable[[int], float | None]:
+    """Seconds a GPU's sample k's stamp is off by (jitter, a late stamp), by k; None when it is missing."""
+    period, phase, jitter = gpu.sample_period, gpu.sample_phase, gpu.sample_jitter_ms
 
+    def due(when: float) -> int:
+        return math.ceil((when - phase) / period - 1e-9)
 
-def _process_sample(pid: int, stamp: int, sm: float, mem: float) -> ProcessSample:
-    return ProcessSample(pid, stamp, int(sm), int(mem))
+    missing = {due(when) for when in gpu.missing_samples}
+    late: dict[int, list[float]] = {}
+    for when, ms in gpu.late_samples:
+        late.setdefault(due(when), []).append(ms / 1000)
 
-
-class _StampShifts:
-    """Seconds a GPU's sample k's stamp is off by (jitter, a late stamp); None when it is missing.
-
-    Called with k; the missing and late samples are looked up by their sample
-    number, worked out once.
-    """
-
-    def __init__(self, gpu: GpuSpec) -> None:
-        period, phase = gpu.sample_period, gpu.sample_phase
-
-        def due(when: float) -> int:
-            return math.ceil((when - phase) / period - 1e-9)
-
-        self._jitter = gpu.sample_jitter_ms
-        self._missing = {due(when) for when in gpu.missing_samples}
-        self._late: dict[int, list[float]] = {}
-        for when, ms in gpu.late_samples:
-            self._late.setdefault(due(when), []).append(ms / 1000)
-
-    def __call__(self, k: int) -> float | None:
-        if k in self._missing:
+    def shift(k: int) -> float | None:
+        if k in missing:
             return None
-        shift = 0.0
-        if self._jitter:
+        total = 0.0
+        if jitter:
             spread = ((k * 2654435761) % 4294967296) / 4294967296.0
-            shift += (2 * spread - 1) * self._jitter / 1000
-        for late in self._late.get(k, ()):
-            shift += late
-        return shift
+            total += (2 * spread - 1) * jitter / 1000
+        for seconds in late.get(k, ()):
+            total += seconds
+        return total
+
+    return shift
 
 
 def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:

@@ -1,23 +1,9 @@
-"""Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU.
+"""Replaying a calibration recording (tests/gpu/calibrate.py) as a simulated GPU (docs/simulator.md).
 
-A scenario GPU with ``replay`` names a recording of one workload on a real (or
-simulated) GPU.  The simulated driver then answers from it instead of from the
-scenario's values:
-
-- ``nvmlDeviceGetSamples``: the GPU and memory samples the recording holds,
-  each on its own timestamp shifted onto the simulator's clock, available once
-  simulated time has reached it, the newest `SAMPLE_BUFFER` of them kept;
-- ``nvmlDeviceGetProcessUtilization``: the recorded per-process samples, in the
-  same way, as far back as the oldest GPU sample still kept;
-- the rates call, memory info (v1, or v2 where the recording has v2 answers)
-  and the process lists: what the recording's last call before that simulated
-  time returned (its first one before that).
-
-Simulated time 0 is the start of the workload's busy spells by the recorder's
-clock; the recording's driver timestamps are mapped onto that clock by the
-smallest delay seen between a samples call and the newest sample it returned.
-Past the end of the recording no new samples arrive (the buffer runs dry) and
-the other answers stay at their last values.
+The samples calls give the recorded samples once simulated time reaches their stamps, the other
+calls what the recording's last call before then returned.  Simulated time 0 is the start of the
+busy spells; driver stamps map onto the recorder's clock by the smallest delay seen between a
+samples call and its newest sample.
 """
 
 from __future__ import annotations
@@ -33,7 +19,7 @@ from atopgpud_tw.sim.jsonfile import read_json
 
 #: the format tag calibrate.py writes
 FORMAT = "atopgpud-calibration/1"
-#: utilization samples the simulated driver keeps per device (as SimulatedNvml)
+#: utilization samples the simulated driver keeps per device (about 16 s at 1/6 s)
 SAMPLE_BUFFER = 100
 #: how far a real driver moves a sample's stamp between two calls that both return it (µs):
 #: an H200 on driver 580.159.04 returned the same samples 1 to 16 µs apart, either way, at
@@ -50,23 +36,18 @@ class RecordingError(ValueError):
 class Recording:
     """What a replayed GPU answers, on the recording's own clocks."""
 
-    path: str
     name: str
     uuid: str
     busid: str
     memory_total: int
     #: the driver's clock (µs) at the start of the busy spells
     origin_us: int
-    #: seconds of the recording after its start
-    duration: float
-    #: (stamp µs, value) of the GPU and memory samples, by stamp
+    #: (stamp µs, value) of the GPU and memory samples, and (stamp µs, pid, sm, mem, enc, dec) of
+    #: the process samples, by stamp; (seconds after the start, its answer) of the other calls, in order
     gpu: tuple[tuple[int, int], ...]
     mem: tuple[tuple[int, int], ...]
-    #: (stamp µs, pid, sm, mem, enc, dec) of the process samples, by stamp
     processes: tuple[tuple[int, int, int, int, int, int], ...]
-    #: (seconds after the start, ...) of the other calls, in call order
     rates: tuple[tuple[float, int, int], ...]
-    #: (seconds after the start, total, used, free) of memory info v1, and of v2 with reserved
     memory: tuple[tuple[float, int, int, int], ...]
     memory_v2: tuple[tuple[float, int, int, int, int], ...]
     compute: tuple[tuple[float, tuple[tuple[int, int], ...]], ...]
@@ -117,19 +98,13 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
     for call in calls["process_utilization"]:
         for pid, stamp, sm, mem, enc, dec in call.get("samples") or ():
             processes.setdefault((int(pid), int(stamp)), (int(stamp), int(pid), int(sm), int(mem), int(enc), int(dec)))
-    rates = tuple(
-        (since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c
-    )
-    memory = tuple(
-        (since_start(c), int(c["v1"]["total"]), int(c["v1"]["used"]), int(c["v1"]["free"]))
-        for c in calls["memory"]
-        if isinstance(c.get("v1"), dict) and "total" in c["v1"]
-    )
-    memory_v2 = tuple(
-        (since_start(c), int(c["v2"]["total"]), int(c["v2"]["used"]), int(c["v2"]["free"]), int(c["v2"]["reserved"]))
-        for c in calls["memory"]
-        if isinstance(c.get("v2"), dict) and "total" in c["v2"]
-    )
+    rates = tuple((since_start(c), int(c["gpu"]), int(c["memory"])) for c in calls["rates"] if "gpu" in c)
+
+    def memory(version: str, *names: str) -> tuple[Any, ...]:
+        return tuple((since_start(c), *(int(c[version][name]) for name in names)) for c in calls["memory"]
+                     if isinstance(c.get(version), dict) and "total" in c[version])
+
+    memory_v1, memory_v2 = memory("v1", "total", "used", "free"), memory("v2", "total", "used", "free", "reserved")
     lists: dict[str, list[tuple[float, tuple[tuple[int, int], ...]]]] = {"compute": [], "graphics": []}
     for call in calls["processes"]:
         for kind, found in lists.items():
@@ -137,20 +112,17 @@ def parse_recording(data: Any, path: str = "<recording>") -> Recording:
             if isinstance(listed, list):
                 found.append((since_start(call), tuple((int(pid), int(used or 0)) for pid, used in listed)))
     device = data["device"]
-    end_wall = float(data["schedule"]["recorded_until"][0])
     return Recording(
-        path=path,
         name=str(device["name"]),
         uuid=str(device["uuid"]),
         busid=str(device["busid"]),
         memory_total=int(device["memory_total"]),
         origin_us=origin,
-        duration=end_wall - start_wall,
         gpu=_once(sorted(kinds["gpu"].items()), lambda entry: 0),
         mem=_once(sorted(kinds["memory"].items()), lambda entry: 0),
         processes=_once(sorted(processes.values()), lambda entry: entry[1]),
         rates=rates,
-        memory=memory,
+        memory=memory_v1,
         memory_v2=memory_v2,
         compute=tuple(lists["compute"]),
         graphics=tuple(lists["graphics"]),
@@ -176,10 +148,10 @@ def _driver_now(recording: Recording, now: float) -> int:
     return recording.origin_us + int(round(now * 1_000_000))
 
 
-def _kept(recording: Recording, now: float) -> tuple[int, int]:
-    """The index range of the GPU samples in the replayed buffer at `now`."""
-    last = bisect.bisect_right(recording.gpu, (_driver_now(recording, now), 1 << 62))
-    return max(0, last - SAMPLE_BUFFER), last
+def _kept(series: Sequence[tuple[int, int]], driver_now: int) -> Sequence[tuple[int, int]]:
+    """The samples of `series` in the replayed buffer when the driver's clock reads `driver_now`."""
+    last = bisect.bisect_right(series, (driver_now, 1 << 62))
+    return series[max(0, last - SAMPLE_BUFFER):last]
 
 
 def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | None:
@@ -191,12 +163,8 @@ def _at(entries: Sequence[tuple[Any, ...]], now: float) -> tuple[Any, ...] | Non
 
 
 class Replayed:
-    """A replayed GPU's answers (`answers.Answers`), from its recording in simulated time.
-
-    `clock` gives simulated seconds, unwrapped; `base_us` is what the GPU's
-    sample clock reads at simulated time 0: the recording's stamps are shifted
-    onto it.
-    """
+    """A replayed GPU's answers (`answers.Answers`) in simulated time (`clock`, unwrapped); the
+    recording's stamps are shifted onto `base_us`, the GPU's sample clock at simulated time 0."""
 
     def __init__(self, recording: Recording, clock: Callable[[], float], base_us: int) -> None:
         self.recording = recording
@@ -213,8 +181,7 @@ class Replayed:
     def samples(self, device: Any, gpu: Any, field: str, timeStamp: int) -> tuple[int, list[Sample]]:
         """nvmlDeviceGetSamples: the newest `SAMPLE_BUFFER` recorded by now, those newer than `timeStamp`."""
         series = self.recording.gpu if field == "gpu" else self.recording.mem
-        last = bisect.bisect_right(series, (_driver_now(self.recording, self._clock()), 1 << 62))
-        kept = series[max(0, last - SAMPLE_BUFFER):last]
+        kept = _kept(series, _driver_now(self.recording, self._clock()))
         out = [Sample(stamp + self._shift, value) for stamp, value in kept if stamp + self._shift > timeStamp]
         if not out:
             raise NvmlFault(NOT_FOUND)
@@ -243,9 +210,8 @@ class Replayed:
         """nvmlDeviceGetProcessUtilization: the recorded entries newer than `timeStamp`, back to
         the oldest GPU sample kept."""
         recording, at = self.recording, self._clock()
-        first, last = _kept(recording, at)
         driver_now = _driver_now(recording, at)
-        oldest = recording.gpu[first][0] if first < last else driver_now
+        oldest = next(iter(_kept(recording.gpu, driver_now)), (driver_now,))[0]
         begin = bisect.bisect_left(recording.processes, (oldest,))
         end = bisect.bisect_right(recording.processes, (driver_now, 1 << 62))
         out = [

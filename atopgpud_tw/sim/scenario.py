@@ -1,12 +1,9 @@
 """The simulator's scenario: a JSON description of GPUs, their load and their faults.
 
-Times are seconds since the simulator started.  Wherever a number is expected, a
-list of numbers may stand instead: it is cycled, one entry per sample (per call of
-the NVML function that reports it).  ``null`` for a percentage means "not
-supported".  The format is documented in docs/simulator.md; `load_scenario`
-checks every field and raises `ScenarioError` with a one-line message naming it.
-A key the format does not know is an error (a misspelt field would otherwise be
-ignored silently); keys starting with ``_`` are comments.
+Times are seconds since the simulator started; a list may stand for a number (cycled, one
+entry per sample); ``null`` for a percentage is "not supported".  docs/simulator.md has the
+format; `load_scenario` checks every field, raising `ScenarioError` naming it.  An unknown key
+is an error (a misspelt field would be ignored silently); keys starting with ``_`` are comments.
 """
 
 from __future__ import annotations
@@ -69,10 +66,20 @@ _positive = partial(checks.integer, error=ScenarioError, low=1, words="a positiv
 _flag = partial(checks.flag, error=ScenarioError)
 
 
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ScenarioError(f"{where} must be a non-empty string")
-    return value
+def _string(test: Callable[[str], bool], words: str) -> Check:
+    """A string that passes `test`; else "`where` must `words`"."""
+
+    def check(value: Any, where: str) -> str:
+        if not isinstance(value, str) or not test(value):
+            raise ScenarioError(f"{where} must {words}")
+        return value
+
+    return check
+
+
+_text = _string(bool, "be a non-empty string")
+_call = _string(lambda value: value.startswith("nvml") or value == "*", "name an NVML function, or be * for every call")
+_profile = _string(lambda value: bool(value) and " " not in value, "be a name such as 3g.40gb")
 
 
 def _list(value: Any, where: str) -> list[Any]:
@@ -81,12 +88,11 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def number(minimum: float | None = None) -> Check:
-    return lambda value, where: _number(value, where, low=minimum)
+def number(low: float | None = None, high: float | None = None) -> Check:
+    return lambda value, where: _number(value, where, low=low, high=high)
 
 
-def percent(value: Any, where: str) -> float:
-    return checks.number(value, where, ScenarioError, 0, 100)
+percent = number(0, 100)
 
 
 def cycled_check(nullable: bool = False, is_percent: bool = False) -> Check:
@@ -148,9 +154,7 @@ def declared(check: Check | None, help: str, default: Any = MISSING, factory: An
     (the field's name unless `json`), whether a replayed recording supplies it (a GPU's field).
     `check` None: filled from other fields (`replay`)."""
     metadata = {"check": check, "help": help, "json": json, "replayed": replayed}
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=metadata)
-    return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 def replayed(check: Check, help: str, default: Any) -> Any:
@@ -188,12 +192,6 @@ def _object(value: Any, where: str, known: set[str]) -> dict[str, Any]:
 
 
 # -- the scenario's parts, each field declared once --
-
-
-def _call(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not (value.startswith("nvml") or value == "*"):
-        raise ScenarioError(f"{where} must name an NVML function, or be * for every call")
-    return value
 
 
 def _error(value: Any, where: str) -> str:
@@ -298,12 +296,6 @@ def _process(value: Any, where: str, index: int = 0) -> ProcessSpec:
     return _span(build(ProcessSpec, value, where), where)  # type: ignore[no-any-return]
 
 
-def _profile(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or " " in value:
-        raise ScenarioError(f"{where} must be a name such as 3g.40gb")
-    return value
-
-
 @dataclass(frozen=True)
 class MigSpec:
     """One MIG instance; it exists from `start` until `stop` (a carving change)."""
@@ -366,13 +358,10 @@ def _growth(value: Any, where: str) -> dict[str, Cycled]:
     return {name: _whole(spec[name], f"{where}.{name}") for name in GROWING_LISTS if name in spec}
 
 
-def _stray(value: Any, where: str, index: int = 0) -> tuple[int, int, int]:
+def _stray(value: Any, where: str, index: int = 0) -> tuple[int, ...]:
+    """(pid, sm_util, mem_util)."""
     entry = _object(value, where, {"pid", "sm_util", "mem_util"})
-    return (
-        _integer(entry.get("pid", 0), f"{where}.pid"),
-        _integer(entry.get("sm_util", 0), f"{where}.sm_util"),
-        _integer(entry.get("mem_util", 0), f"{where}.mem_util"),
-    )
+    return tuple(_integer(entry.get(key, 0), f"{where}.{key}") for key in ("pid", "sm_util", "mem_util"))
 
 
 _cycled_percent = cycled_check(nullable=True, is_percent=True)
@@ -418,7 +407,7 @@ class GpuSpec:
         choice(PROCESS_UTILIZATION, ", ".join(PROCESS_UTILIZATION)),
         "per busy sample period, or per call with the average over the window", PROCESS_UTILIZATION[0])
     duplicate_process_samples: bool = replayed(_flag, "every process-utilization entry is listed twice", False)
-    stray_process_samples: tuple[tuple[int, int, int], ...] = replayed(
+    stray_process_samples: tuple[tuple[int, ...], ...] = replayed(
         listed(_stray), "entries besides the processes': pids in no list, figures above 100 %", ())
     replay: Recording | None = declared(None, "a calibration recording the driver answers from (sim/replay.py)", None)
     health: HealthSpec = declared(
@@ -467,12 +456,6 @@ def _symbols(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _loaded_file(value: Any, where: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-        raise ScenarioError(f"{where} must be an absolute path")
-    return value
-
-
 def _reorder_entry(value: Any, where: str, index: int) -> tuple[float, tuple[int, ...]]:
     entry = _object(value, where, {"from", "order"})
     since = _number(entry.get("from", 0), f"{where}.from", low=0)
@@ -496,7 +479,8 @@ class Scenario:
     suspends: tuple[tuple[float, float], ...] = declared(
         pairs("seconds", 0, ordered=True), "(when, seconds): the host sleeps that long at `when`", ())
     driver_loaded_file: str | None = declared(
-        _loaded_file, "nvmlInit answers DRIVER_NOT_LOADED while this file does not exist", None)
+        optional(_string(lambda value: value.startswith("/"), "be an absolute path")),
+        "nvmlInit answers DRIVER_NOT_LOADED while this file does not exist", None)
     reorder: tuple[tuple[float, tuple[int, ...]], ...] = declared(
         listed(_reorder_entry), "(from, order): from then on, NVML index i is the scenario's GPU order[i]", ())
 
@@ -535,11 +519,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
-    """Check a decoded scenario and build it.
-
-    `base` is the folder relative paths in it (``replay``) start from: the
-    scenario file's own, or the working directory when None.
-    """
+    """Check a decoded scenario and build it; relative paths in it (``replay``) start from `base`
+    (the scenario file's folder; None: the working directory)."""
     top = _object(data, "the scenario", set(json_keys(Scenario)))
     gpus = tuple(_gpu(g, f"gpus[{i}]", i, base) for i, g in enumerate(_list(top.get("gpus", []), "gpus")))
     busids = [g.busid for g in gpus]
@@ -556,18 +537,14 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
     return scenario
 
 
-def _overlap(a: MigSpec, b: MigSpec) -> bool:
-    """Whether two instances exist at the same time."""
-    return (b.stop is None or a.start < b.stop) and (a.stop is None or b.start < a.stop)
-
-
 def _check_carving(instances: tuple[MigSpec, ...], where: str) -> None:
     """Ids and slots may be reused by a later carving, never by two instances at once."""
     for i, first in enumerate(instances):
         for j in range(i + 1, len(instances)):
             second = instances[j]
-            if not _overlap(first, second):
-                continue
+            if (second.stop is not None and first.start >= second.stop) or (
+                    first.stop is not None and second.start >= first.stop):
+                continue  # not at the same time
             if (first.gpu_instance, first.compute_instance) == (second.gpu_instance, second.compute_instance):
                 raise ScenarioError(
                     f"{where}[{j}]: gpu_instance/compute_instance {second.gpu_instance}/"

@@ -44,10 +44,15 @@ Which segment a stamp belongs to:
   than the time between the two calls, the buffer's order tells the side (a
   sample stamped above the one after it, by no more than the step, was taken
   before it), and process samples, listed by process, take the places of the
-  device's samples of the same stamp;
+  device's samples of the same stamp; the first segment has no beginning, but a
+  new sample listed after one seen before was taken after the previous call of
+  its kind began;
 - a new stamp of no segment was taken on a clock that held only between two
-  looks (two steps between them): it goes between the samples before and after
-  it, its spacing kept;
+  looks (two steps or more between them): it goes between the samples before
+  and after it, each run of such stamps on one clock its spacing kept; so do
+  new samples placed on an older segment after a newer segment's that the
+  buffer lists after them, where that one cannot be of theirs (two steps
+  inside one call);
 - the first answer tells a step back just before the first look: samples
   stamped ahead of the clock's now, before one stamped below them.
 
@@ -135,9 +140,9 @@ class StampMap:
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
     ordered: dict[str, list[int]] = field(default_factory=dict)
-    #: per segment index: the offset of stamps taken on a clock between it and the one before,
-    #: never seen (`_between`)
-    between: dict[int, int] = field(default_factory=dict)
+    #: per segment index: the runs of stamps taken on clocks between it and the one before, never
+    #: seen: (first raw stamp, last, the spacing, raw - steady) (`_between`)
+    between: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
@@ -147,6 +152,8 @@ class StampMap:
     _unmatched: tuple[int, int] | None = field(default=None, repr=False)
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
+    #: per kind: the reader's time its latest call began, and the one before (`_placed`)
+    _calls: dict[str, tuple[int | None, int]] = field(default_factory=dict, repr=False)
 
     @property
     def current(self) -> int:
@@ -158,6 +165,7 @@ class StampMap:
         a call made at the reader's time `now_us` (its steps are looked for first)."""
         if now_us is not None:
             self._observe(now_us, (), False)
+            self._calls[kind] = (self._calls.get(kind, (None, None))[1], now_us)
         if steady == 0:
             return 0
         # (no step recent: nothing remembered by steady stamp)
@@ -256,6 +264,9 @@ class StampMap:
         listed = Counter(zip(raws, keys)) if keys is not None else None
         out: list[tuple[int, int] | None] = []
         new = [False] * len(raws)
+        # a sample the buffer lists after one seen before was taken after the kind's call before
+        # this one began (else it would have been in its answer): in the first segment, no older
+        after = None
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
             repeat = counts.get(key, 0)
@@ -267,64 +278,94 @@ class StampMap:
                 known = next((other[raw] for other in self.seen.values() if other is not seen and raw in other), None)
             if known is not None and repeat == 0:
                 out.append(known)
+                if keys is None:
+                    after = self._calls.get(kind, (None, None))[0]
                 continue
-            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None)
+            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None,
+                                           None if known else after)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
-        if None in out:
-            self._between(raws, out)
+        lost = {position for position, place in enumerate(out) if place is None}
+        if lost:
+            self._between(raws, out, keys is None)
         if keys is None and any(new):
-            self._in_order(raws, out, new, now_us)  # type: ignore[arg-type]
+            self._in_order(raws, out, new, lost, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
 
-    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], now_us: int) -> None:
+    def _in_order(self, raws: Sequence[int], out: list[tuple[int, int]], new: list[bool], lost: set[int],
+                  now_us: int) -> None:
         """A buffer of samples answers in the order they were taken: a sample of a segment newer
         than the one after it, or stamped above it (taken before a step back between the two), is
         of an older segment, the newest it can have been taken in; a new one placed in a newer
         segment than the one before it, yet before it, is of that one's (a step shorter than the
-        time between two looks leaves no other way to tell its side)."""
+        time between two looks leaves no other way to tell its side).  Samples of no segment
+        (`lost`, placed by `_between` on clocks of no look) tell nothing, and are not moved."""
         limit = self.current
         for position in range(len(raws) - 1, -1, -1):
-            if position + 1 < len(raws):
+            if position + 1 < len(raws) and position + 1 not in lost:
                 after = out[position + 1][1]
                 back = self._stepped_back(raws[position] - raws[position + 1], after)
                 limit = min(limit, after - 1 if back else after)
-            if out[position][1] > limit >= self.dropped:
+            if position not in lost and out[position][1] > limit >= self.dropped:
                 index = self._newest_plausible(raws[position], now_us, limit)
                 out[position] = self._in(raws[position], limit if index is None else index)
+        gap = min((b - a for a, b in zip(raws, raws[1:]) if b > a), default=0)
         for position in range(1, len(raws)):
             (steady, index), (before, was) = out[position], out[position - 1]
-            if new[position] and index > was and steady < before:
-                out[position] = self._in(raws[position], was)
+            if not (new[position] and index > was and steady < before):
+                continue
+            moved = self._in(raws[position], was)
+            if moved[0] - before <= 2 * gap and self._newest_plausible(raws[position], now_us, was) == was:
+                out[position] = moved
+            elif new[position - 1]:
+                # no: the new samples before it, placed after it, were stamped on a clock between two
+                # steps inside one call (the first shorter than the call), and go between
+                run = position - 1
+                while run > 0 and new[run - 1] and out[run - 1][1] == was and out[run - 1][0] > steady:
+                    run -= 1
+                out[run:position] = [None] * (position - run)  # type: ignore[list-item]
+                self._between(raws, out, True)  # type: ignore[arg-type]
 
-    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None]) -> None:
-        """Place the stamps taken in no segment seen: on a clock that held between two looks at
-        the host clocks (two steps between them).  Their spacing is kept, and they go between
-        the samples of the older segments and those of the current one in the answer (the
-        buffer's order), midway; one offset for every kind of sample (their stamps match)."""
+    def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None], ordered: bool) -> None:
+        """Place the stamps taken in no segment seen: on clocks that held between two looks at
+        the host clocks (two steps or more between them).  Each run of them stamped on one such
+        clock (`ordered`: in the buffer's order) keeps its spacing, the runs follow one another a
+        period apart, and together they go between the samples of the older segments and those of
+        the current one in the answer, midway; one place for every kind of sample (their stamps
+        match)."""
         current = self.current
-        lost = sorted(raw for raw, place in zip(raws, out) if place is None)
-        offset = self.between.get(current)
-        if offset is None:
+        runs = self.between.setdefault(current, [])
+        lost = [raw for raw, place in zip(raws, out) if place is None
+                and not any(first - gap <= raw <= last + gap for first, last, gap, _ in runs)]
+        if lost:
+            lost = list(dict.fromkeys(lost)) if ordered else sorted(set(lost))
             placed = [place for place in out if place is not None]
             before = max((steady for steady, index in placed if index < current), default=None)
             after = min((steady for steady, index in placed if index == current), default=None)
-            ordered = sorted(steady for steady, _ in placed)
-            gap = min((b - a for a, b in zip(ordered, ordered[1:]) if b > a), default=0)
+            stamps = sorted(steady for steady, _ in placed)
+            gap = min((b - a for a, b in zip(stamps, stamps[1:]) if b > a), default=0)
             gap = min((b - a for a, b in zip(lost, lost[1:]) if b > a), default=gap)
+            # a run ends where the stamps fall, or leap (a step between them)
+            ends = [at for at in range(1, len(lost)) if not 0 < lost[at] - lost[at - 1] <= 2 * gap] + [len(lost)]
+            chain = [lost[begin:end] for begin, end in zip([0, *ends], ends)]
+            span = sum(run[-1] - run[0] for run in chain) + gap * (len(chain) - 1)
             if before is not None and after is not None:
-                offset = (lost[0] + lost[-1] - before - after) // 2
+                start = (before + after - span) // 2
             elif before is not None:
-                offset = lost[0] - before - gap
+                start = before + gap
             else:
-                offset = self.segments[-1].offset if after is None else lost[-1] - after + gap
-            self.between[current] = offset
+                start = lost[0] - self.segments[-1].offset if after is None else after - gap - span
+            for run in chain:
+                runs.append((run[0], run[-1], gap, run[0] - start))
+                start += run[-1] - run[0] + gap
         for position, place in enumerate(out):
             if place is None:
-                out[position] = (raws[position] - offset, current - 1)
+                raw = raws[position]
+                offset = next(offset for first, last, gap, offset in runs if first - gap <= raw <= last + gap)
+                out[position] = (raw - offset, current - 1)
 
     def _set_back_before(self, raws: Sequence[int], now_us: int) -> None:
         """A step back before the first look at the host clocks, which the first answer shows:
@@ -354,13 +395,15 @@ class StampMap:
         step = self.segments[index - self.dropped].offset - self.segments[index - self.dropped - 1].offset
         return step < 0 and descent <= AHEAD_US - step
 
-    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None) -> int | None:
-        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none)."""
+    def _newest_plausible(self, raw: int, now_us: int, newest: int | None = None,
+                          after: int | None = None) -> int | None:
+        """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none);
+        in the first segment, taken no sooner than the reader's time `after`."""
         top = len(self.segments) - 1 if newest is None else newest - self.dropped
         for position in range(top, -1, -1):
             segment = self.segments[position]
             taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
-            began = segment.began_us
+            began = after if segment.began_us is None else segment.began_us
             ended = now_us if segment.ended_us is None else segment.ended_us
             if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
                 return self.dropped + position

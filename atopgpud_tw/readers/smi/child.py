@@ -1,17 +1,10 @@
 """Running one nvidia-smi child, through the reactor or (at start-up) blocking.
 
-Every child is the leader of a session of its own, so that a timeout kills
-what it started too: a wrapper script's nvidia-smi, or anything else left
-holding its pipes (`kill_group`); when a run ends for any reason what is
-left of its group is killed, and what left the group is found below the
-daemon (orphans.py).  Through the reactor it is started by
-``setsid`` (util-linux), which execs it without forking, so its pid is the
-process group's id; before the reactor runs, `subprocess.Popen` starts the
-session itself.  A child that has exited is finished even when something it
-left behind still holds its standard output: what is left of its group is
-killed, and after `EXIT_GRACE` seconds the pipes are closed by us.
-
-Output beyond `MAX_OUTPUT` is dropped at once and the group killed.
+Every child leads a session of its own (through the reactor, by ``setsid``, which
+execs it without forking: its pid is the group's id), so that a timeout kills what it
+started too; when a run ends what is left of its group is killed, and what left the
+group is found below the daemon (orphans.py).  A child that has exited is finished
+`EXIT_GRACE` seconds later even when something it left still holds its pipes.
 """
 
 from __future__ import annotations
@@ -21,18 +14,17 @@ import selectors
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from atopgpud_tw.problems import printable
 from atopgpud_tw.readers.base import PollError
-
-log = Logger(namespace="atopgpud_tw.readers.smi_child")
+from atopgpud_tw.readers.smi.values import first_line as text_line
 
 #: more output than this is no report (eight H100s print about 200 KiB)
 MAX_OUTPUT = 32 * 2**20
@@ -43,11 +35,7 @@ _ERR_KEPT = 4096
 
 
 class SmiRunError(PollError):
-    """One run of nvidia-smi failed; the message says how, in one line.
-
-    No pid in it where a new child would change it: the poller logs a failure
-    again only when its message changes.
-    """
+    """One run of nvidia-smi failed, said in one line with no pid (logged again only when it changes)."""
 
 
 def kill_group(pid: int) -> bool:
@@ -66,12 +54,7 @@ class Run(ProcessProtocol):
     transport: Any
 
     def __init__(
-        self,
-        reactor: Any,
-        command: str,
-        timeout: float,
-        on_exit: Callable[[], None],
-        sweep: Callable[[], None] = lambda: None,
+        self, reactor: Any, command: str, timeout: float, on_exit: Callable[[], None], sweep: Callable[[], None]
     ) -> None:
         # cancelling the poll kills the child rather than leaving it to the timeout
         self.result: Deferred = Deferred(lambda _: self._abort("was cancelled"))
@@ -111,12 +94,9 @@ class Run(ProcessProtocol):
         """SIGKILL the child's group and stop reading; `processEnded` follows once it is reaped."""
         pid = self.transport.pid
         if pid is None or not kill_group(pid):
-            try:  # before setsid has made the group, or without setsid
+            with suppress(ProcessExitedAlready):  # before setsid has made the group, or without setsid
                 self.transport.signalProcess("KILL")
-            except ProcessExitedAlready:
-                pass
-        # our ends of the pipes must close too, or a grandchild holding them
-        # would keep processEnded from ever being called
+        # our ends of the pipes close too, or a grandchild holding them would keep processEnded from coming
         self.transport.loseConnection()
 
     def fail(self, message: str) -> None:
@@ -133,8 +113,7 @@ class Run(ProcessProtocol):
     def processExited(self, reason: Failure) -> None:
         if not self.transport.pipes:
             return  # processEnded follows at once
-        # something it started still holds the pipes: the group's rest is
-        # killed, and what the child wrote is read for a moment, not waited on
+        # something it started still holds the pipes: the group's rest is killed, the pipes read a moment
         if self._group is not None:
             kill_group(self._group)
         self._sweep()
@@ -143,9 +122,8 @@ class Run(ProcessProtocol):
     def processEnded(self, reason: Failure) -> None:
         if self._grace is not None and self._grace.active():
             self._grace.cancel()
-        # what is left of the group dies with the run, however it ended (the
-        # group's id stays taken while any of it lives, and pids are handed
-        # out in turn: it names no other group)
+        # what is left of the group dies with the run, however it ended (the group's id stays taken
+        # while any of it lives: it names no other group)
         if self._group is not None:
             kill_group(self._group)
         self._sweep()
@@ -157,8 +135,7 @@ class Run(ProcessProtocol):
             if not self.result.called:
                 self.result.callback(out)  # not joined: a copy of up to MAX_OUTPUT bytes
             return
-        said = first_line(self._err) or first_line(_head(self._out))
-        self.fail(exit_text(reason.value.exitCode, reason.value.signal) + (f": {said}" if said else ""))
+        self.fail(exit_text(reason.value.exitCode, reason.value.signal, self._err, _head(self._out)))
 
 
 class Started:
@@ -170,11 +147,7 @@ class Started:
         self.child: subprocess.Popen[bytes] | None = None
         try:
             self.child = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
             )
         except OSError as error:
             self.error = SmiRunError(f"{self.command} cannot be started: {error}")
@@ -185,29 +158,28 @@ class Started:
             assert self.error is not None
             raise self.error
         child, command = self.child, self.command
-        out, err = self._read(timeout)
+        deadline = time.monotonic() + timeout
+        hung = f"{command} did not finish within {timeout:g} s; killed"
+        out, err = self._read(deadline, hung)
         try:
-            child.wait(max(0.0, self._deadline - time.monotonic()))
+            child.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:  # closed its output, then hung
             self.discard()
-            raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed") from None
+            raise SmiRunError(hung) from None
         kill_group(child.pid)  # what is left of its group, pipes let go of or not
         if child.returncode != 0:
             code, signum = (child.returncode, None) if child.returncode > 0 else (None, -child.returncode)
-            said = first_line(err) or first_line(out)
-            raise SmiRunError(f"{command} {exit_text(code, signum)}" + (f": {said}" if said else ""))
+            raise SmiRunError(f"{command} {exit_text(code, signum, err, out)}")
         return out
 
-    def _read(self, timeout: float) -> tuple[bytes, bytes]:
+    def _read(self, deadline: float, hung: str) -> tuple[bytes, bytes]:
         """Read stdout and stderr until both close, or the child exited a moment ago."""
-        assert self.child is not None and self.child.stdout and self.child.stderr
-        child, command = self.child, self.command
-        self._deadline = time.monotonic() + timeout
+        child = self.child
+        assert child is not None and child.stdout is not None and child.stderr is not None  # both are pipes
         out: list[bytes] = []
         size, err = 0, b""
         exited_at: float | None = None
         with selectors.DefaultSelector() as selector:
-            assert child.stdout is not None and child.stderr is not None  # both are pipes
             selector.register(child.stdout, selectors.EVENT_READ)
             selector.register(child.stderr, selectors.EVENT_READ)
             while selector.get_map():
@@ -217,9 +189,9 @@ class Started:
                     kill_group(child.pid)  # what it left holding the pipes
                 if exited_at is not None and now >= exited_at + EXIT_GRACE:
                     break
-                if exited_at is None and now >= self._deadline:
+                if exited_at is None and now >= deadline:
                     self.discard()
-                    raise SmiRunError(f"{command} did not finish within {timeout:g} s; killed")
+                    raise SmiRunError(hung)
                 # woken at least every 0.1 s to see whether the child has exited
                 for key, _ in selector.select(0.1):
                     data = os.read(key.fd, 65536)
@@ -230,7 +202,7 @@ class Started:
                     elif size + len(data) > MAX_OUTPUT:
                         out.clear()
                         self.discard()
-                        raise SmiRunError(f"{command} printed more than {MAX_OUTPUT} bytes; killed")
+                        raise SmiRunError(f"{self.command} printed more than {MAX_OUTPUT} bytes; killed")
                     else:
                         size += len(data)
                         out.append(data)
@@ -246,10 +218,8 @@ class Started:
         for stream in (child.stdout, child.stderr):
             if stream is not None:
                 stream.close()
-        try:
+        with suppress(subprocess.TimeoutExpired):  # stuck in the kernel: it cannot be waited for
             child.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: it cannot be waited for
 
 
 def _head(chunks: list[bytes]) -> bytes:
@@ -262,16 +232,13 @@ def _head(chunks: list[bytes]) -> bytes:
     return head
 
 
-def exit_text(code: int | None, signum: int | None) -> str:
-    """How a child ended, in words."""
-    if code is not None:
-        return f"exited with status {code}"
-    return f"was killed by signal {signum}"
+def exit_text(code: int | None, signum: int | None, err: bytes, out: bytes) -> str:
+    """How a child ended, in words, and the first line it printed (on its standard error first)."""
+    said = first_line(err) or first_line(out)
+    ended = f"exited with status {code}" if code is not None else f"was killed by signal {signum}"
+    return ended + (f": {said}" if said else "")
 
 
 def first_line(data: bytes) -> str:
     """The first non-blank line of a child's output, at most 200 characters, shown as data (it is logged)."""
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        if line.strip():
-            return printable(line.strip()[:200])
-    return ""
+    return printable(text_line(data.decode("utf-8", errors="replace")))

@@ -1,14 +1,10 @@
 """The health and power figures of an ``nvidia-smi -q -x`` report: pure functions over its elements.
 
-The same series as the NVML reader's (atopgpud_tw/readers/nvml/health.py), from the
-report each poll already fetched: nothing more is run for them, and they are
-parsed only when ``/metrics`` is fetched.  Element names differ across schema
-versions (v9 to v13), so each figure is looked for under every name it has
-had, newest first, as the table of figures (atopgpud_tw/figures.py) lists
-them; docs/metrics.md has the table.  A value nvidia-smi cannot
-give ("N/A", "Not Supported", ...), cannot be read, or is beyond what a GPU
-can report (a garbled report) has no series.  The
-report has no energy counter and no XID counts.
+The NVML reader's series, from the report each poll already fetched, read only when
+``/metrics`` is fetched.  Each figure is looked for under every name it has had
+across schema versions, as the table of figures (atopgpud_tw/figures.py) lists
+them.  A value nvidia-smi cannot give ("N/A", ...), cannot be read, or beyond what
+a GPU can report has no series.  The report has no energy counter and no XID counts.
 """
 
 from __future__ import annotations
@@ -22,20 +18,15 @@ from atopgpud_tw.readers.smi.values import gpu_busid, not_available
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)\s*$")
 _PSTATE = re.compile(r"^\s*P(\d+)\s*$")
-#: the figures the report has: the rows of the table of figures with nvidia-smi paths, the ECC
-#: counters in the report's order (volatile, then aggregate), as the page has always listed them
+_WORDS = {"yes_no": {"yes": 1.0, "no": 0.0}, "active": {"active": 1.0, "not active": 0.0}}
+#: the rows of the table of figures with nvidia-smi paths, the ECC counters volatile then aggregate
 READ = tuple(sorted((figure for figure in FIGURES if figure.smi is not None),
                     key=lambda figure: dict(figure.labels).get("counter") == "aggregate"))
 
 
 def read_cards_health(root: ET.Element) -> list[CardHealth]:
     """Every card's health figures in a parsed report, keyed by bus id."""
-    readings = []
-    for gpu in root.findall("gpu"):
-        busid = gpu_busid(gpu)
-        if busid:
-            readings.append(card_health(gpu, busid))
-    return readings
+    return [card_health(gpu, busid) for gpu in root.findall("gpu") if (busid := gpu_busid(gpu))]
 
 
 def card_health(gpu: ET.Element, busid: str) -> CardHealth:
@@ -56,13 +47,9 @@ def figure_value(gpu: ET.Element, where: Smi) -> float | None:
             text = _text(gpu, path)
             break
     else:
-        if not where.parts:
-            return None
         return _sum_of_parts(gpu, where.parts)
-    if where.parse == "yes_no":
-        return _yes_no(text)
-    if where.parse == "active":
-        return _active(text)
+    if where.parse in _WORDS:
+        return _WORDS[where.parse].get((text or "").lower())
     if where.parse == "pstate":
         state = _PSTATE.match(text or "")
         return float(state.group(1)) if state else None
@@ -73,47 +60,24 @@ def figure_value(gpu: ET.Element, where: Smi) -> float | None:
 
 
 def _sum_of_parts(gpu: ET.Element, parts: tuple[tuple[str, ...], ...]) -> float | None:
-    """The sum of the parts present (each the first of its alternatives present, an alternative
-    "a+b" the sum of both); None when none is."""
+    """The sum of the parts present (each its first alternative present, "a+b" the sum of both), or None."""
     found = []
     for names in parts:
         for name in names:
-            value = _sum_of(gpu, name.split("+"))
-            if value is not None:
-                found.append(value)
+            values = [_number(_text(gpu, each)) for each in name.split("+")]
+            if None not in values:
+                found.append(sum(filter(None, values)))
                 break
     return sum(found) if found else None
 
 
-def _sum_of(errors: ET.Element, names: list[str]) -> float | None:
-    values = [_number(_text(errors, name)) for name in names]
-    if any(value is None for value in values):
-        return None
-    return sum(value for value in values if value is not None)
-
-
 def _text(element: ET.Element, path: str) -> str | None:
     found = element.find(path)
-    if found is None or found.text is None or len(found):
-        return None
-    return found.text.strip()
+    return None if found is None or found.text is None or len(found) else found.text.strip()
 
 
 def _number(text: str | None) -> float | None:
-    """A number with an optional unit ("45 C", "250.50 W", "1410 MHz", "30 %",
-    "509 KB/s", "16x"); None for N/A and the like."""
-    if text is None:
-        return None
-    match = _NUMBER.match(text)
-    if not match:
-        return None
-    value = float(match.group(1))
+    """A number with an optional unit ("45 C", "250.50 W", "30 %", "509 KB/s", "16x"); None for N/A."""
+    match = _NUMBER.match(text or "")
+    value = float(match.group(1)) if match else -1.0
     return value if value >= 0 else None
-
-
-def _yes_no(text: str | None) -> float | None:
-    return {"yes": 1.0, "no": 0.0}.get((text or "").lower())
-
-
-def _active(text: str | None) -> float | None:
-    return {"active": 1.0, "not active": 0.0}.get((text or "").lower())

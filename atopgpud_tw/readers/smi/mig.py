@@ -1,10 +1,7 @@
-"""The MIG instances of an ``nvidia-smi -q -x`` report, named from ``nvidia-smi -L``.
+"""The MIG instances of an ``nvidia-smi -q -x`` report, named from ``nvidia-smi -L`` (docs/mig.md).
 
 ``-q -x`` lists each card's ``<mig_device>`` elements with their ids and memory
 but no profile name; ``-L`` lists the names by "Device N" with no ids.
-`mig_slots` and `parse_mig_names` give the two halves, `name_slots` matches
-them, and `instances_of` makes a device of each instance with the processes
-whose instance ids are its own (docs/mig.md).
 """
 
 from __future__ import annotations
@@ -60,13 +57,9 @@ def mig_slots(root: ET.Element) -> tuple[MigSlot, ...]:
 
 
 def fallback_profile(slot: MigSlot) -> str:
-    """A name for an instance whose profile ``nvidia-smi -L`` did not give.
-
-    ``-q -x`` states neither an instance's slice count nor the card's SM count,
-    and SMs per slice differ between products, so no ``3g`` is guessed: the name
-    says what the report does state, the instance's SMs and its memory rounded up
-    to whole GiB (as profile names round it): ``42sm.20gb`` for a 3g.20gb of an A100.
-    """
+    """A name for an instance whose profile ``nvidia-smi -L`` did not give: its SMs and its memory in
+    whole GiB, rounded up as profile names round it (``42sm.20gb`` for a 3g.20gb of an A100).  ``-q -x``
+    states neither slice counts nor the card's SMs, and SMs per slice differ between products."""
     parts = []
     if slot.multiprocessors is not None:
         parts.append(f"{slot.multiprocessors}sm")
@@ -80,76 +73,50 @@ _MIG_LINE = re.compile(r"\s+MIG\s+(\S+)\s+Device\s+(\d+):")
 _MIG_UUID = re.compile(r"\(UUID:\s*(MIG-[^)\s]+)\s*\)")
 
 
-def parse_mig_names(text: str) -> dict[tuple[str, int], str]:
-    """Profiles from ``nvidia-smi -L``, by (card UUID, MIG device index).
-
-    ``-L`` has no instance ids; its "Device N" is the ``<mig_device><index>`` of
-    the same card in ``-q -x``.  Cards are matched by UUID rather than position so
-    that a card dropping off the bus between the two runs cannot shift names.
-    """
-    names: dict[tuple[str, int], str] = {}
+def parse_mig_names(text: str) -> dict[tuple[str, int], tuple[str, str]]:
+    """Profiles and ``MIG-...`` UUIDs ("" where none is listed) from ``nvidia-smi -L``, by (card UUID,
+    "Device N", the ``<mig_device><index>`` in ``-q -x``): by UUID rather than position, so that a card
+    dropping off the bus between the two runs cannot shift names."""
+    names: dict[tuple[str, int], tuple[str, str]] = {}
     card = None
     for line in text.splitlines():
         if found := _GPU_LINE.match(line):
             card = found[1][:MAX_TEXT]
         elif (found := _MIG_LINE.match(line)) and card is not None:
-            names[(card, int(found[2]))] = mig_profile(found[1][:MAX_TEXT])
+            uuid = _MIG_UUID.search(line)
+            names[(card, int(found[2]))] = (mig_profile(found[1][:MAX_TEXT]), uuid[1][:MAX_TEXT] if uuid else "")
     return names
 
 
-def parse_mig_uuids(text: str) -> dict[tuple[str, int], str]:
-    """The ``MIG-...`` UUIDs ``nvidia-smi -L`` lists, by (card UUID, MIG device index), as `parse_mig_names`."""
-    uuids: dict[tuple[str, int], str] = {}
-    card = None
-    for line in text.splitlines():
-        if found := _GPU_LINE.match(line):
-            card = found[1][:MAX_TEXT]
-        elif (found := _MIG_LINE.match(line)) and card is not None and (uuid := _MIG_UUID.search(line)):
-            uuids[(card, int(found[2]))] = uuid[1][:MAX_TEXT]
-    return uuids
-
-
-def uuid_slots(slots: Iterable[MigSlot], uuids: Mapping[tuple[str, int], str]) -> dict[tuple[str, int, int], str]:
-    """The instances' UUIDs by (card bus id, GPU instance, compute instance); those ``-L`` lacks are left out."""
-    return {
-        (slot.card_busid, slot.gpu_instance, slot.compute_instance): uuids[(slot.card_key, slot.index)]
-        for slot in slots
-        if (slot.card_key, slot.index) in uuids
-    }
-
-
 def name_slots(
-    slots: Iterable[MigSlot], names: Mapping[tuple[str, int], str]
-) -> dict[tuple[str, int, int], str]:
-    """The ``profiles`` argument of `read_devices` from `mig_slots` and `parse_mig_names`.
-
-    Raises `SmiReportError` when ``-L`` lists other devices for a card than the
-    report does: the instances were reconfigured between the two runs.
-    """
+    slots: Iterable[MigSlot], names: Mapping[tuple[str, int], tuple[str, str]]
+) -> tuple[dict[tuple[str, int, int], str], dict[tuple[str, int, int], str]]:
+    """The ``profiles`` and ``uuids`` arguments of `read_devices` from `mig_slots` and `parse_mig_names`;
+    `SmiReportError` where ``-L`` lists other devices for a card (reconfigured between the two runs)."""
     by_card: dict[str, list[MigSlot]] = {}
     for slot in slots:
         by_card.setdefault(slot.card_key, []).append(slot)
-    profiles = {}
+    profiles, uuids = {}, {}
     for card_key, card_slots in by_card.items():
         listed = sorted(index for key, index in names if key == card_key)
         reported = sorted(slot.index for slot in card_slots)
         if listed != reported:
             raise SmiReportError(
-                f"nvidia-smi -L lists MIG devices {listed} of GPU {card_slots[0].card_busid}, "
-                f"the report {reported}"
+                f"nvidia-smi -L lists MIG devices {listed} of GPU {card_slots[0].card_busid}, the report {reported}"
             )
         for slot in card_slots:
             key = (slot.card_busid, slot.gpu_instance, slot.compute_instance)
-            profiles[key] = names[(card_key, slot.index)]
-    return profiles
+            profiles[key], uuid = names[(card_key, slot.index)]
+            if uuid:
+                uuids[key] = uuid
+    return profiles, uuids
 
 
 def slots_of(gpu: ET.Element, card: Card, problems: Problems) -> list[tuple[MigSlot, ET.Element]]:
     """The card's MIG instances by index, each with its ``<mig_device>`` element."""
     slots = []
     for device in gpu.findall("mig_devices/mig_device"):
-        ids = [integer(text_at(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id")]
-        index, gi, ci = ids
+        index, gi, ci = (integer(text_at(device, tag)) for tag in ("index", "gpu_instance_id", "compute_instance_id"))
         if index is None or gi is None or ci is None:
             problems.add(f"{card.key} mig-ids", f"GPU {card.busid}: a MIG device without ids is left out")
             continue
@@ -179,11 +146,10 @@ def instances_of(
         used = within(used, slot.memory_total_kib, (key, card.busid), problems)
         free, reserved = free_reserved(element, (key, card.busid), problems)
         name = profiles.get((card.busid, gi, ci)) or fallback_profile(slot)
-        busid = mig_busid(card.busid, gi, ci)
         devices.append(
             DeviceSample(
                 key,
-                busid,
+                mig_busid(card.busid, gi, ci),
                 name,
                 memory_total_kib=slot.memory_total_kib,
                 memory_used_kib=used,

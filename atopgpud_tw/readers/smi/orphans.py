@@ -1,27 +1,15 @@
 """What nvidia-smi runs leave behind, found and killed when each run ends.
 
-Each run leads a session and process group of its own (child.py), and the
-group is killed whenever a run ends.  A process that calls ``setsid`` or
-``setpgid`` itself leaves the group, though, and once its parent is gone it
-would belong to init.  So the daemon makes itself a child subreaper
-(``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4): a process whose parent ends
-is handed to the nearest subreaper above it, so every process a run started
-stays below the daemon, in whatever session or group.
+A process that calls ``setsid`` or ``setpgid`` leaves its run's group (child.py), so
+the daemon makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux
+3.4): what a run started stays below it.  The daemon starts no processes but its runs,
+so a child Twisted did not spawn is left over from one: `Orphans.sweep` SIGKILLs and
+reaps each, and their own children, handed over in turn, `ROUND` seconds later.  Only
+the daemon's own children are signalled: a pid cannot be reused before its parent reaps it.
 
-The daemon starts no processes but its nvidia-smi runs, one at a time, so a
-child of the daemon that Twisted did not spawn (it is in no reap handler) is
-left over from a run: `Orphans.sweep` SIGKILLs each such child, and reaps it.
-Only the daemon's own children are ever signalled: a child's pid cannot be
-taken by another process before its parent reaps it, so no unrelated process
-is hit by a pid used again.  A killed child's own children are then handed to
-the daemon in turn and killed at the next sweep, `ROUND` seconds later, until
-none is left.
-
-What this does not catch: a process that is not below the daemon (one that
-reached a process outside through a socket or a D-Bus activation), and
-anything when the daemon itself is killed with SIGKILL (its orphans go to the
-next subreaper up, systemd, which kills the unit's control group).  Where the
-prctl fails (not Linux) only the process group is killed.
+Not caught: a process that is not below the daemon (reached through a socket or
+a D-Bus activation), and anything once the daemon is killed with SIGKILL (systemd
+then kills the unit's control group).  Where the prctl fails only the group is killed.
 """
 
 from __future__ import annotations
@@ -30,10 +18,13 @@ import ctypes
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Collection
 
 from twisted.logger import Logger
+
+from atopgpud_tw.readers.starts import read_proc, stat_fields
 
 log = Logger(namespace="atopgpud_tw.readers.smi_orphans")
 
@@ -80,24 +71,14 @@ def children(pid: int) -> set[int]:
 
 
 def _children_by_scan(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[1] == str(pid):
-                found.add(int(entry))
-    return found
+    parent = [str(pid).encode()]
+    return {int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and stat_fields(read_proc(f"/proc/{entry}/stat") or b"")[1:2] == parent}
 
 
 def dead(pid: int) -> bool:
     """Whether `pid` has exited (a zombie, or reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
+    return stat_fields(read_proc(f"/proc/{pid}/stat") or b"")[:1] in ([], [b"Z"], [b"X"])
 
 
 def spawned() -> Collection[int]:
@@ -128,11 +109,8 @@ class Orphans:
             self._pending = self._reactor.callLater(ROUND, self.sweep, rounds - 1)
 
     def sweep_now(self, limit: float = 1.0, ending: Collection[int] = ()) -> None:
-        """Sweep, blocking, until none is left or `limit` seconds have passed (start-up, shutdown).
-
-        `ending` are runs just killed, which Twisted reaps: until each has died
-        (its children are handed over as it does) there may be more to come.
-        """
+        """Sweep, blocking, until none is left or `limit` seconds have passed (start-up, shutdown);
+        `ending`: runs just killed, which Twisted reaps, whose children may still be handed over."""
         if self._pending is not None and self._pending.active():
             self._pending.cancel()
         self._pending = None
@@ -145,8 +123,7 @@ class Orphans:
             time.sleep(ROUND / 5)
 
     def _once(self, thorough: bool = False) -> bool:
-        """One sweep; whether any leftover remains (not yet reaped).  `thorough` also
-        scans every process's parent in /proc (start-up and shutdown only: it costs more)."""
+        """One sweep; whether any leftover remains.  `thorough` also scans /proc for children (it costs more)."""
         remaining = False
         found = self.leftovers()
         if thorough:
@@ -158,9 +135,7 @@ class Orphans:
                 continue  # reaped meanwhile
             if done:
                 continue
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             remaining = True
         return remaining

@@ -1,16 +1,9 @@
-"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child process per poll.
+"""The nvidia-smi reader: one ``nvidia-smi -q -x`` child per poll, where NVML cannot be used from Python.
 
-For hosts where NVML cannot be used from Python.  The child runs through the
-reactor (`IReactorProcess.spawnProcess`), so a slow nvidia-smi never stalls the
-sockets.  nvidia-smi is known to hang for good on a sick GPU (docs/nvidia-smi.md):
-a run that outlasts ``timeout`` is killed with SIGKILL, with all it started
-(`child`), and the poll fails at once.  Only one child exists at a time; while a
-killed one has not yet been reaped (a process stuck in the kernel cannot die), polls fail fast instead
-of starting another.  When a card is in MIG mode, ``nvidia-smi -L`` is run too,
-for the profile names, but only when the MIG instances changed (docs/nvidia-smi.md).
-A report is parsed, and its devices read, in a thread of the reader's own
-(stream.py), so that a big one holds no reply up; what a run leaves behind dies
-with it (child.py, orphans.py).
+nvidia-smi may hang for good on a sick GPU (docs/nvidia-smi.md): a run that outlasts
+``timeout`` is killed with all it started, and the poll fails.  One child exists at a
+time; while a killed one is not reaped (stuck in the kernel), polls fail fast.
+Reports are parsed in a thread of the reader's own, so that a big one holds no reply up.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.procinfo import Contexts
 from atopgpud_tw.readers.smi.child import Run, SmiRunError, Started
 from atopgpud_tw.readers.smi.health import read_cards_health
-from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names, parse_mig_uuids, uuid_slots
+from atopgpud_tw.readers.smi.mig import MigSlot, mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.orphans import Orphans, become_subreaper
 from atopgpud_tw.readers.smi.report import note_preamble, read_devices, read_report
 from atopgpud_tw.readers.smi.stream import parse_output
@@ -46,11 +39,8 @@ NAMES_RETRY = 60.0
 
 @implementer(IReader)
 class SmiReader:
-    """Reads every GPU by running nvidia-smi."""
-
     name = "nvidia-smi"
-    #: nothing to watch: a hung nvidia-smi is a poll that times out, and the
-    #: thread that parses reports works on bounded input (stream.py)
+    #: nothing to watch: a hung nvidia-smi is a poll that times out; reports parsed are bounded
     watchdog = None
 
     def __init__(
@@ -61,9 +51,7 @@ class SmiReader:
         mig: str = "instances",
         adopt_orphans: bool = False,
     ) -> None:
-        """`adopt_orphans`: the process is the daemon, which starts no other
-        processes: it becomes a subreaper and kills every child it did not
-        spawn (orphans.py).  Never in a process that starts others."""
+        """`adopt_orphans`: this process starts no others: it kills every child it did not spawn (orphans.py)."""
         mig_mode(mig)
         self._reactor = reactor
         self._configured = binary
@@ -80,10 +68,9 @@ class SmiReader:
         self._keys = CardKeys()
         #: the listed processes' start times, which tell a reused pid (/proc, read in the worker)
         self._starts = ProcStarts()
-        #: the MIG instances the profile names were last asked for, and the names
+        #: the MIG instances the profile names were last asked for, the names and MIG-... UUIDs
         self._slots: tuple[MigSlot, ...] = ()
         self._profiles: dict[tuple[str, int, int], str] = {}
-        #: and their MIG-... UUIDs, from the same listing
         self._mig_uuids: dict[tuple[str, int, int], str] = {}
         self._names_problem: str | None = None
         self._names_retry_at = 0.0
@@ -102,15 +89,8 @@ class SmiReader:
         """Whether a child is running, or killed but not yet reaped."""
         return self._child is not None
 
-    # -- start-up (blocking, before the reactor runs) --
-
     def open(self) -> Snapshot:
-        """Find nvidia-smi and run it once; raise ReaderUnavailable if it gives no report.
-
-        Returns the devices it lists (their identity: what ``T`` shows from the
-        start), with MIG profile names from ``nvidia-smi -L`` when there are MIG
-        instances.
-        """
+        """Find nvidia-smi and run it once (and ``-L``); ReaderUnavailable if it gives no report."""
         self._binary = self._locate()
         self._adopt()
         try:
@@ -138,20 +118,14 @@ class SmiReader:
         slots = mig_slots(root)
         for card in cards:
             instances = sum(1 for slot in slots if slot.card_key == card.key)
-            log.info(
-                "nvidia-smi: GPU {busid} {name}{mig}",
-                busid=printable(card.busid),
-                name=printable(card.name),
-                mig=f" (MIG mode, {instances} instances)" if instances else "",
-            )
+            mig = f" (MIG mode, {instances} instances)" if instances else ""
+            log.info("nvidia-smi: GPU {busid} {name}{mig}", busid=printable(card.busid), name=printable(card.name),
+                     mig=mig)
         if not cards:
             log.warn("nvidia-smi: no GPU found; serving an empty list and looking again every poll")
         if listing is not None and slots:
-            self._slots = slots
             try:
-                text = listing.output(self._timeout).decode("utf-8", errors="replace")
-                self._profiles = name_slots(slots, parse_mig_names(text))
-                self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
+                self._name(slots, listing.output(self._timeout))
             except (SmiRunError, SmiReportError):
                 self._slots = ()  # asked again at the first poll, which logs why it fails
         elif listing is not None:
@@ -160,8 +134,7 @@ class SmiReader:
         return Snapshot(devices)
 
     def _read_devices(self, root: Any) -> tuple[tuple[DeviceSample, ...], Problems]:
-        """In the worker: the report's devices, its pids' start times told by `_starts`
-        (checked once the report is taken, let go of once it is read)."""
+        """In the worker: the report's devices, its pids' start times told by `_starts`."""
         self._starts.check()
         try:
             return read_devices(root, self._mig, self._profiles, self._keys, self._mig_uuids, self._starts)
@@ -179,15 +152,11 @@ class SmiReader:
             raise ReaderUnavailable(f"{wanted} is not installed (not found on PATH)")
         raise ReaderUnavailable(f"{wanted} does not exist")
 
-    # -- polling --
-
     def poll(self) -> Deferred:
         """Run ``nvidia-smi -q -x`` (and ``-L`` when MIG instances changed); fires with a Snapshot."""
         return ensureDeferred(self._poll())
 
     async def _poll(self) -> Snapshot:
-        # the report is parsed and its devices read in a thread: a big report
-        # (32 MiB may come) holds no reply up
         chunks = await self._run("-q", "-x")
         try:
             root, preamble, slots = await self._worker.submit(_parse, chunks, self._mig == "instances")
@@ -209,22 +178,17 @@ class SmiReader:
         return await self._worker.submit(self.contexts.attach, Snapshot(devices + gone))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """The health figures of each card `wanted` (by bus id) in the latest report:
-        no run of nvidia-smi of their own, so each Deferred has fired already."""
+        """The health figures of each card `wanted` (by bus id) in the latest report, each fired already."""
         if self._report is None:
             return []
         return [(r.key, succeed(r)) for r in read_cards_health(self._report) if wanted(r.key)]
 
-    def xid_counts(self) -> Deferred | None:
+    def xid_counts(self) -> None:
         """None: nvidia-smi's report has no XID events."""
-        return None
 
     async def _learn_names(self, slots: tuple[MigSlot, ...], problems: Problems) -> None:
-        """Ask ``nvidia-smi -L`` for profile names when the MIG instances changed.
-
-        The names are kept while the instances stay the same (their ids, SMs and
-        memory), so a MIG host normally runs one child per poll, not two.
-        """
+        """Ask ``nvidia-smi -L`` for profile names when the MIG instances (their ids, SMs and memory)
+        changed: a MIG host normally runs one child per poll, not two."""
         now = self._reactor.seconds()
         if slots == self._slots and (self._names_problem is None or now < self._names_retry_at):
             if self._names_problem is not None:
@@ -234,13 +198,16 @@ class SmiReader:
         if not slots:
             return
         try:
-            text = b"".join(await self._run("-L")).decode("utf-8", errors="replace")
-            self._profiles = name_slots(slots, parse_mig_names(text))
-            self._mig_uuids = uuid_slots(slots, parse_mig_uuids(text))
+            self._name(slots, b"".join(await self._run("-L")))
         except (SmiRunError, SmiReportError) as error:
             self._names_problem = f"MIG profile names unknown, names derived from the report shown ({error})"
             self._names_retry_at = now + NAMES_RETRY
             problems.add("mig-names", self._names_problem)
+
+    def _name(self, slots: tuple[MigSlot, ...], listing: bytes) -> None:
+        """The instances' profiles and UUIDs from an output of ``nvidia-smi -L``."""
+        self._profiles, self._mig_uuids = name_slots(slots, parse_mig_names(listing.decode("utf-8", "replace")))
+        self._slots = slots
 
     def _run(self, *arguments: str) -> Deferred:
         """Run nvidia-smi with `arguments` as a child; fires with its stdout, in the chunks read."""
@@ -253,13 +220,12 @@ class SmiReader:
             # no pid in the message: a cause is logged (and counted in the metrics) by its words
             return fail(SmiRunError(f"{self._child.command}: the previous run has not ended yet"))
         self._adopt()
-        command = " ".join([self._binary, *arguments])
-        run = Run(self._reactor, command, self._timeout, lambda: self._ended(run), self._sweep)
+        argv = [self._binary, *arguments]
+        sweep = self._orphans.sweep if self._orphans is not None else (lambda: None)
+        run = Run(self._reactor, " ".join(argv), self._timeout, lambda: self._ended(run), sweep)
         self._child = run
         try:
-            argv = [self._binary, *arguments]
-            if self._setsid is not None:
-                argv.insert(0, self._setsid)
+            argv = [self._setsid, *argv] if self._setsid is not None else argv
             self._reactor.spawnProcess(run, argv[0], argv, env=None)
         except OSError as error:
             self._child = None
@@ -271,10 +237,6 @@ class SmiReader:
         if self._orphans is not None and self._subreaper != os.getpid():
             self._subreaper = os.getpid()
             become_subreaper()
-
-    def _sweep(self) -> None:
-        if self._orphans is not None:
-            self._orphans.sweep()
 
     def _ended(self, run: Run) -> None:
         if self._child is run:

@@ -1,11 +1,8 @@
 """Reading ``nvidia-smi -q -x``: the devices of one report, pure functions over its output.
 
-The ``-q -x`` schema grew from v9 to v13, elements moving and changing names, so
-values are found by the elements present, never by the DTD the DOCTYPE line names
-(which may be missing, as may the final newline; line ends may be CRLF).
-docs/nvidia-smi.md lists what is read.  How each value is read, and what an
-unreadable one gives, is values.py; the MIG instances of a card and their
-names from ``nvidia-smi -L`` are mig.py.
+The schema grew from v9 to v13, elements moving and changing names, so values are
+found by the elements present, never by the DTD the DOCTYPE line names (which may
+be missing).  docs/nvidia-smi.md lists what is read.
 """
 
 from __future__ import annotations
@@ -59,16 +56,13 @@ def parse_report(
 def note_cut_texts(root: ET.Element, problems: Problems) -> None:
     """The texts the parser cut to `MAX_TEXT` (stream.py), one trouble each, by GPU and element."""
     for element in root:
-        if element.tag == "gpu":
-            owner = (element.get("id") or "").strip() or "?"
-            cut = [(e.tag, e.get(CUT)) for e in element.iter() if e.get(CUT) is not None]
-        else:
-            owner = "report"
-            cut = [(element.tag, element.get(CUT))] if element.get(CUT) is not None else []
-        for tag, size in cut:
-            problems.add(f"{owner} {tag} long",
-                         f"{'GPU ' + owner if owner != 'report' else 'the report'}: <{tag}> is longer than "
-                         f"{MAX_TEXT} characters ({size}): its start and end are kept, about an ellipsis")
+        gpu = element.tag == "gpu"
+        owner = (element.get("id") or "").strip() or "?" if gpu else "report"
+        for tag, size in ((each.tag, each.get(CUT)) for each in (element.iter() if gpu else [element])):
+            if size is not None:
+                problems.add(f"{owner} {tag} long",
+                             f"{'GPU ' + owner if owner != 'report' else 'the report'}: <{tag}> is longer than "
+                             f"{MAX_TEXT} characters ({size}): its start and end are kept, about an ellipsis")
 
 
 def note_preamble(preamble: str, problems: Problems) -> None:
@@ -85,16 +79,9 @@ def read_devices(
     uuids: Profiles | None = None,
     starts: StartTimes | None = None,
 ) -> tuple[tuple[DeviceSample, ...], Problems]:
-    """The devices of a parsed report: cards, or the instances of cards in MIG mode.
-
-    ``mig="instances"`` reports each MIG instance as a device; ``mig="card"``
-    reports a MIG card as one device holding all its instances' memory and processes.
-    `keys` keeps cards' keys across reports (a reader's own); without it they are
-    unique within this report only.  `uuids` are the MIG instances' UUIDs from
-    ``nvidia-smi -L`` (`mig.uuid_slots`), as `profiles` are their names.
-    `starts` gives each listed pid's start time, which tells a reused pid
-    (`readers.starts`; the reader's is /proc); without it none is known.
-    """
+    """The devices of a parsed report: cards, and each MIG instance (``mig="instances"``) or a MIG card
+    holding its instances' (``"card"``).  `keys` keeps cards' keys across reports; `profiles` and `uuids`
+    are ``nvidia-smi -L``'s (`mig.name_slots`); `starts` tells each listed pid's start time."""
     mig_mode(mig)
     problems = Problems()
     note_cut_texts(root, problems)
@@ -123,16 +110,12 @@ def read_devices(
     return tuple(devices), problems
 
 
-# -- one card --
-
-
 def _whole_card(
     gpu: ET.Element, card: Card, entries: list | None, problems: Problems, mig: bool = False
 ) -> DeviceSample:
     owner = (card.key, card.busid)
-    busy: list[int | None] = [UNSUPPORTED, UNSUPPORTED]
-    if not mig:  # a card in MIG mode has no utilization of its own (docs/mig.md)
-        busy = [reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
+    # a card in MIG mode has no utilization of its own (docs/mig.md)
+    busy = [UNSUPPORTED if mig else reading(gpu, path, percent, UNSUPPORTED, owner, problems) for path in _BUSY]
     total, used = (reading(gpu, path, kib, 0, owner, problems) for path in MEMORY)
     used = within(used, total, owner, problems)
     free, reserved = free_reserved(gpu, owner, problems)
@@ -151,16 +134,9 @@ def _whole_card(
     )
 
 
-# -- processes --
-
-
 def _process_entries(gpu: ET.Element, card: Card, problems: Problems, starts: StartTimes | None) -> list | None:
-    """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable.
-
-    A list with one unreadable pid is dropped whole for this poll: a partial
-    list would make the missing processes seem to end.  So is a list longer
-    than the parser keeps (stream.py).
-    """
+    """(gpu instance, compute instance, sample) per ``process_info``; None if unreadable or longer than
+    the parser keeps: a partial list would make the missing processes seem to end."""
     listing = gpu.find("processes")
     over = None if listing is None else listing.get(OVER)
     if over is not None:

@@ -1,31 +1,18 @@
 """Parsing a ``-q -x`` report a slice at a time, keeping only what the reader reads.
 
 A report may be large (32 MiB is let through, `child.MAX_OUTPUT`), and a whole
-ElementTree of one costs about six times its size.  `ReportParser` is fed the
-output in slices of `SLICE` bytes (the reader does it in a thread of its own)
-and never builds an element the reader has no use for: at the top only
-``<gpu>``, in a ``<gpu>`` only the subtrees in `KEPT` (identity, memory,
-utilization, MIG instances, processes, the health figures), in a
-``<process_info>`` only `PROCESS_FIELDS`; the rest is read past by expat and
-dropped.  What it may cost is capped:
+ElementTree of one costs about six times its size.  `ReportParser` never builds an
+element the reader has no use for: at the top only ``<gpu>`` (and `VERSIONS`), in
+a ``<gpu>`` only the subtrees in `KEPT`, in a ``<process_info>`` only
+`PROCESS_FIELDS`.  What it may cost is capped:
 
-- at most `MAX_ELEMENTS` elements kept outside the process lists, and nesting
-  no deeper than `MAX_DEPTH`; more fails the report (`SmiReportError`);
-- at most `MAX_GPU_PROCESSES` processes per GPU and `MAX_PROCESSES` in all: a
-  GPU listing more has its list marked (`OVER`) and emptied, and the reader
-  counts none of its processes in that poll, rather than a part of them (a
-  partial list would make the rest seem to end);
-- a ``<processes>`` is kept as a `ProcessList`, its processes as tuples of
-  their `PROCESS_FIELDS`' texts, not as elements: elements are objects the
-  garbage collector walks at every full collection (and a collection in the
-  parsing thread holds up the reactor too), tuples of strings it soon leaves
-  alone;
-- no entity declarations (nvidia-smi never writes one), so that no text is
-  expanded beyond what was printed;
-- at most `MAX_TEXT` characters of an element's text (its start and its end
-  about an ellipsis), and of each of its attributes, are kept: the rest is read
-  past, and the element marked (`CUT`, the length it had), for report.py to say so once (a
-  product name of 30 MB made a 503 MB ``/metrics`` page).
+`MAX_ELEMENTS` elements, `MAX_DEPTH` deep, else the report fails; `MAX_GPU_PROCESSES`
+per GPU and `MAX_PROCESSES` in all, else the GPU's list is emptied and marked (`OVER`),
+as a partial list would make the rest seem to end; no entity declarations; `MAX_TEXT`
+characters of a text (its ends about an ellipsis) and of an attribute, the element
+marked (`CUT`): a product name of 30 MB made a 503 MB ``/metrics``.  Processes are
+tuples of strings (`ProcessList`), not elements, which the garbage collector walks at
+every full collection, holding up the reactor too.
 """
 
 from __future__ import annotations
@@ -34,26 +21,22 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
-from atopgpud_tw.figures import FIGURES
+from atopgpud_tw.figures import FIGURES, INVENTORY
 from atopgpud_tw.readers.smi.values import MAX_TEXT, SmiReportError, first_line
 
 #: seconds the parsing thread sleeps after each chunk, so that the reactor gets the interpreter
 YIELD = 0.0002
 #: bytes handed to expat at once
 SLICE = 64 * 1024
-#: the children of a ``<gpu>`` the reader reads (report.py, mig.py; health.py's are the table of figures')
+#: the children of a ``<gpu>`` the reader reads: report.py's and mig.py's, the inventory's, the table of figures'
 KEPT = frozenset(
-    {
-        "uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage",
-        "processes", "mig_devices", "temperature", "gpu_power_readings", "power_readings",
-        "clocks", "fan_speed", "remapped_rows", "performance_state", "clocks_event_reasons",
-        "clocks_throttle_reasons", "ecc_errors", "serial", "vbios_version",
-    }
+    {"uuid", "product_name", "pci", "mig_mode", "utilization", "fb_memory_usage", "processes", "mig_devices"}
+    | {row.smi.split("/")[0] for row in INVENTORY if not row.smi_root}
     | {path.split("/")[0] for figure in FIGURES if figure.smi is not None
        for path in (*figure.smi.paths, *(name for names in figure.smi.parts for name in names))}
 )  # fmt: skip
-#: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements
-VERSIONS = frozenset({"driver_version", "cuda_version"})
+#: the children of ``<nvidia_smi_log>`` kept besides the ``<gpu>`` elements (the inventory's versions)
+VERSIONS = frozenset(row.smi for row in INVENTORY if row.smi_root)
 #: the children of a ``<process_info>`` the reader reads, in the order of a `ProcessList` entry
 PROCESS_FIELDS = ("pid", "type", "used_memory", "gpu_instance_id", "compute_instance_id")
 _FIELD = {name: index for index, name in enumerate(PROCESS_FIELDS)}
@@ -80,11 +63,8 @@ _ENTITY = b"<!ENTITY"
 
 
 class ProcessList(ET.Element):
-    """A kept ``<processes>``: each ``<process_info>`` as the texts of its `PROCESS_FIELDS`.
-
-    A text is that of the first such child, all its character data stripped
-    (as `values.text_at` reads it); None where the child is missing.
-    """
+    """A kept ``<processes>``: each ``<process_info>`` as the texts of its `PROCESS_FIELDS` (the first
+    such child's character data, stripped, as `values.text_at` reads it; None where it is missing)."""
 
     entries: list[tuple[str | None, ...]]
 
@@ -112,8 +92,7 @@ class ReportParser:
 
     def feed(self, data: bytes) -> None:
         """Parse `data`, the next part of the output; SmiReportError if it is no report."""
-        if self._blank and data.strip():
-            self._blank = False
+        self._blank = self._blank and not data.strip()
         if self._preamble is None:
             self._head += data
             # looked for in the first MAX_PREAMBLE bytes, however the output was cut
@@ -164,15 +143,13 @@ class _Keeper:
         self._elements = 0
         self._processes = 0
         self._gpu_processes = 0
-        #: the ``<processes>`` of the GPU being read, the fields of its process being read,
-        #: and the index of the field whose text is being gathered
+        #: the GPU's ``<processes>``, the fields of its process being read, the field being gathered
         self._list: ProcessList | None = None
         self._fields: list[str | None] | None = None
         self._field: int | None = None
         self._text: list[str] = []
         self._text_size = 0
-        #: the kept elements open; the text since the last start or end, held until the next
-        #: (`_flush`): its characters, the first of them (all, until cut), the last once cut
+        #: the kept elements open; the text held since the last start or end: size, head, tail once cut
         self._open: list[ET.Element] = []
         self._size = 0
         self._held: list[str] = []
@@ -230,9 +207,8 @@ class _Keeper:
                 self._held, self._last = [held[:_HEAD]], held[-_TAIL:]
 
     def _flush(self) -> None:
-        """Hand the text held to the builder: whole, or its first and last characters
-        about an ellipsis (so that a cut figure never reads as a number), the element
-        it belongs to marked."""
+        """Hand the text held to the builder: whole, or its ends about an ellipsis (a cut figure never reads
+        as a number), its element marked."""
         text = "".join(self._held)
         if self._last is not None and not self._blank:
             text += ELLIPSIS + self._last
@@ -251,14 +227,11 @@ class _Keeper:
             if tag != "nvidia_smi_log":
                 raise SmiReportError(f"the document is <{tag}>, not <nvidia_smi_log>")
         elif depth == 1:
-            if tag in VERSIONS:
-                pass  # the driver's and CUDA's versions, for the inventory series
-            elif tag != "gpu":
+            if tag != "gpu" and tag not in VERSIONS:
                 return False
             self._gpu_processes, self._list = 0, None
-        elif depth == 2:
-            if tag not in KEPT:
-                return False
+        elif depth == 2 and tag not in KEPT:
+            return False
         elif depth == 3 and self._tags[2] == "processes":
             if tag == "process_info" and self._take_process():
                 self._fields = [None] * len(PROCESS_FIELDS)
@@ -289,34 +262,22 @@ class _Keeper:
         if self._gpu_processes <= MAX_GPU_PROCESSES and self._processes <= MAX_PROCESSES:
             return True
         self._processes -= self._gpu_processes
-        if self._gpu_processes > MAX_GPU_PROCESSES:
-            why = f"more than {MAX_GPU_PROCESSES} processes"
-        else:
-            why = f"processes beyond the {MAX_PROCESSES} a report may have"
         listing.entries = []  # the ones kept so far go too
-        listing.set(OVER, why)
+        listing.set(OVER, f"more than {MAX_GPU_PROCESSES} processes" if self._gpu_processes > MAX_GPU_PROCESSES
+                    else f"processes beyond the {MAX_PROCESSES} a report may have")
         return False
 
 
 def read_report(data: bytes) -> tuple[ET.Element, str]:
-    """A whole output at once: the ``<nvidia_smi_log>`` element, and any text printed before it.
-
-    nvidia-smi writes some warnings ("WARNING: infoROM is corrupted at gpu ...")
-    to stdout ahead of the XML; they are returned rather than failing every poll.
-    """
-    parser = ReportParser()
-    parser.feed(data)
-    return parser.close()
+    """A whole output at once: the ``<nvidia_smi_log>`` element, and the first line printed before it
+    (nvidia-smi writes some warnings, "WARNING: infoROM is corrupted at gpu ...", ahead of the XML)."""
+    return parse_output([data])
 
 
 def parse_output(chunks: list[bytes]) -> tuple[ET.Element, str]:
-    """`read_report` over an output as read, in chunks, each let go of once parsed.
-
-    Run in a thread: after each chunk (8 KiB as the reactor reads a pipe,
-    half a millisecond of parsing) the interpreter is offered to the reactor,
-    which would otherwise wait for it up to the switch interval (5 ms) at
-    every system call of a reply.
-    """
+    """`read_report` over an output in chunks, each let go of once parsed.  Run in a thread: after each
+    chunk (8 KiB as the reactor reads a pipe) the interpreter is offered to the reactor, which would
+    otherwise wait for it up to the switch interval (5 ms) at every system call of a reply."""
     parser = ReportParser()
     for index in range(len(chunks)):
         chunk, chunks[index] = chunks[index], b""

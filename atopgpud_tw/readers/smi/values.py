@@ -1,11 +1,8 @@
 """Values out of an ``nvidia-smi -q -x`` report's elements: each read, or why not.
 
-A value nvidia-smi cannot give ("N/A", "Not Supported", ...) is permanent:
-`UNSUPPORTED` for a percentage and for a process's memory, 0 for a device's
-memory.  A value present but unreadable, or implausible (memory beyond
-`MAX_MEMORY_MIB`, more used than the device has, a pid beyond `MAX_PID`), is
-``None`` for this poll plus a trouble in the poll's `Problems`.  Only output that
-is not an nvidia-smi report at all raises `SmiReportError`.
+A value nvidia-smi cannot give ("N/A", ...) is permanent: `UNSUPPORTED` for a
+percentage and a process's memory, 0 for a device's memory.  One unreadable or
+implausible is ``None`` for this poll and a trouble in its `Problems`.
 """
 
 from __future__ import annotations
@@ -26,15 +23,13 @@ MAX_PID = 2**31 - 1
 #: characters of a text kept (a product name, a UUID, a version, a MIG profile; figures are far shorter)
 MAX_TEXT = 256
 #: what nvidia-smi prints for a value it cannot give, brackets and case aside
-_NOT_AVAILABLE = {
-    "n/a",
-    "not supported",
-    "insufficient permissions",
-    "requested functionality has been deprecated",
-}
+_NOT_AVAILABLE = {"n/a", "not supported", "insufficient permissions", "requested functionality has been deprecated"}
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%?")
 _MIB = re.compile(r"(\d+(?:\.\d+)?)\s*MiB", re.IGNORECASE)
 MEMORY = ("fb_memory_usage/total", "fb_memory_usage/used")
+Parse = Callable[[str], "int | None"]
+#: the (key, bus id) of the device a problem is logged under
+Owner = tuple[str, str]
 
 
 class SmiReportError(ValueError):
@@ -69,40 +64,24 @@ def card_of(gpu: ET.Element, position: int, problems: Problems) -> Card | None:
 
 def card_info(root: ET.Element, gpu: ET.Element) -> DeviceInfo:
     """What a ``<gpu>`` is, from its report: "" for what the report lacks or gives as N/A."""
-
-    def label(element: ET.Element, path: str) -> str:
-        text = text_at(element, path) or ""
-        return "" if not_available(text) else text
-
     # the MIG profile is an instance's, from mig.py
-    return DeviceInfo(**{row.attribute: label(root if row.smi_root else gpu, row.smi)
-                         for row in INVENTORY if row.attribute != "mig_profile"})
+    texts = {row.attribute: text_at(root if row.smi_root else gpu, row.smi) or ""
+             for row in INVENTORY if row.attribute != "mig_profile"}
+    return DeviceInfo(**{name: "" if not_available(text) else text for name, text in texts.items()})
 
 
 def reading(
-    element: ET.Element,
-    path: str,
-    parse: Callable[[str], int | None],
-    unavailable: int | None,
-    owner: tuple[str, str],
-    problems: Problems,
+    element: ET.Element, path: str, parse: Parse, unavailable: int | None, owner: Owner, problems: Problems
 ) -> int | None:
-    """The value at `path`: `unavailable` if absent or N/A; None and a problem if unreadable.
-
-    `owner` is the (key, bus id) of the device the problem is logged under.
-    """
+    """`value_of` the text at `path`."""
     return value_of(text_at(element, path), path, parse, unavailable, owner, problems)
 
 
 def value_of(
-    text: str | None,
-    path: str,
-    parse: Callable[[str], int | None],
-    unavailable: int | None,
-    owner: tuple[str, str],
-    problems: Problems,
+    text: str | None, path: str, parse: Parse, unavailable: int | None, owner: Owner, problems: Problems
 ) -> int | None:
-    """`reading` of the text found at `path` (None: there is no such element)."""
+    """The value of the text found at `path`: `unavailable` if absent (None) or N/A; None and a
+    problem (under `owner`, the device's key and bus id) if unreadable."""
     if text is None or not_available(text):
         return unavailable
     try:
@@ -119,14 +98,13 @@ def value_of(
 MEMORY_FREE_RESERVED = ("fb_memory_usage/free", "fb_memory_usage/reserved")
 
 
-def free_reserved(element: ET.Element, owner: tuple[str, str], problems: Problems) -> tuple[int | None, int | None]:
-    """The free and reserved memory in KiB under `element` (None where absent or N/A, or unreadable
-    with a problem)."""
+def free_reserved(element: ET.Element, owner: Owner, problems: Problems) -> tuple[int | None, int | None]:
+    """The free and reserved memory in KiB under `element` (None where absent, N/A or unreadable)."""
     free, reserved = (reading(element, path, kib, None, owner, problems) for path in MEMORY_FREE_RESERVED)
     return free, reserved
 
 
-def within(used: int | None, total: int | None, owner: tuple[str, str], problems: Problems) -> int | None:
+def within(used: int | None, total: int | None, owner: Owner, problems: Problems) -> int | None:
     """`used`, unless it is more than a known `total` (0: not known): then None and a problem."""
     if used is None or not total or used <= total:
         return used
@@ -176,5 +154,4 @@ def integer(text: str | None) -> int | None:
 
 
 def first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:200] if lines else ""
+    return next((line.strip()[:200] for line in text.splitlines() if line.strip()), "")

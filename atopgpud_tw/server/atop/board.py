@@ -1,25 +1,24 @@
 """The state every connection serves: counters, replies cached per poll, client queues.
 
-The poller hands each Snapshot to `Board.fold`; protocols ask `Board.reply` for
-the bytes of one request.  Everything runs in the reactor thread, so no locks.
+The poller hands each Snapshot to `Board.fold`; protocols ask `Board.reply` for the
+bytes of one request (a handler per command, `Board.HANDLERS`; a command without
+one is refused, never answered as another).  Replies are rendered once per poll and
+version, only a client's own exits added per request (each exit's record rendered
+once per version), so a version 2 request costs no work that grows with the
+clients or, unless the reply is cut to atop's limit, with the processes.  Version 1
+replies carry busy figures over each client's own interval (`clients.V1Session`).
+A reply looks at no more of a client's queued exits than can fit
+(`render.EXITED_SCAN`): the cost of a request is bounded by the size of a reply.
 
-Replies are rendered once per poll and version and reused for every request until
-the next poll; only a client's own exited processes are added per request, and
-each exited process's record is rendered once per version for all the clients
-that hear of it.  A version 2 request costs no work that grows with the number
-of clients or, unless the reply must be cut to atop's limit, with the number of
-processes.  Version 1 replies carry busy figures over each client's own
-interval, so they are rendered per client once per poll, by the client's
-`intervals.V1Session`.  Each request command of the wire has its handler in
-`Board.HANDLERS`; a command without one is refused, never answered as another.
-
-However many exits a client has queued, a reply looks at no more of them than
-can fit (`render.EXITED_SCAN`), and takes those it sends off the front of the
-queue: the cost of a request is bounded by the size of a reply.
+The ``P`` reply (`ContextDirectory`, ``atopgpu``'s) lists every active process on
+the devices the wide request carries, then the processes that ended most recently
+(`RECENT_EXITS`): a client that asks ``S`` and then ``P`` finds there the processes
+of its ``S`` reply, the exited ones among them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Iterable
@@ -27,18 +26,13 @@ from typing import Callable, Iterable
 from twisted.logger import Logger
 
 from atopgpud_tw import codec
-from atopgpud_tw.counters import Counters, ExitedProcess
+from atopgpud_tw.counters import Counters, ExitedProcess, ProcessTotals
 from atopgpud_tw.problems import Latch
 from atopgpud_tw.server.atop import render
-from atopgpud_tw.server.atop.exits import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport
-from atopgpud_tw.server.atop.intervals import V1Records, V1Session
-from atopgpud_tw.server.atop.whois import ContextDirectory
-from atopgpud_tw.snapshot import Snapshot
+from atopgpud_tw.server.atop.clients import DEFAULT_EXITED_LIMIT, ClientQueue, ExitReport, Shared, V1Session
+from atopgpud_tw.snapshot import UNKNOWN_CONTEXT, Snapshot
 
 log = Logger(namespace="atopgpud_tw.board")
-
-__all__ = ["Board", "ClientQueue", "ExitReport", "DEFAULT_EXITED_LIMIT"]
-
 
 #: what a reply shows: its version, and how many devices (the first, in ``T`` order) it carries
 _View = tuple[int, int]
@@ -58,16 +52,14 @@ class Board:
     def __init__(
         self, counters: Counters | None = None, exited_limit: int = DEFAULT_EXITED_LIMIT, layout: Snapshot | None = None
     ) -> None:
-        """`layout`: the devices the reader found at start-up, which ``T`` lists before the first poll."""
+        """`layout`: the devices found at start-up, which ``T`` lists before the first poll."""
         self.counters = counters or Counters()
         if layout is not None:
             self.counters.declare(layout)
         self.exited_limit = exited_limit
         self.clients: set[ClientQueue] = set()
-        #: per view (reply version, devices carried: `codec.wire_devices`): the ``T``
-        #: body and its framed reply, with the layout generation they show
-        self._types: dict[_View, tuple[int, bytes]] = {}
-        self._types_framed: dict[_View, tuple[int, bytes]] = {}
+        #: per view: the layout generation, the ``T`` body and its framed reply
+        self._types: dict[_View, tuple[int, bytes, bytes]] = {}
         self._stats: dict[_View, _Rendered] = {}
         #: the latest poll's exits as queued, and the body per view for a queue holding just them
         self._batch: list[ExitReport] | None = None
@@ -79,11 +71,10 @@ class Board:
         #: version 1 clients, each with its figures over its own intervals
         self.v1_sessions: dict[ClientQueue, V1Session] = {}
         #: this poll's version 1 records, shared by clients with the same sums
-        self._v1_records = V1Records()
+        self._v1_records: Shared = {}
         self.replies_cut = 0
         #: told the exited processes of every poll that has some, after the counters (`fold`)
         self.exit_watchers: list[Callable[[list[ExitedProcess]], None]] = []
-        #: the P reply (atopgpu's: who the processes are)
         self.directory = ContextDirectory(self.counters)
         self.exit_watchers.append(self.directory.exited)
         self.exited_dropped = 0
@@ -95,22 +86,16 @@ class Board:
         self._lost_in_burst = 0
         self._clients_in_burst = 0
 
-    # -- clients --
-
     def attach(self) -> ClientQueue:
-        """A new connection's queue of exited processes."""
         queue = ClientQueue(self.exited_limit)
         self.clients.add(queue)
         return queue
 
     def detach(self, queue: ClientQueue) -> None:
-        """Forget a connection that closed."""
         self.clients.discard(queue)
         self.v1_sessions.pop(queue, None)
         self._caught_up(queue)
         self._heard(queue)
-
-    # -- polls --
 
     def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
         """Count one poll (taken at `taken`, the previous at `since`: `Counters.fold`)
@@ -131,10 +116,7 @@ class Board:
                 wired=min(self._devices_told, codec.MAX_WIRE_DEVICES),
             )
         self._batch = None
-        if self._batch_bodies:
-            self._batch_bodies = {}
-        if not exited:
-            return exited
+        self._batch_bodies = {}
         # a device beyond what the wire carries has no place for its exits
         wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
         if wired:
@@ -165,7 +147,7 @@ class Board:
         if queue not in self.losing:
             return
         self.losing.discard(queue)
-        queue.heard()
+        queue.lost = 0  # the count starts afresh
         if not self.losing:
             log.info(
                 "{lost} exited processes were dropped from {clients} clients' full queues "
@@ -195,8 +177,6 @@ class Board:
             if not self.behind:
                 log.info("every client has heard of every exited process again")
 
-    # -- replies --
-
     def reply(self, request: codec.Request, queue: ClientQueue) -> bytes:
         """The framed reply to one request of one client, by its command (`HANDLERS`);
         a command with no handler is a `codec.ProtocolError`, never another's reply."""
@@ -206,15 +186,8 @@ class Board:
         return handler(self, request, queue)
 
     def _reply_types(self, request: codec.Request, queue: ClientQueue) -> bytes:
-        """``T``: the GPU types, framed once per layout and view."""
-        version = request.reply_version
-        view = (version, request.devices)
-        generation = self.counters.layout_generation
-        framed = self._types_framed.get(view)
-        if framed is None or framed[0] != generation:
-            body = self.types_body(version, request.devices)
-            framed = self._types_framed[view] = (generation, codec.frame(version, body))
-        return framed[1]
+        """``T``: the GPU types."""
+        return self._types_of(request.reply_version, request.devices)[2]
 
     def _reply_stats(self, request: codec.Request, queue: ClientQueue) -> bytes:
         """``S``: the statistics, with this client's exits (version 1: over its own interval)."""
@@ -224,14 +197,13 @@ class Board:
             return codec.frame(version, self.stats_v1(queue))
         if queue.entries or queue.lost:
             return codec.frame(version, self.stats_body(version, queue, devices))
-        queue.subscribe()
+        queue.subscribed = True
         rendered = self._rendered(version, devices)
-        if rendered.prepared.full.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += rendered.prepared.full.active_cut
         return rendered.framed
 
     def _reply_contexts(self, request: codec.Request, queue: ClientQueue) -> bytes:
-        """``P``: who the processes are, for ``atopgpu`` (whois.py); atop never asks."""
+        """``P``: who the processes are, for ``atopgpu`` (`ContextDirectory`)."""
         return codec.frame(codec.NEWEST_VERSION, self.directory.body())
 
     #: the handler of each request command of the wire (`codec.COMMANDS`; a test checks that none lacks one)
@@ -242,17 +214,20 @@ class Board:
     }
 
     def types_body(self, version: int = 2, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
-        """The ``T`` body listing the first `devices`, rendered again only when the device list changed."""
+        return self._types_of(version, devices)[1]
+
+    def _types_of(self, version: int, devices: int) -> tuple[int, bytes, bytes]:
+        """The ``T`` body and reply of a view, rendered again only when the device list changed."""
         generation = self.counters.layout_generation
-        view = (version, devices)
-        cached = self._types.get(view)
+        cached = self._types.get((version, devices))
         if cached is None or cached[0] != generation:
-            cached = self._types[view] = (generation, render.render_types(self.counters.devices[:devices]))
-        return cached[1]
+            body = render.render_types(self.counters.devices[:devices])
+            cached = self._types[(version, devices)] = (generation, body, codec.frame(version, body))
+        return cached
 
     def stats_body(self, version: int, queue: ClientQueue, devices: int = codec.ATOP_MAX_GPUS) -> bytes:
         """The ``S`` body of the first `devices` for one client; takes what it reports off its queue."""
-        queue.subscribe()
+        queue.subscribed = True
         if len(self.counters.devices) > devices:
             queue.only_devices_below(devices)
         view = (version, devices)
@@ -262,21 +237,20 @@ class Board:
             result = prepared.full
             self._heard(queue)
         else:
-            shared = queue.holds_only(self._batch)
+            shared = self._batch is not None and queue.batch is self._batch  # one poll's exits, as shared
             result = self._batch_bodies.get(view) if shared else None
             if result is None:
                 result = prepared.body(_records(islice(queue.entries, render.EXITED_SCAN), version))
                 if shared:
                     self._batch_bodies[view] = result
             self._sent(queue, len(result.exited_sent))
-        if result.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += result.active_cut
         return result.body
 
     def stats_v1(self, queue: ClientQueue) -> bytes:
         """The version 1 ``S`` body for one client, with busy figures over its own
-        interval (`intervals.V1Session`); takes what it reports off its queue."""
-        queue.subscribe()
+        interval (`clients.V1Session`); takes what it reports off its queue."""
+        queue.subscribed = True
         wired = codec.wire_devices(1)
         if len(self.counters.devices) > wired:
             queue.only_devices_below(wired)
@@ -284,16 +258,11 @@ class Board:
             queue, self.counters, lambda: self._rendered(1, wired).prepared, self._v1_records
         )
         self._sent(queue, len(result.exited_sent))
-        if result.active_cut:
-            self.replies_cut += 1
+        self.replies_cut += result.active_cut
         return result.body
 
     def v1_session(self, queue: ClientQueue) -> V1Session:
-        """A client's version 1 session, begun at its first version 1 ``S``."""
-        session = self.v1_sessions.get(queue)
-        if session is None:
-            session = self.v1_sessions[queue] = V1Session()
-        return session
+        return self.v1_sessions.setdefault(queue, V1Session())
 
     def _rendered(self, version: int, devices: int) -> _Rendered:
         generation = self.counters.generation
@@ -324,3 +293,42 @@ class Board:
 
 def _records(entries: Iterable[ExitReport], version: int) -> list[tuple[int, bytes]]:
     return [(e.device_index, e.record(version)) for e in entries]
+
+
+#: ended processes whose contexts are kept for ``P``
+RECENT_EXITS = 1024
+
+
+def _info(totals: ProcessTotals) -> codec.ProcessInfo:
+    context = totals.context
+    if context is None:
+        return codec.ProcessInfo(totals.pid, -1, "", "", "", "")  # not read yet
+    kind, name = context.workload("auto") if context is not UNKNOWN_CONTEXT else ("unknown", "unknown")
+    return codec.ProcessInfo(totals.pid, context.uid, context.user_name, kind, name, context.comm)
+
+
+class ContextDirectory:
+    """The processes' contexts as ``P`` tells them; told of exits by the Board."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
+        self.recent: deque[ProcessTotals] = deque(maxlen=RECENT_EXITS)
+        self._body: tuple[int, bytes] | None = None
+
+    def exited(self, exits: Iterable[ExitedProcess]) -> None:
+        """Keep the most recent exits (a Board exit watcher)."""
+        self.recent.extend(exit.totals for exit in exits)
+
+    def body(self) -> bytes:
+        """The ``P`` body now, rendered once per poll."""
+        generation = self.counters.generation
+        if self._body is None or self._body[0] != generation:
+            # the active processes, then the newest exits first, as many as fit
+            records = [_info(t) for d in self.counters.devices[: codec.MAX_WIRE_DEVICES] for t in d.processes.values()]
+            active = len(records)
+            records += [_info(totals) for totals in reversed(self.recent)]
+            kept = records[: codec.render_contexts(records).count(b"\n")]
+            active = min(len(kept), active)
+            # written exits oldest first, the active last: a later line wins for a pid listed twice
+            self._body = (generation, codec.render_contexts(kept[active:][::-1] + kept[:active]))
+        return self._body[1]

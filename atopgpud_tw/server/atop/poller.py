@@ -1,19 +1,16 @@
 """The poller: ask the reader for a Snapshot every interval and fold it in.
 
-A `LoopingCall` on an injected clock.  It waits for each poll's Deferred, so
-polls never overlap; a poll that fails is logged once per cause (and its
-recovery once) and never stops the loop.  A cause that fails and recovers again
-and again is damped as every such cause is (`problems.Damping`): after its
-second recovery, one line per window that grows (1 min, 10 min, 1 h) counts
-the failures and recoveries held back.  A poll that runs past the next tick
-makes the loop skip ticks; each poll is handed over with its time, counted in
-the loop's ticks (so a poll after a skipped tick covers two intervals), for the
-counters' time-weighted sums.
+A `LoopingCall` on an injected clock that waits for each poll's Deferred, so polls
+never overlap; a failing poll is logged once per cause (and its recovery once),
+a cause that flaps damped as every such cause is (`problems.Damping`), and the loop
+never stops.  A poll that runs past the next tick makes the loop skip ticks; each
+poll is handed over with its time in the loop's ticks (so a poll after a skipped
+tick covers two intervals), for the counters' time-weighted sums.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -32,8 +29,6 @@ UNREAD_POLLS = 3
 
 
 class PollerService(Service):
-    """Polls `reader` every `interval` seconds into `board`."""
-
     log = ClassLogger("atopgpud_tw.poller.PollerService")
 
     def __init__(self, reader: IReader, board: Board, interval: float, clock: IReactorTime) -> None:
@@ -43,8 +38,7 @@ class PollerService(Service):
         self.clock = clock
         self.polls = 0
         self.failed_polls: dict[str, int] = {}
-        #: polls in a row, up to the latest, in which no GPU could be read, and the GPUs the
-        #: latest of them had (0: none found)
+        #: polls in a row, up to the latest, that read no GPU, and the GPUs the latest had
         self.unread_polls = 0
         self._unread_gpus = 0
         #: the cause the latest poll failed with (None: it worked)
@@ -52,16 +46,13 @@ class PollerService(Service):
         #: what of failing polls and their recoveries is said, for a cause that flaps
         self._damping = Damping()
         self._loop: LoopingCall | None = None
-        self._finished: Deferred | None = None
         self._ticks = 0
-        #: what the reader waited for when its latest poll was folded in (the driver, at
-        #: boot), or at start-up before any poll; None: nothing
-        self._waiting_for = getattr(reader, "waiting_for", None)
-        self.waiting: str | None = self._reader_waits()
+        #: what the reader waited for (the driver, at boot) at its latest poll or start-up
+        self._waiting_for: Callable[[], str | None] = getattr(reader, "waiting_for", lambda: None)
+        self.waiting = self._waiting_for()
 
     @property
     def failing(self) -> str | None:
-        """The cause the latest poll failed with; None when it worked."""
         return self._failing.value
 
     @property
@@ -87,15 +78,11 @@ class PollerService(Service):
             text += f"; polls failing: {self.failing}"
         return text
 
-    def _reader_waits(self) -> str | None:
-        return None if self._waiting_for is None else self._waiting_for()
-
     def startService(self) -> None:
         super().startService()
         self._loop = LoopingCall.withCount(self._tick)
         self._loop.clock = self.clock
-        self._finished = self._loop.start(self.interval, now=True)
-        self._finished.addErrback(self._loop_died)
+        self._loop.start(self.interval, now=True).addErrback(self._loop_died)
 
     def stopService(self) -> Deferred:
         # Unlike TimerService, which this is otherwise, stopping does not wait for the
@@ -125,7 +112,7 @@ class PollerService(Service):
         else:
             self.unread_polls += 1
             self._unread_gpus = len(snapshot.devices)
-        self.waiting = self._reader_waits()
+        self.waiting = self._waiting_for()
         failed_with = self._failing.value
         if failed_with is None and not self._damping.flaps:
             return  # worked, as the last did: no recovery to say, and nothing flaps: no count due
@@ -143,25 +130,21 @@ class PollerService(Service):
             if failed_with is not None:
                 self._damping.ended(failed_with, now)  # another cause now: said as the new one's start
             start = self._damping.started(cause, cause, now)
-            if start is not None and not start.flapping:
+            if start is not None:
+                text = "poll failed: {cause}"
+                fields: dict[str, Any] = {"cause": cause}
+                if start.flapping:
+                    text += (
+                        " (again: {count} times in {span}; from now on counted, and said at most once every {every})"
+                    )
+                    fields.update(count=start.starts, span=span_words(start.span), every=span_words(start.every))
                 if failure.check(PollError):
-                    self.log.warn("poll failed: {cause}", cause=cause)
+                    self.log.warn(text, **fields)
                 else:
-                    self.log.failure("poll failed: {cause}", failure, cause=cause)
-            elif start is not None:
-                flapping = (
-                    "poll failed: {cause} (again: {count} times in {span}; from now on counted, "
-                    "and said at most once every {every})"
-                )
-                span, every = span_words(start.span), span_words(start.every)
-                if failure.check(PollError):
-                    self.log.warn(flapping, cause=cause, count=start.starts, span=span, every=every)
-                else:
-                    self.log.failure(flapping, failure, cause=cause, count=start.starts, span=span, every=every)
+                    self.log.failure(text, failure, **fields)
         self._counts_due(now)
 
     def _counts_due(self, now: float) -> None:
-        """The count of each flapping cause whose window is over."""
         failing = () if self._failing.value is None else (self._failing.value,)
         for count in self._damping.windows_over(now, failing):
             emit = self.log.warn if count.failing else self.log.info

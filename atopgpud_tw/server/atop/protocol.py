@@ -1,38 +1,32 @@
 """The connection: cut two-byte requests from the stream and write their replies.
 
 Requests may arrive split over reads or several in one read; each is answered in
-order.  The first is answered at once, the others one per turn (`turns.Turns`),
-so that no client's flood of requests keeps another's waiting.  An unknown
-command closes that connection only (after the replies already written), with
-one log line.  The protocol never calls a reader: it serves what the `Board`
-holds.
+order: the first at once, the others one per connection in turn (each connection
+a task of the factory's `Cooperator`), so that no client's flood keeps another
+waiting.  An unknown command closes that connection only, with one log line.
 
-Every connection is bounded (`Limits`): the number of clients, and of one user's
-clients (the uid of a UNIX client, or of a TCP client on this host; TCP clients
-whose uid cannot be told share one count), the reply bytes a client may leave
-unread, how long it may stay silent, and, on UNIX sockets, who may connect at
-all (`access.AllowList`).  The factory provides `accepting.IAdmission`, so a
-fair port refuses a user whose share is taken before it builds a connection.
-
-The slots, across every listener (`Slots`): root and each ``--allow-uid`` user
-have slots kept for them (``--reserved-clients`` each) that no other uid can
-take, however many uids an attacker controls; the rest are shared, one uid
-taking at most its share of them (``--max-clients-per-uid``).  When the shared
-slots are all taken and a uid holding less than an even part of them asks for
-one, the longest-silent connection of the uid holding the most is closed for it;
-and connections silent for ``--busy-idle-timeout`` are closed at once.  Who is
-refused is logged once per uid and burst.
+Every connection is bounded (`Limits`): the clients, and one user's (the uid of a
+UNIX client, or of a TCP client on this host; other TCP clients share one count),
+the reply bytes left unread, the time silent, and, on UNIX sockets, who may
+connect (`access.AllowList`).  A fair port asks the factory (`room_for`) before it
+builds a connection.  Root and each ``--allow-uid`` user have slots kept that no
+other uid can take, however many uids an attacker controls; the rest are shared,
+one uid taking at most its share.  When the shared slots are all taken, a uid
+holding less than an even part of them gets the longest-silent connection of the
+uid holding the most, and connections silent for ``--busy-idle-timeout`` are closed.
 """
 
 from __future__ import annotations
 
 import socket
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterator, cast
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import CooperativeTask, Cooperator, TaskFinished
 from twisted.protocols.policies import TimeoutMixin
 from zope.interface import implementer
 
@@ -40,11 +34,8 @@ from atopgpud_tw import codec
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import UidBurstLogs
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.atop.exits import ClientQueue
-from atopgpud_tw.server.atop.turns import Turns
-from atopgpud_tw.server.system.accepting import IAdmission
-from atopgpud_tw.server.system.access import AllowList, Gate, peer_name, peer_uid
-from atopgpud_tw.server.system.sockdiag import SockDiag
+from atopgpud_tw.server.atop.clients import ClientQueue
+from atopgpud_tw.server.system.access import AllowList, Gate, SockDiag, peer_name, peer_uid, socket_of
 
 
 @dataclass(frozen=True)
@@ -52,8 +43,7 @@ class Limits:
     """What one client, and all of them, may take."""
 
     max_clients: int = 256
-    #: clients of one uid in the shared slots at once; None: three quarters of
-    #: them, so that a quarter is always left to other users
+    #: clients of one uid in the shared slots; None: three quarters, a quarter left to others
     max_clients_per_uid: int | None = None
     #: slots kept for root and for each --allow-uid user, which no other uid can take
     reserved_clients: int = 8
@@ -61,8 +51,7 @@ class Limits:
     max_unsent: int = 1024 * 1024
     #: seconds a new connection may take to send its first request
     first_request_timeout: float = 60.0
-    #: seconds a client may stay silent between requests (atop asks every
-    #: interval; its logging mode asks every 10 minutes)
+    #: seconds a client may stay silent between requests (atop's logging mode asks every 10 min)
     idle_timeout: float = 3 * 3600.0
     #: seconds a client may stay silent while the shared slots are all taken
     busy_idle_timeout: float = 60.0
@@ -70,29 +59,24 @@ class Limits:
 
     @property
     def privileged(self) -> frozenset[int]:
-        """The uids with slots kept for them: root and the --allow-uid users."""
         return frozenset({0}) | self.allow.uids
 
     @property
     def reserve(self) -> int:
-        """The slots kept for each privileged uid: `reserved_clients`, less where they
-        would take more than half of `max_clients`, at least one."""
+        """The slots kept for each privileged uid: at most half of `max_clients` in all, at least one."""
         return max(1, min(self.reserved_clients, self.max_clients // 2 // len(self.privileged)))
 
     @property
     def shared(self) -> int:
-        """The slots any uid may take (at least one)."""
         return max(1, self.max_clients - self.reserve * len(self.privileged))
 
     @property
     def uid_share(self) -> int:
-        """The shared slots one uid may hold at once."""
         if self.max_clients_per_uid is not None:
             return min(self.max_clients_per_uid, self.shared)
         return max(1, self.shared - self.shared // 4)
 
     def kept_for(self, uid: int | None) -> int:
-        """The slots kept for `uid`: `reserve` for root and --allow-uid users, else none."""
         return self.reserve if uid in self.privileged else 0
 
 
@@ -118,16 +102,15 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         self._paused = False
         self._backlog = 0
         self.queue: ClientQueue | None = None
+        #: serving the requests queued beyond a read's first, one per turn
+        self._turns: CooperativeTask | None = None
         #: when the client last asked (or connected), on the factory's clock
         self.last_asked = 0.0
-
-    # -- connection --
 
     def connectionMade(self) -> None:
         factory = self.factory
         if not factory.admit(self):
-            self._closing = True
-            self.transport.abortConnection()
+            self.give_up_slot()
             return
         self.setTimeout(factory.limits.first_request_timeout)
         self.last_asked = factory.clock.seconds()
@@ -141,47 +124,48 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     def connectionLost(self, reason: object = None) -> None:
         self.setTimeout(None)
         self._closing = True
+        if self._turns is not None:
+            with suppress(TaskFinished):  # the factory stopped
+                self._turns.stop()
         self.factory.forget(self)
         if self.queue is not None:
             self.factory.board.detach(self.queue)
             self.queue = None
 
     def timeoutConnection(self) -> None:
-        self.log.info("closing idle connection from {peer}", peer=self._peer())
+        self.log.info("closing idle connection from {peer}", peer=peer_name(self.transport))
         self._closing = True
         self.transport.loseConnection()
 
     def give_up_slot(self) -> None:
-        """Close at once for another client (the factory has already forgotten it)."""
+        """Close at once: refused, or for another client (the factory has forgotten it)."""
         self.setTimeout(None)
         self._closing = True
         self.transport.abortConnection()
 
-    # -- requests --
-
     def dataReceived(self, data: bytes) -> None:
-        """Queue the stream's requests; answer the first now if none was waiting.
-
-        The rest are answered one per turn (`serve_one`), each written as soon
-        as it is made, so the transport can say (pauseProducing) when the client
-        stops reading, before a flood of requests turns into a flood of
-        buffered replies.
-        """
+        """Queue the stream's requests; answer the first now if none was waiting, the rest
+        one per turn, each written as it is made, so that the transport can say (pauseProducing)
+        that the client stopped reading before a flood of requests is one of buffered replies."""
         if self._closing:
             return
         if self._start:
             self._buffer = self._buffer[self._start :]
             self._start = 0
         self._buffer += data
-        turns = self.factory.turns
         if len(self._buffer) > MAX_PENDING and not self._reading_paused:
             # a client far ahead of its turns: stop reading from it until it is not
             self._reading_paused = True
             self.transport.pauseProducing()
-        if len(self._buffer) < codec.REQUEST_SIZE or turns.waiting(self):
+        if len(self._buffer) < codec.REQUEST_SIZE or self._turns is not None:
             return
         if self.serve_one():
-            turns.queue(self)
+            self._turns = self.factory.cooperator.cooperate(self._serve_in_turn())
+
+    def _serve_in_turn(self) -> Iterator[None]:
+        while self.serve_one():
+            yield None
+        self._turns = None
 
     def serve_one(self) -> bool:
         """Answer the first request in the buffer; whether a whole one is left after it."""
@@ -198,7 +182,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
         try:
             reply = self.factory.board.reply(codec.parse_request(data), self.queue)
         except codec.ProtocolError as error:
-            self.log.warn("closing connection from {peer}: {error}", peer=self._peer(), error=str(error))
+            self.log.warn("closing connection from {peer}: {error}", peer=peer_name(self.transport), error=str(error))
             self._buffer, self._start = b"", 0
             self._closing = True
             self.transport.loseConnection()
@@ -216,15 +200,13 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             if self._backlog > self.factory.limits.max_unsent:
                 self.log.warn(
                     "closing connection from {peer}: {size} bytes of replies left unread",
-                    peer=self._peer(),
+                    peer=peer_name(self.transport),
                     size=self._backlog,
                 )
                 self._closing = True
                 self.transport.abortConnection()
                 return
         self.transport.write(reply)
-
-    # -- IPushProducer: the transport tells us when the client stops reading --
 
     def pauseProducing(self) -> None:
         self._paused = True
@@ -236,11 +218,7 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
     def stopProducing(self) -> None:
         self._closing = True
 
-    def _peer(self) -> str:
-        return peer_name(self.transport)
 
-
-@implementer(IAdmission)
 class AtopGpuFactory(Factory):
     """Makes a protocol per connection, all serving one Board, within `Limits`."""
 
@@ -261,7 +239,7 @@ class AtopGpuFactory(Factory):
         self.per_uid: Counter[int | None] = Counter()
         #: shared slots taken (connections beyond each uid's kept slots)
         self.shared_taken = 0
-        self.turns = Turns(clock)
+        self.cooperator = Cooperator(scheduler=lambda step: clock.callLater(0, step))
         self._refused = UidBurstLogs(clock)
         self._closed_for_room = UidBurstLogs(clock)
         self._last_sweep = float("-inf")
@@ -272,7 +250,7 @@ class AtopGpuFactory(Factory):
         return max(0, count - self.limits.kept_for(uid))
 
     def room_for(self, uid: int | None, family: int) -> bool:
-        """Whether a connection of `uid` may be admitted now (`IAdmission`), making room
+        """Whether a connection of `uid` may be admitted now (asked by a fair port), making room
         for it if it is owed some; refusals are logged once per uid and burst."""
         if family == socket.AF_UNIX and uid is not None and self.gate.refuses_uid(uid):
             return False
@@ -356,50 +334,37 @@ class AtopGpuFactory(Factory):
 
     def admit(self, protocol: AtopGpuProtocol) -> bool:
         """Whether a new connection may stay; refusals are logged once per uid and burst."""
-        handle = _handle(protocol.transport)
+        handle = socket_of(protocol.transport)
         uid = peer_uid(handle, self._diag) if handle is not None else None
         family = handle.family if handle is not None else socket.AF_INET
-        if not self.room_for(uid, family):
-            return False
-        if not self.gate.admits(protocol.transport):
+        if not (self.room_for(uid, family) and self.gate.admits(protocol.transport)):
             return False
         self.take_slot(protocol, uid)
         return True
 
     def take_slot(self, protocol: AtopGpuProtocol, uid: int | None) -> None:
-        """Count an admitted connection of `uid`: in one of its kept slots, else a shared one."""
         self.connections[protocol] = uid
-        count = self.per_uid[uid]
-        self.shared_taken += self._in_shared(uid, count + 1) - self._in_shared(uid, count)
-        self.per_uid[uid] = count + 1
+        self._count(uid, 1)
 
     def forget(self, protocol: AtopGpuProtocol) -> None:
         if protocol in self.connections:
-            uid = self.connections.pop(protocol)
-            count = self.per_uid[uid]
-            self.shared_taken -= self._in_shared(uid, count) - self._in_shared(uid, count - 1)
-            self.per_uid[uid] = count - 1
-            if not self.per_uid[uid]:
-                del self.per_uid[uid]
-        self.turns.forget(protocol)
+            self._count(self.connections.pop(protocol), -1)
+
+    def _count(self, uid: int | None, step: int) -> None:
+        """A connection of `uid` more or less: in one of its kept slots, else a shared one."""
+        count = self.per_uid[uid]
+        self.shared_taken += self._in_shared(uid, count + step) - self._in_shared(uid, count)
+        self.per_uid[uid] = count + step
+        if not self.per_uid[uid]:
+            del self.per_uid[uid]
 
     def stopFactory(self) -> None:
-        self.turns.stop()
+        self.cooperator.stop()
         self._refused.stop()
         self._closed_for_room.stop()
         self.gate.stop()
         self._diag.close()
 
 
-def _handle(transport: Any) -> socket.socket | None:
-    """A transport's socket; None for one without (a test's StringTransport)."""
-    try:
-        handle = transport.getHandle()
-    except (AttributeError, NotImplementedError):
-        return None
-    return handle if isinstance(handle, socket.socket) else None
-
-
 def _who(uid: int | None) -> str:
-    """Whose connections, in a log line."""
     return f"uid {uid}" if uid is not None else "TCP clients of unknown uid"

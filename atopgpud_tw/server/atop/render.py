@@ -10,21 +10,19 @@ samples gpuperccum memperccum memusedcum`` followed by its processes:
 - version 2: ``#A pid type gpubusycum membusycum memnow memcum samples``;
 
 ``A`` for an active process, ``E`` for one that ended since the client's previous
-``S``.  Memory is in KiB, -1 means "not available".
-
-Whatever the counters hold, a reply stays within what atop reads: at most
+``S``.  Memory is in KiB, -1 means "not available".  A reply carries at most
 `MAX_WIRE_DEVICES` devices, names and bus ids of at most `MAX_TOKEN_CHARS`
-characters, and every number between -1 and the largest value of the C type atop
-parses it into (`INT_MAX` for the two busy percentages now and the pid,
-`LLONG_MAX` for the rest); anything below -1 is -1.  When the processes do not
-fit, `PreparedStats` shares the reply between active and exited processes (see
-docs/protocol.md for the arithmetic).
+characters, and numbers from -1 to the largest value of the C type atop parses
+them into (`INT_MAX` for the busy percentages now and the pid, `LLONG_MAX` for the
+rest).  When the processes do not fit, `PreparedStats` shares the reply between
+active and exited processes (docs/protocol.md).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Iterable, Sequence
 
 from atopgpud_tw.codec.wire import (
@@ -39,18 +37,6 @@ from atopgpud_tw.codec.wire import (
 )
 from atopgpud_tw.counters import DeviceTotals, ProcessTotals
 
-__all__ = [
-    "render_types",
-    "render_device",
-    "render_process",
-    "RenderedDevice",
-    "render_devices",
-    "StatsBody",
-    "PreparedStats",
-    "ACTIVE_SHARE_COUNT",
-    "EXITED_SCAN",
-]
-
 #: when a device's processes exceed atop's 255, its active processes keep at least
 #: this many places (or all they need, if fewer) whatever the exited ones queued
 ACTIVE_SHARE_COUNT = (MAX_PROCESSES_PER_DEVICE + 1) // 2
@@ -61,35 +47,18 @@ EXITED_SCAN = (REPLY_LIMIT - PRELUDE.size) // 16
 _WIRE_KIND = {"C": b"C", "G": b"G", "C+G": b"C"}
 
 
-# -- T ---------------------------------------------------------------------------
-
-
 def render_types(devices: Sequence[DeviceTotals]) -> bytes:
     """The ``T`` body (the same for versions 1 and 2)."""
     devices = devices[:MAX_WIRE_DEVICES]
-    parts = [b"%d" % len(devices)]
-    for device in devices:
-        parts.append(
-            b"@%s %s %d"
-            % (wire_token(device.busid), wire_token(device.name), device.task_support & 7)
-        )
-    return b"".join(parts)
-
-
-# -- S ---------------------------------------------------------------------------
+    parts = [b"@%s %s %d" % (wire_token(d.busid), wire_token(d.name), d.task_support & 7) for d in devices]
+    return b"%d" % len(devices) + b"".join(parts)
 
 
 def render_device(device: DeviceTotals) -> bytes:
     """A device's ``@`` record (identical in versions 1 and 2)."""
     now: tuple[int, ...] = (device.gpu_busy_now, device.mem_busy_now)
-    rest: tuple[int, ...] = (
-        device.memory_total_kib,
-        device.memory_used_kib,
-        device.samples,
-        device.gpu_busy_total,
-        device.mem_busy_total,
-        device.memory_used_cum_kib,
-    )
+    rest: tuple[int, ...] = (device.memory_total_kib, device.memory_used_kib, device.samples)
+    rest += (device.gpu_busy_total, device.mem_busy_total, device.memory_used_cum_kib)
     if min(now + rest) < -1 or max(now) > INT_MAX or max(rest) > LLONG_MAX:
         now, rest = _clamped(now, INT_MAX), _clamped(rest, LLONG_MAX)
     return b"@%d %d %d %d %d %d %d %d" % (now + rest)
@@ -101,40 +70,24 @@ def _clamped(values: tuple[int, ...], top: int) -> tuple[int, ...]:
 
 
 def _average(cum: int, samples: int) -> int:
-    if cum < 0:
-        return -1
-    return cum // samples if samples else 0
+    return -1 if cum < 0 else (cum // samples if samples else 0)
 
 
 def render_process(
     totals: ProcessTotals, version: int, state: bytes = b"A", busy: tuple[int, int] | None = None
 ) -> bytes:
-    """A process's ``#`` record for a reply version; `state` is ``A`` or ``E``.
-
-    Version 1 carries busy percentages, not sums: atop shows them as the
-    interval's figures.  `busy` gives them (the board works them out per client
-    over its interval); without it they are the averages since the process began.
-    """
+    """A process's ``#`` record; `state` is ``A`` or ``E``.  Version 1 carries busy percentages
+    (atop shows them as the interval's): `busy`, else the averages since the process began."""
     pid = totals.pid
-    values: tuple[int, ...]
     if version == 1:
-        gpu, mem = busy or (
-            _average(totals.gpu_busy_cum, totals.samples),
-            _average(totals.mem_busy_cum, totals.samples),
-        )
-        values = (gpu, mem, totals.memory_now_kib, totals.memory_cum_kib, totals.samples)
-        if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
-            pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
-        return b"#%s %d %d %d 0 %d %d %d" % ((state, pid) + values)  # type: ignore[str-format]  # bytes, then ints
-    values = (
-        totals.gpu_busy_cum,
-        totals.mem_busy_cum,
-        totals.memory_now_kib,
-        totals.memory_cum_kib,
-        totals.samples,
-    )
+        busy = busy or (_average(totals.gpu_busy_cum, totals.samples), _average(totals.mem_busy_cum, totals.samples))
+    else:
+        busy = (totals.gpu_busy_cum, totals.mem_busy_cum)
+    values: tuple[int, ...] = (*busy, totals.memory_now_kib, totals.memory_cum_kib, totals.samples)
     if min(values) < -1 or max(values) > LLONG_MAX or not 0 <= pid <= INT_MAX:
         pid, values = _clamped((pid,), INT_MAX)[0], _clamped(values, LLONG_MAX)
+    if version == 1:
+        return b"#%s %d %d %d 0 %d %d %d" % ((state, pid) + values)  # type: ignore[str-format]  # bytes, then ints
     kind = _WIRE_KIND.get(totals.kind, b"U")
     return b"#%s %d %s %d %d %d %d %d" % ((state, pid, kind) + values)  # type: ignore[str-format]  # as above
 
@@ -156,13 +109,8 @@ def render_devices(devices: Sequence[DeviceTotals], version: int) -> tuple[Rende
     """Render every device and active process once, for reuse until the next poll."""
     rendered = []
     for device in devices[:MAX_WIRE_DEVICES]:
-        active = sorted(
-            (
-                (totals.memory_now_kib, totals.pid, render_process(totals, version))
-                for totals in device.processes.values()
-            ),
-            key=lambda item: (-item[0], item[1]),
-        )
+        active = [(t.memory_now_kib, t.pid, render_process(t, version)) for t in device.processes.values()]
+        active.sort(key=lambda item: (-item[0], item[1]))
         rendered.append(RenderedDevice(render_device(device), tuple(active)))
     return tuple(rendered)
 
@@ -179,14 +127,10 @@ class StatsBody:
 def _take_exited(
     active_counts: Sequence[int], active_size: int, exited: Sequence[tuple[int, bytes]], room: int
 ) -> tuple[list[int], list[list[bytes]], list[int], int]:
-    """The exited records that go first: a prefix of the queue, within its share.
-
-    Active processes keep half the room (or all they need, if less), and on each
-    device `ACTIVE_SHARE_COUNT` of atop's 255 places (or all they need); exited
-    records take the rest, in queue order, up to the first that does not fit.
-    Returns the records taken per device (count and list), their positions in
-    `exited`, and the room left for the active processes.
-    """
+    """The exited records that go first, in queue order up to the first that does not fit:
+    active processes keep half the room and `ACTIVE_SHARE_COUNT` of each device's 255 places
+    (or all they need, if less).  The records taken per device (count and list), their
+    positions in `exited`, and the room left."""
     share = room - min(active_size, room // 2)
     caps = [MAX_PROCESSES_PER_DEVICE - min(n, ACTIVE_SHARE_COUNT) for n in active_counts]
     count = [0] * len(active_counts)
@@ -211,11 +155,8 @@ def _keep_in_order(
     tails: list[list[bytes]],
     sent: list[int],
 ) -> StatsBody:
-    """Active processes in the candidates' order, as far as room and each device's cap allow.
-
-    `candidates` are ``(device index, pid, record)``, largest memory first; the
-    exited records already taken are in `count`, `tails` and `sent`.
-    """
+    """Active processes in the candidates' order (``(device index, pid, record)``), as far as
+    room and each device's cap allow, after the exited ones in `count`, `tails` and `sent`."""
     chosen: list[set[int]] = [set() for _ in devices]
     cut = False
     for index, pid, record in candidates:
@@ -236,19 +177,10 @@ def _keep_in_order(
 class PreparedStats:
     """The part of an ``S`` body that every client shares until the next poll.
 
-    Built once per poll and version from `render_devices`; `body` then gives one
-    client's body within `budget` bytes and 255 processes per device, with its
-    own exited records added.  When all fits, that is the devices' records with
-    the exited ones (``(device index, record)`` in queue order) appended.
-    Otherwise exited records go first, in queue order and up to the first that
-    does not fit (the rest stay queued, in order), but never into the share kept
-    for the active processes (`_take_exited`); then the active ones, largest
-    memory first, in what is left.  A plain renderer of the same rules, record
-    by record, is the tests' oracle (tests/render_oracle.py, compared to the
-    byte); this one does the shared work once: each device's records are joined in advance, so a reply that fits
-    costs work in proportion to the devices and the client's exited records only,
-    and the order in which active processes are kept when the limit bites is
-    sorted once.
+    `body` gives one client's body within `budget` bytes and 255 processes per device:
+    its exited records appended when all fits; else exited records first, within their
+    share (`_take_exited`), then the largest active processes that fit.  The tests'
+    oracle (tests/render_oracle.py) renders the same rules record by record.
     """
 
     __slots__ = ("devices", "full", "_blocks", "_counts", "_room", "_active_size", "_order")
@@ -289,12 +221,12 @@ class PreparedStats:
         return StatsBody(b"".join(parts), tuple(range(len(exited))), False)
 
     def _select(self, exited: Sequence[tuple[int, bytes]]) -> StatsBody:
-        """Exited records first, then the largest active processes that fit."""
         devices = self.devices
         count, tails, sent, room = _take_exited(self._counts, self._active_size, exited, self._room)
-        order = self._order or self._sorted()
+        order = self._order = self._order or _Order(devices)
         if any(c + n > MAX_PROCESSES_PER_DEVICE for c, n in zip(count, self._counts)):
-            return self._select_capped(order, room, count, tails, sent)
+            # a device may reach atop's 255 processes: one candidate at a time
+            return _keep_in_order(devices, order.candidates, room, count, tails, sent)
         # no device can reach its cap: the largest processes that fit in a row are a
         # prefix of the order (found by bisection), and each device's share of that
         # prefix is a prefix of its own joined records (a slice of its block)
@@ -318,16 +250,6 @@ class PreparedStats:
             parts.extend(tails[index])
         return StatsBody(b"".join(parts), tuple(sent), kept < len(order.records))
 
-    def _select_capped(
-        self, order: _Order, room: int, count: list[int], tails: list[list[bytes]], sent: list[int]
-    ) -> StatsBody:
-        """`_select` where a device may reach atop's 255 processes: one candidate at a time."""
-        return _keep_in_order(self.devices, order.candidates, room, count, tails, sent)
-
-    def _sorted(self) -> _Order:
-        self._order = _Order(self.devices)
-        return self._order
-
 
 class _Order:
     """Every active process of a `PreparedStats`, largest memory first, and sums over that order."""
@@ -342,23 +264,13 @@ class _Order:
         )
         self.candidates = [(index, pid, record) for _, index, pid, record in ranked]
         self.records = [(index, record) for index, _, record in self.candidates]
+        lengths = [len(record) for _, record in self.records]
         #: sizes[k]: bytes of the first k records
-        self.sizes = [0]
-        for _, record in self.records:
-            self.sizes.append(self.sizes[-1] + len(record))
+        self.sizes = [0, *accumulate(lengths)]
         #: smallest_after[k]: the shortest record from position k on
-        self.smallest_after = [0] * len(self.records) + [0]
-        shortest = 1 << 30
-        for position in range(len(self.records) - 1, -1, -1):
-            shortest = min(shortest, len(self.records[position][1]))
-            self.smallest_after[position] = shortest
+        self.smallest_after = [*reversed(list(accumulate(reversed(lengths), min))), 0]
         #: per device, its records' positions in the order, and its cumulative record sizes
         self.positions: list[list[int]] = [[] for _ in devices]
         for position, (index, _) in enumerate(self.records):
             self.positions[index].append(position)
-        self.offsets = []
-        for device in devices:
-            sums = [0]
-            for _, _, record in device.active:
-                sums.append(sums[-1] + len(record))
-            self.offsets.append(sums)
+        self.offsets = [[0, *accumulate(len(record) for _, _, record in d.active)] for d in devices]

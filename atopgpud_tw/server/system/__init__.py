@@ -1,2 +1,2 @@
-"""Meeting the host: sockets (`endpoints`, `listening`, `activation`, `accepting`,
-`sockdiag`), who may connect (`access`), systemd (`notify`) and signals (`signals`)."""
+"""Meeting the host: sockets (`listening`, `accepting`), who may connect (`access`),
+systemd (`notify`) and signals (`signals`)."""

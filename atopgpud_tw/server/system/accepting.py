@@ -1,39 +1,19 @@
 """Accepting fairly: no local user's flood of connections holds up atop or locks it out.
 
-Twisted's listening port accepts in a loop that grows by 20 each time it drains
-the whole backlog, and builds a transport and a protocol for every connection
-it takes; a process that connects, sends a request and resets, in a loop, made
-that loop thousands long, every reactor turn, and filled ``--max-clients`` with
-connections already dead.  A `FairPort` takes each turn in three steps, at the start of the reactor's
-turn after the one in which the listener was readable: the connections
-readable in that turn (an atop asking) are served first, not after a drain.
+Twisted's listening port accepts in a loop that grows by 20 each time it drains the
+backlog, building a transport and a protocol for every connection; a process that
+connects, sends a request and resets, in a loop, made that loop thousands long every
+turn and filled ``--max-clients`` with dead connections.  A `FairPort` takes its turn
+in the reactor's turn after the listener was readable (an atop connected is served first):
 
-1. **Drain**: up to `DRAIN_LIMIT` connections off the kernel's backlog, each a
-   bare file descriptor (the C accept, no socket object), so that the backlog
-   does not fill and a new client's connect is not refused (EAGAIN).  Under a
-   flood that is the daemon's work: a socket object per connection (Python's
-   accept builds one, and converts its family and type to enums) cost more
-   than the kernel's accept and close together.
-2. **Reap**: one ``poll`` over what was drained; a connection whose client has
-   already closed or reset it is closed at once, unread (a plain ``close``: its
-   peer is gone, so no TIME_WAIT is left on our side).  The others become
-   sockets, and their peer's uid is asked.
-3. **Admit**: at most `ACCEPT_BUDGET` connections a turn become transports and
-   protocols, taken from the users waiting in turn (round robin by uid), so
-   one user's hundred waiting connections do not come before another's one.
-   The factory, if it provides `IAdmission`, may refuse a uid at once (no slot
-   of ``--max-clients`` is left to it, or it is not allowed): that connection is
-   closed before anything is built.  A user's connections beyond
-   `PENDING_PER_UID` waiting are closed at once.  Those left wait for the next
-   turn (a ``callLater(0)``), checked again for a hang-up before they are admitted.
-
-The uid of a UNIX client is SO_PEERCRED's; of a TCP client on this host, its
-socket's owner (`sockdiag`); of any other TCP client, unknown (None), one
-bucket for them all.
-
-`fair_reactor` wraps a reactor so that the endpoints built on it (``tcp:``,
-``unix:``, abstract sockets) listen on fair ports; a reactor that is not
-Twisted's POSIX one (a test's MemoryReactor) is left as it is.
+1. **Drain**: up to `DRAIN_LIMIT` connections off the backlog as bare descriptors (the
+   C accept: Python's socket objects cost more than the kernel's accept and close).
+2. **Reap**: one ``poll`` over them; a connection its client already closed or reset
+   is closed unread (no TIME_WAIT on our side); the others wait by their peer's uid.
+3. **Admit**: at most `ACCEPT_BUDGET` a turn become transports and protocols, one uid
+   in turn.  A factory with ``room_for(uid, family)`` may refuse a uid (and logs it)
+   before anything is built.  A user's connections beyond `PENDING_PER_UID` waiting
+   are closed at once; the others wait for the next turn, checked again for a hang-up.
 """
 
 from __future__ import annotations
@@ -43,17 +23,16 @@ import select
 import socket
 import struct
 from collections import deque
+from contextlib import suppress
 from typing import Any, Iterable
 
 from twisted.internet import tcp, unix
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.posixbase import PosixReactorBase
 from twisted.python.failure import Failure
-from zope.interface import Interface
 
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.system.access import peer_uid
-from atopgpud_tw.server.system.sockdiag import SockDiag
+from atopgpud_tw.server.system.access import SockDiag, peer_uid
 
 #: connections a port hands to its factory per reactor turn
 ACCEPT_BUDGET = 16
@@ -71,22 +50,7 @@ _LINGER_RESET = struct.pack("ii", 1, 0)
 Socket = socket.socket
 
 
-class IAdmission(Interface):
-    """A factory that may refuse a connection by its user before it is built."""
-
-    def room_for(uid: int | None, family: int) -> bool:  # type: ignore[misc]  # zope's methods take no self
-        """Whether a new connection from `uid` (None: unknown) on a socket of
-        `family` (AF_UNIX: the uid is SO_PEERCRED's) may be admitted; a refusal
-        is the factory's to log."""
-
-
-def hung_up(sockets: Iterable[socket.socket]) -> set[socket.socket]:
-    """Those of `sockets` whose peer has closed or reset the connection (one poll)."""
-    by_fd = {sock.fileno(): sock for sock in sockets}
-    return {by_fd[fd] for fd in hung_up_fds(by_fd)}
-
-
-def hung_up_fds(fds: Iterable[int]) -> set[int]:
+def hung_up(fds: Iterable[int]) -> set[int]:
     """Those of the descriptors `fds` whose peer has closed or reset the connection (one poll)."""
     poller = select.poll()
     register = poller.register
@@ -98,10 +62,8 @@ def hung_up_fds(fds: Iterable[int]) -> set[int]:
 def close_now(sock: socket.socket) -> None:
     """Close an accepted socket without a TCP TIME_WAIT on our side."""
     if sock.family != socket.AF_UNIX:
-        try:
+        with suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        except OSError:
-            pass
     sock.close()
 
 
@@ -131,8 +93,7 @@ class FairPort:
         #: the drain asked for by the listener's readiness, for the start of the next turn
         self._drain_call: IDelayedCall | None = None
         self._diag = SockDiag()
-        #: counts since listening: reaped (dead when drained or admitted),
-        #: refused (the factory said no), excess (beyond `pending_per_uid`), admitted
+        #: since listening: reaped (dead), refused (by the factory), excess (`pending_per_uid`), admitted
         self.counts = {"reaped": 0, "refused": 0, "excess": 0, "admitted": 0}
 
     def doRead(self) -> None:  # noqa: N802  # Twisted's name
@@ -143,20 +104,21 @@ class FairPort:
             self._drain_call = self.reactor.callLater(0, self.take_turn)
 
     def take_turn(self) -> None:
-        """Drain, reap, and admit this turn's share."""
         self._drain_call = None
         if not self.connected or self.disconnecting:  # type: ignore[attr-defined]  # the port's
             return  # stopping: what waits in the backlog goes with the socket
         try:
             arrived = self._drain()
             if arrived:
-                dead = hung_up_fds(fd for fd, _ in arrived)
-                close = os.close
+                dead = hung_up(fd for fd, _ in arrived)
+                listener = self.socket
                 for fd, address in arrived:
                     if fd in dead:
-                        close(fd)  # its peer is gone: no linger, no TIME_WAIT on our side
+                        os.close(fd)  # its peer is gone: no linger, no TIME_WAIT on our side
                     else:
-                        self._wait(self._socket_of(fd), address)
+                        sock = Socket(listener.family, listener.type, listener.proto, fileno=fd)
+                        sock.setblocking(False)
+                        self._wait(sock, address)
                 self.counts["reaped"] += len(dead)
             if self._next_turn is None:
                 self._admit()
@@ -176,32 +138,15 @@ class FairPort:
                 break
             except OSError:
                 # EMFILE, ENOBUFS, a netfilter EPERM...: what Twisted's own loop does with them
-                self._drain_hard(arrived)
+                room = range(max(0, self.drain_limit - len(arrived)))
+                with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
+                    for sock, address in tcp._accept(logger, room, self.socket, tcp._reservedFD):
+                        append((sock.detach(), address))
                 break
         return arrived
 
-    def _drain_hard(self, arrived: list[tuple[int, Any]]) -> None:
-        room = range(max(0, self.drain_limit - len(arrived)))
-        with tcp._BuffersLogs(self._logger.namespace, self._logger.observer) as logger:
-            for sock, address in tcp._accept(logger, room, self.socket, tcp._reservedFD):
-                arrived.append((sock.detach(), address))
-
-    def _socket_of(self, fd: int) -> Socket:
-        listener = self.socket
-        sock = Socket(listener.family, listener.type, listener.proto, fileno=fd)
-        sock.setblocking(False)
-        return sock
-
-    def _uid(self, sock: Socket, address: Any) -> int | None:
-        if sock.family == socket.AF_UNIX:
-            return peer_uid(sock)
-        return peer_uid(sock, self._diag)
-
     def _wait(self, sock: Socket, address: Any) -> None:
-        uid = self._uid(sock, address)
-        queue = self._pending.get(uid)
-        if queue is None:
-            queue = self._pending[uid] = deque()
+        queue = self._pending.setdefault(peer_uid(sock, self._diag), deque())
         if len(queue) >= self.pending_per_uid:
             self.counts["excess"] += 1
             close_now(sock)
@@ -209,7 +154,6 @@ class FairPort:
         queue.append((sock, address))
 
     def _turn(self, limit: int) -> list[tuple[int | None, Socket, Any]]:
-        """Up to `limit` waiting connections, one per uid in turn."""
         chosen: list[tuple[int | None, Socket, Any]] = []
         while self._pending and len(chosen) < limit:
             for uid in list(self._pending):
@@ -223,16 +167,16 @@ class FairPort:
 
     def _admit(self) -> None:
         self._next_turn = None
-        admission = self.factory if IAdmission.providedBy(self.factory) else None
+        room_for = getattr(self.factory, "room_for", None)
         admitted = 0
         while admitted < self.budget and self._pending:
             chosen = self._turn(self.budget - admitted)
-            dead = hung_up(sock for _, sock, _ in chosen)
+            dead = hung_up(sock.fileno() for _, sock, _ in chosen)
             for uid, sock, address in chosen:
-                if sock in dead:
+                if sock.fileno() in dead:
                     self.counts["reaped"] += 1
                     close_now(sock)
-                elif admission is not None and not admission.room_for(uid, sock.family):
+                elif room_for is not None and not room_for(uid, sock.family):
                     self.counts["refused"] += 1
                     close_now(sock)
                 else:
@@ -267,7 +211,6 @@ class FairPort:
         super().connectionLost(reason)  # type: ignore[misc]  # the port's own
 
     def stop_admitting(self) -> None:
-        """Close the connections still waiting for a turn (the port closes)."""
         for call in (self._next_turn, self._drain_call):
             if call is not None and call.active():
                 call.cancel()

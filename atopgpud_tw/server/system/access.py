@@ -1,24 +1,20 @@
 """Who may connect: peer credentials of UNIX-socket clients, and bursts of refusals.
 
 An abstract socket has no file permissions: any local process in the same network
-namespace can connect and see every GPU process.  Sites that want less give the
-daemon an allow-list of uids and gids (``--allow-uid``/``--allow-gid``); a client
-on a UNIX socket (an atop socket or a UNIX ``--metrics`` socket) is then accepted
-only if SO_PEERCRED says its uid is listed, or its primary or a supplementary group
-is.  The supplementary groups come from SO_PEERGROUPS, the groups the client had
-when it connected, so nothing is read from /proc (which ``ProtectProc=invisible``
-hides); /proc is the fallback on kernels older than 4.13.  TCP clients carry no
-credentials: keep TCP on loopback, or off, where this matters.  (A TCP client on
-this host still has a uid, its socket's owner, which `peer_uid` finds through
-`sockdiag` to count each user's slots of ``--max-clients``; the allow-list does
-not rely on it.)
+namespace can connect and see every GPU process.  With ``--allow-uid``/``--allow-gid``
+a UNIX client (atop's or ``--metrics``') is accepted only if SO_PEERCRED's uid, or its
+primary or a supplementary group (SO_PEERGROUPS: those it had when it connected; /proc,
+which ``ProtectProc=invisible`` hides, before Linux 4.13) is listed.  TCP clients carry
+no credentials; a local one's socket owner (`SockDiag`) counts only its user's slots.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import struct
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +25,25 @@ from twisted.python.failure import Failure
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.sockdiag import is_local
 
 _UCRED = struct.Struct("3i")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; not named in Python 3.11
 _GID = struct.Struct("I")
 _NGROUPS_MAX = 65536
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG_ERROR = 2
+_NLMSG_HEADER = struct.Struct("=IHHII")
+#: inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid
+_REQUEST = struct.Struct("=BBBxI")
+#: inet_diag_sockid: ports (big-endian), addresses (16 bytes each), interface, cookie
+_SOCKID = struct.Struct("!HH16s16s")
+_SOCKID_TAIL = struct.Struct("=III")
+_NO_COOKIE = 0xFFFFFFFF
+_ALL_STATES = 0xFFFFFFFF
+#: inet_diag_msg: family, state, timer, retrans, sockid (48), expires, rqueue, wqueue, uid, inode
+_REPLY = struct.Struct("=BBBB48sIIIII")
 
 
 @dataclass(frozen=True)
@@ -50,57 +59,65 @@ def peer_of(transport: Any) -> Peer | None:
         handle = transport.getHandle()
         if handle.family != socket.AF_UNIX:
             return None
-        raw = handle.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, uid, gid = _ucred(handle)
     except (AttributeError, OSError):
         return None
-    pid, uid, gid = _UCRED.unpack(raw)
     groups = _peer_groups(handle)
     if groups is None:
         groups = _proc_groups(pid)
     return Peer(pid, uid, frozenset({gid}) | groups)
 
 
+def _ucred(sock: socket.socket) -> tuple[int, int, int]:
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+
+
 def peer_uid(sock: socket.socket, diag: Any = None) -> int | None:
     """The uid of a connected socket's peer: SO_PEERCRED's on a UNIX socket; on
-    TCP, with a `sockdiag.SockDiag`, the owner of a client's socket on this host;
+    TCP, with a `SockDiag`, the owner of a client's socket on this host;
     else None."""
     try:
         if sock.family == socket.AF_UNIX:
-            return int(_UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1])
-        if diag is None:
-            return None
-        local, remote = sock.getsockname(), sock.getpeername()
+            return _ucred(sock)[1]
+        return None if diag is None else diag.owner(sock.getsockname(), sock.getpeername())
     except OSError:
         return None
-    return diag.owner(local, remote) if is_local(local, remote) else None
+
+
+def socket_of(transport: Any) -> socket.socket | None:
+    """A transport's socket, under any that wrap it (TLS); None for one without (a test's)."""
+    while transport is not None:
+        try:
+            handle = transport.getHandle()
+        except (AttributeError, NotImplementedError):
+            handle = None
+        if isinstance(handle, socket.socket):
+            return handle
+        transport = getattr(transport, "transport", None)
+    return None
 
 
 def peer_key(transport: Any, diag: Any) -> str:
     """Whom a client's share of a bounded thing is counted to: its address (every UNIX-socket client's is
     "local") and, for a client on this host, the uid that owns its socket, so that one local user's flood
-    takes no share of another user's on the same address.  `transport` may wrap the socket's (TLS)."""
+    takes no share of another user's on the same address."""
     address = str(getattr(transport.getPeer(), "host", None) or "local")
-    while transport is not None:
-        handle = getattr(transport, "getHandle", lambda: None)()
-        if isinstance(handle, socket.socket):
-            uid = peer_uid(handle, diag)
-            return address if uid is None else f"{address} (uid {uid})"
-        transport = getattr(transport, "transport", None)
-    return address
+    handle = socket_of(transport)
+    uid = None if handle is None else peer_uid(handle, diag)
+    return address if uid is None else f"{address} (uid {uid})"
 
 
 def peer_name(transport: Any) -> str:
-    """A client as the log names it: its address, or its socket's name."""
     return address_name(transport.getPeer())
 
 
 def address_name(peer: Any) -> str:
-    """A client's address (an `IAddress`) as the log names it."""
+    """A client's address (an `IAddress`) as the log names it: its host, or its socket's name."""
     return str(getattr(peer, "host", None) or getattr(peer, "name", None) or "a local client")
 
 
 def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
-    """The peer's supplementary groups from SO_PEERGROUPS; None where the kernel has none."""
+    """The peer's supplementary groups (SO_PEERGROUPS); None where the kernel has none."""
     for size in (64, _NGROUPS_MAX):
         try:
             raw = handle.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, size * _GID.size)
@@ -113,13 +130,10 @@ def _peer_groups(handle: socket.socket) -> frozenset[int] | None:
 
 
 def _proc_groups(pid: int) -> frozenset[int]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+        for line in status:
+            if line.startswith("Groups:"):
+                return frozenset(int(g) for g in line.split()[1:])
     return frozenset()
 
 
@@ -142,8 +156,7 @@ class AllowList:
 
 
 class Gate:
-    """The allow-list where clients connect: admits a transport or refuses it,
-    logging refusals once per burst."""
+    """The allow-list where clients connect, its refusals logged once per burst."""
 
     log = ClassLogger("atopgpud_tw.access.Gate")
 
@@ -158,28 +171,24 @@ class Gate:
         peer = peer_of(transport)
         if self.allow.admits(peer):
             return True
-        self._refused.event(
-            lambda: self.log.warn(
-                "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid",
-                uid=peer.uid if peer else None,
-                where=self.where,
-            ),
-            "clients refused (--allow-uid/--allow-gid)",
-        )
+        self._refuse(peer.uid if peer else None)
         return False
 
     def refuses_uid(self, uid: int) -> bool:
         """Whether a UNIX client of `uid` is refused whatever its groups (logged as
         `admits` logs it); False where its groups could still admit it."""
-        if not self.allow.restricts or self.allow.gids or uid == 0 or uid in self.allow.uids:
+        if self.allow.gids or self.allow.admits(Peer(0, uid, frozenset())):
             return False
+        self._refuse(uid)
+        return True
+
+    def _refuse(self, uid: int | None) -> None:
         self._refused.event(
             lambda: self.log.warn(
                 "refusing a client with uid {uid}{where}: not in --allow-uid/--allow-gid", uid=uid, where=self.where
             ),
             "clients refused (--allow-uid/--allow-gid)",
         )
-        return True
 
     def stop(self) -> None:
         self._refused.stop()
@@ -225,3 +234,74 @@ class GatedFactory(WrappingFactory):
     def doStop(self) -> None:
         self.gate.stop()
         super().doStop()
+
+
+class SockDiag:
+    """The uid owning a local TCP client's socket: the ``idiag_uid`` of one ``SOCK_DIAG_BY_FAMILY``
+    request over netlink (as ``ss`` asks) for the socket whose four-tuple is the peer's, nothing read
+    from /proc.  None where netlink is refused (``RestrictAddressFamilies=``) or the socket is not
+    found (a remote client, or one gone).  One netlink socket, opened when first asked and kept."""
+
+    def __init__(self) -> None:
+        self._socket: socket.socket | None = None
+        self._refused = False
+        self._sequence = 0
+
+    def owner(self, local: tuple, peer: tuple) -> int | None:
+        """The uid of the socket at `peer` connected to `local` (getsockname, getpeername
+        of the accepted socket); None if it cannot be told, or the peer is not on this host."""
+        query = _sockid(peer, local)
+        if query is None or self._refused:
+            return None
+        family, sockid = query
+        self._sequence = (self._sequence + 1) & 0xFFFFFFFF
+        body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, _ALL_STATES) + sockid
+        message = _NLMSG_HEADER.pack(
+            _NLMSG_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, self._sequence, 0
+        ) + body
+        try:
+            sock = self._open()
+            sock.send(message)
+            while True:
+                reply = sock.recv(8192, socket.MSG_DONTWAIT)
+                length, kind, _, sequence, _ = _NLMSG_HEADER.unpack_from(reply)
+                if sequence == self._sequence:
+                    break  # an answer to an earlier query that timed out is skipped
+        except OSError:
+            return None
+        if kind == _NLMSG_ERROR or len(reply) < _NLMSG_HEADER.size + _REPLY.size:
+            return None
+        return int(_REPLY.unpack_from(reply, _NLMSG_HEADER.size)[8])
+
+    def _open(self) -> socket.socket:
+        if self._socket is None:
+            try:
+                self._socket = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+            except OSError:
+                self._refused = True
+                raise
+        return self._socket
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def _sockid(source: tuple, destination: tuple) -> tuple[int, bytes] | None:
+    """The family and inet_diag_sockid of the socket bound to `source`, connected to `destination`;
+    None unless `source` is on this host: on loopback, or at the address it connected to."""
+    try:
+        src, dst = ipaddress.ip_address(source[0].split("%")[0]), ipaddress.ip_address(destination[0].split("%")[0])
+    except ValueError:
+        return None
+    if not (src.is_loopback or source[0] == destination[0]):
+        return None
+    if isinstance(src, ipaddress.IPv6Address) and src.ipv4_mapped and isinstance(dst, ipaddress.IPv6Address):
+        # a v4 client on a dual-stack listener: its own socket is an AF_INET one
+        src, dst = src.ipv4_mapped, dst.ipv4_mapped or dst
+    if src.version != dst.version:
+        return None
+    family = socket.AF_INET if src.version == 4 else socket.AF_INET6
+    sockid = _SOCKID.pack(source[1], destination[1], src.packed.ljust(16, b"\0"), dst.packed.ljust(16, b"\0"))
+    return family, sockid + _SOCKID_TAIL.pack(0, _NO_COOKIE, _NO_COOKIE)

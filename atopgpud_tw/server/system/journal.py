@@ -1,14 +1,11 @@
 """Log lines the systemd journal understands: each with its syslog priority, no timestamp of
 their own, and ``--log-level``.
 
-Under systemd the daemon's standard output is a stream to the journal, and systemd says so
-in ``JOURNAL_STREAM`` (the stream's ``device:inode``, systemd.exec(5)). There each line
-starts with the ``<N>`` prefix of sd-daemon(3) (``SyslogLevelPrefix=`` is on by default),
-so ``journalctl -p warning`` shows the warnings and a log shipper keeps the level, and
-carries no timestamp (the journal has its own). Elsewhere the lines are twistd's.
-
-The observer is handed to twistd as its ``logger`` (`install`): the documented way to give
-twistd an observer, used by the ``atopgpud`` command and ``twistd -n atopgpud`` alike.
+Where standard output is the journal's stream (systemd names it in ``JOURNAL_STREAM``,
+``device:inode``, systemd.exec(5)), each line starts with sd-daemon(3)'s ``<N>`` prefix
+(``SyslogLevelPrefix=`` is on by default), so ``journalctl -p warning`` and log shippers
+keep the level, and carries no timestamp.  Elsewhere the lines are twistd's.  The
+observer is twistd's ``logger`` (`install`), for ``atopgpud`` and ``twistd -n atopgpud`` alike.
 """
 
 from __future__ import annotations
@@ -101,6 +98,5 @@ _chosen: list[Any] = [False, DEFAULT_LEVEL]
 
 
 def twistd_observer() -> ILogObserver:
-    """twistd's ``logger``: the observer `install` chose."""
     journal, level = _chosen
     return observer(journal, level)

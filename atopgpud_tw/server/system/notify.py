@@ -1,16 +1,12 @@
 """Telling systemd the truth (``Type=notify``): ready, what the daemon serves, stopping.
 
-systemd names a datagram socket in ``NOTIFY_SOCKET``; the daemon sends
-``READY=1`` once the reactor runs (by then the reader is open and every listener
-listens: both happen before, or start-up fails with exit status 1), a ``STATUS=``
-line that ``systemctl status`` shows (the reader, the GPUs, failing polls) whenever
-it changes, and ``STOPPING=1`` when it shuts down.  Without ``NOTIFY_SOCKET``
-nothing is sent and nothing is scheduled.
-
-A reader that waits for its driver (not loaded yet at boot) holds ``READY=1``
-back, with a status line that says what it waits for, until it has its GPUs or
-`ready_within` seconds have passed: units ordered after this one (atop, which
-asks for the GPUs once, when it starts) start once the GPUs are known.
+To the datagram socket of ``NOTIFY_SOCKET`` (without it nothing is sent or
+scheduled): ``READY=1`` once the reactor runs (the reader is open and every
+listener listens by then, or start-up failed), a ``STATUS=`` line for ``systemctl
+status`` whenever it changes, and ``STOPPING=1`` at shutdown.  A reader that waits
+for its driver (not loaded yet at boot) holds ``READY=1`` back, saying so in the
+status, until it has its GPUs or `ready_within` seconds passed: units ordered after
+this one (atop asks for the GPUs once, when it starts) start once they are known.
 """
 
 from __future__ import annotations
@@ -33,8 +29,6 @@ DRIVER_WAIT = 60.0
 
 
 class Notifier:
-    """Sends sd_notify messages to the socket systemd named, if any."""
-
     log = ClassLogger("atopgpud_tw.notify.Notifier")
 
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -78,7 +72,6 @@ class NotifyService(Service):
         self.notifier = notifier
         self.status = status
         self.clock = clock
-        #: what the daemon waits for before it is ready (None: nothing)
         self.waiting = waiting
         self.ready_within = ready_within
         self.ready = False
@@ -129,7 +122,6 @@ class NotifyService(Service):
         self._loop.start(every, now=False)
 
     def refresh(self) -> None:
-        """Send the status line if it changed since the last one sent."""
         status = self.status()
         if status != self._sent:
             self._sent = status

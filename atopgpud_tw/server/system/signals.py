@@ -1,18 +1,14 @@
 """Signals a daemon is sent: SIGHUP, SIGUSR1, SIGUSR2, and SIGTERM twice.
 
-The reactor handles SIGTERM and SIGINT; every other signal keeps its default
-action, which for SIGHUP, SIGUSR1 and SIGUSR2 is to die at once: no socket file
-removed, no lock file released, NVML not shut down.  And a second SIGTERM before
-the reactor has stopped makes it stop again, which logs a ReactorNotRunning
-traceback.  ``SignalService`` installs, as it starts (the listeners may already
-take clients, and a SIGHUP then must not kill the daemon), and wraps SIGTERM and
-SIGINT once the reactor runs (after the reactor's own handlers):
+The reactor handles SIGTERM and SIGINT; SIGHUP, SIGUSR1 and SIGUSR2 keep their
+default action, to die at once (no socket file removed, no lock released, NVML not
+shut down), and a second SIGTERM before the reactor stopped logs a ReactorNotRunning
+traceback.  ``SignalService`` installs as it starts (the listeners may already take
+clients), and wraps SIGTERM and SIGINT once the reactor runs:
 
-- SIGHUP: the log file reopened when twistd logs to one (as after logrotate moved
-  it), and each of `hangup_hooks` called (``--web-config`` re-read); with neither,
-  logged and ignored;
-- SIGUSR1: twistd's own handler where it logs to a file (the log file is rotated);
-  else logged and ignored;
+- SIGHUP: the log file reopened when twistd logs to one (after logrotate moved it),
+  and each of `hangup_hooks` called (``--web-config`` re-read); else logged;
+- SIGUSR1: twistd's own handler where it logs to a file (rotation); else logged;
 - SIGUSR2: logged and ignored;
 - SIGTERM, SIGINT: the reactor's handler, once; a repeat is logged and ignored.
 """
@@ -63,7 +59,6 @@ class SignalService(Service):
         self.reactor.callWhenRunning(self.wrap_stops)
 
     def install(self) -> None:
-        """Replace the default actions of SIGHUP, SIGUSR2 and (without a log file) SIGUSR1."""
         log_file = twistd_log_file()
         handlers: dict[int, Handler] = {
             signal.SIGHUP: self._in_reactor(self.hangup, log_file),
@@ -75,7 +70,6 @@ class SignalService(Service):
             self.previous[number] = signal.signal(number, handler)
 
     def wrap_stops(self) -> None:
-        """Wrap the reactor's SIGTERM and SIGINT handlers (installed as it began to run)."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             current = signal.getsignal(signum)
             if callable(current) and current is not signal.default_int_handler:
@@ -109,13 +103,11 @@ class SignalService(Service):
     def hangup(self, log_file: logfile.BaseLogFile | None) -> None:
         for hook in self.hangup_hooks:
             hook()
-        if log_file is None and self.hangup_hooks:
-            return
-        if log_file is None:
+        if log_file is not None:
+            log_file.reopen()
+            self.log.info("SIGHUP: log file {path} reopened", path=log_file.path)
+        elif not self.hangup_hooks:
             self.log.info("SIGHUP: ignored (no log file to reopen)")
-            return
-        log_file.reopen()
-        self.log.info("SIGHUP: log file {path} reopened", path=log_file.path)
 
     def ignored(self, name: str) -> None:
         self.log.info("{signal}: ignored", signal=name)

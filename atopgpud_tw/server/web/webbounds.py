@@ -31,8 +31,7 @@ from zope.interface import implementer
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import BurstLog
-from atopgpud_tw.server.system.access import peer_key, peer_name
-from atopgpud_tw.server.system.sockdiag import SockDiag
+from atopgpud_tw.server.system.access import SockDiag, peer_key, peer_name
 
 
 @dataclass(frozen=True)

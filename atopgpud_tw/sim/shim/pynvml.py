@@ -1,10 +1,6 @@
 """The real nvidia-ml-py `pynvml`, over the simulated libnvidia-ml, for programs written against it.
 
-Put this folder first on PYTHONPATH and name a scenario in ATOPGPUD_SCENARIO (the
-built-in demo without it).  ``import pynvml`` then loads the installed
-nvidia-ml-py module itself, with the simulated library as its ``nvmlLib``: every
-wrapper, structure and error class is the binding's own, only the C functions
-beneath are simulated.  See docs/simulator.md.
+Put this folder first on PYTHONPATH and name a scenario in ATOPGPUD_SCENARIO (docs/simulator.md).
 """
 
 import os
