@@ -1,7 +1,7 @@
 """One card's health and power figures: what a reader hands the metrics page, as `snapshot` is for a poll.
 
 Both readers fill a `CardHealth` per card when ``/metrics`` is fetched; the page
-(server/web/metrics_health.py) knows nothing of either.  Which figures there are is
+(server/web/metrics.py) knows nothing of either.  Which figures there are is
 the table of figures (figures.py).
 """
 

@@ -295,8 +295,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     listeners = [Listener(description, _endpoint(reactor, "--listen", description), factory)
                  for description in options["listen"]]
     if options["metrics"]:
-        from atopgpud_tw.server.web.metrics import make_site  # prometheus_client only when asked for
-        from atopgpud_tw.server.web.metrics_health import HealthCache
+        # prometheus_client only when asked for
+        from atopgpud_tw.server.web.metrics import HealthCache, make_site
         from atopgpud_tw.server.web.webbounds import WebLimits
 
         book = None

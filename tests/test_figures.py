@@ -34,8 +34,7 @@ from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics_gpm import BYTES, PERCENTS, SERIES, GpmCollector
-from atopgpud_tw.server.web.metrics_health import FAMILIES, HealthCache, HealthCollector
+from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, Families, HealthCache, gpm_families, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.gpm_model import PLAYED
 from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
@@ -281,7 +280,7 @@ class XidSource:
 
 def page_text(cache: HealthCache) -> str:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HealthCollector(cache))
+    registry.register(Families(lambda: health_families(cache)))
     return generate_latest(registry).decode()
 
 
@@ -400,17 +399,16 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
         assert row.family.name.endswith("_bytes_total" if row.gpm.rate else "_percent_seconds_total")
         assert not figures.families().get(row.family.name), "a GPM family is not a health family"
     # the page: one family per row, in the table's order, after the seconds covered
-    assert [name for name, _, _ in SERIES] == names
-    assert [series + "_total" for _, series, _ in SERIES] == [row.family.name for row in rows]
-    assert [text for _, _, text in SERIES] == [row.family.help for row in rows]
-    assert set(PERCENTS) | set(BYTES) == set(SERIES) and not set(PERCENTS) & set(BYTES)
-    assert {name for name, _, _ in BYTES} == rates() == {gpm.name for gpm in gpms if gpm and gpm.rate}
+    assert [name for name, _, _ in GPM_SERIES] == names
+    assert [series + "_total" for _, series, _ in GPM_SERIES] == [row.family.name for row in rows]
+    assert [text for _, _, text in GPM_SERIES] == [row.family.help for row in rows]
+    assert rates() == {gpm.name for gpm in gpms if gpm and gpm.rate}
     counters = Counters()
     figures_of_all = GpmFigures(2.0, tuple((name, 1.0) for name in names))
     counters.fold(Snapshot((DeviceSample("k0", "0000:01:00.0", "H200", gpm=figures_of_all),)), 1.0, 0.0)
     board = Board.__new__(Board)
     board.counters = counters
-    page = list(GpmCollector(board).collect())
+    page = list(gpm_families(board))
     assert [family.name for family in page] == ["atopgpud_gpu_gpm_seconds"] + [
         row.family.name.removesuffix("_total") for row in rows]
     assert all(len(family.samples) == 1 for family in page)

@@ -17,7 +17,7 @@ from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import make_registry
+from atopgpud_tw.server.web.metrics import BoardCollector
 from atopgpud_tw.snapshot import DeviceSample, Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smi"
@@ -50,7 +50,7 @@ def page_of(samples: list[tuple[DeviceSample, ...]]) -> dict:
     board = Board()
     for devices in samples:
         board.fold(Snapshot(devices=tuple(devices)))
-    return samples_of(generate_latest(make_registry(board, FakePoller(), 0.5, False)).decode())
+    return samples_of(generate_latest(BoardCollector(board, FakePoller(), 0.5, False)).decode())
 
 
 def nvml_page(driver: str | None = None, mig: str = "instances") -> dict:
@@ -59,7 +59,7 @@ def nvml_page(driver: str | None = None, mig: str = "instances") -> dict:
     board = Board()
     for second in range(2):
         board.fold(poll(reader, clock, float(second))[0])
-    return samples_of(generate_latest(make_registry(board, FakePoller(), 0.5, False)).decode())
+    return samples_of(generate_latest(BoardCollector(board, FakePoller(), 0.5, False)).decode())
 
 
 def infos(page: dict) -> dict[str, dict[str, str]]:

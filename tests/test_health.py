@@ -17,7 +17,7 @@ from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.nvml.health import read_card_health
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.readers.nvml.support import HOLD_POLLS, HOLD_SECONDS
-from atopgpud_tw.server.web.metrics_health import FAMILIES, HEALTH_WAIT, HealthCache, HealthCollector
+from atopgpud_tw.server.web.metrics import FAMILIES, HEALTH_WAIT, Families, HealthCache, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
 from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
 
@@ -182,7 +182,7 @@ class FakeSource:
 
 def page_of(cache: HealthCache) -> dict:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HealthCollector(cache))
+    registry.register(Families(lambda: health_families(cache)))
     text = generate_latest(registry).decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value

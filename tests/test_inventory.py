@@ -23,7 +23,7 @@ from atopgpud_tw.readers.smi.mig import mig_slots, name_slots, parse_mig_names
 from atopgpud_tw.readers.smi.report import read_devices
 from atopgpud_tw.readers.smi.stream import read_report
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import make_registry
+from atopgpud_tw.server.web.metrics import BoardCollector
 from atopgpud_tw.snapshot import DeviceInfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smi"
@@ -93,7 +93,7 @@ def page_from_nvml(processes: bool = True) -> dict:
     board = Board()
     for second in range(3):
         board.fold(poll(reader, clock, float(second))[0])
-    return samples_of(generate_latest(make_registry(board, FakePoller(), 0.5, processes)).decode())
+    return samples_of(generate_latest(BoardCollector(board, FakePoller(), 0.5, processes)).decode())
 
 
 def test_gpu_info_series_has_every_label():

@@ -23,7 +23,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from atopgpud_tw import tap
 from atopgpud_tw.server.system.listening import listen_endpoint
-from atopgpud_tw.server.web.metrics_web import Healthy, Ready, make_root
+from atopgpud_tw.server.web.metrics import Healthy, Ready, make_root
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"

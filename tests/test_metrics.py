@@ -16,7 +16,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from atopgpud_tw import tap
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import MetricsResource, MetricsSite, make_registry
+from atopgpud_tw.server.web.metrics import BoardCollector, MetricsResource, MetricsSite
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, Snapshot
 
 INTERVAL = 0.2
@@ -99,7 +99,7 @@ def device(present: bool = True, **values) -> DeviceSample:
 
 
 def page_of(board: Board, poller: FakePoller | None = None, processes: bool = False) -> dict:
-    registry = make_registry(board, poller or FakePoller(), 0.5, processes)
+    registry = BoardCollector(board, poller or FakePoller(), 0.5, processes)
     return samples_of(generate_latest(registry).decode())
 
 
@@ -162,7 +162,7 @@ def test_resource_negotiates_the_format():
     """GET /metrics gives the text format, or OpenMetrics when the scraper asks for it."""
     board = Board()
     board.fold(Snapshot((device(),)))
-    resource = MetricsResource(make_registry(board, FakePoller(), 1.0))
+    resource = MetricsResource(BoardCollector(board, FakePoller(), 1.0))
     plain = DummyRequest([b""])
     body = resource.render(plain)
     assert plain.responseHeaders.getRawHeaders(b"content-type")[0].startswith(b"text/plain")

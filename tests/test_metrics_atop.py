@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics_atop import AtopSumsCollector
+from atopgpud_tw.server.web.metrics import Families, atop_sums
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, Snapshot
 
 
@@ -17,10 +16,8 @@ def sample(gpu_busy: int, mem_busy: int = UNSUPPORTED, present: bool = True) -> 
 
 
 def page(board: Board) -> dict[str, list[float]]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AtopSumsCollector(board))
     found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(generate_latest(Families(lambda: atop_sums(board))).decode()):
         for s in family.samples:
             found.setdefault(s.name, []).append(s.value)
     return found

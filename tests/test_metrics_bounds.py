@@ -296,7 +296,7 @@ def test_the_health_part_is_rendered_once_per_ttl_however_many_scrape():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from atopgpud_tw.server.web.page import HEALTH_TTL, MetricsPage
+    from atopgpud_tw.server.web.metrics import HEALTH_TTL, MetricsPage
 
     collected = [0]
     clients = [0]

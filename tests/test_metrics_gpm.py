@@ -17,7 +17,7 @@ from atopgpud_tw.atopgpu import cli
 from atopgpud_tw.atopgpu.health import gpm_report, render_gpm
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics_gpm import GpmCollector
+from atopgpud_tw.server.web.metrics import gpm_families
 from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 SCENARIO = {"gpus": [
@@ -41,13 +41,13 @@ def _board(*figures: GpmFigures | None) -> Board:
 
 def test_collector_has_no_families_on_a_host_without_gpm() -> None:
     """A host without GPM: not one GPM family (the page stays as it was)."""
-    assert list(GpmCollector(_board(None, None)).collect()) == []
+    assert list(gpm_families(_board(None, None))) == []
 
 
 def test_collector_exports_sums_of_devices_with_gpm_only() -> None:
     """Percent-seconds and bytes per device with GPM; a device without has no series."""
-    families = {f.name: f for f in GpmCollector(_board(
-        GpmFigures(2.0, (("graphics", 50.0), ("pcie_tx", 1.0))), None)).collect()}
+    families = {f.name: f for f in gpm_families(_board(
+        GpmFigures(2.0, (("graphics", 50.0), ("pcie_tx", 1.0))), None))}
     assert [s.value for s in families["atopgpud_gpu_gpm_seconds"].samples] == [2.0]
     assert [s.value for s in families["atopgpud_gpu_gpm_graphics_percent_seconds"].samples] == [100.0]
     assert [s.value for s in families["atopgpud_gpu_gpm_pcie_transmit_bytes"].samples] == [2.0 * 1048576]

@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 from atopgpud_tw.counters import Counters
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.poller import PollerService
-from atopgpud_tw.server.web.metrics import make_registry
+from atopgpud_tw.server.web.metrics import BoardCollector
 
 INTERVAL = 1.0
 
@@ -47,7 +47,7 @@ def run(seconds_per_poll: float, failing: int = 0) -> tuple[Board, list[tuple[fl
     clock = Clock()
     board = Board(Counters(weigh_processes=True))
     poller = PollerService(SlowReader(clock, seconds_per_poll, failing), board, INTERVAL, clock)
-    registry = make_registry(board, poller, INTERVAL, processes=True)
+    registry = BoardCollector(board, poller, INTERVAL, processes=True)
     poller.startService()
     pages = []
     for _ in range(120):

@@ -22,8 +22,7 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.atop.poller import PollerService
-from atopgpud_tw.server.web.metrics import make_site
-from atopgpud_tw.server.web.metrics_web import Healthy, Ready, not_ready
+from atopgpud_tw.server.web.metrics import Healthy, Ready, make_site, not_ready
 from atopgpud_tw.server.web.webbounds import WebLimits
 
 

@@ -48,7 +48,7 @@ SITES: dict[tuple[str, str], tuple[str, ...]] = {
     ("readers/smi/values.py", "f'gpu#{position} no-id'"): ("smi-no-id",),
     ("readers/smi/values.py", "f'{owner[0]} {path}'"): ("smi-value",),
     # the health ProblemLog reports the troubles the health reading above keyed
-    ("server/web/metrics_health.py", "key"): ("health-lost", "nvml-call"),
+    ("server/web/metrics.py", "key"): ("health-lost", "nvml-call"),
 }
 
 

@@ -30,7 +30,7 @@ from atopgpud_tw.readers.nvml.watchdog import CallWatch, HangWatchdog
 from atopgpud_tw.readers.smi.report import parse_report
 from atopgpud_tw.server.atop import render
 from atopgpud_tw.server.atop.board import Board
-from atopgpud_tw.server.web.metrics import make_registry
+from atopgpud_tw.server.web.metrics import BoardCollector
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 from atopgpud_tw.snapshot import DeviceSample, ProcessSample, Snapshot, add_memory
 
@@ -382,7 +382,7 @@ def test_metrics_leave_out_unknown_process_memory() -> None:
     """/metrics: a process whose memory is not known has no memory series (not -1024 bytes)."""
     board = Board()
     board.fold(Snapshot((DeviceSample("k", "00000000:0A:00.0", "n", processes=(ProcessSample(9, "C", -1, 0, 0),)),)))
-    text = generate_latest(make_registry(board, Poller(), 1.0, processes=True)).decode()
+    text = generate_latest(BoardCollector(board, Poller(), 1.0, processes=True)).decode()
     assert "atopgpud_process_samples_total{" in text
     assert "atopgpud_process_memory_used_bytes{" not in text
     assert "atopgpud_nvml_" not in text  # no NVML watchdog given (the nvidia-smi reader has none)

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.smi.health import read_cards_health
 from atopgpud_tw.readers.smi.report import read_report
-from atopgpud_tw.server.web.metrics_health import FAMILIES
+from atopgpud_tw.server.web.metrics import FAMILIES
 
 FIXTURE = Path(__file__).with_name("fixtures") / "smi" / "health-v13.xml"
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"

@@ -545,7 +545,7 @@ async def test_readiness_follows_the_gpus_nvidia_smi_reads(fake: FakeSmi, make_r
 
     from atopgpud_tw.server.atop.board import Board
     from atopgpud_tw.server.atop.poller import UNREAD_POLLS, PollerService
-    from atopgpud_tw.server.web.metrics_web import not_ready
+    from atopgpud_tw.server.web.metrics import not_ready
 
     report = (FIXTURES / "plain-v11.xml").read_bytes()
     fake.report("plain-v11.xml")

@@ -22,12 +22,21 @@ from twisted.web.test.requesthelper import DummyRequest
 from webtls import Pki, hashed, web_config
 
 from atopgpud_tw.server.system.signals import SignalService
-from atopgpud_tw.server.web import passwords
-from atopgpud_tw.server.web.basicauth import Protected
-from atopgpud_tw.server.web.passwords import PasswordChecks
-from atopgpud_tw.server.web.tls import CIPHERS, Contexts, build_context, subject_names
-from atopgpud_tw.server.web.webconfig import CLIENT_AUTH_TYPES, WebConfig, WebConfigError, parse
-from atopgpud_tw.server.web.websecure import WebSecurity, load
+from atopgpud_tw.server.web import websecure
+from atopgpud_tw.server.web.websecure import (
+    CIPHERS,
+    CLIENT_AUTH_TYPES,
+    Contexts,
+    PasswordChecks,
+    Protected,
+    WebConfig,
+    WebConfigError,
+    WebSecurity,
+    build_context,
+    load,
+    parse,
+    subject_names,
+)
 
 HASH = "$2y$10$" + "a" * 53
 
@@ -232,7 +241,7 @@ def held(monkeypatch):
         queued.append((done, function, args))
         return done
 
-    monkeypatch.setattr(passwords, "deferToThreadPool", defer)
+    monkeypatch.setattr(websecure, "deferToThreadPool", defer)
     monkeypatch.setattr(checks, "start", lambda: None)
     yield clock, checks, queued
 
@@ -260,7 +269,7 @@ def test_bcrypt_runs_outside_the_reactor_bounded_and_cached(held) -> None:
     assert checks.check(b"alice", b"right", users) is True  # cached: no bcrypt
     assert checks.check(b"alice", b"wrong", users) is False
     assert not queued and checks.checked == 2
-    clock.advance(passwords.CACHE_SECONDS + 1)
+    clock.advance(websecure.CACHE_SECONDS + 1)
     assert isinstance(checks.check(b"alice", b"right", users), Deferred)  # expired: checked again
 
 
@@ -273,10 +282,10 @@ def test_the_right_verdict_is_renewed_by_use_and_never_waits_behind_a_flood(held
     run(queued)
     assert isinstance(first, Deferred) and first.result is True
     for _ in range(10):
-        clock.advance(passwords.CACHE_SECONDS / 2)
+        clock.advance(websecure.CACHE_SECONDS / 2)
         assert checks.check(b"alice", b"right", users) is True
     assert checks.checked == 1
-    clock.advance(passwords.CACHE_SECONDS + 1)  # the scraper paused; its verdict lapsed
+    clock.advance(websecure.CACHE_SECONDS + 1)  # the scraper paused; its verdict lapsed
     flood = [checks.check(b"alice", b"guess%d" % n, users) for n in range(2)]
     assert all(isinstance(each, Deferred) for each in flood)
     assert checks.check(b"alice", b"guess-more", users) is None  # the flood is at its bound: 503
@@ -342,7 +351,7 @@ def test_the_bcrypt_checker_is_twisted_creds_checker(held) -> None:
     busy = checks.requestAvatarId(UsernamePassword(b"alice", b"third"))
     run(queued)
     assert right.result == b"alice"
-    assert wrong.result.check(UnauthorizedLogin) and busy.result.check(passwords.Busy)
+    assert wrong.result.check(UnauthorizedLogin) and busy.result.check(websecure.Busy)
     for done in (wrong, busy):
         done.addErrback(lambda _: None)
 
@@ -552,7 +561,7 @@ def test_a_reload_with_a_cost_over_the_bound_keeps_the_last_good(tmp_path: Path,
 STOPPING = """
 import sys, threading
 from twisted.internet import reactor
-from atopgpud_tw.server.web import passwords
+from atopgpud_tw.server.web import websecure
 
 never = threading.Event()
 started = []
@@ -562,8 +571,8 @@ def stuck(password, stored, *skip):
     never.wait()  # a check that would take for ever (a cost-31 hash)
     return False
 
-passwords._bcrypt_check = stuck
-checks = passwords.PasswordChecks(reactor, threads=2, max_pending=8)
+websecure._bcrypt_check = stuck
+checks = websecure.PasswordChecks(reactor, threads=2, max_pending=8)
 users = {"alice": b"$2y$10$" + b"a" * 53}
 
 def begin():
@@ -591,7 +600,7 @@ def test_stopping_waits_for_no_pending_check() -> None:
 
 def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) -> None:
     """A FIFO (it would block), a device (/dev/zero fills memory), a file over MAX_SIZE: one line each, at once."""
-    from atopgpud_tw.server.web.webconfig import MAX_SIZE, read
+    from atopgpud_tw.server.web.websecure import MAX_SIZE, read
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -605,7 +614,7 @@ def test_the_file_is_read_only_if_regular_and_within_its_size(tmp_path: Path) ->
 
 def test_certificate_files_are_read_the_same_way(tmp_path: Path) -> None:
     """cert_file naming /dev/zero or a FIFO is a one-line error, not a hang."""
-    from atopgpud_tw.server.web.webconfig import TLSSettings
+    from atopgpud_tw.server.web.websecure import TLSSettings
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -733,8 +742,8 @@ def test_fifty_sighups_build_a_few_reloads_none_on_the_reactor(tmp_path: Path) -
 
 def tls_site(pki: Pki, tmp_path: Path, clock: task.Clock, max_clients: int = 1):
     from atopgpud_tw.server.web.metrics import MetricsSite
-    from atopgpud_tw.server.web.tls import TLSChannel, TLSSiteFactory
     from atopgpud_tw.server.web.webbounds import WebLimits
+    from atopgpud_tw.server.web.websecure import TLSChannel, TLSSiteFactory
 
     context = load(str(web_config(tmp_path / "web.yml", tls=tls_of(pki)))).context
     site = MetricsSite(page_tree(), WebLimits(max_clients=max_clients), clock)
@@ -836,7 +845,7 @@ def wired(*args: str):
 def test_makeservice_wraps_the_metrics_site_in_tls_and_reloads_on_sighup(pki: Pki, tmp_path: Path) -> None:
     """With --web-config the --metrics port serves Twisted's TLS around the site, a WebSecurity service
     watches the file, and the signal service's SIGHUP calls it."""
-    from atopgpud_tw.server.web.tls import TLSSiteFactory
+    from atopgpud_tw.server.web.websecure import TLSSiteFactory
 
     path = web_config(tmp_path / "web.yml", tls=tls_of(pki), users={"alice": hashed("one")})
     service, reactor = wired("--metrics", "tcp:9445:interface=127.0.0.1", "--web-config", str(path))

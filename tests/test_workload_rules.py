@@ -9,7 +9,7 @@ import pytest
 from prometheus_server import promtool
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
+from atopgpud_tw.server.web.metrics import workload_families
 from atopgpud_tw.workloads import WorkloadBook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,5 +33,5 @@ def test_workload_rules_name_series_the_page_has():
     """Every atopgpud series the rules read is one the workload collector writes."""
     named = set(re.findall(r"(?<![:\w])atopgpud_[a-z_]+", RULES.read_text()))
     families = {f"{family.name}_total" if family.type == "counter" else family.name
-                for family in WorkloadCollector(WorkloadBook(Counters())).collect()}
+                for family in workload_families(WorkloadBook(Counters()))}
     assert named and named <= families, named - families

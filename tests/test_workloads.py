@@ -454,11 +454,11 @@ def test_groups_are_atops_arithmetic_over_the_gpus_samples() -> None:
 def test_the_series_gauge_counts_what_is_on_the_page() -> None:
     """atopgpud_workload_series is the number of workload series the page shows, ``other`` included
     (two named workloads and ``other`` are three)."""
-    from atopgpud_tw.server.web.metrics_workloads import WorkloadCollector
+    from atopgpud_tw.server.web.metrics import workload_families
 
     host = _Host(limit=2)
     host.poll({pid: (f"u{pid}.service", 10) for pid in range(5)})
-    families = {family.name: family for family in WorkloadCollector(host.book).collect()}
+    families = {family.name: family for family in workload_families(host.book)}
     shown = {tuple(sorted(sample.labels.items())) for sample in families["atopgpud_workload_busy_percent_seconds"]
              .samples}
     assert len(shown) == 3

@@ -1,22 +1,15 @@
 """The metrics web server's bounds: what one HTTP client, and all of them, may take.
 
-twisted.web alone holds a client for as long as it trickles header bytes, spools a
-request body of any size to a file, and answers pipelined requests whether or not
-the client reads the replies.  A scraper needs none of that, and the reactor that
-serves atop must not pay for it, so `BoundedChannel` adds (`WebLimits`):
-
-- a cap on connections (``--metrics-max-clients``); more are closed at once;
-- a deadline for a request's head, from its first byte to its blank line;
-- no request body beyond a few bytes (a chunked one is refused outright), kept in
-  memory, never in a file;
-- one reply at a time for a client that does not read: the next pipelined request
-  is answered only once the transport has taken the last reply, and a reply left
-  unread past a deadline ends the connection.
-
-Each refusal or cut is logged once per burst (`problems.BurstLog`).  Holding the
-next pipelined request reads two attributes of HTTPChannel's own flow control
-(``_waitingForTransport``, ``_networkProducer``, there since Twisted 17.9);
-tests/test_metrics_bounds.py pins the behaviour.
+twisted.web alone holds a client for as long as it trickles header bytes, spools
+a request body of any size to a file, and answers pipelined requests whether or
+not the client reads the replies; the reactor that serves atop must not pay for
+that.  `BoundedChannel` caps the connections, gives a request's head a deadline,
+takes no body beyond a few bytes (none chunked; in memory), and answers a client
+that does not read one reply at a time, ending the connection when a reply stays
+unread past a deadline (`WebLimits`); each refusal or cut is logged once per
+burst.  Holding the next pipelined request reads two attributes of HTTPChannel's
+flow control (``_waitingForTransport``, ``_networkProducer``, there since Twisted
+17.9); tests/test_metrics_bounds.py pins the behaviour.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from typing import Any
 
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.error import UnsupportedMethod
 from twisted.web.http import NOT_ALLOWED, NOT_IMPLEMENTED, HTTPChannel
@@ -59,20 +53,39 @@ class WebLimits:
     max_handshakes_per_peer: int = 4
 
 
-class WebGuard:
+class Bursts:
+    """A `BurstLog` per cause: the first of each burst of refusals or cuts logged with `log`."""
+
+    def __init__(self, clock: IReactorTime, log: Logger) -> None:
+        self.clock = clock
+        self.logger = log
+        self._bursts: dict[str, BurstLog] = {}
+
+    def cut(self, what: str, line: str, **fields: Any) -> None:
+        """Count one refusal or cut of cause `what`; log it if it starts a burst."""
+        burst = self._bursts.get(what)
+        if burst is None:
+            burst = self._bursts[what] = BurstLog(self.clock)
+        burst.event(lambda: self.logger.warn(line, **fields), what)
+
+    def stop(self) -> None:
+        for burst in self._bursts.values():
+            burst.stop()
+
+
+class WebGuard(Bursts):
     """The shared side of the bounds: the connections open, and a burst log per cause."""
 
     log = ClassLogger("atopgpud_tw.webbounds.WebGuard")
 
     def __init__(self, limits: WebLimits, clock: IReactorTime) -> None:
+        super().__init__(clock, self.log)
         self.limits = limits
-        self.clock = clock
         self.channels: set[BoundedChannel] = set()
         #: per peer address, the TLS connections whose handshake is in flight, oldest first
         self.handshakes: dict[str, list[Any]] = {}
         #: tells a local TCP client's uid (`BoundedChannel.peer`)
         self.diag = SockDiag()
-        self._bursts: dict[str, BurstLog] = {}
 
     def room(self) -> bool:
         """Whether another connection may open; a refusal is logged once per burst."""
@@ -91,19 +104,8 @@ class WebGuard:
         self.channels.add(channel)
         return True
 
-    def forget(self, channel: BoundedChannel) -> None:
-        self.channels.discard(channel)
-
-    def cut(self, what: str, line: str, **fields: Any) -> None:
-        """Count one refusal or cut of cause `what`; log it if it starts a burst."""
-        burst = self._bursts.get(what)
-        if burst is None:
-            burst = self._bursts[what] = BurstLog(self.clock)
-        burst.event(lambda: self.log.warn(line, **fields), what)
-
     def stop(self) -> None:
-        for burst in self._bursts.values():
-            burst.stop()
+        super().stop()
         self.diag.close()
 
 
@@ -118,14 +120,9 @@ class BoundedRequest(Request):
         super().render(_MethodsChecked(resrc))
 
 
-@implementer(IResource)
 class _MethodsChecked:
-    """A resource as it is, except that a method it lacks is answered with
-    `twisted.web.pages.errorPage` (405 with ``Allow``, or 501 for a method HTTP
-    does not define), where Request.render would use a deprecated page that does
-    not escape HTML.  A HEAD on a resource with only GET is still Twisted's to fake."""
-
-    isLeaf = True
+    """A resource whose missing method gets `twisted.web.pages.errorPage` (405 with ``Allow``, or 501), not
+    Request.render's deprecated page that does not escape HTML; a HEAD on a GET-only one is Twisted's to fake."""
 
     def __init__(self, inner: IResource) -> None:
         self.inner = inner
@@ -148,11 +145,14 @@ class _MethodsChecked:
                 request
             )
 
-    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        return self.inner.getChildWithDefault(name, request)
 
-    def putChild(self, path: bytes, child: IResource) -> None:
-        self.inner.putChild(path, child)
+#: a deadline's cause and line, by what it waits for
+_EXPIRED = {
+    "head": ("metrics requests cut: headers too slow",
+             "closing a metrics connection from {peer}: no request headers within {seconds} s"),
+    "reply": ("metrics replies cut: left unread",
+              "closing a metrics connection from {peer}: its reply unread after {seconds} s"),
+}
 
 
 class BoundedChannel(HTTPChannel):
@@ -176,6 +176,10 @@ class BoundedChannel(HTTPChannel):
     def limits(self) -> WebLimits:
         return self.guard.limits
 
+    def cut(self, what: str, line: str, **fields: Any) -> None:
+        """`WebGuard.cut` of a refusal or cut of this connection, its ``{peer}`` named."""
+        self.guard.cut(what, line, peer=peer_name(self.transport), **fields)
+
     def connectionMade(self) -> None:
         self.totalHeadersSize = self.limits.max_head
         if not self.guard.admit(self):
@@ -191,7 +195,7 @@ class BoundedChannel(HTTPChannel):
         self._disarm()
         self._held = None
         if self._admitted:
-            self.guard.forget(self)
+            self.guard.channels.discard(self)
             super().connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
@@ -230,61 +234,37 @@ class BoundedChannel(HTTPChannel):
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         # twisted.web's answer to a malformed or oversized head: 400, then close
-        self.guard.cut(
-            "metrics requests refused: malformed",
-            "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
-            peer=peer_name(self.transport),
-            limit=self.limits.max_head,
-        )
+        self.cut("metrics requests refused: malformed",
+                 "refusing a metrics request from {peer}: a malformed head, or one over {limit} bytes",
+                 limit=self.limits.max_head)
         self._cut = True
         self._disarm()
         super()._respondToBadRequestAndDisconnect()
 
     def timeoutConnection(self) -> None:
-        self.guard.cut(
-            "idle metrics connections closed",
-            "closing an idle metrics connection from {peer}",
-            peer=peer_name(self.transport),
-        )
+        self.cut("idle metrics connections closed", "closing an idle metrics connection from {peer}")
         self._close()
 
     # -- deadlines --
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
-        self._deadline = self.guard.clock.callLater(seconds, self._expired, what)
+        self._deadline = self.guard.clock.callLater(seconds, self._expired, what, seconds)
 
     def _disarm(self) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
 
-    def _expired(self, what: str) -> None:
+    def _expired(self, what: str, seconds: float) -> None:
         self._deadline = None
-        if what == "head":
-            self.guard.cut(
-                "metrics requests cut: headers too slow",
-                "closing a metrics connection from {peer}: no request headers within {seconds} s",
-                peer=peer_name(self.transport),
-                seconds=self.limits.head_timeout,
-            )
-        else:
-            self.guard.cut(
-                "metrics replies cut: left unread",
-                "closing a metrics connection from {peer}: its reply unread after {seconds} s",
-                peer=peer_name(self.transport),
-                seconds=self.limits.reply_timeout,
-            )
+        self.cut(*_EXPIRED[what], seconds=seconds)
         self._close()
 
     def _refuse_body(self) -> None:
-        self.guard.cut(
-            "metrics requests refused: a body",
-            "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
-            peer=peer_name(self.transport),
-            size="unstated size" if self.length is None else f"{self.length} bytes",
-            limit=self.limits.max_body,
-        )
+        self.cut("metrics requests refused: a body",
+                 "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
+                 size="unstated size" if self.length is None else f"{self.length} bytes", limit=self.limits.max_body)
         self._cut = True
         self.transport.write(
             b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"

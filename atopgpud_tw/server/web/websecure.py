@@ -1,39 +1,983 @@
-"""``--web-config``: the metrics site under TLS and basic auth, re-read when the file changes.
+"""``--web-config FILE``: the metrics site under TLS, basic auth and a rate limit, re-read when the file changes.
 
-`secure_site` reads the file at start-up (a bad one: one line on standard error
-and exit status 2), wraps the site (`basicauth.Protected` at its root,
-`tls.TLSSiteFactory` around it when ``tls_server_config`` is given) and returns
-the `WebSecurity` service that keeps it current: once a second it compares the
-file's and the certificates' (inode, size, modification time) with the last
-read, and re-reads on a change and on SIGHUP (`signals.SignalService`): built
-in a thread, applied on the reactor, at most one a second.  A
-reload that fails keeps the last good configuration and says so in one line;
-one that works says what it turned on.  Whether the listener speaks TLS is
-fixed at start-up (a port does not change protocol under its clients): a
-reload that turns TLS on or off is refused the same way.  So is one that would
-turn basic auth off: a file emptied (what ``> FILE`` does first) or cut after
-``basic_auth_users:`` parses as no users, and would have let every request in;
-a restart turns it off on purpose.
+The file is the YAML every exporter built on the Prometheus exporter toolkit takes
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md;
+docs/metrics.md, "TLS and basic authentication", has the keys and the costs).
+`read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
+the reactor at a reload, ``/dev/zero`` fill memory), as `build_context` its
+certificates; `parse` is as strict as the toolkit's Go parser (an unknown or
+duplicate key, a value of the wrong type, ``curve_preferences``: an error of one
+line, `WebConfigError`).
+
+`secure_site` reads it at start-up (a bad one: one line, exit status 2), puts
+`Protected` at the site's root and `TLSSiteFactory` around it, and returns the
+`WebSecurity` service that re-reads it when the file or a certificate changes and
+on SIGHUP; a reload that fails, or turns TLS on or off (a port keeps its
+protocol), or basic auth off (a file emptied by ``> FILE`` or cut after
+``basic_auth_users:``), keeps the last good configuration, in one line.
+`Contexts` hands the current TLS context to each new connection, so a reload
+changes the next handshake only; client_auth_type has Go's meanings
+(https://pkg.go.dev/crypto/tls#ClientAuthType).
+
+`Protected` answers 429 beyond ``rate_limit`` (a token bucket, as the toolkit's),
+sets ``http_server_config.headers``, then passes the request on, or answers 401,
+or 503 when too many password checks are pending; the password is checked through
+`twisted.cred` (``HTTPAuthSessionWrapper`` makes any login failure but a refusal
+a 500, and has no place for the rate limit, the headers, the client's address or
+the damped log lines).  A bcrypt check costs tens of milliseconds of CPU by
+design: `PasswordChecks` runs them in `THREADS` daemon threads, at most
+`MAX_PENDING` running or queued (beyond: 503 at once), the places shared fairly by
+client (`access.peer_key`); a verdict is kept `CACHE_SECONDS`, a right one renewed
+by each use and checked again outside the bound, so a flood of wrong passwords
+never stands in the real scraper's way.  An unknown user, or a password over
+`MAX_PASSWORD` bytes, is refused without a check; stopping waits for no check.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 import os
+import re
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
 
-from OpenSSL import SSL
+import bcrypt
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from OpenSSL import SSL, crypto
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.cred.checkers import ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword, UsernamePassword
+from twisted.cred.error import LoginFailed, UnauthorizedLogin
+from twisted.cred.portal import IRealm, Portal
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IHandshakeListener, IOpenSSLServerConnectionCreator, IReactorTime
+from twisted.internet.protocol import connectionDone
+from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+from twisted.web.guard import BasicCredentialFactory
+from twisted.web.resource import IResource, Resource, getChildForRequest
+from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
 
+from atopgpud_tw.checks import flag, integer, kind, read_regular
 from atopgpud_tw.lognames import ClassLogger
-from atopgpud_tw.server.web.basicauth import Protected
-from atopgpud_tw.server.web.passwords import PasswordChecks
-from atopgpud_tw.server.web.tls import Contexts, TLSChannel, TLSSiteFactory, build_context
-from atopgpud_tw.server.web.webconfig import WebConfig, WebConfigError, read
+from atopgpud_tw.problems import BurstLog
+from atopgpud_tw.server.system.access import address_name, peer_name
+from atopgpud_tw.server.web.metrics import plain
+from atopgpud_tw.server.web.webbounds import BoundedChannel, Bursts
+
+#: the largest web configuration, or certificate file, read (a real one is a few KiB)
+MAX_SIZE = 1024 * 1024
+#: client_auth_type values, as Go's crypto/tls names them (RequireClientCert: the toolkit's old name)
+CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
+                     "RequireAndVerifyClientCert")
+_AUTH_ALIASES = {"RequireClientCert": "RequireAnyClientCert", "": "NoClientCert"}
+#: the client auth types that demand a certificate of every client
+CERT_REQUIRED = ("RequireAnyClientCert", "RequireAndVerifyClientCert")
+#: the client auth types that check a client's certificate against client_ca
+CERT_VERIFIED = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+#: the headers the toolkit lets a file set, and the values it allows (None: any)
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+#: keys of the toolkit's format this daemon does not implement, and why
+UNSUPPORTED = {
+    "tls_server_config.curve_preferences": "curve_preferences is not supported (OpenSSL's default groups are used)",
+}
+#: a Go duration: 1s, 250ms, 1m30s
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+#: a bcrypt hash in the modular crypt format: $2a$, $2b$ or $2y$ (htpasswd -B), cost, 53 characters
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+#: the lowest and highest bcrypt cost taken: each step doubles a check (cost 10: some 80 ms, 14: some 1.3 s of a
+#: core), and a cost of 31 would hold a checking thread for days and a stop behind it
+MIN_COST = 4
+MAX_COST = 14
+
+
+class WebConfigError(ValueError):
+    """A web configuration that cannot be used; its text is one line."""
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """``tls_server_config``: PEM text given inline, or a file (absolute) to read it from."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str | None = None
+    client_allowed_sans: tuple[str, ...] | None = None
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    cipher_suites: tuple[str, ...] = ()
+    prefer_server_cipher_suites: bool = True
+
+    def files(self) -> tuple[str, ...]:
+        """The files the certificates are read from: a change to any is a reload."""
+        return tuple(path for path in (self.cert_file, self.key_file, self.client_ca_file) if path)
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """A parsed web configuration: TLS (None: plain HTTP), headers, users and their bcrypt hashes."""
+
+    tls: TLSSettings | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    http2: bool = True
+    #: (seconds per token, burst), None: no rate limit
+    rate_limit: tuple[float, int] | None = None
+
+    def describe(self) -> str:
+        """What the configuration turns on, in a few words."""
+        parts = []
+        if self.tls is None:
+            parts.append("plain HTTP")
+        else:
+            parts.append(f"TLS {self.tls.min_version} to {self.tls.max_version}, client certificates: "
+                         f"{self.tls.client_auth_type}")
+        if self.users:
+            parts.append(f"basic auth for {len(self.users)} user{'s' if len(self.users) != 1 else ''}")
+        else:
+            parts.append("no basic auth")
+        if self.rate_limit is not None:
+            parts.append(f"at most {self.rate_limit[1]} requests at once, one more every {self.rate_limit[0]:g} s")
+        return ", ".join(parts)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice is an error (as Go's UnmarshalStrict has it)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        if isinstance(key, (list, dict)):
+            raise WebConfigError(f"line {key_node.start_mark.line + 1}: a key that is not a scalar")
+        if key in seen:
+            raise WebConfigError(f"line {key_node.start_mark.line + 1}: {key!s} is given twice")
+        seen[key] = loader.construct_object(value_node, deep=True)  # type: ignore[no-untyped-call]
+    return seen
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def read(path: str) -> WebConfig:
+    """The configuration in the file at `path` (relative file names are its folder's)."""
+    try:
+        text = read_regular(path, MAX_SIZE)
+    except OSError as error:
+        raise WebConfigError(f"cannot be read ({error.strerror or error})") from None
+    return parse(text, os.path.dirname(os.path.abspath(path)))
+
+
+def parse(text: bytes | str, folder: str) -> WebConfig:
+    """A configuration from its YAML text; `folder` resolves relative file names."""
+    try:
+        document = yaml.load(text, Loader=_StrictLoader)  # noqa: S506  # a safe loader
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        raise WebConfigError(f"not valid YAML: {where}{_line(error.problem or str(error))}") from None
+    except yaml.YAMLError as error:
+        raise WebConfigError(f"not valid YAML: {_line(str(error))}") from None
+    if document is None:
+        return WebConfig()  # an empty file: plain HTTP, no users (as the toolkit has it)
+    top = _table(document, "the file", ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"))
+    tls = _tls(top.get("tls_server_config"), folder)
+    http = _table(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
+    http2 = flag(http.get("http2", True), "http_server_config.http2", WebConfigError)
+    headers = _headers(http.get("headers"))
+    users = _users(top.get("basic_auth_users"))
+    return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
+
+
+def _line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{where} must be a mapping of keys to values, not {kind(value)}")
+    prefix = "" if where == "the file" else where + "."
+    for key in value:
+        name = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in known:
+            supported = (k for k in known if f"{prefix}{k}" not in UNSUPPORTED)
+            raise WebConfigError(f"unknown key {name!s} (known in {where}: {', '.join(supported)})")
+        if name in UNSUPPORTED and value[key] is not None:
+            raise WebConfigError(UNSUPPORTED[name])
+    return value
+
+
+def _string(value: Any, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise WebConfigError(f"{where} must be a string, not {kind(value)}")
+    return value
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise WebConfigError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
+def _choice(value: Any, where: str, allowed: tuple[str, ...], default: str) -> str:
+    text = _string(value, where)
+    if text is None:
+        return default
+    if text not in allowed:
+        raise WebConfigError(f"{where}: {text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _tls(value: Any, folder: str) -> TLSSettings | None:
+    # the keys in TLSSettings' order (the error for an unknown key lists them)
+    table = _table(value, "tls_server_config", (*(f.name for f in fields(TLSSettings)), "curve_preferences"))
+    where = "tls_server_config."
+    given = {key: _string(table.get(key), where + key) for key in ("cert", "key", "client_ca", "cert_file",
+                                                                  "key_file", "client_ca_file")}
+    auth_text = _string(table.get("client_auth_type"), where + "client_auth_type") or ""
+    if not any(given.values()) and not auth_text:
+        return None  # as the toolkit has it: nothing that turns TLS on, plain HTTP
+    for inline in ("cert", "key", "client_ca"):
+        if given[inline] and given[inline + "_file"]:
+            raise WebConfigError(f"{where}{inline} and {where}{inline}_file are both given: give one")
+    if not (given["cert"] or given["cert_file"]):
+        raise WebConfigError(f"{where}cert_file (or cert) is missing: TLS needs the server's certificate")
+    if not (given["key"] or given["key_file"]):
+        raise WebConfigError(f"{where}key_file (or key) is missing: TLS needs the server's private key")
+    auth = _AUTH_ALIASES.get(auth_text, auth_text)
+    if auth not in CLIENT_AUTH_TYPES:
+        raise WebConfigError(f"{where}client_auth_type: {auth_text!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
+    has_ca = bool(given["client_ca"] or given["client_ca_file"])
+    if has_ca and auth == "NoClientCert":
+        raise WebConfigError(f"{where}client_ca_file is given with client_auth_type NoClientCert: "
+                             "set client_auth_type (RequireAndVerifyClientCert checks the clients)")
+    if auth in CERT_VERIFIED and not has_ca:
+        raise WebConfigError(f"{where}client_auth_type {auth} needs client_ca_file (or client_ca) to verify against")
+    sans = _strings(table.get("client_allowed_sans"), where + "client_allowed_sans")
+    if sans is not None and auth not in CERT_REQUIRED:
+        raise WebConfigError(f"{where}client_allowed_sans needs client_auth_type RequireAnyClientCert or "
+                             "RequireAndVerifyClientCert")
+    low = _choice(table.get("min_version"), where + "min_version", TLS_VERSIONS, "TLS12")
+    high = _choice(table.get("max_version"), where + "max_version", TLS_VERSIONS, "TLS13")
+    if TLS_VERSIONS.index(low) > TLS_VERSIONS.index(high):
+        raise WebConfigError(f"{where}min_version {low} is above max_version {high}")
+    ciphers = _strings(table.get("cipher_suites"), where + "cipher_suites") or ()
+    prefer = table.get("prefer_server_cipher_suites", True)
+
+    def path(name: str) -> str | None:
+        file = given[name]
+        return None if file is None else os.path.join(folder, file)
+
+    return TLSSettings(
+        cert=given["cert"], cert_file=path("cert_file"), key=given["key"], key_file=path("key_file"),
+        client_ca=given["client_ca"], client_ca_file=path("client_ca_file"), client_auth_type=auth,
+        client_allowed_sans=sans, min_version=low, max_version=high, cipher_suites=ciphers,
+        prefer_server_cipher_suites=flag(prefer, where + "prefer_server_cipher_suites", WebConfigError),
+    )
+
+
+def duration(text: Any, where: str) -> float:
+    """Seconds of a Go duration string (``1s``, ``250ms``, ``1m30s``, ``0``)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+        return 0.0
+    if not isinstance(text, str):
+        raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {kind(text)}")
+    if text == "0":
+        return 0.0
+    parts = list(_DURATION.finditer(text))
+    if not parts or "".join(part.group(0) for part in parts) != text:
+        raise WebConfigError(f"{where}: {text!r} is not a duration such as 1s or 250ms")
+    return sum(float(part.group(1)) * _UNITS[part.group(2)] for part in parts)
+
+
+def _rate(value: Any) -> tuple[float, int] | None:
+    table = _table(value, "rate_limit", ("interval", "burst"))
+    if not table:
+        return None
+    interval = duration(table.get("interval", 0), "rate_limit.interval")
+    burst = integer(table.get("burst", 0), "rate_limit.burst", WebConfigError, words="a whole number from 0 up",
+                    high=None)
+    if interval == 0:
+        return None  # as the toolkit has it: 0 turns the limiter off
+    if burst == 0:
+        raise WebConfigError("rate_limit.burst 0 would refuse every request: give 1 or more")
+    return interval, burst
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"http_server_config.headers must be a mapping, not {kind(value)}")
+    headers = {}
+    for name, text in value.items():
+        if name not in HEADERS:
+            raise WebConfigError(f"http_server_config.headers: {name!s} cannot be set "
+                                 f"(only {', '.join(HEADERS)})")
+        text = _string(text, f"http_server_config.headers.{name}")
+        if text is None:
+            continue  # blank: unset, as the toolkit has it
+        allowed = HEADERS[name]
+        if allowed is not None and text not in allowed:
+            raise WebConfigError(f"http_server_config.headers.{name}: {text!r} is not one of {', '.join(allowed)}")
+        if "\n" in text or "\r" in text:
+            raise WebConfigError(f"http_server_config.headers.{name}: a value on one line, please")
+        headers[name] = text
+    return headers
+
+
+def _users(value: Any) -> dict[str, bytes]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"basic_auth_users must be a mapping of user names to bcrypt hashes, not {kind(value)}")
+    users = {}
+    for name, hashed in value.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise WebConfigError(f"basic_auth_users: {name!r} is not a user name (a string without ':')")
+        if not isinstance(hashed, str):
+            raise WebConfigError(f"basic_auth_users.{name}: a bcrypt hash is a string, not {kind(hashed)}")
+        match = _BCRYPT.fullmatch(hashed.strip())
+        if match is None:
+            raise WebConfigError(f"basic_auth_users.{name}: not a bcrypt hash ($2y$10$ and 53 characters, "
+                                 "as htpasswd -nBC 10 makes)")
+        if not MIN_COST <= int(match.group(1)) <= MAX_COST:
+            raise WebConfigError(f"basic_auth_users.{name}: bcrypt cost {match.group(1)} is not from {MIN_COST} "
+                                 f"to {MAX_COST} (each step doubles the time of a check; htpasswd -nBC 10 is usual)")
+        users[name] = hashed.strip().encode("ascii")
+    return users
+
+
+THREADS = 2
+MAX_PENDING = 8
+CACHE_SECONDS = 60.0
+CACHE_ENTRIES = 1024
+#: the longest password bcrypt hashes, in bytes
+MAX_PASSWORD = 72
+
+
+class _Pool(ThreadPool):
+    """A thread pool whose stop waits for nobody: daemon threads, not joined; work still queued is dropped."""
+
+    threadFactory = functools.partial(threading.Thread, daemon=True)  # type: ignore[assignment]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()  # a queued check sees it and returns at once
+        self.joined = True  # no new work
+        self.started = False
+        self._team.quit()  # idle workers end; a busy one ends after its check, and the process need not wait
+
+
+class Busy(Exception):
+    """Too many checks pending: try again (503)."""
+
+
+@implementer(ICredentialsChecker)
+class PasswordChecks:
+    """bcrypt checks in a bounded pool of their own, their verdicts cached a while; `twisted.cred`'s
+    checker of `users` (a login's avatar id: the user name; `Busy` or `UnauthorizedLogin` when refused)."""
+
+    credentialInterfaces = (IUsernamePassword,)
+    log = ClassLogger("atopgpud_tw.passwords.PasswordChecks")
+
+    def __init__(self, reactor: Any, threads: int = THREADS, max_pending: int = MAX_PENDING,
+                 cache_seconds: float = CACHE_SECONDS, now: Callable[[], float] = time.monotonic) -> None:
+        self.reactor = reactor
+        self.max_pending = max_pending
+        self.cache_seconds = cache_seconds
+        self.now = now
+        self.threads = threads
+        self.pool, self.known_pool = self._pools()
+        #: the keys of credentials found right since the users last changed, oldest first
+        self.known: OrderedDict[bytes, None] = OrderedDict()
+        self.pending: dict[bytes, Deferred[bool | None]] = {}
+        self.pending_known: dict[bytes, Deferred[bool | None]] = {}
+        #: for each check in `pending`, oldest first: the peer it is counted to, and what skips it
+        self.owners: dict[bytes, tuple[str, threading.Event]] = {}
+        self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
+        self.checked = 0
+        self.refused = 0
+        self._started = False
+        self._failed = BurstLog(reactor)
+        #: the users and their hashes `requestAvatarId` checks against
+        self.users: dict[str, bytes] = {}
+
+    def requestAvatarId(self, credentials: Any) -> Deferred[bytes | tuple[()]]:
+        """`twisted.cred`: the user's name if the password is right (the client's address, when the
+        credentials carry one as `peer`, is whom a pending check is counted to)."""
+        user = credentials.username
+        verdict = self.check(user, credentials.password, self.users, getattr(credentials, "peer", ""))
+        if isinstance(verdict, Deferred):
+            return verdict.addCallback(_avatar, user)
+        return maybeDeferred(_avatar, verdict, user)
+
+    def _pools(self) -> tuple[_Pool, _Pool]:
+        """The checking pool, and the one for credentials once found right: one thread, no bound
+        but the number of such credentials."""
+        return (_Pool(minthreads=0, maxthreads=self.threads, name="atopgpud-bcrypt"),
+                _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known"))
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            if self.pool.stopping.is_set():  # started again after a stop: pools of their own
+                self.pool, self.known_pool = self._pools()
+            self.pool.start()
+            self.known_pool.start()
+
+    def stop(self) -> None:
+        self._failed.stop()
+        if self._started:
+            self._started = False
+            self.pool.stop()
+            self.known_pool.stop()
+
+    def check(self, user: bytes, password: bytes, users: dict[str, bytes],
+              peer: str = "") -> bool | Deferred[bool | None] | None:
+        """True or False at once when known; a Deferred when bcrypt must run (its None: pushed out, busy);
+        None when too many are pending.  `peer` (the client's address) is whom a pending check is counted to."""
+        name = user.decode("utf-8", "replace")
+        stored = users.get(name)
+        if stored is None or not hmac.compare_digest(name.encode("utf-8", "replace"), user):
+            return False  # an unknown user: no check
+        if len(password) > MAX_PASSWORD:
+            return False  # no bcrypt hash is of such a password
+        key = hashlib.sha256(b"\0".join((user, stored, password))).digest()
+        cached = self.verdicts.get(key)
+        if cached is not None:
+            if cached[1] > self.now():
+                self.verdicts.move_to_end(key)
+                if cached[0]:  # renewed by use: the scraper's verdict does not lapse while it scrapes
+                    self.verdicts[key] = (True, self.now() + self.cache_seconds)
+                return cached[0]
+            del self.verdicts[key]
+        known = key in self.known
+        pending = self.pending_known if known else self.pending
+        running = pending.get(key)
+        if running is not None:
+            return _share(running)
+        if not known and len(self.pending) >= self.max_pending and not self._make_room(peer):
+            self.refused += 1
+            return None
+        self.start()
+        self.checked += 1
+        pool = self.known_pool if known else self.pool
+        outcome: Deferred[bool | None] = Deferred()
+        pending[key] = outcome
+        cancelled = threading.Event()
+        if not known:
+            self.owners[key] = (peer, cancelled)
+
+        def settled(right: bool | None) -> None:
+            if pending.get(key) is outcome:  # not pushed out meanwhile
+                del pending[key]
+                self.owners.pop(key, None)
+                outcome.callback(right)
+
+        def verdict(right: bool | None) -> None:
+            if right is not None:
+                self._keep(key, right)
+            settled(right)
+
+        def failed(failure: Any) -> None:
+            self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
+                                                      error=failure.getErrorMessage()),
+                               "bcrypt checks failed")
+            settled(False)
+
+        deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping,
+                          cancelled).addCallbacks(verdict, failed)
+        return _share(outcome)
+
+    def _make_room(self, peer: str) -> bool:
+        """Every pending place is taken: push out the newest check of the peer holding the most, if `peer`
+        holds fewer than it (so one address's flood never keeps another's check out); False if none."""
+        held = Counter(owner for owner, _ in self.owners.values())
+        top, most = held.most_common(1)[0] if held else ("", 0)
+        if held[peer] + 1 >= most:
+            return False
+        victim = next(key for key in reversed(self.owners) if self.owners[key][0] == top)
+        self.owners.pop(victim)[1].set()  # a queued check is skipped; one running ends unheard
+        self.pending.pop(victim).callback(None)
+        return True
+
+    def _keep(self, key: bytes, right: bool) -> None:
+        self.verdicts[key] = (right, self.now() + self.cache_seconds)
+        while len(self.verdicts) > CACHE_ENTRIES:
+            self.verdicts.popitem(last=False)
+        if right:
+            self.known[key] = None
+            self.known.move_to_end(key)
+            while len(self.known) > CACHE_ENTRIES:
+                self.known.popitem(last=False)
+
+    def forget(self) -> None:
+        """Drop every cached verdict and every credential known right (the users changed)."""
+        self.verdicts.clear()
+        self.known.clear()
+
+
+def _avatar(verdict: bool | None, user: bytes) -> bytes | tuple[()]:
+    if verdict is None:
+        raise Busy()
+    if not verdict:
+        raise UnauthorizedLogin()
+    return user
+
+
+def _bcrypt_check(password: bytes, stored: bytes, *skip: threading.Event) -> bool | None:
+    if any(event.is_set() for event in skip):
+        return None  # queued when the daemon stopped, or pushed out: nobody waits for the verdict
+    # $2y$ (htpasswd's) is $2b$ by another name; bcrypt reads both, the prefix changed only for clarity
+    return bcrypt.checkpw(password, stored)
+
+
+def _share(source: Deferred[bool | None]) -> Deferred[bool | None]:
+    """A Deferred of `source`'s verdict that leaves `source` for others to wait on."""
+    shared: Deferred[bool | None] = Deferred()
+
+    def passed(value: bool | None) -> bool | None:
+        shared.callback(value)
+        return value
+
+    source.addCallback(passed)
+    return shared
+
+
+_BASIC = BasicCredentialFactory(b"atopgpud")
+
+
+class Credentials(UsernamePassword):
+    """A user and password, and the address of the client that gave them (the checks are queued by it)."""
+
+    def __init__(self, username: bytes, password: bytes, peer: str = "") -> None:
+        super().__init__(username, password)
+        self.peer = peer
+
+
+def credentials(request: Request) -> UsernamePassword | None:
+    """The user and password of a request's ``Authorization: Basic`` header; None without one."""
+    scheme, _, encoded = (request.getHeader(b"authorization") or b"").partition(b" ")
+    if scheme.lower() != _BASIC.scheme:
+        return None
+    try:
+        return _BASIC.decode(encoded.strip(), request)  # type: ignore[no-any-return]
+    except LoginFailed:
+        return None
+
+
+class _Answer(Resource):
+    """A short plain-text reply: 401, 429 or 503."""
+
+    isLeaf = True
+
+    def __init__(self, code: int, text: str, headers: dict[bytes, bytes]) -> None:
+        super().__init__()
+        self.code = code
+        self.text = text
+        self.headers = headers
+
+    def render(self, request: Request) -> bytes:
+        request.setResponseCode(self.code)
+        for name, value in self.headers.items():
+            request.setHeader(name, value)
+        return plain(request, self.text)
+
+
+UNAUTHORIZED = _Answer(401, "Unauthorized\n", {b"www-authenticate": b'Basic realm="atopgpud"'})
+TOO_MANY = _Answer(429, "Too Many Requests\n", {b"retry-after": b"1"})
+BUSY = _Answer(503, "Too many password checks at once; try again\n", {b"retry-after": b"1"})
+
+
+class TokenBucket:
+    """``rate_limit``: `burst` tokens, one more every `interval` seconds; a request takes one."""
+
+    def __init__(self, interval: float, burst: int, clock: IReactorTime) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self.tokens = float(burst)
+        self.stamp = clock.seconds()
+
+    def take(self) -> bool:
+        now = self.clock.seconds()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) / self.interval)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class _Waiting(Resource):
+    """The request while its password is checked: rendered once the answer (a resource) is in."""
+
+    isLeaf = True
+
+    def __init__(self, answer: Deferred[IResource]) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def render(self, request: Request) -> Any:
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+        self.answer.addCallback(lambda answer: None if gone else request.render(answer))
+        return NOT_DONE_YET
+
+
+@implementer(IResource, IRealm)
+class Protected:
+    """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages (the realm's
+    one avatar)."""
+
+    isLeaf = False
+    log = ClassLogger("atopgpud_tw.basicauth.Protected")
+
+    def __init__(self, inner: IResource, config: WebConfig, checks: PasswordChecks, clock: IReactorTime) -> None:
+        self.inner = inner
+        self.checks = checks
+        self.clock = clock
+        self._config = config
+        checks.users = dict(config.users)
+        self.portal = Portal(self, [checks])
+        self.bucket = self._bucket(config)
+        self.bursts = Bursts(clock, self.log)
+
+    @property
+    def config(self) -> WebConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: WebConfig) -> None:
+        if config.rate_limit != self._config.rate_limit:
+            self.bucket = self._bucket(config)
+        if config.users != self._config.users:
+            self.checks.forget()
+            self.checks.users = dict(config.users)
+        self._config = config
+
+    def requestAvatar(self, avatarId: Any, mind: Any, *interfaces: Any) -> tuple[Any, IResource, Callable[[], None]]:
+        """The realm's side of a login: every user gets the site."""
+        return IResource, self.inner, lambda: None
+
+    def _bucket(self, config: WebConfig) -> TokenBucket | None:
+        return None if config.rate_limit is None else TokenBucket(*config.rate_limit, self.clock)
+
+    def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
+        config = self.config
+        if self.bucket is not None and not self.bucket.take():
+            self.bursts.cut("metrics requests answered 429 (rate_limit)",
+                            "answering metrics requests 429: over rate_limit")
+            return TOO_MANY  # before a password is checked, as the toolkit has it
+        for header, value in config.headers.items():
+            request.setHeader(header.encode("ascii"), value.encode("utf-8"))
+        if not config.users:
+            return self.inner.getChildWithDefault(name, request)
+        given = credentials(request)
+        if given is None:
+            return UNAUTHORIZED  # a first request without a password is no refusal worth a line
+
+        if len(given.password) > MAX_PASSWORD:
+            self.bursts.cut("metrics requests refused: password too long", "refusing metrics requests from {peer}: "
+                            "a password of {size} bytes, over bcrypt's {most}", peer=self._peer(request),
+                            size=len(given.password), most=MAX_PASSWORD)
+            return UNAUTHORIZED
+        # the checks are queued fairly by whom the connection is counted to (else by address)
+        peer = getattr(getattr(request, "channel", None), "peer", None) or self._peer(request)
+        login = self.portal.login(Credentials(given.username, given.password, peer), None, IResource)
+        refused = self._refused(request, given.username)
+        now: list[Any] = []
+        login.addBoth(now.append)
+        if now:  # a verdict known (or refused) at once: no waiting
+            return self._answer(now[0], refused, lambda site: site.getChildWithDefault(name, request))
+        return _Waiting(login.addCallback(lambda _: self._answer(
+            now[0], refused, lambda site: getChildForRequest(site.getChildWithDefault(name, request), request))))
+
+    def _answer(self, login: Any, refused: Callable[[], None], page: Callable[[IResource], IResource]) -> IResource:
+        """What a login's outcome answers: the page, 503 (checks busy) or 401."""
+        if not isinstance(login, Failure):
+            return page(login[1])
+        if login.check(Busy):
+            self.bursts.cut("metrics requests answered 503 (password checks pending)",
+                            "answering metrics requests 503: {count} password checks already pending",
+                            count=len(self.checks.pending))
+            return BUSY
+        if not login.check(UnauthorizedLogin):
+            self.log.failure("a password check failed", login)
+        refused()
+        return UNAUTHORIZED
+
+    @staticmethod
+    def _peer(request: Request) -> str:
+        return address_name(request.getClientAddress())
+
+    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
+        peer = self._peer(request)
+        return lambda: self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from "
+                                       "{peer}: wrong user name or password (user {user!r})", peer=peer,
+                                       user=user.decode("utf-8", "replace"))
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        self.inner.putChild(path, child)
+
+    def render(self, request: Request) -> Any:
+        return self.inner.render(request)
+
+    def stop(self) -> None:
+        self.bursts.stop()
+
+
+_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
+             "TLS13": TLSVersion.TLSv1_3}
+#: Go's names of the TLS 1.2 (and older) suites it offers (https://pkg.go.dev/crypto/tls#CipherSuites),
+#: as OpenSSL names them
+CIPHERS = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+#: TLS 1.3's suites: Go takes their names and does not let them be configured; neither does this
+TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256")
+
+
+def _pem(text: str | None, path: str | None, what: str) -> tuple[bytes, str]:
+    """The PEM bytes given inline or in a file, and how a message names them."""
+    if text is not None:
+        return text.encode("utf-8"), f"tls_server_config.{what}"
+    assert path is not None
+    try:
+        return read_regular(path, MAX_SIZE), f"tls_server_config.{what}_file {path}"
+    except OSError as error:
+        cause = error.strerror or error
+        raise WebConfigError(f"tls_server_config.{what}_file {path}: cannot be read ({cause})") from None
+
+
+def _certificates(text: str | None, path: str | None, what: str) -> tuple[list[x509.Certificate], str]:
+    data, name = _pem(text, path, what)
+    try:
+        found = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        found = []
+    if not found:
+        raise WebConfigError(f"{name}: no PEM certificate in it")
+    return found, name
+
+
+def build_context(settings: TLSSettings) -> SSL.Context:
+    """A server context for `settings`; WebConfigError (one line) for certificates or keys that will not do.
+    The client certificates are set after `CertificateOptions`, which can neither ask for one it does not
+    verify nor check client_allowed_sans (and always prefers the server's order of suites, as Go since 1.18)."""
+    chain, chain_name = _certificates(settings.cert, settings.cert_file, "cert")
+    key_data, key_name = _pem(settings.key, settings.key_file, "key")
+    try:
+        key = serialization.load_pem_private_key(key_data, password=None)
+    except (ValueError, TypeError) as error:
+        cause = "it is encrypted" if "encrypted" in str(error).lower() or isinstance(error, TypeError) else \
+            "no PEM private key in it"
+        raise WebConfigError(f"{key_name}: {cause}") from None
+    ciphers = [name for name in settings.cipher_suites if name not in TLS13_SUITES]
+    unknown = [name for name in ciphers if name not in CIPHERS]
+    if unknown:
+        raise WebConfigError(f"tls_server_config.cipher_suites: {unknown[0]!r} is not a cipher suite "
+                             "(Go's names, such as TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
+    try:
+        options = CertificateOptions(  # cryptography's objects, which pyOpenSSL takes (its own are deprecated)
+            privateKey=key, certificate=chain[0], extraCertChain=chain[1:], enableSessions=True,  # type: ignore[arg-type]
+            enableSessionTickets=True, insecurelyLowerMinimumTo=_VERSIONS[settings.min_version],
+            lowerMaximumSecurityTo=_VERSIONS[settings.max_version],
+            acceptableCiphers=AcceptableCiphers.fromOpenSSLCipherString(":".join(CIPHERS[name] for name in ciphers))
+            if ciphers else None,
+        )
+    except ValueError:
+        raise WebConfigError("tls_server_config.cipher_suites: OpenSSL offers none of them") from None
+    try:
+        context = options.getContext()
+    except SSL.Error:
+        raise WebConfigError(f"{key_name} is not the key of {chain_name}'s certificate") from None
+    context.set_options(SSL.OP_NO_RENEGOTIATION)
+    _client_certificates(context, settings)
+    return context
+
+
+def _client_certificates(context: SSL.Context, settings: TLSSettings) -> None:
+    mode = settings.client_auth_type
+    if mode == "NoClientCert":
+        return
+    if settings.client_ca is not None or settings.client_ca_file is not None:
+        authorities, _ = _certificates(settings.client_ca, settings.client_ca_file, "client_ca")
+        store = context.get_cert_store()
+        assert store is not None
+        # no list of authorities in the certificate request (pyOpenSSL deprecates its X509Name): a
+        # client sends the certificate it was configured with, as Prometheus and curl do
+        for authority in authorities:
+            try:
+                store.add_cert(crypto.X509.from_cryptography(authority))
+            except crypto.Error:
+                pass  # the same authority twice in the file
+    flags = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if mode in CERT_REQUIRED else 0)
+    verify = mode in CERT_VERIFIED
+    sans = settings.client_allowed_sans
+
+    def check(connection: SSL.Connection, certificate: Any, errno: int, depth: int, ok: int) -> bool:
+        if verify and not ok:
+            return False
+        if sans is not None and depth == 0:
+            return bool(set(subject_names(certificate.to_cryptography())) & set(sans))
+        return True
+
+    context.set_verify(flags, check)
+
+
+def subject_names(certificate: x509.Certificate) -> list[str]:
+    """A certificate's subject alternative names (DNS, IP, e-mail, URI) as text, as Go matches them."""
+    try:
+        extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    names: list[str] = []
+    for name_type in (x509.DNSName, x509.RFC822Name, x509.UniformResourceIdentifier):
+        names.extend(extension.get_values_for_type(name_type))
+    names.extend(str(address) for address in extension.get_values_for_type(x509.IPAddress))
+    return names
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class Contexts:
+    """The current context; each new TLS connection is made from it."""
+
+    def __init__(self, context: SSL.Context) -> None:
+        self.context = context
+
+    def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        return SSL.Connection(self.context, None)
+
+
+class TLSSiteFactory(TLSMemoryBIOFactory):
+    """TLS around the metrics site (or any factory that may refuse with None)."""
+
+    noisy = False
+
+    def buildProtocol(self, addr: Any) -> Any:
+        inner = self.wrappedFactory.buildProtocol(addr)
+        if inner is None:  # the site is full: closed before any handshake
+            return None
+        return self.protocol(self, inner)
+
+
+@implementer(IHandshakeListener)
+class TLSChannel(BoundedChannel):
+    """The metrics site's channel under TLS: the handshake must end within
+    `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
+    flight per peer (`BoundedChannel.peer`), and a failed one is logged once per burst."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handshake: Any = None
+        self._shaken = False
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        if self in self.guard.channels:
+            self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
+            flight = self.guard.handshakes.setdefault(self.peer, [])
+            flight.append(self)
+            if len(flight) > self.limits.max_handshakes_per_peer:
+                oldest = flight[0]
+                oldest._stop_waiting()
+                self.guard.cut(
+                    "metrics TLS handshakes cut: too many from one address",
+                    "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
+                    peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
+                    address=self.peer,
+                )
+                oldest.transport.abortConnection()
+
+    def handshakeCompleted(self) -> None:
+        """Called by Twisted's TLS (`IHandshakeListener`)."""
+        self._shaken = True
+        self._stop_waiting()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stop_waiting()
+        if not self._shaken and self in self.guard.channels and reason is not None and reason.check(SSL.Error):
+            self.cut("metrics TLS handshakes failed",
+                     "refusing a metrics connection from {peer}: TLS handshake failed ({cause})",
+                     cause=_cause(reason.value))
+        super().connectionLost(reason)
+
+    def _stop_waiting(self) -> None:
+        if self._handshake is not None and self._handshake.active():
+            self._handshake.cancel()
+        self._handshake = None
+        flight = self.guard.handshakes.get(self.peer)
+        if flight is not None and self in flight:
+            flight.remove(self)
+            if not flight:
+                del self.guard.handshakes[self.peer]
+
+    def _too_slow(self) -> None:
+        self._stop_waiting()
+        self.cut("metrics TLS handshakes cut: too slow",
+                 "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
+                 seconds=self.limits.handshake_timeout)
+        self.transport.abortConnection()
+
+
+def _cause(error: BaseException) -> str:
+    """OpenSSL's reason for a failed handshake in its words: 'http request', 'peer did not return a certificate'."""
+    args = getattr(error, "args", ())
+    if args and isinstance(args[0], list) and args[0] and isinstance(args[0][-1], tuple):
+        return str(args[0][-1][-1])
+    return str(error) or type(error).__name__
+
 
 #: seconds between looks at the file and its certificates
 WATCH_INTERVAL = 1.0
@@ -52,15 +996,15 @@ class Loaded:
 
 def signature(path: str, files: tuple[str, ...]) -> Signature:
     """What says the file or a certificate changed: each one's inode, size and mtime (None: missing)."""
-    marks: list[tuple[int, int, int] | None] = []
-    for name in (path, *files):
-        try:
-            status = os.stat(name)
-        except OSError:
-            marks.append(None)
-            continue
-        marks.append((status.st_ino, status.st_size, status.st_mtime_ns))
-    return tuple(marks)
+    return tuple(_mark(name) for name in (path, *files))
+
+
+def _mark(name: str) -> tuple[int, int, int] | None:
+    try:
+        status = os.stat(name)
+    except OSError:
+        return None
+    return status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def attempt(path: str, fallback: tuple[str, ...] = ()) -> tuple[Loaded | WebConfigError, Signature, tuple[str, ...]]:
@@ -90,12 +1034,9 @@ def load(path: str) -> Loaded:
 
 
 class WebSecurity(Service):
-    """Keeps the metrics site's TLS context and users those of the file, re-read on change and SIGHUP.
-
-    A reload is built in a thread (`run`: the reactor's pool; YAML, hashes, certificates and the TLS
-    context cost some 80 ms, which atop would wait for) and applied on the reactor; reloads are coalesced:
-    at most one is built at a time and one starts per `interval`, so a burst of SIGHUPs is one or two
-    builds, the last one reading the file as the burst left it."""
+    """Keeps the metrics site's TLS context and users those of the file, re-read on change and SIGHUP: built
+    in a thread (`run`; some 80 ms atop would wait for), applied on the reactor, at most one built at a time
+    and one started per `interval`, so a burst of SIGHUPs is one or two builds."""
 
     log = ClassLogger("atopgpud_tw.websecure.WebSecurity")
 
@@ -199,9 +1140,8 @@ class WebSecurity(Service):
 
 
 def secure_site(path: str, site: Any, reactor: Any, endpoint: str = "") -> tuple[Any, WebSecurity]:
-    """The metrics site under the web configuration at `path`, and the service that reloads it.
-
-    A configuration that cannot be used ends start-up: one line, exit status 2."""
+    """The metrics site under the web configuration at `path`, and the service that reloads it; a
+    configuration that cannot be used ends start-up: one line, exit status 2."""
     try:
         loaded = load(path)
         if loaded.context is not None and endpoint.startswith("ssl:"):
