@@ -1,54 +1,26 @@
 """The calls every poll makes per GPU, straight through nvidia-ml-py's function table.
 
-`DirectCalls` makes ``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``
-and the running-process lists (compute and graphics, ``_v3`` and ``_v2``) for one
-device.  It takes each C function from the binding's own table
-(``pynvml._nvmlGetFunctionPointer``: the library nvidia-ml-py loaded, its
-symbol lookup and its cache), fills arrays of the binding's own structure types
-(``c_nvmlSample_t``, ``c_nvmlProcessUtilizationSample_t``,
-``c_nvmlProcessInfo_v2_t``, which ``_v3`` shares) and raises the binding's own
-``NVMLError`` for a return code that is not NVML_SUCCESS, so the device's choke
-point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
-``nvmlDeviceGetMemoryInfo`` too: into one kept ``c_nvmlMemory_v2_t`` (its
-``version`` set to the binding's ``nvmlMemory_v2``, through the
-``nvmlDeviceGetMemoryInfo_v2`` symbol) or ``c_nvmlMemory_t`` (v1), as the
-binding's wrapper chooses by its ``version`` argument, so that the v2-to-v1
-fallback of `device.read_memory` (FUNCTION_NOT_FOUND on a driver before 510)
-is the same; the wrapper makes a structure per call, whose fields are then read
-through ``_PrintableStructure.__getattribute__``, in Python.
+`DirectCalls` makes ``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``, the
+running-process lists (``_v3`` and ``_v2``) and ``nvmlDeviceGetMemoryInfo`` (v2 through
+``nvmlDeviceGetMemoryInfo_v2`` for the binding's ``nvmlMemory_v2``, else v1, as its wrapper
+chooses) for one device: each C function from the binding's table
+(``pynvml._nvmlGetFunctionPointer``), arrays of the binding's own structures, and the
+binding's ``NVMLError`` for a return code that is not NVML_SUCCESS, so that the device's
+choke point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
 
-Why not the binding's wrappers for these: they are most of a poll's cost, for
-things that need not be done per call.  Each wrapper asks the size with a NULL
-buffer first (two C calls where one does), allocates a new array per call,
-slices it into Python copies of the structures, and turns every process entry
-into an object field by field through ``_PrintableStructure.__getattribute__``.
-Here an array is kept from poll to poll per call and device: the call is made
-once, with the array's capacity as the count, and the fields are read straight
-from the C memory (one slice of a ``c_uint32`` or ``c_uint64`` view of the
-array per field).
+Why: the wrappers are most of a poll's cost.  Each asks the size with a NULL buffer first,
+allocates an array per call and turns every entry into Python objects field by field.  Here
+an array is kept from poll to poll, the call is made once with its capacity as the count,
+and the fields are read as slices of ``c_uint32``/``c_uint64`` views of its memory.
 
-What the wrappers did that is kept:
-
-- INSUFFICIENT_SIZE (the list or buffer grew past the array): the array grows
-  to the count the driver says it needs, with room to spare (``2 * n + 5``, as
-  the binding sizes process lists), and the error goes up, so that the caller's
-  retry (`device.call_sized`) asks again; after a burst (a run of calls that
-  needed less than a quarter of it) the array is shrunk back.
-  ``nvmlDeviceGetSamples`` "fetches the number of entries which can be
-  accommodated in the provided samples array" (NVIDIA's reference for
-  nvmlDeviceGetSamples, https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html),
-  so a full array is taken as a buffer that may hold more, and asked again
-  larger in the same way;
-- a function the library lacks: the table raises FUNCTION_NOT_FOUND (the
-  versioned fallbacks of `device.list_processes` go on from there);
-  UNINITIALIZED while the library is not loaded;
-- ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``;
-- a count larger than the array the driver was given (a reply that cannot be
-  true) raises IndexError for a process list, as the binding's copy loop does,
-  and reads the array's entries for the process samples, as its slice does.
-
-Calls made once at start-up, or when the metrics page is read, keep the
-binding's wrappers.  Everything here runs in the reader's worker thread.
+What the wrappers did that is kept: INSUFFICIENT_SIZE grows the array (``2 * n + 5``, as
+the binding sizes process lists) and goes up for the caller's retry (`calls.call_sized`);
+a full samples array is taken as a buffer that may hold more ("fetches the number of entries
+which can be accommodated in the provided samples array", NVIDIA's reference for
+nvmlDeviceGetSamples, https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html);
+``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``; a count past
+the array raises IndexError for a process list (the binding's copy loop) and reads the
+array's entries for samples (its slice).  After a burst the array is shrunk back.
 """
 
 from __future__ import annotations
@@ -81,8 +53,8 @@ SHRINK_AFTER = 60
 
 
 class Array:
-    """An array of one of the binding's structures, kept from call to call, with
-    views of its memory as 32- and 64-bit words to read fields from."""
+    """An array of one of the binding's structures, kept from call to call, with views of
+    its memory as 32- and 64-bit words."""
 
     __slots__ = ("struct", "first", "capacity", "data", "u32", "u64", "peak", "calls", "due")
 
@@ -108,8 +80,8 @@ class Array:
         self.peak, self.calls, self.due = 0, 0, 0
 
     def used(self, count: int) -> None:
-        """A call filled `count` entries: after a burst, the array is to be made small again,
-        before the next call (`shrink_if_due`): what this call filled is still to be read."""
+        """A call filled `count` entries: after a burst, the array is made small again before
+        the next call (what this call filled is still to be read)."""
         if count > self.peak:
             self.peak = count
         self.calls += 1
@@ -133,40 +105,30 @@ def _words(struct: Any, name: str, size: int) -> tuple[int, int]:
 
 
 class _Memory:
-    """One memory structure of the binding's, kept from call to call, read as 64-bit words
-    (the structure's own fields go through the binding's Python ``__getattribute__``)."""
+    """One memory structure of the binding's, kept from call to call, read as 64-bit words."""
 
-    __slots__ = ("struct", "ref", "u64", "total", "used", "free", "reserved")
+    __slots__ = ("struct", "ref", "u64", "words")
 
     def __init__(self, struct_type: Any) -> None:
         self.struct: Any = None
         self.ref: Any = None
         self.u64: Any = None
-        self.total = self.used = self.free = 0
-        #: v1 has no reserved field (its "used" counts the reserved memory)
-        self.reserved: int | None = None
+        #: the words of total, used, free and reserved (v1 has no reserved: its "used" counts it)
+        self.words: tuple[int, int, int, int | None] = (0, 0, 0, None)
         if struct_type is None:
             return
         self.struct = struct_type()
         self.ref = ctypes.byref(self.struct)
         self.u64 = (ctypes.c_uint64 * (ctypes.sizeof(struct_type) // 8)).from_buffer(self.struct)
-        self.total = _words(struct_type, "total", 8)[0]
-        self.used = _words(struct_type, "used", 8)[0]
-        self.free = _words(struct_type, "free", 8)[0]
-        if hasattr(struct_type, "reserved"):
-            self.reserved = _words(struct_type, "reserved", 8)[0]
+        total, used, free = (_words(struct_type, name, 8)[0] for name in ("total", "used", "free"))
+        reserved = _words(struct_type, "reserved", 8)[0] if hasattr(struct_type, "reserved") else None
+        self.words = (total, used, free, reserved)
 
 
 class DirectCalls:
-    """One device's hot calls, each as the reader calls it: ``functions()[name](handle, *args)``.
-
-    - ``nvmlDeviceGetSamples(handle, kind, since)``: ``[(stamp, value), ...]``
-      (the value as ``uiVal``: utilization samples are unsigned ints);
-    - ``nvmlDeviceGetProcessUtilization(handle, since)``: ``(pids, stamps,
-      sm, mem)``, four lists of one length;
-    - a process list: ``(pids, used bytes or None)``, two lists of one length (columns,
-      as the reader merges them: no tuple per entry).
-    """
+    """One device's hot calls, ``functions()[name](handle, *args)``, answering in columns: samples
+    ``(stamps, values)`` (values as ``uiVal``), process utilization ``(pids, stamps, sm, mem)``,
+    a process list ``(pids, used bytes or None)``."""
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
@@ -254,8 +216,7 @@ class DirectCalls:
 
     def memory(self, handle: Any, version: int | None = None) -> tuple[int, int, int, int | None]:
         """(total, used, free, reserved) bytes, as the binding's ``nvmlDeviceGetMemoryInfo(handle,
-        version)`` reads them: the v2 structure and symbol for a version, v1's without one (reserved
-        None: v1 has no such field)."""
+        version)`` reads them (reserved None from v1)."""
         if version:
             memory = self._memory_v2
             if memory.struct is None:
@@ -268,8 +229,8 @@ class DirectCalls:
         if ret != SUCCESS:
             raise self._error(ret)
         words = memory.u64
-        reserved = None if memory.reserved is None else words[memory.reserved]
-        return words[memory.total], words[memory.used], words[memory.free], reserved
+        total, used, free, reserved = memory.words
+        return words[total], words[used], words[free], None if reserved is None else words[reserved]
 
     def process_utilization(self, handle: Any, since: int) -> tuple[list[int], list[int], list[int], list[int]]:
         array = self._array(PROCESS_UTILIZATION)
@@ -302,15 +263,10 @@ class DirectCalls:
 
 # --- the calls that find a MIG card's instances at every poll ------------------------------------------
 #
-# A card in MIG mode is asked at every poll for its mode, for the handle in each of its
-# slots, and each instance known again for its UUID (`mig._known`): 15 calls a poll for a
-# card of seven instances, more than its instances' readings.  The binding's wrappers make
-# new ctypes objects for each (a handle, two mode words, a 96-byte string buffer, the
-# arguments), take its table's lock-guarded lookup, and decode the UUID.  Here each device
-# keeps what its calls fill, and a slot's handle comes back as its pointer value: a slot
-# that gives the handle it gave before needs no new handle object, and the handle an
-# instance was found with is never written over (a later poll may give that slot's next
-# instance another pointer, and the instance's own calls must stay on its own).
+# 15 calls a poll for a card of seven instances (its mode, each slot's handle, each UUID),
+# each making new ctypes objects in the wrappers.  Here each device keeps what its calls
+# fill, and a slot's handle comes back as its pointer value: a handle seen before needs no
+# new object, and the handle an instance was found with is never written over.
 
 #: the MIG calls made here, by the reader's names (the binding's, and the C symbols')
 MIG_MODE = "nvmlDeviceGetMigMode"
@@ -324,20 +280,10 @@ NAMES = NAMES | MIG_NAMES
 
 
 class MigCalls:
-    """One device's MIG calls, each as the reader calls it: ``functions()[name](handle, *args)``.
-
-    - ``nvmlDeviceGetMigMode(handle)``: the current mode (an int; the pending one is not read);
-    - ``nvmlDeviceGetMigDeviceHandleByIndex(card, slot)``: the slot's handle as its pointer
-      value (``None`` for a NULL one), to be made a handle by `mig_handle` where it is new;
-    - ``nvmlDeviceGetUUID(handle)``: the UUID as the binding gives it (what the driver wrote
-      up to the first NUL, decoded as UTF-8, a decoding error raised as the binding's is).
-
-    What each call fills is cleared first, so that a call that answers without writing reads
-    as the binding's fresh objects would (0, NULL, ``""``), never as the last call's answer.
-    Each C function is looked up by `pointer` at each call (`DirectCalls._pointer`, which
-    takes it from the binding's table at its first call, FUNCTION_NOT_FOUND or
-    UNINITIALIZED raised from there as the wrappers' lookup raises them, and keeps it).
-    """
+    """One device's MIG calls, ``functions()[name](handle, *args)``: the current MIG mode (an
+    int), a slot's handle as its pointer value (``None`` for NULL; `mig_handle` makes it a
+    handle), and the UUID decoded as the binding's is.  What each call fills is cleared
+    first, so a call that answers without writing reads as the binding's fresh objects would."""
 
     __slots__ = ("_error", "_pointer", "_current", "_current_ref", "_pending",
                  "_pending_ref", "_out", "_out_value", "_out_ref", "_slots", "_buffer", "_buffer_size")

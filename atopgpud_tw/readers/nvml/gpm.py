@@ -1,36 +1,18 @@
 """GPU Performance Monitoring (GPM): what the GPU really did, on Hopper and later (docs/mig.md, docs/fidelity.md).
 
-A GPM metric is worked out by the driver from two samples of the hardware's
-counters (``nvmlGpmMetricsGet``), as the exact average over the time between
-them.  The reader takes one sample per source per poll, so that each poll's
-figures cover exactly the time since the poll before:
+The driver works a GPM metric out from two samples of the hardware's counters
+(``nvmlGpmMetricsGet``), as the exact average between them.  One sample is taken per
+source per poll (a card, ``nvmlGpmSampleGet``, or a GPU instance of a card in MIG mode,
+``nvmlGpmMigSampleGet``) into two buffers that swap after each poll; they are freed when
+the instance is gone, the card's MIG mode changes, the card is lost, and before NVML is
+shut down.  Support is asked once per card.  Samples closer than `MIN_SPAN` (the NVML
+reference asks for more than 100 ms) give no new figures: the last ones stand, over 0 s.
+A GPM call that fails fails GPM alone, for that source and poll, and the previous sample
+is kept, so the next figures cover both polls.
 
-- a source is a card (``nvmlGpmSampleGet``) or, on a card in MIG mode, one of
-  its GPU instances (``nvmlGpmMigSampleGet`` with the card's handle and the
-  instance's GPU instance id);
-- each source has two sample buffers (``nvmlGpmSampleAlloc``): the previous
-  poll's sample and the one being taken; they swap after each poll; they are
-  freed (``nvmlGpmSampleFree``) when the GPU instance is gone, the card's MIG
-  mode changes, the card is lost, and before NVML is shut down;
-- support is asked once per card (``nvmlGpmQueryDeviceSupport``); a card
-  without it, or a driver without the functions, is not asked again;
-- samples closer than `MIN_SPAN` (the NVML reference asks for more than
-  100 ms between them) give no new figures: the last ones stand, over 0 seconds;
-- a GPM call that fails fails GPM alone, for that source and poll: the
-  previous sample is kept, so the next poll's figures cover both polls;
-  the calls without a device handle (``nvmlGpmSampleAlloc``,
-  ``nvmlGpmMetricsGet``, ``nvmlGpmSampleFree``) have their errors mapped
-  as every call's are (`calls.NvmlSession.call`), and what each outcome means
-  here is `calls.Attempt`'s.
-
-What it gives: `GpmFigures` on each device's sample, and the busy figure atop
-gets, with `TASK_BUSY_GPM` in the task-support digit: for a MIG instance (or a
-card in MIG mode shown as one device) the GPU instance's (the GPU's) graphics
-activity over the poll, in place of -1; for a whole card the same, in place of
-the sample buffer's fold, which stands in a poll without GPM figures
-(`WHOLE_CARD_BUSY_FROM_GPM`, docs/fidelity.md).  Several compute instances of one GPU instance each show
-that GPU instance's figures.  `read` is the one hook the reader calls after
-reading a card.
+`GpmFigures` go on each device's sample, and GPM's graphics activity is the busy figure
+atop gets (`TASK_BUSY_GPM` in the task-support digit): for a MIG device in place of -1,
+for a whole card in place of the sample buffer's fold (`WHOLE_CARD_BUSY_FROM_GPM`).
 """
 
 from __future__ import annotations
@@ -51,14 +33,10 @@ from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFi
 log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
 
 
-
 @cache
 def metrics() -> tuple[tuple[str, int, bool], ...]:
-    """The figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a
-    percentage), the table's GPM rows (figures.GPM_FIGURES).
-
-    The table is loaded at the first card that has GPM: a host without it never needs it.
-    """
+    """The figures read: (name, NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage),
+    from the table's GPM rows, loaded at the first card that has GPM."""
     from atopgpud_tw.figures import GPM_FIGURES
 
     return tuple((f.gpm.name, f.gpm.metric, f.gpm.rate) for f in GPM_FIGURES if f.gpm is not None)
@@ -110,9 +88,7 @@ class GpmReader:
     """The GPM of every card of one reader (all of it runs in the reader's worker thread)."""
 
     def __init__(self, session: NvmlSession, clock: Callable[[], float] | None = None) -> None:
-        #: the reader's session, whose binding makes the calls that take no device handle
         self.session = session
-        self.nvml = session.nvml
         #: the time of a sample, read when it is taken (None: the poll's time)
         self._clock = clock
         self._cards: dict[str, CardGpm] = {}
@@ -145,7 +121,7 @@ class GpmReader:
         if not enabled or mig == "card":
             figures = self._take(card, state.card, None, problems, now)
             if enabled:
-                return [_with(s, figures, True) if s.key == card.key and s.present else s for s in samples]
+                return [_with(s, figures) if s.key == card.key and s.present else s for s in samples]
             return [_whole(s, figures) if s.key == card.key and s.present else s for s in samples]
         present = {gi for gi in (mig_ids(card.key, key) for key in card.mig_state.instances) if gi is not None}
         gone = [gi for gi in state.instances if gi not in present]
@@ -160,7 +136,7 @@ class GpmReader:
             if gi not in taken:
                 stream = state.instances.setdefault(gi, GpmStream())
                 taken[gi] = self._take(card, stream, gi, problems, now)
-            out.append(_with(sample, taken[gi], True))
+            out.append(_with(sample, taken[gi]))
         return out
 
     def forget(self, key: str) -> None:
@@ -170,15 +146,11 @@ class GpmReader:
             self._free(None, state.streams())
 
     def keep(self, keys: set[str]) -> None:
-        """Only the cards of these keys are read now: any other's buffers are freed."""
+        """Only the cards of these keys are read now: any other's buffers are freed (all of
+        them for none, before NVML is shut down: buffers do not outlive it)."""
         if self._cards.keys() <= keys:
             return  # every poll but one after a card went: nothing to free
         for key in [key for key in self._cards if key not in keys]:
-            self.forget(key)
-
-    def release(self) -> None:
-        """Free every buffer (before NVML is shut down: buffers do not outlive it)."""
-        for key in list(self._cards):
             self.forget(key)
 
     # -- support --
@@ -225,8 +197,7 @@ class GpmReader:
                 self._free(card, [stream])
             return given(found)  # type: ignore[no-any-return]
 
-        # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it); a
-        # failure: no figures in this poll. The problem's cause names the function that failed.
+        # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it)
         taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
         return PENDING if taken is None else taken
 
@@ -253,8 +224,8 @@ class GpmReader:
         request = self._request
         asked = metrics()
         if request is None:
-            request = self._request = self.nvml.c_nvmlGpmMetricsGet_t()
-            request.version = self.nvml.NVML_GPM_METRICS_GET_VERSION
+            request = self._request = self.session.nvml.c_nvmlGpmMetricsGet_t()
+            request.version = self.session.nvml.NVML_GPM_METRICS_GET_VERSION
             request.numMetrics = len(asked)
             for index, (_, metric, _) in enumerate(asked):
                 request.metrics[index].metricId = metric
@@ -284,8 +255,7 @@ def _busy_flag(sample: DeviceSample) -> DeviceSample:
 
 def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
     """A whole card's sample with GPM's figures; with `WHOLE_CARD_BUSY_FROM_GPM`, its busy figure
-    GPM's graphics activity where this poll has it, else the sample buffer's (a failed GPM
-    sample, the first one) as read."""
+    GPM's graphics activity where this poll has it, else the sample buffer's."""
     figures = taken if isinstance(taken, GpmFigures) else None
     graphics = None if figures is None else figures.get("graphics")
     if not WHOLE_CARD_BUSY_FROM_GPM:
@@ -296,17 +266,11 @@ def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
     return replace(sample, gpm=figures, gpu_busy=clamp_percent(graphics), task_support=support)
 
 
-def _with(sample: DeviceSample, taken: GpmFigures | str, busy: bool) -> DeviceSample:
-    """A MIG device's sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
-
-    That figure fails in a poll without figures of its own (None: the first sample of
-    a source, a failed one), as a failed reading does: the counters skip the device
-    in that poll, and the next poll's figures reach back to the last sample.  It is
-    -1 where the source cannot be sampled at all.
-    """
+def _with(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
+    """A MIG device's sample with GPM's figures, its busy figure GPM's graphics activity: None
+    in a poll without figures (the first sample, a failed one: the next poll's figures reach
+    back), -1 where the source cannot be sampled at all."""
     figures = taken if isinstance(taken, GpmFigures) else None
-    if not busy:
-        return sample if figures is None else replace(sample, gpm=figures)
     gpu_busy: int | None
     if figures is not None:
         graphics = figures.get("graphics")

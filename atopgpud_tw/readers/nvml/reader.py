@@ -455,7 +455,7 @@ class NvmlReader:
             self._initialised = False
             self._devices = []
             self._info.clear()  # a driver loaded again may be another version: read at the next discovery
-            self._gpm.release()  # sample buffers do not outlive NVML
+            self._gpm.keep(set())  # sample buffers do not outlive NVML
             # (shutting down a broken library may fail; it is let go anyway)
             answer(self.session.call, "nvmlShutdown", catch=Outcome)
 
