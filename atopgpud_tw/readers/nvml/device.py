@@ -1,12 +1,7 @@
-"""One NVML device: the choke point its calls go through, and one poll of it.
+"""One NVML device: the choke point its calls go through (`NvmlDevice.call`), and one poll of it.
 
-`NvmlDevice.call` raises what `calls.outcome` makes of an error, with what the
-device remembers: a function the binding or the driver lacks, and NOT_SUPPORTED
-once it has held (`support.Support`), are not asked again.  `calls.Attempt`
-turns the outcomes into readings and problems.  The calls of every poll
-(samples, process utilization, process lists) go through the function table
-with arrays kept from poll to poll (`direct`).  Everything here runs in the
-reader's worker thread.
+A function the binding or the driver lacks, and NOT_SUPPORTED once it has held
+(`support.Support`), are not asked again.  Runs in the reader's worker thread.
 """
 
 from __future__ import annotations
@@ -111,21 +106,11 @@ class NvmlDevice:
     samples_failed: set[int] = field(default_factory=set)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
-    #: `where`, made once: the hang watch is told it at every call
-    _where: str = field(default="", init=False, repr=False)
+    #: the device as log lines and the hang watch name it
+    where: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._where = f"GPU {self.busid}"
-
-    @property
-    def nvml(self) -> Any:
-        """The binding."""
-        return self.session.nvml
-
-    @property
-    def where(self) -> str:
-        """The device as log lines name it."""
-        return self._where
+        self.where = f"GPU {self.busid}"
 
     def _function(self, function: str) -> Any:
         if function in DIRECT:
@@ -136,15 +121,8 @@ class NvmlDevice:
         return self.session.function(function)
 
     def call(self, function: str, *args: Any, variant: str | None = None) -> Any:
-        """Call ``nvml.<function>(handle, *args)`` through the error mapping.
-
-        `variant` names what is remembered as unsupported or missing when it is
-        not the function itself (one function asked for a newer structure).
-
-        Raises:
-            Outcome: what `calls.outcome` makes of the error, NOT_SUPPORTED a `Failed`
-            until it is believed (`Support`); `calls.answer` gives it as a value.
-        """
+        """``nvml.<function>(handle, *args)``, raising its `calls.outcome` (NOT_SUPPORTED a `Failed`
+        until it is believed); `variant` names what is remembered when it is not the function."""
         key = variant or function
         if key in self.missing:
             raise Missing(key)
@@ -163,7 +141,7 @@ class NvmlDevice:
             if watch is None:
                 result = bound(self.handle, *args)
             else:
-                result = watch.run(function, self._where, bound, self.handle, *args)
+                result = watch.run(function, self.where, bound, self.handle, *args)
         except Exception as error:
             raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
         if support is not None:
@@ -233,13 +211,8 @@ _LIST_TRIES = {kind: tuple((function, None, ()) for function in functions) for k
 
 
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
-    """One process list ("C" or "G") as columns (pids, used bytes or None), through the
-    newest function the driver has.
-
-    Drivers before 510 lack the _v3 lists the binding calls by default; from
-    450.66 they have the _v2 ones.  Which is used is said once per reader; a
-    driver with neither lists no processes, and that is said once too (`probe_support`).
-    """
+    """One process list ("C" or "G") as columns (pids, used bytes or None), through the newest
+    function the driver has: drivers before 510 lack the _v3 lists, from 450.66 they have _v2."""
     listed = answer_first(call_sized, device, *_LIST_TRIES[kind])
     newest, older = PROCESS_LISTS[kind]
     if newest in device.missing:
@@ -284,9 +257,7 @@ def served_support(device: NvmlDevice) -> int:
 
 @dataclass(eq=False, slots=True)
 class DevicePoll:
-    """What one poll of one device knows and learns as it goes, handed from call to
-    call rather than left on the device: the poll's time, and what its rates
-    reading tells its process reading."""
+    """What one poll of one device knows and learns as it goes, handed from call to call."""
 
     #: the poll's time in microseconds on the reader's clock
     now_us: int = 0
@@ -340,17 +311,9 @@ _RATES = object()
 
 
 def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
-    """The GPU and memory busy percentages of one device over this poll.
-
-    From the driver's sample buffer where it has one (`SampleStream`: a poll
-    with no new sample carries the last figure on, or counts a dry spell as
-    idle), else from the rates call, which covers only the driver's last sample
-    period: where the samples call is not supported, and while a buffer has
-    never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
-    instance has none: NVML reports no utilization under MIG.  The rates call
-    is made once at most, where the GPU's figure needs it before the memory's
-    samples are asked for.
-    """
+    """The GPU and memory busy percentages of one device over this poll: from the driver's sample
+    buffer (`SampleStream`), else from the rates call (the driver's last sample period only),
+    where the samples call is not supported or a buffer never held a sample.  None under MIG."""
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll)
@@ -437,10 +400,8 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
 
 
 def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]]) -> None:
-    """The first samples after calls that failed: where a gap of more than a skipped
-    sample lies before the oldest (the buffer no longer holds all that came since the
-    last read, after a spell longer than it keeps), that time is not known, and is
-    not taken for idle: the next window starts there."""
+    """The first samples after calls that failed: a gap of more than a skipped sample before the
+    oldest (the buffer kept less than the spell) is not known, not idle: the next window starts there."""
     fresh = [stamp for stamp, _ in pairs if stamp > stream.since]
     period = stream.period_us
     if not fresh or not period or stream.window_end is None:
@@ -462,13 +423,8 @@ class MemoryKib(NamedTuple):
 
 
 def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
-    """Total, used, free and reserved memory in KiB (`MemoryKib`).
-
-    Through the v2 structure where the driver has it (510 on): its "used"
-    leaves out the memory the driver reserves, as nvidia-smi's "Used" does,
-    and "reserved" has it; v1's "used" includes it and has no "reserved".
-    Both through the function table (`direct`).
-    """
+    """Total, used, free and reserved memory in KiB, through the v2 structure where the driver has
+    it (510 on): its "used" leaves out what the driver reserves, as nvidia-smi's "Used" does."""
     memory = attempt(_memory_info, device)
     if memory is None:
         return MemoryKib(None, None)

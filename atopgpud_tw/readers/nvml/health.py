@@ -1,21 +1,9 @@
 """A card's health and power figures (`CardHealth`) and its XID errors, read through NVML in the reader's thread.
 
-`read_card_health` asks one card for every figure the metrics page shows
-(docs/metrics.md, "Health and power series"), each as its row of the table of
-figures (atopgpud_tw/figures.py) says, through the device's choke point
-(`NvmlDevice.call`), so that a figure the card cannot report (NOT_SUPPORTED, or
-a function its driver lacks) is asked no more and has no series, a figure
-that fails once is left out of that reading only, and a lost card or a broken
-NVML gives a reading with no figures.  Nothing here runs unless the metrics
-page is fetched: the figures cost no NVML call per poll.
-
-`XidEvents` keeps one NVML event set for XID critical errors, registers every
-card with it, and drains it without waiting (timeout 0) whenever the figures
-are read, counting the events by card and XID code; the counts are the
-daemon's own and never go back.  Its calls are the session's
-(`calls.NvmlSession.call`): no device remembers them.  A failure of a figure's
-call is what `calls.Attempt` makes of it.  Everything here runs in the worker
-thread.
+`read_card_health` asks one card for every figure the metrics page shows, each as its row
+of the table of figures (atopgpud_tw/figures.py) says; only when the page is fetched.
+`XidEvents` keeps one NVML event set for XID critical errors and drains it without
+waiting whenever the figures are read, counting the events by card and XID code.
 """
 
 from __future__ import annotations
@@ -69,11 +57,8 @@ VALUE_MEMBERS = {
 
 @cache
 def asked() -> tuple[Figure, ...]:
-    """The figures NVML is asked for: the rows of the table of figures that have an NVML call.
-
-    Read at the first reading, a scrape of ``/metrics`` (`XidEvents` is made at start-up,
-    and needs none of it).
-    """
+    """The figures NVML is asked for: the rows of the table that have an NVML call (loaded at
+    the first scrape of ``/metrics``)."""
     from atopgpud_tw.figures import FIGURES
 
     return tuple(figure for figure in FIGURES if figure.nvml is not None)
@@ -123,8 +108,7 @@ def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, floa
 def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...], Any], how: Ask,
             link: tuple[int, ...]) -> Any:
     """The answer of one call (asked once per reading however many figures it has), through the
-    function's older names where the binding or the driver lacks it; None: not supported (a problem
-    while given up after it had answered), or failed in this reading (a problem)."""
+    function's older names where the binding or the driver lacks it; None: not supported or failed."""
     key = (how.function, how.args, how.variant, link)
     if key not in answers:
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
@@ -181,8 +165,8 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
 
 def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Attempt,
                   fields: list[tuple[Figure, int | None]]) -> None:
-    """The figures of ``nvmlDeviceGetFieldValues``, one call for them all: each entry has a return
-    code of its own, and a field that is NOT_SUPPORTED is not asked again."""
+    """The figures of ``nvmlDeviceGetFieldValues``, one call for them all; a field that is
+    NOT_SUPPORTED (each entry has a code of its own) is not asked again."""
     wanted = []
     for figure, link in fields:
         how = figure.nvml
@@ -228,8 +212,8 @@ class XidEvents:
     _unavailable: bool = False
 
     def drain(self, devices: list[NvmlDevice]) -> tuple[dict[tuple[str, int], int], set[str]]:
-        """Register the cards not yet registered, take every event due, and return the
-        counts and the cards that report XIDs."""
+        """Register the cards not yet registered, take every event due: the counts and the cards
+        that report XIDs."""
         if self._unavailable or not devices:
             return dict(self.counts), set(self.supported)
         failure = answer(self._drain, devices, catch=Outcome)

@@ -1,11 +1,8 @@
 """MIG: a card in MIG mode read as its instances, or as their sum (docs/mig.md).
 
-Each instance is a device named by `atopgpud_tw.readers.identity`, with its own memory
-and processes and no utilization (NVML has none under MIG).  The mode and the
-slots' handles are looked up again at every poll, a few cheap calls, so instances
-created or destroyed while the daemon runs are picked up; a handle its slot gave
-before is known again by its UUID (`_known`).  With ``mig="card"``
-the instances are summed into one device for the card.
+Each instance is a device with its own memory and processes and no utilization (NVML
+has none under MIG).  The mode and the slots' handles are asked at every poll, so
+instances created or destroyed meanwhile are seen.
 """
 
 from __future__ import annotations
@@ -48,11 +45,8 @@ log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
 
 
 def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) -> list[DeviceSample]:
-    """A card's devices in this poll: the card, or its MIG instances (or their sum).
-
-    A lost card raises `DeviceLost`; a MIG instance that fails does not touch
-    the card or the other instances.
-    """
+    """A card's devices in this poll: the card, or its MIG instances (or their sum); a MIG
+    instance that fails does not touch the card or the other instances."""
     if not _mig_enabled(card, mig, problems):
         return [read_device(card, problems, poll)]
     instances, complete = _enumerate(card, problems)
@@ -91,7 +85,6 @@ def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
 
 def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
-
     state = card.mig_state
     # NOT_FOUND, or a failure (a problem): as it was
     enabled = Attempt(card, problems)(_mode_enabled, card, idle=state.enabled)
@@ -119,12 +112,9 @@ def _mode_enabled(card: NvmlDevice) -> bool:
 
 
 def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:
-    """The card's MIG instances now, in slot order, and whether the list is complete.
-
-    Slots are sparse: NOT_FOUND or INVALID_ARGUMENT means nothing is there (or it
-    was destroyed while being looked at).  Any other failure leaves the list
-    incomplete, so that no instance is taken for gone on a passing error.
-    """
+    """The card's MIG instances now, in slot order, and whether the list is complete: slots are
+    sparse (NOT_FOUND or INVALID_ARGUMENT: nothing there); any other failure leaves the list
+    incomplete, so that no instance is taken for gone on a passing error."""
     state = card.mig_state
     if state.slots is None:
         slots = Attempt(card, problems)(card.call, "nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
@@ -192,30 +182,14 @@ def _handle_value(handle: Any) -> int | None:
 
 
 def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value: int | None) -> NvmlDevice | None:
-    """The instance a slot's handle (`value`, its pointer value) was found to be at an
-    earlier poll, if it still is.
+    """The instance a slot's handle (`value`, its pointer value) was found to be at an earlier
+    poll, if it still is: one call instead of identifying it (three).
 
-    Identifying an instance takes three calls (its GPU and compute instance ids
-    and its name); at every poll that was most of a MIG card's calls.  The slot
-    gives a handle at every poll all the same (that is how instances created
-    meanwhile are seen), so an instance is known again by it: the same slot,
-    the same pointer value as before, and one call, ``nvmlDeviceGetUUID``, that
-    gives the same ``MIG-`` UUID.  Handles of destroyed instances become invalid,
-    and a driver may give the same pointer to an instance created later in the
-    same slot; such an instance has a UUID of its own, so the UUID tells it (a
-    carving changed between two polls).  NVIDIA's reference of
-    nvmlDeviceGetUUID: "When used with MIG device handles the API returns
-    globally unique UUIDs ... UUIDs are immutable for the lifetime of a MIG
-    device" (https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html).
-    Neither the ids nor the name would do alone: an instance carved again
-    may have the same ids and another profile, or the same profile and other
-    ids.  What the slot
-    remembers is dropped when the slot is empty or fails, when the handle
-    fails (INVALID_ARGUMENT or NOT_FOUND from the UUID call too), when the card
-    leaves or enters MIG mode (a new `MigState`), and with the card itself on a
-    reinit.  Where the UUID cannot be read, the instance is identified afresh
-    at every poll, as before.  A slot's answer is trusted no further than
-    before: a known instance no slot shows is still asked on its own handle.
+    A driver may give a destroyed instance's pointer to the next one in its slot, so the
+    ``MIG-`` UUID tells them apart: "UUIDs are immutable for the lifetime of a MIG device"
+    (NVIDIA's reference of nvmlDeviceGetUUID,
+    https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html); neither the ids
+    nor the name would do alone (an instance carved again may share either).
     """
     known = identified.get(slot)
     if known is None or known[0] != value:
@@ -228,15 +202,9 @@ def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value:
 
 
 def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
-    """The instance behind a MIG handle (`value`, its pointer value) not known at its slot:
-    one already known by its ids, or a new one.
-
-    Handles of destroyed instances become invalid and may be reused, so the ids
-    and the profile are read again for a handle the slot did not give before
-    (`_known`).  The handle is an object of its own, never written over by a later
-    slot's call.
-    """
-    handle = mig_handle(card.nvml, value)
+    """The instance behind a MIG handle (`value`, its pointer value) not known at its slot: one
+    already known by its ids, or a new one (the handle an object of its own)."""
+    handle = mig_handle(card.session.nvml, value)
     probe = card.mig_state.probe
     if probe is None:
         probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)

@@ -1,20 +1,12 @@
-"""The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator).
-
-Every NVML call's error is mapped once (`calls.outcome`: design.md, "Polling"):
-a lost GPU is absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
-LIB_RM_VERSION_MISMATCH mean NVML must be set up again, which `NvmlReader` does
-with backoff while reporting every device absent.  All of it runs in one daemon
-thread (`SerialWorker`): the reactor never waits for NVML.
-
-A card in MIG mode is read as its MIG instances, or as their sum
-(`readers.nvml.mig` says how; docs/mig.md).
+"""The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator), in one
+daemon thread (`SerialWorker`).  A lost GPU is absent for the poll; where NVML must be set
+up again (`calls.Reinitialise`) it is, with backoff, every device absent meanwhile.
 """
 
 from __future__ import annotations
 
 import time
 from functools import cache
-from operator import attrgetter
 from types import ModuleType
 from typing import Any, Callable
 
@@ -75,8 +67,6 @@ def _inventory_calls() -> dict[str, str]:
     return {row.attribute: row.nvml for row in INVENTORY}
 
 
-_KEY = attrgetter("key")
-
 #: seconds between attempts to set NVML up again, doubling up to the last
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 
@@ -113,11 +103,8 @@ class Backoff:
 
 @implementer(IReader)
 class NvmlReader:
-    """Reads every GPU through an NVML binding (`pynvml` or the simulator).
-
-    `mig` is how a card in MIG mode is shown: ``"instances"`` (each MIG instance
-    a device) or ``"card"`` (one device holding its instances' memory and processes).
-    """
+    """Reads every GPU through an NVML binding (`pynvml` or the simulator); `mig` is how a card
+    in MIG mode is shown: ``"instances"`` (each a device) or ``"card"`` (their sum)."""
 
     def __init__(
         self,
@@ -182,11 +169,8 @@ class NvmlReader:
     # -- start-up (blocking, before the reactor runs) --
 
     def open(self) -> Snapshot:
-        """Initialise NVML and discover the devices; raise ReaderUnavailable if NVML is not usable.
-
-        Returns the devices by identity (MIG instances included), read nothing
-        from yet: what ``T`` shows from the start.
-        """
+        """Initialise NVML and discover the devices (ReaderUnavailable if NVML is not usable):
+        the devices by identity, what ``T`` shows from the start."""
         try:
             self._initialise()
             layout = [
@@ -215,11 +199,8 @@ class NvmlReader:
         self._retry.succeeded()
 
     def _discover(self) -> list[NvmlDevice]:
-        """The devices that can be used now, in index order.
-
-        A device that cannot be identified now (lost, or one call failing) is
-        left in `_unusable` and looked for again by `_rediscover`, with backoff.
-        """
+        """The devices that can be used now, in index order; one that cannot be identified now is
+        left in `_unusable`, looked for again by `_rediscover`."""
         found = []
         unusable: dict[int, str] = {}
         for index in range(self.session.call("nvmlDeviceGetCount")):
@@ -253,14 +234,9 @@ class NvmlReader:
         return devices
 
     def _unusable_problems(self) -> dict[str, str]:
-        """One problem per device that cannot be used now, keyed by its index only.
-
-        So a retry that fails again, with the same cause or another, is not
-        logged again, and the device's recovery is logged when it joins.  Devices
-        already known that are gone are reported as lost instead: as many
-        unusable indices as there are of those say nothing new.  While NVML is
-        being set up again nothing is known anew, and the last report stands.
-        """
+        """One problem per device that cannot be used now, keyed by its index only (a retry that
+        fails again is not logged again).  Known devices that are gone are reported as lost
+        instead: as many unusable indices say nothing new."""
         if not self._initialised:
             return self._unusable_reported
         if not self._unusable:
@@ -294,11 +270,8 @@ class NvmlReader:
         return snapshot
 
     def read(self, now: float) -> tuple[Snapshot, Problems]:
-        """One blocking poll of every device, and the problems it met.
-
-        An exception that escapes (a bug, or a binding gone wrong) fails this poll
-        and has NVML set up again, with backoff, from the next one.
-        """
+        """One blocking poll of every device, and the problems it met; an exception that escapes
+        fails this poll and has NVML set up again, with backoff."""
         try:
             snapshot, problems = self._read(now)
         except Exception:
@@ -441,7 +414,7 @@ class NvmlReader:
         self._lost = False
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
-        present = set(map(_KEY, samples))
+        present = {sample.key for sample in samples}
         if len(present) == len(self._known):
             return Snapshot(tuple(samples))  # every sample is known: none vanished
         gone = [s.absent() for key, s in self._known.items() if key not in present]
@@ -460,11 +433,8 @@ class NvmlReader:
             answer(self.session.call, "nvmlShutdown", catch=Outcome)
 
     def close(self) -> Deferred | None:
-        """Shut NVML down (in the worker, after any poll in flight) and stop the worker.
-
-        The Deferred fires when NVML is shut down, or after `CLOSE_TIMEOUT`
-        seconds if a call is stuck in the driver: stopping never waits longer.
-        """
+        """Shut NVML down (in the worker, after any poll in flight) and stop the worker; the
+        Deferred fires when it is down, or after `CLOSE_TIMEOUT` if a call is stuck."""
         if self.watchdog is not None:
             self.watchdog.stop()
         if self._reactor is None:  # read synchronously (tests, benchmarks)
@@ -578,16 +548,17 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
     return f"{answered}: NVML was shut down beneath the daemon and is set up again; {looking}"
 
 
+#: why NVML could not be set up, by its answer
+_INIT_FAILURES: dict[int | None, str] = {
+    LIBRARY_NOT_FOUND: "the NVML library (libnvidia-ml.so.1) is not installed",
+    DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
+    LIB_RM_VERSION_MISMATCH: "the NVML library does not match the loaded driver (reboot or reload the module)",
+    NO_PERMISSION: "no permission to use the GPUs",
+}
+
+
 def describe_init_failure(error: BaseException) -> str:
     """Why NVML could not be set up, in words (the daemon's start-up line and problem, `atopgpu doctor`)."""
     error = getattr(error, "error", None) or error  # (an outcome: what the binding raised)
-    value = getattr(error, "value", None)
-    if value == LIBRARY_NOT_FOUND:
-        return "the NVML library (libnvidia-ml.so.1) is not installed"
-    if value == DRIVER_NOT_LOADED:
-        return "the NVIDIA driver is not loaded"
-    if value == LIB_RM_VERSION_MISMATCH:
-        return "the NVML library does not match the loaded driver (reboot or reload the module)"
-    if value == NO_PERMISSION:
-        return "no permission to use the GPUs"
-    return f"NVML cannot be initialised: {error_name(error)} ({error})"
+    found = _INIT_FAILURES.get(getattr(error, "value", None))
+    return found or f"NVML cannot be initialised: {error_name(error)} ({error})"
