@@ -337,3 +337,11 @@ def mig_handle(nvml: Any, value: int | None) -> Any:
     if value is None:
         return nvml.c_nvmlDevice_t()  # NULL, as the binding's would be
     return ctypes.cast(value, nvml.c_nvmlDevice_t)
+
+
+def handle_value(handle: Any, default: Any = None) -> Any:
+    """A handle's pointer value (None for NULL); `default` for one that is no pointer."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return default

@@ -8,7 +8,6 @@ waiting whenever the figures are read, counting the events by card and XID code.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from atopgpud_tw.readers.nvml.calls import (
     nothing_there,
 )
 from atopgpud_tw.readers.nvml.device import NvmlDevice
+from atopgpud_tw.readers.nvml.direct import handle_value
 
 if TYPE_CHECKING:
     from atopgpud_tw.figures import Ask, Figure, Labels
@@ -261,7 +261,4 @@ class XidEvents:
 
 def _pointer(handle: Any) -> int:
     """A device handle's pointer value, to tell which card an event is of."""
-    try:
-        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)
+    return int(handle_value(handle, id(handle)) or 0)

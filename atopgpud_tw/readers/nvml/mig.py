@@ -7,9 +7,7 @@ instances created or destroyed meanwhile are seen.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import replace
-from typing import Any
 
 from twisted.logger import Logger
 
@@ -38,7 +36,7 @@ from atopgpud_tw.readers.nvml.device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.readers.nvml.direct import MIG_HANDLE, MIG_MODE, UUID, mig_handle
+from atopgpud_tw.readers.nvml.direct import MIG_HANDLE, MIG_MODE, UUID, handle_value, mig_handle
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, fold_instances
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
@@ -154,8 +152,8 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         if unseen:
             # a handle that a slot gave another instance now is no sign of life (a driver may
             # give a destroyed instance's pointer to the next one in its slot)
-            taken = {_handle_value(instance.handle) for instance in found.values()}
-            if any(_handle_value(i.handle) not in taken and _still_there(i) for i in unseen):
+            taken = {handle_value(instance.handle) for instance in found.values()}
+            if any(handle_value(i.handle) not in taken and _still_there(i) for i in unseen):
                 complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
@@ -171,14 +169,6 @@ def _still_there(instance: NvmlDevice) -> bool:
 def _instance(card: NvmlDevice, slot: int, value: int | None) -> NvmlDevice:
     """The instance behind a slot's handle: the one it was found to be, or identified anew."""
     return _known(card.mig_state.identified, slot, value) or _identify(card, value, slot)
-
-
-def _handle_value(handle: Any) -> int | None:
-    """A handle's pointer value; None for one that is no pointer (then it is never taken as known)."""
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return None
 
 
 def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value: int | None) -> NvmlDevice | None:

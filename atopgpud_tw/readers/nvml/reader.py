@@ -50,6 +50,7 @@ from atopgpud_tw.readers.nvml.gpm import GpmReader
 from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
 from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.stamps import host_offsets
+from atopgpud_tw.readers.nvml.support import BACKOFF, Backoff
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.procinfo import Contexts
@@ -67,9 +68,6 @@ def _inventory_calls() -> dict[str, str]:
     return {row.attribute: row.nvml for row in INVENTORY}
 
 
-#: seconds between attempts to set NVML up again, doubling up to the last
-BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
-
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5
 #: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
@@ -79,26 +77,6 @@ WAIT_FOR_DRIVER = (DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)
 #: how often a driver not loaded at start-up is looked for: every second for the
 #: first minute (a boot), then backing off as any re-initialisation does
 STARTUP_RETRY = (1.0,) * 60 + BACKOFF
-
-
-class Backoff:
-    """When to try something that failed again: the next delay of `BACKOFF` after
-    each failure (the last one kept), from the first again once it worked."""
-
-    def __init__(self, delays: tuple[float, ...] = BACKOFF) -> None:
-        self.delays = delays
-        self.at = 0.0
-        self.failures = 0
-
-    def due(self, now: float) -> bool:
-        return now >= self.at
-
-    def failed(self, now: float) -> None:
-        self.at = now + self.delays[min(self.failures, len(self.delays) - 1)]
-        self.failures += 1
-
-    def succeeded(self) -> None:
-        self.failures = 0
 
 
 @implementer(IReader)
