@@ -153,23 +153,20 @@ class NvmlDevice:
 
     def _outcome(self, found: Outcome, key: str, function: str) -> Outcome:
         """What this device makes of an outcome of `key`: a function missing is remembered,
-        and NOT_SUPPORTED is a failed reading until it is believed (`_refused`)."""
+        and NOT_SUPPORTED is a failed reading until it is believed (`Support`)."""
         if isinstance(found, Missing):
             self.missing.add(key)
-        elif isinstance(found, Unsupported) and not self._refused(key, function):
-            return Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", NOT_SUPPORTED)
-        return found
-
-    def _refused(self, key: str, function: str) -> bool:
-        """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""
+        if not isinstance(found, Unsupported) or isinstance(found, Missing):
+            return found
         now = self.session.now
+        cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
         support = self.support.get(key)
         if support is None:
-            cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
             support = self.support[key] = Support(key in self.answered, now, cause=cause)
         was = support.believed
-        believed = support.refused(now)
-        if believed and not was and support.answered:
+        if not support.refused(now):
+            return Failed(cause, NOT_SUPPORTED)
+        if not was and support.answered:
             support.said = True
             log.warn(
                 "nvml: GPU {busid}: {call} has answered NVML_ERROR_NOT_SUPPORTED for {seconds:.0f} s: "
@@ -178,7 +175,7 @@ class NvmlDevice:
                 call=key,
                 seconds=now - support.since,
             )
-        return believed
+        return found
 
     def given_up(self, key: str) -> str | None:
         """The cause of `key` given up after it had answered: a problem while it is."""
@@ -195,10 +192,6 @@ class NvmlDevice:
         """Whether `key` is taken as not supported (or missing) now."""
         support = self.support.get(key)
         return key in self.missing or (support is not None and support.believed)
-
-    def instance(self, handle: Any, key: str, busid: str, name: str) -> NvmlDevice:
-        """A MIG instance of this card, in the same session."""
-        return NvmlDevice(self.session, handle, key, busid, name, is_mig_instance=True)
 
 
 #: the process lists, newest first: the binding's unversioned function is the _v3 one
@@ -287,20 +280,8 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     memory = read_memory(device, attempt)
     processes = attempt(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
-    return DeviceSample(
-        key=device.key,
-        busid=device.busid,
-        name=device.name,
-        task_support=device.task_support,
-        gpu_busy=gpu_busy,
-        mem_busy=mem_busy,
-        memory_total_kib=memory.total,
-        memory_used_kib=memory.used,
-        memory_free_kib=memory.free,
-        memory_reserved_kib=memory.reserved,
-        processes=processes,
-        info=device.info,
-    )
+    return DeviceSample(device.key, device.busid, device.name, device.task_support, gpu_busy, mem_busy, *memory,
+                        processes=processes, info=device.info)
 
 
 #: the rates call, asked where the sample buffer does not tell

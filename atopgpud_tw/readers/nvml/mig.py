@@ -29,6 +29,7 @@ from atopgpud_tw.readers.nvml.calls import (
 )
 from atopgpud_tw.readers.nvml.device import (
     DevicePoll,
+    MemoryKib,
     MigState,
     NvmlDevice,
     placeholder,
@@ -52,8 +53,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         problems.add(
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
-        memory = read_memory(card, Attempt(card, problems))
-        return [_card_sample(card, memory.total, memory.used, (), memory.free, memory.reserved)]
+        return [_card_sample(card, read_memory(card, Attempt(card, problems)), ())]
     # one DevicePoll for the card's instances: an instance's read learns nothing into it
     # (no rates under MIG), so each sees it as a fresh one
     each = DevicePoll(starts=poll.starts)
@@ -63,7 +63,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         seen = {instance.key for instance in instances}
         samples += [_unread(i) for key, i in card.mig_state.instances.items() if key not in seen]
         if not samples:
-            return [_card_sample(card, None, None, None)] if mig == "card" else []
+            return [_card_sample(card, MemoryKib(None, None), None)] if mig == "card" else []
     if mig == "card":
         # --mig card: the instances summed
         return [fold_instances(card.key, card.busid, card.name, samples, card.task_support, card.info)]
@@ -197,7 +197,8 @@ def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
     handle = mig_handle(card.session.nvml, value)
     probe = card.mig_state.probe
     if probe is None:
-        probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)
+        probe = NvmlDevice(card.session, handle, card.key, card.busid, card.name, is_mig_instance=True)
+        card.mig_state.probe = probe
     else:
         probe.handle = handle
         probe.forget_support()
@@ -209,7 +210,7 @@ def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
     instance = card.mig_state.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
-        instance = card.instance(handle, key, busid, profile)
+        instance = NvmlDevice(card.session, handle, key, busid, profile, is_mig_instance=True)
         instance.task_support = probe_support(instance)
         instance.info = replace(
             card.info, uuid=_instance_uuid(probe), mig_profile=profile, parent_uuid=card.info.uuid,
@@ -272,16 +273,7 @@ def _unread(instance: NvmlDevice) -> DeviceSample:
     )
 
 
-def _card_sample(
-    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None,
-    free: int | None = None, reserved: int | None = None,
-) -> DeviceSample:
+def _card_sample(card: NvmlDevice, memory: MemoryKib, processes: tuple[ProcessSample, ...] | None) -> DeviceSample:
     """A card in MIG mode as one device: no utilization of its own."""
-    return DeviceSample(
-        card.key, card.busid, card.name, card.task_support,
-        gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
-        memory_total_kib=total, memory_used_kib=used, memory_free_kib=free, memory_reserved_kib=reserved,
-        processes=processes, info=card.info,
-    )
-
-
+    return DeviceSample(card.key, card.busid, card.name, card.task_support, UNSUPPORTED, UNSUPPORTED, *memory,
+                        processes=processes, info=card.info)

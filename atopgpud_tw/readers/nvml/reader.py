@@ -105,10 +105,11 @@ class NvmlReader:
         #: (stamps.py): only where the reader's clock is CLOCK_MONOTONIC, as the daemon's is
         self.host_offsets = host_offsets if self._call_clock is time.monotonic else None
         self._worker = SerialWorker(reactor)
+        clock = time.monotonic if reactor is None else reactor.seconds
         #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
-        self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
+        self.calls = CallWatch(clock)
         self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
-        self._problems = ProblemLog("nvml", time.monotonic if reactor is None else reactor.seconds)
+        self._problems = ProblemLog("nvml", clock)
         self._devices: list[NvmlDevice] = []
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
@@ -118,7 +119,7 @@ class NvmlReader:
         #: re-discovery while a device is lost or missing, with its own backoff
         self._rediscovery = Backoff()
         self._lost = False
-        #: every card ever discovered (its key), to notice one missing
+        #: every card ever discovered (its key), to notice one missing (and announce a new one)
         self._cards: set[str] = set()
         #: cards' keys, unique even where two cards report the same UUID
         self._keys = CardKeys()
@@ -129,7 +130,6 @@ class NvmlReader:
         self._unusable_reported: dict[str, str] = {}
         #: why each card that was lost was (its problem stands while it is missing)
         self._gone: dict[str, str] = {}
-        self._announced: set[str] = set()
         #: what all the devices share: the binding, the poll's time (which their `Support`
         #: spells are held to), the hang watch, what was said once
         self.session = NvmlSession(nvml, watch=self.calls)
@@ -194,15 +194,16 @@ class NvmlReader:
         for (handle, uuid, busid, name), key in zip(found, keys):
             device = NvmlDevice(self.session, handle, key, busid, name)
             if key not in self._info:  # read when the card is first discovered, and kept
-                self._info[key] = _card_info(self.session, handle, uuid, versions, f"GPU {busid}")
+                serial, vbios = (_text(self.session, _inventory_calls()[label], f"GPU {busid}", handle)
+                                 for label in ("serial", "vbios"))
+                self._info[key] = DeviceInfo(uuid or "", serial, vbios, *versions)
             device.info = self._info[key]
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
-        self._cards.update(device.key for device in devices)
         for device in devices:
-            if device.key not in self._announced:
-                self._announced.add(device.key)
+            if device.key not in self._cards:
+                self._cards.add(device.key)
                 log.info(
                     "nvml: GPU {busid} {name} (processes: {support})",
                     busid=printable(device.busid),
@@ -381,14 +382,10 @@ class NvmlReader:
         except Exception:
             return  # NVML itself trouble: the lost devices' reads will say so
         old = {card.key: card for card in self._devices}
-        devices = []
         for card in fresh:
-            known = old.get(card.key)
-            if known is not None:
-                known.handle = card.handle
-                card = known
-            devices.append(card)
-        self._devices = devices
+            if card.key in old:
+                old[card.key].handle = card.handle
+        self._devices = [old.get(card.key, card) for card in fresh]
         self._lost = False
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
@@ -483,13 +480,6 @@ def _versions(session: NvmlSession) -> tuple[str, str]:
         if number.isdigit():  # e.g. 12040: CUDA 12.4
             return driver, f"{int(number) // 1000}.{int(number) % 1000 // 10}"
     return driver, ""
-
-
-def _card_info(session: NvmlSession, handle: Any, uuid: str | None, versions: tuple[str, str], where: str
-               ) -> DeviceInfo:
-    """What a card is (it does not change)."""
-    serial, vbios = (_text(session, _inventory_calls()[label], where, handle) for label in ("serial", "vbios"))
-    return DeviceInfo(uuid or "", serial, vbios, *versions)
 
 
 def _text(session: NvmlSession, function: str, where: str | None, *args: Any) -> str:
