@@ -172,13 +172,15 @@ class DirectCalls:
         return pointer
 
     def _array(self, name: str) -> Array:
-        """The array a call of `name` fills, made small again first if a burst is over."""
+        """The array a call of `name` fills, made small again first if a burst is over; the
+        count argument set to its capacity."""
         array = self._arrays.get(name)
         if array is None:
             first = FIRST.get(name, FIRST["lists"])
             array = self._arrays[name] = Array(self._structs[name], first)
         elif array.due:
             array.shrink_if_due()
+        self._count.value = array.capacity
         return array
 
     def _filled(self, array: Array, ret: int, full_is_short: bool = False, lists: bool = False) -> int:
@@ -198,7 +200,6 @@ class DirectCalls:
 
     def samples(self, handle: Any, kind: int, since: int) -> tuple[list[int], list[int]]:
         array = self._array(SAMPLES)
-        self._count.value = array.capacity
         kinds = self._sample_kinds
         sample_kind = kinds.get(kind)
         if sample_kind is None:
@@ -234,7 +235,6 @@ class DirectCalls:
 
     def process_utilization(self, handle: Any, since: int) -> tuple[list[int], list[int], list[int], list[int]]:
         array = self._array(PROCESS_UTILIZATION)
-        self._count.value = array.capacity
         ret = self._pointer(PROCESS_UTILIZATION)(handle, array.data, self._count_ref, ctypes.c_ulonglong(since))
         count = self._filled(array, ret)
         if not count:
@@ -248,7 +248,6 @@ class DirectCalls:
 
     def processes(self, name: str, handle: Any) -> tuple[list[int], list[int | None]]:
         array = self._array(name)
-        self._count.value = array.capacity
         ret = self._pointer(LISTS[name])(handle, self._count_ref, array.data)
         count = self._filled(array, ret, lists=True)
         if not count:

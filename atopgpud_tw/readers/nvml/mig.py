@@ -53,7 +53,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         problems.add(
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
-        return [_card_sample(card, read_memory(card, Attempt(card, problems)), ())]
+        return [_unbusy(card, read_memory(card, Attempt(card, problems)), ())]
     # one DevicePoll for the card's instances: an instance's read learns nothing into it
     # (no rates under MIG), so each sees it as a fresh one
     each = DevicePoll(starts=poll.starts)
@@ -61,9 +61,9 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
-        samples += [_unread(i) for key, i in card.mig_state.instances.items() if key not in seen]
+        samples += [_unbusy(i) for key, i in card.mig_state.instances.items() if key not in seen]
         if not samples:
-            return [_card_sample(card, MemoryKib(None, None), None)] if mig == "card" else []
+            return [_unbusy(card)] if mig == "card" else []
     if mig == "card":
         # --mig card: the instances summed
         return [fold_instances(card.key, card.busid, card.name, samples, card.task_support, card.info)]
@@ -265,15 +265,12 @@ def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -
     return placeholder(instance).absent()
 
 
-def _unread(instance: NvmlDevice) -> DeviceSample:
-    """An instance that is there but could not be read in this poll."""
-    return DeviceSample(
-        instance.key, instance.busid, instance.name, instance.task_support,
-        memory_total_kib=None, memory_used_kib=None, processes=None, info=instance.info,
-    )
+#: the memory of a device not read
+_UNREAD = MemoryKib(None, None)
 
 
-def _card_sample(card: NvmlDevice, memory: MemoryKib, processes: tuple[ProcessSample, ...] | None) -> DeviceSample:
-    """A card in MIG mode as one device: no utilization of its own."""
+def _unbusy(card: NvmlDevice, memory: MemoryKib = _UNREAD,
+            processes: tuple[ProcessSample, ...] | None = None) -> DeviceSample:
+    """A device with no utilization of its own: a card in MIG mode as one, an instance (None: not read)."""
     return DeviceSample(card.key, card.busid, card.name, card.task_support, UNSUPPORTED, UNSUPPORTED, *memory,
                         processes=processes, info=card.info)
