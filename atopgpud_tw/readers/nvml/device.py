@@ -62,11 +62,9 @@ class MigState:
     slots: int | None = None
     #: the instances found at the last poll, by key
     instances: dict[str, NvmlDevice] = field(default_factory=dict)
-    #: what asks a fresh MIG handle which instance it is (one per card, its memory of
-    #: what it cannot do cleared for each handle, as a new device's would be)
+    #: what asks a fresh MIG handle which instance it is (its memory cleared for each handle)
     probe: NvmlDevice | None = None
-    #: by slot, the instance its handle was last found to be: (the handle's value, the
-    #: instance, its ``MIG-`` UUID); `mig._known` says what makes one stale
+    #: by slot, (the handle's value, the instance it was found to be, its ``MIG-`` UUID)
     identified: dict[int, tuple[int, NvmlDevice, str]] = field(default_factory=dict)
 
 
@@ -74,7 +72,6 @@ class MigState:
 class NvmlDevice:
     """One discovered device (a card or a MIG instance): its handle, identity and what it cannot do."""
 
-    #: what the reader's devices share: the binding, the poll's time, the hang watch, what was said
     session: NvmlSession = field(repr=False)
     handle: Any
     key: str
@@ -86,9 +83,8 @@ class NvmlDevice:
     #: calls that answered on this device, and those in a spell of NOT_SUPPORTED (`Support`)
     answered: set[str] = field(default_factory=set)
     support: dict[str, Support] = field(default_factory=dict)
-    #: the driver's utilization sample buffers, per sample type
+    #: the driver's sample buffers, per sample type, and its per-process samples
     streams: dict[int, SampleStream] = field(default_factory=dict)
-    #: the driver's per-process utilization samples
     process_stream: ProcessStream = field(default_factory=ProcessStream)
     #: the driver's sample clock, its steps taken out (stamps.py)
     stamps: StampMap = field(default_factory=StampMap)
@@ -98,7 +94,6 @@ class NvmlDevice:
     is_mig_instance: bool = False
     #: what the device is (UUID, serial, versions), read once at its discovery
     info: DeviceInfo = NO_INFO
-    #: a card's MIG mode and instances
     mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
     missing: set[str] = field(default_factory=set)
@@ -145,8 +140,7 @@ class NvmlDevice:
         except Exception as error:
             raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
         if support is not None:
-            # answered after a spell of NOT_SUPPORTED: served again (a problem that stood
-            # while it was given up ends, and its recovery is logged)
+            # answered after a spell of NOT_SUPPORTED: served again
             del self.support[key]
         self.answered.add(key)
         return result
@@ -199,7 +193,6 @@ PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
-#: `answer_first`'s tries of each list
 _LIST_TRIES = {kind: tuple((function, None, ()) for function in functions) for kind, functions in PROCESS_LISTS.items()}
 
 
@@ -286,8 +279,7 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
 
 #: the rates call, asked where the sample buffer does not tell
 RATES = "nvmlDeviceGetUtilizationRates"
-#: the rates call tells: what a reading of a sample buffer that never held a sample returns,
-#: and the rates call's answer while it is not asked
+#: a sample buffer that never held a sample: the rates call tells (also its answer while not asked)
 _RATES = object()
 
 
@@ -437,10 +429,8 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     for kind in ("C", "G"):
         listed = attempt(list_processes, device, kind, unsupported=())
         if listed is None:
-            # a partial list would make processes seem to end: they count no sample now.
-            # Their busy samples of this poll are taken off the buffer all the same, so
-            # that the next poll's figures are over that poll alone (as a driver's buffer
-            # may not hold a long spell's)
+            # a partial list would make processes seem to end: none now; their samples are
+            # taken off the buffer all the same, so the next poll's figures cover that poll alone
             _skip_process_busy(device, attempt, poll)
             return None
         if listed:  # (not `()`: the list is not supported)
@@ -454,8 +444,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
         rows = merge_by_pid(map(ProcessSample, pids, kinds, kib), "max").values()
         merged = {row.pid: (row.kind, row.memory_kib) for row in rows}
     if not merged:
-        # the last processes left: their samples are taken off the buffer now, so that
-        # none is counted for a later process (a pid reused after a poll that listed nobody)
+        # the last processes left: their samples taken off now count for no later process (a pid reused)
         _skip_process_busy(device, attempt, poll)
         return ()
     starts = poll.starts
@@ -464,8 +453,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     started = repeat(None) if starts is None else list(starts.of(list(merged)))
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(_process_busy, device, poll)
-    # a listed pid with no sample in the poll was idle; without figures (failed: None, or
-    # UNSUPPORTED), each process has that
+    # a listed pid with no sample in the poll was idle; without figures, each has None or UNSUPPORTED
     figures = busy if isinstance(busy, dict) else {}
     gpu, mem = zip(*map(figures.get, merged, repeat((0, 0) if isinstance(busy, dict) else (busy, busy))))
     kinds, kib = zip(*merged.values())  # type: ignore[assignment]

@@ -30,10 +30,8 @@ from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS, VALUE_NOT_AVAILABLE
 
-#: nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization, by the names the reader calls them
 SAMPLES = "nvmlDeviceGetSamples"
 PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"
-#: nvmlDeviceGetMemoryInfo, asked for the v2 structure (by the binding's version number) or v1
 MEMORY = "nvmlDeviceGetMemoryInfo"
 MEMORY_V2 = "nvmlDeviceGetMemoryInfo_v2"
 #: the process lists, by the reader's name (the binding's unversioned name is its _v3 function): C symbol
@@ -45,8 +43,7 @@ LISTS = {
 }
 #: every function `DirectCalls` makes, by the reader's name
 NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, MEMORY, *LISTS})
-#: entries an array starts with: a second of samples at the shortest period (1/6 s) twice
-#: over, and a few processes
+#: entries an array starts with: twice a second of samples at the shortest period (1/6 s), a few processes
 FIRST = {SAMPLES: 16, PROCESS_UTILIZATION: 32, "lists": 16}
 #: calls after which an array more than four times as large as any of them needed is shrunk
 SHRINK_AFTER = 60
@@ -267,7 +264,6 @@ class DirectCalls:
 # fill, and a slot's handle comes back as its pointer value: a handle seen before needs no
 # new object, and the handle an instance was found with is never written over.
 
-#: the MIG calls made here, by the reader's names (the binding's, and the C symbols')
 MIG_MODE = "nvmlDeviceGetMigMode"
 MIG_HANDLE = "nvmlDeviceGetMigDeviceHandleByIndex"
 UUID = "nvmlDeviceGetUUID"

@@ -44,13 +44,11 @@ def metrics() -> tuple[tuple[str, int, bool], ...]:
 
 #: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
 MIN_SPAN = 0.1
-#: what `GpmReader._take` gives instead of figures: none yet (the first sample, a failure: the
-#: busy figure fails this poll) and none at all (the source cannot be sampled: -1)
+#: `GpmReader._take` instead of figures: none yet (the busy figure fails) and none at all (-1)
 PENDING = "pending"
 NO_GPM = "no gpm"
 #: whether a whole card's busy figure is GPM's graphics activity where it has GPM (docs/fidelity.md,
-#: "Which figure feeds atop's busy counter"): yes; in a poll without GPM figures the sample
-#: buffer's fold, read every poll anyway, stands
+#: "Which figure feeds atop's busy counter"); bench/fidelity.py turns it off
 WHOLE_CARD_BUSY_FROM_GPM = True
 
 
@@ -94,8 +92,6 @@ class GpmReader:
         self._cards: dict[str, CardGpm] = {}
         #: the binding's metrics request, made once and reused (it holds NVML_GPM_METRIC_MAX entries)
         self._request: Any = None
-
-    # -- the hooks --
 
     def layout(self, card: NvmlDevice, samples: list[DeviceSample], mig: str = "instances") -> list[DeviceSample]:
         """A card's devices as ``T`` shows them from the start: a device whose busy figure will
@@ -153,8 +149,6 @@ class GpmReader:
         for key in [key for key in self._cards if key not in keys]:
             self.forget(key)
 
-    # -- support --
-
     def _supported(self, card: NvmlDevice, problems: Problems) -> bool:
         state = self._cards.get(card.key)
         if state is None:
@@ -176,8 +170,6 @@ class GpmReader:
                 )
         return bool(state.supported)
 
-    # -- samples --
-
     def _take(
         self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, problems: Problems, now: float
     ) -> GpmFigures | str:
@@ -191,9 +183,8 @@ class GpmReader:
                 attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
                 return NO_GPM
             if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
-                # GPM did not measure while it said so: its next figures start afresh
-                # instead of reaching back over the gap (other failures pass, and the
-                # next figures cover them: GPM's counters ran on)
+                # GPM did not measure while it said so: its next figures start afresh (after
+                # other failures they reach back: its counters ran on)
                 self._free(card, [stream])
             return given(found)  # type: ignore[no-any-return]
 

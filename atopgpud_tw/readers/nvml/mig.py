@@ -54,8 +54,7 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
         return [_unbusy(card, read_memory(card, Attempt(card, problems)), ())]
-    # one DevicePoll for the card's instances: an instance's read learns nothing into it
-    # (no rates under MIG), so each sees it as a fresh one
+    # one DevicePoll for the instances: an instance's read learns nothing into it (no rates under MIG)
     each = DevicePoll(starts=poll.starts)
     samples = [_read_instance(instance, problems, each) for instance in instances]
     if not complete:
@@ -138,8 +137,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
         if isinstance(instance, NotFound):
             complete = False  # destroyed while looked at, or a passing fault: the next poll tells
         elif isinstance(instance, Unsupported):
-            # a driver that cannot say which instance this is: said once, not guessed; the
-            # instances known are not taken for gone on it
+            # a driver that cannot say which instance this is: said, not guessed
             Attempt(card, problems).note(
                 f"MIG device {slot} left out: {instance} is not supported", key="mig identity"
             )

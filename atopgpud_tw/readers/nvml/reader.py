@@ -70,12 +70,9 @@ def _inventory_calls() -> dict[str, str]:
 
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5
-#: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
-#: (a boot where the daemon starts before the kernel module; a driver upgraded, its
-#: module not yet reloaded)
+#: NVML's answers at start-up that mean "wait for the driver" (a boot; a driver upgraded, not reloaded)
 WAIT_FOR_DRIVER = (DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)
-#: how often a driver not loaded at start-up is looked for: every second for the
-#: first minute (a boot), then backing off as any re-initialisation does
+#: how often a driver not loaded at start-up is looked for: every second for a minute, then backing off
 STARTUP_RETRY = (1.0,) * 60 + BACKOFF
 
 
@@ -98,8 +95,7 @@ class NvmlReader:
         self.nvml = nvml
         self.mig_mode = mig
         self._reactor = reactor
-        #: the time of an NVML call, read when it is made: a poll's calls may wait
-        #: in the worker long after the poll began (synchronous reads: none)
+        #: the time of an NVML call, read when it is made (a poll's calls may wait in the worker)
         self._call_clock = None if reactor is None else reactor.seconds
         #: the host clocks against the reader's, for the steps of the driver's sample clock
         #: (stamps.py): only where the reader's clock is CLOCK_MONOTONIC, as the daemon's is
@@ -130,21 +126,14 @@ class NvmlReader:
         self._unusable_reported: dict[str, str] = {}
         #: why each card that was lost was (its problem stands while it is missing)
         self._gone: dict[str, str] = {}
-        #: what all the devices share: the binding, the poll's time (which their `Support`
-        #: spells are held to), the hang watch, what was said once
         self.session = NvmlSession(nvml, watch=self.calls)
-        #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents(self.session)
-        #: GPU Performance Monitoring's sample buffers and figures, per card (readers/nvml/gpm.py)
         self._gpm = GpmReader(self.session, self._call_clock)
-        #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
+        #: the processes' start times, which tell a reused pid
         self._starts = start_times(nvml)
         self.contexts = Contexts()
-        #: while NVML cannot be used because of the driver's lifecycle: (its NVML code,
-        #: since when, whether since start-up); None while it can
+        #: while the driver's lifecycle keeps NVML from use: (its code, since when, whether since start-up)
         self._down: tuple[int, float | None, bool] | None = None
-
-    # -- start-up (blocking, before the reactor runs) --
 
     def open(self) -> Snapshot:
         """Initialise NVML and discover the devices (ReaderUnavailable if NVML is not usable):
@@ -228,8 +217,6 @@ class NvmlReader:
             for index, cause in self._unusable.items()
         }
         return self._unusable_reported
-
-    # -- polling --
 
     def poll(self) -> Deferred:
         """Read all devices in the worker thread; fires with a Snapshot."""
@@ -464,8 +451,7 @@ def _identify(session: NvmlSession, index: int) -> tuple[Any, str | None, str, s
     busid = as_text(call("nvmlDeviceGetPciInfo", handle, where=where).busId)
     where = f"GPU {busid}"
     name = as_text(call("nvmlDeviceGetName", handle, where=where))
-    # not supported, or a function the binding or driver lacks: no UUID; a passing
-    # failure: the device is looked at again, not keyed otherwise
+    # not supported or missing: no UUID; a passing failure: looked at again, not keyed otherwise
     uuid = answer(call, _inventory_calls()["uuid"], handle, where=where)
     return handle, None if isinstance(uuid, Unsupported) else as_text(given(uuid)), busid, name
 

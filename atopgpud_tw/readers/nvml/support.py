@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: NOT_SUPPORTED from a call that has answered is believed once it has held this
-#: long and for this many polls, whichever is longer; until then it is a failed reading
+#: NOT_SUPPORTED from a call that has answered is believed once it has held this long and this many polls
 HOLD_SECONDS = 30.0
 HOLD_POLLS = 20
 #: seconds between asking again a call taken as not supported, the last one kept
@@ -47,8 +46,7 @@ class Support:
     last: float | None = None
     #: whether the spell is believed (the figure is served as not supported)
     believed: bool = False
-    #: what a failed reading of it is logged as, and whether the giving up was said (then that
-    #: problem stands while it is given up, and its recovery is the line that says it is back)
+    #: what a failed reading of it is logged as, and whether the giving up was said (its problem then stands)
     cause: str = ""
     said: bool = False
     #: when it is asked again once held
@@ -63,7 +61,6 @@ class Support:
             self.polls += 1
             self.last = now
         if self.held():
-            # asked again at the next delay
             self.retry.failed(now)
             self.believed = True
         elif not self.answered:

@@ -49,9 +49,8 @@ class CallWatch:
         self._serial = 0
         #: the call in progress, or None between calls
         self.current: Call | None = None
-        #: calls that run this long or longer leave their duration in `long`
+        #: (serial, seconds it took) of the last call that ran `long_after` seconds or more
         self.long_after = float("inf")
-        #: (serial, seconds it took) of the last call that ran `long_after` or more
         self.long: tuple[int, float] | None = None
 
     def begin(self, function: str, where: str | None = None) -> None:
