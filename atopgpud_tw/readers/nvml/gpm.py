@@ -62,9 +62,6 @@ class GpmStream:
     #: the figures of the last poll that had some, which stand for a poll too soon after it
     last: GpmFigures | None = None
 
-    def buffers(self) -> list[Any]:
-        return [b for b in (self.previous, self.spare) if b is not None]
-
 
 @dataclass(eq=False)
 class CardGpm:
@@ -200,15 +197,13 @@ class GpmReader:
         else:
             card.call("nvmlGpmMigSampleGet", gpu_instance, stream.spare)
         at = now if self._clock is None else self._clock()
-        if stream.previous is None:
-            stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-            return PENDING
-        if at - stream.at < MIN_SPAN:
-            # too soon for figures of their own: the last ones stand, over no time (counted once)
-            return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
-        figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
+        figures: GpmFigures | str = PENDING
+        if stream.previous is not None:
+            if at - stream.at < MIN_SPAN:
+                # too soon for figures of their own: the last ones stand, over no time (counted once)
+                return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
+            figures = stream.last = self._metrics(card, stream.previous, stream.spare, at - stream.at)
         stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-        stream.last = figures
         return figures
 
     def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
@@ -232,15 +227,14 @@ class GpmReader:
     def _free(self, card: NvmlDevice | None, streams: list[GpmStream]) -> None:
         where = None if card is None else card.where
         for stream in streams:
-            for buffer in stream.buffers():
+            for buffer in (stream.previous, stream.spare):
                 # (failing: a buffer of a library shut down beneath us: nothing more to give back)
-                answer(self.session.call, "nvmlGpmSampleFree", buffer, where=where, catch=Outcome)
+                if buffer is not None:
+                    answer(self.session.call, "nvmlGpmSampleFree", buffer, where=where, catch=Outcome)
             stream.previous = stream.spare = None
 
 
 def _busy_flag(sample: DeviceSample) -> DeviceSample:
-    if sample.task_support & TASK_BUSY_GPM:
-        return sample
     return replace(sample, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
@@ -248,13 +242,11 @@ def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
     """A whole card's sample with GPM's figures; with `WHOLE_CARD_BUSY_FROM_GPM`, its busy figure
     GPM's graphics activity where this poll has it, else the sample buffer's."""
     figures = taken if isinstance(taken, GpmFigures) else None
-    graphics = None if figures is None else figures.get("graphics")
     if not WHOLE_CARD_BUSY_FROM_GPM:
         return sample if figures is None else replace(sample, gpm=figures)
-    support = sample.task_support | TASK_BUSY_GPM
-    if graphics is None:
-        return replace(sample, gpm=figures, task_support=support)
-    return replace(sample, gpm=figures, gpu_busy=clamp_percent(graphics), task_support=support)
+    graphics = None if figures is None else figures.get("graphics")
+    busy = sample.gpu_busy if graphics is None else clamp_percent(graphics)
+    return replace(sample, gpm=figures, gpu_busy=busy, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
 def _with(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
@@ -262,10 +254,8 @@ def _with(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
     in a poll without figures (the first sample, a failed one: the next poll's figures reach
     back), -1 where the source cannot be sampled at all."""
     figures = taken if isinstance(taken, GpmFigures) else None
-    gpu_busy: int | None
-    if figures is not None:
-        graphics = figures.get("graphics")
-        gpu_busy = UNSUPPORTED if graphics is None else clamp_percent(graphics)
-    else:
-        gpu_busy = UNSUPPORTED if taken == NO_GPM else None
+    graphics = None if figures is None else figures.get("graphics")
+    gpu_busy = UNSUPPORTED if figures is not None or taken == NO_GPM else None
+    if graphics is not None:
+        gpu_busy = clamp_percent(graphics)
     return replace(sample, gpm=figures, gpu_busy=gpu_busy, task_support=sample.task_support | TASK_BUSY_GPM)
