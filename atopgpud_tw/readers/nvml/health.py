@@ -79,30 +79,29 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
 
 
 def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, float]) -> None:
-    rows = asked()
     answers: dict[tuple[Any, ...], Any] = {}
     fields: list[tuple[Figure, int | None]] = []
-    for figure in rows:
-        how = figure.nvml
-        assert how is not None
-        if how.per_link:
-            continue  # asked per active link, below
-        if how.field is not None:
-            fields.append((figure, None))
-        else:
-            _store(values, figure, figure.labels, _answer(device, attempt, answers, how, ()))
-    if any(figure.nvml and figure.nvml.per_link for figure in rows):
-        for link in _active_links(device, attempt):
-            for figure in rows:
-                how = figure.nvml
-                if how is None or not how.per_link:
-                    continue
-                labels = (*figure.labels, ("link", str(link)))
-                if how.field is not None:
-                    fields.append((figure, link))
-                else:
-                    _store(values, figure, labels, _answer(device, attempt, answers, how, (link,)))
+
+    def ask(figures: list[Figure], link: int | None) -> None:
+        for figure in figures:
+            how = figure.nvml
+            assert how is not None
+            if how.field is not None:
+                fields.append((figure, link))
+            else:
+                found = _answer(device, attempt, answers, how, () if link is None else (link,))
+                _store(values, figure, _labels(figure, link), found)
+
+    per_link = [figure for figure in asked() if figure.nvml and figure.nvml.per_link]
+    ask([figure for figure in asked() if not (figure.nvml and figure.nvml.per_link)], None)
+    for link in _active_links(device, attempt) if per_link else ():
+        ask(per_link, link)
     _field_values(device, values, attempt, fields)
+
+
+def _labels(figure: Figure, link: int | None) -> Labels:
+    """A figure's labels, with its NVLink's where it is one per link."""
+    return figure.labels if link is None else (*figure.labels, ("link", str(link)))
 
 
 def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...], Any], how: Ask,
@@ -173,23 +172,21 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Atte
         assert how is not None and how.field is not None
         variant = _field_variant(how, link)
         if variant not in device.unsupported and variant not in device.missing:
-            wanted.append((figure, link, variant))
+            wanted.append((figure, how, link, variant))
     if not wanted:
         return
     # a per-link field is asked with the link as its scope
-    ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
-           for figure, link, _ in wanted]
+    ids = [how.field if link is None else (how.field, link) for _, how, link, _ in wanted]
     found = attempt(device.call, "nvmlDeviceGetFieldValues", ids, unsupported=None)
     if found is None:
         return
-    for index, (figure, link, variant) in enumerate(wanted):
+    for index, (figure, how, link, variant) in enumerate(wanted):
         entry = found[index]
         if int(entry.nvmlReturn) == NOT_SUPPORTED:
             device.unsupported.add(variant)
         elif int(entry.nvmlReturn) == SUCCESS:
             member = VALUE_MEMBERS.get(int(entry.valueType), "uiVal")
-            labels = figure.labels if link is None else (*figure.labels, ("link", str(link)))
-            values[(figure.family.name, labels)] = float(getattr(entry.value, member)) * figure.nvml.scale  # type: ignore[union-attr]
+            values[(figure.family.name, _labels(figure, link))] = float(getattr(entry.value, member)) * how.scale
 
 
 def _field_variant(how: Ask, link: int | None) -> str:
