@@ -21,6 +21,10 @@ nvmlDeviceGetSamples, https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQ
 ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``; a count past
 the array raises IndexError for a process list (the binding's copy loop) and reads the
 array's entries for samples (its slice).  After a burst the array is shrunk back.
+
+A MIG card is asked at every poll for its mode, each slot's handle and each instance's UUID
+(15 calls for seven instances).  A slot's handle comes back as its pointer value: a handle
+seen before needs no new object, and the one an instance was found with is never written over.
 """
 
 from __future__ import annotations
@@ -41,8 +45,14 @@ LISTS = {
     "nvmlDeviceGetGraphicsRunningProcesses": "nvmlDeviceGetGraphicsRunningProcesses_v3",
     "nvmlDeviceGetGraphicsRunningProcesses_v2": "nvmlDeviceGetGraphicsRunningProcesses_v2",
 }
+MIG_MODE = "nvmlDeviceGetMigMode"
+MIG_HANDLE = "nvmlDeviceGetMigDeviceHandleByIndex"
+UUID = "nvmlDeviceGetUUID"
+MIG_NAMES = frozenset({MIG_MODE, MIG_HANDLE, UUID})
 #: every function `DirectCalls` makes, by the reader's name
-NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, MEMORY, *LISTS})
+NAMES = frozenset({SAMPLES, PROCESS_UTILIZATION, MEMORY, *LISTS, *MIG_NAMES})
+#: NVML_DEVICE_UUID_V2_BUFFER_SIZE, the buffer the binding gives nvmlDeviceGetUUID
+UUID_BUFFER = 96
 #: entries an array starts with: twice a second of samples at the shortest period (1/6 s), a few processes
 FIRST = {SAMPLES: 16, PROCESS_UTILIZATION: 32, "lists": 16}
 #: calls after which an array more than four times as large as any of them needed is shrunk
@@ -125,10 +135,11 @@ class _Memory:
 class DirectCalls:
     """One device's hot calls, ``functions()[name](handle, *args)``, answering in columns: samples
     ``(stamps, values)`` (values as ``uiVal``), process utilization ``(pids, stamps, sm, mem)``,
-    a process list ``(pids, used bytes or None)``."""
+    a process list ``(pids, used bytes or None)``; and the MIG calls: the current MIG mode (an
+    int), a slot's handle as its pointer value (``None`` for NULL; `mig_handle` makes it a
+    handle), the UUID decoded as the binding's is."""
 
     def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
         self._error = nvml.NVMLError
         self._table: Callable[[str], Any] = nvml._nvmlGetFunctionPointer
         self._pointers: dict[str, Any] = {}
@@ -151,6 +162,18 @@ class DirectCalls:
         self._since = ctypes.c_ulonglong(0)
         self._memory_v1 = _Memory(nvml.c_nvmlMemory_t)
         self._memory_v2 = _Memory(getattr(nvml, "c_nvmlMemory_v2_t", None))
+        # the MIG calls' (what each fills is cleared first, so that a call that answers without
+        # writing reads as the binding's fresh objects would: 0, NULL, "")
+        self._current = ctypes.c_uint(0)
+        self._current_ref = ctypes.byref(self._current)
+        self._pending_ref = ctypes.byref(ctypes.c_uint(0))
+        self._out = nvml.c_nvmlDevice_t()
+        self._out_value = ctypes.c_void_p.from_buffer(self._out)
+        self._out_ref = ctypes.byref(self._out)
+        #: the slot numbers as the binding passes them (c_uint), made once
+        self._slots: list[Any] = []
+        self._buffer = ctypes.create_string_buffer(UUID_BUFFER)
+        self._buffer_size = ctypes.c_uint(UUID_BUFFER)
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         """The hot functions by the names the reader calls them."""
@@ -158,8 +181,7 @@ class DirectCalls:
         for name in LISTS:
             found[name] = lambda handle, name=name: self.processes(name, handle)
         found[MEMORY] = self.memory
-        found.update(MigCalls(self._nvml, self._pointer).functions())
-        return found
+        return found | {MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
 
     def _pointer(self, symbol: str) -> Any:
         pointer = self._pointers.get(symbol)
@@ -255,51 +277,6 @@ class DirectCalls:
         if VALUE_NOT_AVAILABLE in used:  # (a scan in C: most drivers always tell)
             used = [None if m == VALUE_NOT_AVAILABLE else m for m in used]
         return pids, used
-
-
-# --- the calls that find a MIG card's instances at every poll ------------------------------------------
-#
-# 15 calls a poll for a card of seven instances (its mode, each slot's handle, each UUID),
-# each making new ctypes objects in the wrappers.  Here each device keeps what its calls
-# fill, and a slot's handle comes back as its pointer value: a handle seen before needs no
-# new object, and the handle an instance was found with is never written over.
-
-MIG_MODE = "nvmlDeviceGetMigMode"
-MIG_HANDLE = "nvmlDeviceGetMigDeviceHandleByIndex"
-UUID = "nvmlDeviceGetUUID"
-MIG_NAMES = frozenset({MIG_MODE, MIG_HANDLE, UUID})
-#: NVML_DEVICE_UUID_V2_BUFFER_SIZE, the buffer the binding gives nvmlDeviceGetUUID
-UUID_BUFFER = 96
-# the choke point (`device.NvmlDevice.call`) takes these from `DirectCalls.functions` too
-NAMES = NAMES | MIG_NAMES
-
-
-class MigCalls:
-    """One device's MIG calls, ``functions()[name](handle, *args)``: the current MIG mode (an
-    int), a slot's handle as its pointer value (``None`` for NULL; `mig_handle` makes it a
-    handle), and the UUID decoded as the binding's is.  What each call fills is cleared
-    first, so a call that answers without writing reads as the binding's fresh objects would."""
-
-    __slots__ = ("_error", "_pointer", "_current", "_current_ref", "_pending",
-                 "_pending_ref", "_out", "_out_value", "_out_ref", "_slots", "_buffer", "_buffer_size")
-
-    def __init__(self, nvml: Any, pointer: Callable[[str], Any]) -> None:
-        self._error = nvml.NVMLError
-        self._pointer = pointer
-        self._current = ctypes.c_uint(0)
-        self._current_ref = ctypes.byref(self._current)
-        self._pending = ctypes.c_uint(0)
-        self._pending_ref = ctypes.byref(self._pending)
-        self._out = nvml.c_nvmlDevice_t()
-        self._out_value = ctypes.c_void_p.from_buffer(self._out)
-        self._out_ref = ctypes.byref(self._out)
-        #: the slot numbers as the binding passes them (c_uint), made once
-        self._slots: list[Any] = []
-        self._buffer = ctypes.create_string_buffer(UUID_BUFFER)
-        self._buffer_size = ctypes.c_uint(UUID_BUFFER)
-
-    def functions(self) -> dict[str, Callable[..., Any]]:
-        return {MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
 
     def mig_mode(self, handle: Any) -> int:
         self._current.value = 0

@@ -123,7 +123,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     identified = state.identified
     call = card.call
     for slot in range(state.slots):
-        value = answer(call, MIG_HANDLE, slot)  # the handle's pointer value (`direct.MigCalls`)
+        value = answer(call, MIG_HANDLE, slot)  # the handle's pointer value (`direct.DirectCalls`)
         if isinstance(value, (NotFound, Unsupported)):
             identified.pop(slot, None)
             continue
