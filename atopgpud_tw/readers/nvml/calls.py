@@ -196,16 +196,10 @@ class NvmlSession:
         bound = self.function(function)
         if bound is None:
             raise Missing(function)
-        watch = self.watch
-        if watch is not None:
-            watch.begin(function, where)
         try:
-            return bound(*args)
+            return bound(*args) if self.watch is None else self.watch.run(function, where, bound, *args)
         except Exception as error:
             raise outcome(error, self.nvml, function) from None
-        finally:
-            if watch is not None:
-                watch.end()
 
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
@@ -238,23 +232,19 @@ class Attempt:
         try:
             return read(*args, **named)
         except READING as error:
-            return self._instead(error, unsupported, idle, key, part)
-
-    def _instead(self, error: Outcome, unsupported: Any, idle: Any, key: str | None,
-                 part: tuple[str, str] | None) -> Any:
-        """What a reading that gave `error` is, its problem noted."""
-        if isinstance(error, Unsupported):
-            cause = self.device.given_up(str(error))
+            found = error
+        if isinstance(found, Unsupported):
+            cause = self.device.given_up(str(found))
             if cause:
                 self.note(cause)
             return unsupported
-        if isinstance(error, Failed):
-            self.note(error.cause, key=key, part=part)
+        if isinstance(found, Failed):
+            self.note(found.cause, key=key, part=part)
             return None
         if idle is not NOTED:
             return idle
         # NOT_FOUND where a value was expected: nothing to count in this poll
-        self.note(f"{error}: NVML_ERROR_NOT_FOUND", key=key or f"{error} not found", part=part)
+        self.note(f"{found}: NVML_ERROR_NOT_FOUND", key=key or f"{found} not found", part=part)
         return None
 
     def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
