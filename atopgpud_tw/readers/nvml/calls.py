@@ -231,20 +231,20 @@ class Attempt:
                  key: str | None = None, part: tuple[str, str] | None = None, **named: Any) -> Any:
         try:
             return read(*args, **named)
-        except READING as error:
-            found = error
-        if isinstance(found, Unsupported):
-            cause = self.device.given_up(str(found))
+        except READING as caught:
+            error = caught
+        if isinstance(error, Unsupported):
+            cause = self.device.given_up(str(error))
             if cause:
                 self.note(cause)
             return unsupported
-        if isinstance(found, Failed):
-            self.note(found.cause, key=key, part=part)
+        if isinstance(error, Failed):
+            self.note(error.cause, key=key, part=part)
             return None
         if idle is not NOTED:
             return idle
         # NOT_FOUND where a value was expected: nothing to count in this poll
-        self.note(f"{found}: NVML_ERROR_NOT_FOUND", key=key or f"{found} not found", part=part)
+        self.note(f"{error}: NVML_ERROR_NOT_FOUND", key=key or f"{error} not found", part=part)
         return None
 
     def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
