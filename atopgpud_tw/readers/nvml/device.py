@@ -335,10 +335,6 @@ def _busy(poll: DevicePoll, gpu: Any) -> Any:
     return gpu
 
 
-#: what the device's `StampMap` calls the stamps of each sample type
-_STAMP_KINDS = {GPU_UTILIZATION_SAMPLES: "samples 1", MEMORY_UTILIZATION_SAMPLES: "samples 2"}
-
-
 def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     """This poll's figure from the sample buffer, or `_RATES`."""
     stream = device.streams.get(kind)
@@ -347,7 +343,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     stamps = _stamp_map(device, poll)
     # the driver's clock is learnt from when the call was made, not when the poll began
     now_us = poll.call_time_us()
-    name = _STAMP_KINDS.get(kind) or f"samples {kind}"
+    name = f"samples {kind}"  # (what the device's `StampMap` calls the stamps of this sample type)
     asked = stamps.ask(name, stream.since, now_us)
     found = answer(call_sized, device, SAMPLES, kind, asked, catch=Outcome)
     if isinstance(found, NotFound):
@@ -367,9 +363,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
                                  answered_us=ended_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
-    if value is None:
-        return _RATES  # the buffer never had a sample
-    return value
+    return _RATES if value is None else value  # (None: the buffer never had a sample)
 
 
 def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]]) -> None:

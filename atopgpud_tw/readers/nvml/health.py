@@ -170,7 +170,8 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Atte
     for figure, link in fields:
         how = figure.nvml
         assert how is not None and how.field is not None
-        variant = _field_variant(how, link)
+        variant = how.variant or f"nvmlDeviceGetFieldValues {how.field}"
+        variant = variant if link is None else f"{variant} link {link}"
         if variant not in device.unsupported and variant not in device.missing:
             wanted.append((figure, how, link, variant))
     if not wanted:
@@ -187,11 +188,6 @@ def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Atte
         elif int(entry.nvmlReturn) == SUCCESS:
             member = VALUE_MEMBERS.get(int(entry.valueType), "uiVal")
             values[(figure.family.name, _labels(figure, link))] = float(getattr(entry.value, member)) * how.scale
-
-
-def _field_variant(how: Ask, link: int | None) -> str:
-    variant = how.variant or f"nvmlDeviceGetFieldValues {how.field}"
-    return variant if link is None else f"{variant} link {link}"
 
 
 @dataclass

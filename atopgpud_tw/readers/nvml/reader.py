@@ -193,12 +193,10 @@ class NvmlReader:
         for device in devices:
             if device.key not in self._cards:
                 self._cards.add(device.key)
-                log.info(
-                    "nvml: GPU {busid} {name} (processes: {support})",
-                    busid=printable(device.busid),
-                    name=printable(device.name),
-                    support=_support_text(device.task_support),
-                )
+                kinds = [kind for bit, kind in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics"))
+                         if device.task_support & bit]
+                log.info("nvml: GPU {busid} {name} (processes: {support})", busid=printable(device.busid),
+                         name=printable(device.name), support=" and ".join(kinds) or "none")
         return devices
 
     def _unusable_problems(self) -> dict[str, str]:
@@ -442,6 +440,7 @@ class NvmlReader:
         if was_initialised:
             log.info("nvml: shut down")
 
+
 def _identify(session: NvmlSession, index: int) -> tuple[Any, str | None, str, str]:
     """The handle, UUID (None where it has none: then its bus id is its key), bus id and
     name of the device at `index`."""
@@ -472,11 +471,6 @@ def _text(session: NvmlSession, function: str, where: str | None, *args: Any) ->
     """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
     found = answer(session.call, function, *args, where=where, catch=(*READING, DeviceLost))
     return "" if isinstance(found, Outcome) else printable(str(as_text(found))).strip()
-
-
-def _support_text(support: int) -> str:
-    kinds = [name for bit, name in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics")) if support & bit]
-    return " and ".join(kinds) or "none"
 
 
 def _code_name(value: int | None) -> str:
