@@ -30,6 +30,7 @@ seen before needs no new object, and the one an instance was found with is never
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any, Callable
 
 from atopgpud_tw.nvml_codes import INSUFFICIENT_SIZE, SUCCESS, VALUE_NOT_AVAILABLE
@@ -177,11 +178,9 @@ class DirectCalls:
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         """The hot functions by the names the reader calls them."""
-        found: dict[str, Callable[..., Any]] = {SAMPLES: self.samples, PROCESS_UTILIZATION: self.process_utilization}
-        for name in LISTS:
-            found[name] = lambda handle, name=name: self.processes(name, handle)
-        found[MEMORY] = self.memory
-        return found | {MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
+        found: dict[str, Callable[..., Any]] = {name: partial(self.processes, name) for name in LISTS}
+        return found | {SAMPLES: self.samples, PROCESS_UTILIZATION: self.process_utilization, MEMORY: self.memory,
+                        MIG_MODE: self.mig_mode, MIG_HANDLE: self.mig_handle, UUID: self.uuid}
 
     def _pointer(self, symbol: str) -> Any:
         pointer = self._pointers.get(symbol)
