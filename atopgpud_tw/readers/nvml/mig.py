@@ -72,12 +72,8 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
 def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
     """A card's devices as a poll would show them, by identity only (no readings)."""
     problems = Problems()
-    if not _mig_enabled(card, mig, problems):
-        return [placeholder(card)]
-    instances, _ = _enumerate(card, problems)
-    if mig == "card" or not instances:
-        return [placeholder(card)]
-    return [placeholder(instance) for instance in instances]
+    instances = _enumerate(card, problems)[0] if _mig_enabled(card, mig, problems) else []
+    return [placeholder(device) for device in (instances if mig == "instances" and instances else [card])]
 
 
 def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:

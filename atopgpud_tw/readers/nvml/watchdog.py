@@ -91,16 +91,14 @@ class HangWatchdog:
         self.watch = watch
         self.clock = clock
         self.after = after
+        #: the longest between two looks: a second, less for a short `after`
+        self._tick = min(TICK, after / 10)
         watch.long_after = after
         #: calls that ran for `after` seconds or more since start
         self.hung_calls = 0
         self._warned: Call | None = None
         #: the next look while a poll is in flight (`arm`)
         self._next: IDelayedCall | None = None
-
-    @property
-    def _tick(self) -> float:
-        return min(TICK, self.after / 10)
 
     def arm(self) -> None:
         """A poll starts: look at its calls every tick until `disarm`."""
