@@ -1,17 +1,15 @@
 """The calls every poll makes per GPU, straight through nvidia-ml-py's function table.
 
-`DirectCalls` makes ``nvmlDeviceGetSamples``, ``nvmlDeviceGetProcessUtilization``, the
-running-process lists (``_v3`` and ``_v2``) and ``nvmlDeviceGetMemoryInfo`` (v2 through
-``nvmlDeviceGetMemoryInfo_v2`` for the binding's ``nvmlMemory_v2``, else v1, as its wrapper
-chooses) for one device: each C function from the binding's table
-(``pynvml._nvmlGetFunctionPointer``), arrays of the binding's own structures, and the
-binding's ``NVMLError`` for a return code that is not NVML_SUCCESS, so that the device's
-choke point (`device.NvmlDevice.call`) maps its errors as it maps the wrappers'.
+`DirectCalls` makes the samples, process utilization, process lists, memory and MIG calls of
+one device: each C function from the binding's table (``pynvml._nvmlGetFunctionPointer``),
+arrays of the binding's own structures, and the binding's ``NVMLError`` for a return code
+that is not NVML_SUCCESS, so that the device's choke point maps its errors as the wrappers'.
 
 Why: the wrappers are most of a poll's cost.  Each asks the size with a NULL buffer first,
 allocates an array per call and turns every entry into Python objects field by field.  Here
 an array is kept from poll to poll, the call is made once with its capacity as the count,
-and the fields are read as slices of ``c_uint32``/``c_uint64`` views of its memory.
+and the fields are read as slices of ``c_uint32``/``c_uint64`` views of its memory; a MIG
+slot's handle comes back as its pointer value, so a handle seen before needs no new object.
 
 What the wrappers did that is kept: INSUFFICIENT_SIZE grows the array (``2 * n + 5``, as
 the binding sizes process lists) and goes up for the caller's retry (`calls.call_sized`);
@@ -20,11 +18,7 @@ which can be accommodated in the provided samples array", NVIDIA's reference for
 nvmlDeviceGetSamples, https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html);
 ``usedGpuMemory`` as NVML_VALUE_NOT_AVAILABLE (WDDM, vGPU guests) is ``None``; a count past
 the array raises IndexError for a process list (the binding's copy loop) and reads the
-array's entries for samples (its slice).  After a burst the array is shrunk back.
-
-A MIG card is asked at every poll for its mode, each slot's handle and each instance's UUID
-(15 calls for seven instances).  A slot's handle comes back as its pointer value: a handle
-seen before needs no new object, and the one an instance was found with is never written over.
+array's entries for samples (its slice).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """GPU Performance Monitoring (GPM): what the GPU really did, on Hopper and later (docs/mig.md, docs/fidelity.md).
 
-The driver works a GPM metric out from two samples of the hardware's counters
-(``nvmlGpmMetricsGet``), as the exact average between them.  One sample is taken per
-source per poll (a card, ``nvmlGpmSampleGet``, or a GPU instance of a card in MIG mode,
-``nvmlGpmMigSampleGet``) into two buffers that swap after each poll; they are freed when
-the instance is gone, the card's MIG mode changes, the card is lost, and before NVML is
-shut down.  Support is asked once per card.  Samples closer than `MIN_SPAN` (the NVML
-reference asks for more than 100 ms) give no new figures: the last ones stand, over 0 s.
-A GPM call that fails fails GPM alone, for that source and poll, and the previous sample
-is kept, so the next figures cover both polls.
-
-`GpmFigures` go on each device's sample, and GPM's graphics activity is the busy figure
-atop gets (`TASK_BUSY_GPM` in the task-support digit): for a MIG device in place of -1,
-for a whole card in place of the sample buffer's fold (`WHOLE_CARD_BUSY_FROM_GPM`).
+The driver works a GPM metric out from two samples of the hardware's counters, as the exact
+average between them: one sample per source (a card, or a GPU instance of a card in MIG mode)
+per poll, into two buffers that swap.  A GPM call that fails fails GPM alone, for that source
+and poll; the previous sample is kept, so the next figures cover both polls.  GPM's graphics
+activity is the busy figure atop gets (`TASK_BUSY_GPM` in the task-support digit).
 """
 
 from __future__ import annotations
@@ -147,9 +139,7 @@ class GpmReader:
             self.forget(key)
 
     def _supported(self, card: NvmlDevice, problems: Problems) -> bool:
-        state = self._cards.get(card.key)
-        if state is None:
-            state = self._cards[card.key] = CardGpm()
+        state = self._cards.setdefault(card.key, CardGpm())
         if state.supported is None:
             # not supported, or nothing there: no GPM; a failure: asked again at the next poll
             answer = Attempt(card, problems)(

@@ -81,19 +81,18 @@ def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     state = card.mig_state
     # NOT_FOUND, or a failure (a problem): as it was
     enabled = Attempt(card, problems)(_mode_enabled, card, idle=state.enabled)
-    if enabled is None:
+    if enabled is None or enabled == state.enabled:
         return state.enabled
-    if enabled != state.enabled:
-        card.mig_state = MigState(enabled=enabled)
-        # what a card supports depends on its mode
-        card.forget_support()
-        card.answered.add(MIG_MODE)
-        shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
-        log.info(
-            "nvml: GPU {busid} is {state}",
-            busid=printable(card.busid),
-            state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
-        )
+    card.mig_state = MigState(enabled=enabled)
+    # what a card supports depends on its mode
+    card.forget_support()
+    card.answered.add(MIG_MODE)
+    shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
+    log.info(
+        "nvml: GPU {busid} is {state}",
+        busid=printable(card.busid),
+        state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
+    )
     return enabled
 
 
