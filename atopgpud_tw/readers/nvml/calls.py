@@ -139,8 +139,7 @@ SIZE_RETRIES = 3
 
 
 def call_sized(device: Any, function: str, *args: Any, variant: str | None = None) -> Any:
-    """`device.call` for a function that fills an array: INSUFFICIENT_SIZE (the list outgrew the
-    array, which `direct` has grown) is asked again, a few times."""
+    """`device.call`, asked again (a few times) while INSUFFICIENT_SIZE says a list outgrew its array."""
     for _ in range(SIZE_RETRIES):
         try:
             return device.call(function, *args, variant=variant)

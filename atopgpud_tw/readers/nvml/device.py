@@ -212,8 +212,7 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 
 
 def probe_support(device: NvmlDevice) -> int:
-    """The task-support bits of a device found: each list that is not unsupported (a passing
-    failure says nothing about support: the poll finds out the rest)."""
+    """The task-support bits of a device found: each list not unsupported (a failure says nothing)."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
         if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
@@ -231,8 +230,7 @@ def probe_support(device: NvmlDevice) -> int:
 
 
 def served_support(device: NvmlDevice) -> int:
-    """The task-support bits of the process lists served now: a list taken as not
-    supported (or missing) is not; one failing for a moment still is."""
+    """The task-support bits of the lists served now: not one taken as not supported; one failing still."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
         newest, older = PROCESS_LISTS[kind]

@@ -55,8 +55,7 @@ SHRINK_AFTER = 60
 
 
 class Array:
-    """An array of one of the binding's structures, kept from call to call, with views of
-    its memory as 32- and 64-bit words."""
+    """An array of one of the binding's structures, kept from call to call, with 32- and 64-bit views."""
 
     __slots__ = ("struct", "first", "capacity", "data", "u32", "u64", "peak", "calls", "due")
 
@@ -184,8 +183,7 @@ class DirectCalls:
         return pointer
 
     def _array(self, name: str) -> Array:
-        """The array a call of `name` fills, made small again first if a burst is over; the
-        count argument set to its capacity."""
+        """The array a call of `name` fills (shrunk first after a burst), the count set to its capacity."""
         array = self._arrays.get(name)
         if array is None:
             first = FIRST.get(name, FIRST["lists"])
@@ -228,8 +226,7 @@ class DirectCalls:
         return array.u64[stamp:stamp + count * step:step], array.u32[value:value + count * vstep:vstep]
 
     def memory(self, handle: Any, version: int | None = None) -> tuple[int, int, int, int | None]:
-        """(total, used, free, reserved) bytes, as the binding's ``nvmlDeviceGetMemoryInfo(handle,
-        version)`` reads them (reserved None from v1)."""
+        """(total, used, free, reserved) bytes, as the binding's wrapper reads them (reserved None from v1)."""
         if version:
             memory = self._memory_v2
             if memory.struct is None:

@@ -83,8 +83,7 @@ class GpmReader:
         self._request: Any = None
 
     def layout(self, card: NvmlDevice, samples: list[DeviceSample], mig: str = "instances") -> list[DeviceSample]:
-        """A card's devices as ``T`` shows them from the start: a device whose busy figure will
-        be GPM's says so in its task-support digit (as its polled samples will)."""
+        """A card's devices as ``T`` shows them from the start, GPM's busy figure in their digit."""
         enabled = card.mig_state.enabled
         if not (enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
             return samples

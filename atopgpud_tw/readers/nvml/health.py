@@ -57,8 +57,7 @@ VALUE_MEMBERS = {
 
 @cache
 def asked() -> tuple[Figure, ...]:
-    """The figures NVML is asked for: the rows of the table that have an NVML call (loaded at
-    the first scrape of ``/metrics``)."""
+    """The rows of the table of figures that have an NVML call (loaded at the first scrape)."""
     from atopgpud_tw.figures import FIGURES
 
     return tuple(figure for figure in FIGURES if figure.nvml is not None)
@@ -205,11 +204,8 @@ class XidEvents:
     _unavailable: bool = False
 
     def drain(self, devices: list[NvmlDevice]) -> tuple[dict[tuple[str, int], int], set[str]]:
-        """Register the cards not yet registered, take every event due: the counts and the cards
-        that report XIDs."""
-        if self._unavailable or not devices:
-            return dict(self.counts), set(self.supported)
-        failure = answer(self._drain, devices, catch=Outcome)
+        """Register new cards, take every event due: the counts, and the cards that report XIDs."""
+        failure = None if self._unavailable or not devices else answer(self._drain, devices, catch=Outcome)
         if isinstance(failure, Unsupported):
             self._unavailable = True  # a driver or a binding without events (or without XID events)
         elif failure is not None:

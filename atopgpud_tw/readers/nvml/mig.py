@@ -44,8 +44,7 @@ log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
 
 
 def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) -> list[DeviceSample]:
-    """A card's devices in this poll: the card, or its MIG instances (or their sum); a MIG
-    instance that fails does not touch the card or the other instances."""
+    """A card's devices in this poll: the card, or its MIG instances (or their sum), each on its own."""
     if not _mig_enabled(card, mig, problems):
         return [read_device(card, problems, poll)]
     instances, complete = _enumerate(card, problems)

@@ -136,8 +136,7 @@ class NvmlReader:
         self._down: tuple[int, float | None, bool] | None = None
 
     def open(self) -> Snapshot:
-        """Initialise NVML and discover the devices (ReaderUnavailable if NVML is not usable):
-        the devices by identity, what ``T`` shows from the start."""
+        """Initialise NVML: the devices by identity, what ``T`` shows from the start (or ReaderUnavailable)."""
         try:
             self._initialise()
             layout = [
@@ -234,8 +233,7 @@ class NvmlReader:
         return snapshot
 
     def read(self, now: float) -> tuple[Snapshot, Problems]:
-        """One blocking poll of every device, and the problems it met; an exception that escapes
-        fails this poll and has NVML set up again, with backoff."""
+        """One blocking poll of every device and its problems (an exception has NVML set up again)."""
         try:
             snapshot, problems = self._read(now)
         except Exception:
@@ -420,15 +418,13 @@ class NvmlReader:
             log.warn("nvml: not shut down: {error}", error=printable(failure.getErrorMessage()))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """Read the health figures of each card `wanted` (by key) in the worker thread,
-        one job per card, each firing with a `CardHealth`; none while NVML is not set up."""
+        """A `CardHealth` of each card `wanted` (by key), one job each; none while NVML is not set up."""
         if self._reactor is None or not self._initialised:
             return []
         return [(card.key, self._worker.submit(read_card_health, card)) for card in self._devices if wanted(card.key)]
 
     def xid_counts(self) -> Deferred | None:
-        """The XID errors counted so far by (card key, XID), after taking the events due, in
-        the worker thread; None while NVML is not set up."""
+        """The XID errors counted so far by (card key, XID); None while NVML is not set up."""
         if self._reactor is None or not self._initialised:
             return None
         return self._worker.submit(self._xid.drain, list(self._devices))
@@ -442,8 +438,7 @@ class NvmlReader:
 
 
 def _identify(session: NvmlSession, index: int) -> tuple[Any, str | None, str, str]:
-    """The handle, UUID (None where it has none: then its bus id is its key), bus id and
-    name of the device at `index`."""
+    """The handle, UUID (None: its bus id is its key), bus id and name of the device at `index`."""
     call = session.call
     where = f"GPU index {index}"
     handle = call("nvmlDeviceGetHandleByIndex", index, where=where)
