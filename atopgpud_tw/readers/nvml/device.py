@@ -391,14 +391,9 @@ def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
     """Total, used, free and reserved memory in KiB, through the v2 structure where the driver has
     it (510 on): its "used" leaves out what the driver reserves, as nvidia-smi's "Used" does."""
     memory = attempt(_memory_info, device)
-    if memory is None:
-        return MemoryKib(None, None)
-    if memory is UNSUPPORTED:
-        return MemoryKib(0, 0)
-    reserved = memory[3]
-    return MemoryKib(
-        memory[0] // 1024, memory[1] // 1024, memory[2] // 1024, None if reserved is None else reserved // 1024
-    )
+    if memory is None or memory is UNSUPPORTED:
+        return MemoryKib(None, None) if memory is None else MemoryKib(0, 0)
+    return MemoryKib(*(None if part is None else part // 1024 for part in memory))
 
 
 def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, wait
 from typing import Any, Callable, NamedTuple, TypeVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -163,21 +164,18 @@ def open_watched(
     before the reactor, whose watchdog cannot see it): a call that has run `after` seconds is
     said once through `say`, one that runs `bound` seconds raises `StartupHang`; the thread
     is left stuck in the driver (a daemon thread: the process can still exit)."""
-    done = threading.Event()
-    outcome: list[Any] = []
+    result: Future[T] = Future()
 
     def run() -> None:
         try:
-            outcome.append((True, open_reader()))
+            result.set_result(open_reader())
         except BaseException as error:
-            outcome.append((False, error))
-        finally:
-            done.set()
+            result.set_exception(error)
 
     threading.Thread(target=run, name="atopgpud-open", daemon=True).start()
     step = min(TICK, after / 10, bound / 10)
     warned: Call | None = None
-    while not done.wait(step):
+    while not wait([result], step).done:
         call = watch.current
         if call is None:
             continue
@@ -188,9 +186,7 @@ def open_watched(
             warned = call
             say(f"{call.describe()} has not returned for {after:g} s; start-up waits for it "
                 f"up to {bound:g} s (--start-timeout)")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
+    value = result.result()
     if warned is not None:
         long = watch.long
         took = f" after {long[1]:.1f} s" if long is not None and long[0] == warned.serial else ""
