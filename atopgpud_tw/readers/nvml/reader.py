@@ -202,17 +202,13 @@ class NvmlReader:
         """One problem per device that cannot be used now, keyed by its index only (a retry that
         fails again is not logged again).  Known devices that are gone are reported as lost
         instead: as many unusable indices say nothing new."""
-        if not self._initialised:
-            return self._unusable_reported
-        if not self._unusable:
-            self._unusable_reported = {}
-            return self._unusable_reported
-        present = self._device_keys()
-        gone = sum(1 for key in self._cards if key not in present)
-        self._unusable_reported = {} if len(self._unusable) <= gone else {
-            f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
-            for index, cause in self._unusable.items()
-        }
+        if self._initialised:  # (while NVML is set up again, the last report stands)
+            present = self._device_keys()
+            gone = sum(1 for key in self._cards if key not in present)
+            self._unusable_reported = {} if len(self._unusable) <= gone else {
+                f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
+                for index, cause in self._unusable.items()
+            }
         return self._unusable_reported
 
     def poll(self) -> Deferred:
@@ -309,9 +305,8 @@ class NvmlReader:
 
     def waiting_for(self) -> str | None:
         """What the reader waits for while NVML cannot be used (the status line says it); None otherwise."""
-        if self._down is None:
-            return None
-        return f"waiting for the NVIDIA driver ({NAMES.get(self._down[0], self._down[0])})"
+        down = self._down
+        return None if down is None else f"waiting for the NVIDIA driver ({NAMES.get(down[0], down[0])})"
 
     def _went_down(self, value: int | None, now: float | None, where: str = "", at_start: bool = False) -> None:
         """NVML cannot be used because of the driver's lifecycle (`where` answered `value`: nvmlInit or
