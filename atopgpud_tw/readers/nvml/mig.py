@@ -128,17 +128,15 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             found.setdefault(instance.key, instance)
             continue
         identified.pop(slot, None)
-        if isinstance(instance, NotFound):
-            complete = False  # destroyed while looked at, or a passing fault: the next poll tells
-        elif isinstance(instance, Unsupported):
+        if isinstance(instance, Unsupported):
             # a driver that cannot say which instance this is: said, not guessed
             Attempt(card, problems).note(
                 f"MIG device {slot} left out: {instance} is not supported", key="mig identity"
             )
-            complete = False
-        elif not nothing_there(instance):
+        elif not isinstance(instance, NotFound) and not nothing_there(instance):
             Attempt(card, problems).note(instance.cause, part=(f"mig slot {slot}", f"MIG device {slot}"))
-            complete = False
+        # only nothing there leaves the list complete (NOT_FOUND: destroyed while looked at, or a passing fault)
+        complete = complete and nothing_there(instance)
     if complete:
         unseen = [i for key, i in state.instances.items() if key not in found]
         if unseen:
