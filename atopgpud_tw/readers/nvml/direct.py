@@ -83,8 +83,7 @@ class Array:
     def used(self, count: int) -> None:
         """A call filled `count` entries: after a burst, the array is made small again before
         the next call (what this call filled is still to be read)."""
-        if count > self.peak:
-            self.peak = count
+        self.peak = max(self.peak, count)
         self.calls += 1
         if self.calls >= SHRINK_AFTER:
             if self.capacity > max(self.first, 4 * self.peak):

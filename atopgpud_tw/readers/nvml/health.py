@@ -215,14 +215,10 @@ class XidEvents:
         return dict(self.counts), set(self.supported)
 
     def _drain(self, devices: list[NvmlDevice]) -> None:
+        """Register the cards not yet registered, then count the events due."""
         if self._set is None:
             self._set = self.session.call("nvmlEventSetCreate")
             self._registered = {}
-        self._register(devices)
-        if self._registered:
-            self._take()
-
-    def _register(self, devices: list[NvmlDevice]) -> None:
         for device in devices:
             pointer = _pointer(device.handle)
             if pointer in self._registered or device.key in self._refused:
@@ -235,8 +231,8 @@ class XidEvents:
             given(found)
             self._registered[pointer] = device.key
             self.supported.add(device.key)
-
-    def _take(self) -> None:
+        if not self._registered:
+            return
         for _ in range(MAX_EVENTS):
             event = answer(self.session.call, "nvmlEventSetWait_v2", self._set, 0)
             if isinstance(event, Failed) and event.value == TIMEOUT:
