@@ -162,20 +162,16 @@ class GpmReader:
         """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
         where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
         attempt = Attempt(card, problems, subject=where)
-
-        def take() -> GpmFigures | str:
-            found = answer(self._sample, card, stream, gpu_instance, now)
-            if isinstance(found, Unsupported):
-                attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
-                return NO_GPM
-            if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
-                # GPM did not measure while it said so: its next figures start afresh (after
-                # other failures they reach back: its counters ran on)
-                self._free(card, [stream])
-            return given(found)  # type: ignore[no-any-return]
-
+        found = answer(self._sample, card, stream, gpu_instance, now)
+        if isinstance(found, Unsupported):
+            attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
+            return NO_GPM
+        if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
+            # GPM did not measure while it said so: its next figures start afresh (after
+            # other failures they reach back: its counters ran on)
+            self._free(card, [stream])
         # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it)
-        taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
+        taken = attempt(given, found, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
         return PENDING if taken is None else taken
 
     def _sample(self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, now: float) -> GpmFigures | str:
