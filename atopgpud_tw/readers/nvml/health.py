@@ -143,17 +143,14 @@ _NO_LINK = object()
 
 def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
     """The card's active NVLinks: links are asked in order until one the card does not have."""
-
-    def state(link: int) -> Any:
-        found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
-        return _NO_LINK if nothing_there(found) else given(found)  # (past the last link: not a problem)
-
     from atopgpud_tw.figures import NVLINK_MAX_LINKS
 
     active = []
     for link in range(NVLINK_MAX_LINKS):
-        # not supported: no NVLink at all (link 0), or no more links; not asked again but at its backoff
-        found = attempt(state, link, unsupported=_NO_LINK)
+        found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
+        # past the last link: not a problem; not supported: no NVLink at all (link 0), or no more
+        # links (not asked again but at its backoff)
+        found = _NO_LINK if nothing_there(found) else attempt(given, found, unsupported=_NO_LINK)
         if found is None or found is _NO_LINK:
             break
         if found:
