@@ -231,4 +231,4 @@ def test_gpm_buffers_of_a_library_gone_are_let_go(code: int) -> None:
     gpm = GpmReader(NvmlSession(binding(nvmlGpmSampleFree=free)))
     stream = GpmStream(previous="one", spare="two")
     gpm._free(None, [stream])
-    assert freed == ["one", "two"] and stream.buffers() == []
+    assert freed == ["one", "two"] and (stream.previous, stream.spare) == (None, None)

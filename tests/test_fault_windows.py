@@ -287,7 +287,7 @@ def test_a_list_given_up_and_back_is_said_once_each_way_and_t_follows(logged: Se
     fault = {"call": "nvmlDeviceGetGraphicsRunningProcesses", "error": "NVML_ERROR_NOT_SUPPORTED",
              "from": 19.5, "until": 119.5}
     run = play([fault], 19.0)
-    graphics = run.reader._devices[0].nvml.nvmlLib.calls
+    graphics = run.reader._devices[0].session.nvml.nvmlLib.calls
     digits, asked = [], []
     while run.now < 300:
         run.poll()

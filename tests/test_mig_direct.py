@@ -1,5 +1,5 @@
 """The calls that find a MIG card's instances, through the binding's function table
-(readers/nvml/direct.py, `MigCalls`): the wrappers' answers, nothing kept from one
+(readers/nvml/direct.py, `DirectCalls`): the wrappers' answers, nothing kept from one
 call's answer into the next, and one C call each per poll."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from scenarios import a10_card
 
 from atopgpud_tw.readers.nvml import direct
-from atopgpud_tw.readers.nvml.direct import MigCalls, mig_handle
+from atopgpud_tw.readers.nvml.direct import DirectCalls, mig_handle
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
 
@@ -42,7 +42,7 @@ def test_the_answers_are_the_wrappers_answers():
     """The mode, each slot's handle (as its pointer value) and each instance's UUID: what
     nvidia-ml-py's wrappers give, and the same error for an empty slot and a card out of MIG mode."""
     nvml = binding()
-    calls = MigCalls(nvml, nvml._nvmlGetFunctionPointer).functions()
+    calls = DirectCalls(nvml).functions()
     card, whole = nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlDeviceGetHandleByIndex(1)
     assert calls["nvmlDeviceGetMigMode"](card) == nvml.nvmlDeviceGetMigMode(card)[0] == 1
     assert calls["nvmlDeviceGetMigMode"](whole) == nvml.nvmlDeviceGetMigMode(whole)[0] == 0
@@ -72,7 +72,7 @@ def test_a_handle_made_for_a_slot_is_its_own():
     """The slot call fills one kept handle; a handle made from its value is another object,
     which later slots' calls do not write over (an instance keeps the handle it was found with)."""
     nvml = binding()
-    calls = MigCalls(nvml, nvml._nvmlGetFunctionPointer).functions()
+    calls = DirectCalls(nvml).functions()
     card = nvml.nvmlDeviceGetHandleByIndex(0)
     first = mig_handle(nvml, calls["nvmlDeviceGetMigDeviceHandleByIndex"](card, 0))
     kept = value(first)
@@ -92,7 +92,8 @@ def test_an_answer_without_writing_reads_as_the_binding_s_fresh_objects():
         function = real(symbol)
         return lambda *args: 0 if silent["on"] else function(*args)
 
-    calls = MigCalls(nvml, table).functions()
+    nvml._nvmlGetFunctionPointer = table
+    calls = DirectCalls(nvml).functions()
     card = nvml.nvmlDeviceGetHandleByIndex(0)
     handle = mig_handle(nvml, calls["nvmlDeviceGetMigDeviceHandleByIndex"](card, 0))
     assert calls["nvmlDeviceGetMigMode"](card) == 1 and calls["nvmlDeviceGetUUID"](handle)
@@ -113,7 +114,8 @@ def test_a_uuid_that_is_no_utf8_fails_as_the_binding_s():
             return 0
         return garbled if symbol == "nvmlDeviceGetUUID" else real(symbol)
 
-    calls = MigCalls(nvml, table).functions()
+    nvml._nvmlGetFunctionPointer = table
+    calls = DirectCalls(nvml).functions()
     with pytest.raises(UnicodeDecodeError):
         calls["nvmlDeviceGetUUID"](nvml.nvmlDeviceGetHandleByIndex(0))
 
@@ -122,7 +124,7 @@ def test_a_missing_symbol_is_the_binding_s_function_not_found():
     """A library without the MIG functions: the table's own FUNCTION_NOT_FOUND (the reader's
     choke point makes it a function missing), asked of the table again until it has it."""
     nvml = binding(missing_symbols=["nvmlDeviceGetMigMode"])
-    calls = MigCalls(nvml, nvml._nvmlGetFunctionPointer).functions()
+    calls = DirectCalls(nvml).functions()
     card = nvml.nvmlDeviceGetHandleByIndex(0)
     for _ in range(2):
         with pytest.raises(nvml.NVMLError_FunctionNotFound):
@@ -131,7 +133,7 @@ def test_a_missing_symbol_is_the_binding_s_function_not_found():
 
 
 def test_the_reader_takes_them_from_the_table():
-    """Every name `MigCalls` answers is one the device's choke point sends there."""
+    """Every MIG name `DirectCalls` answers is one the device's choke point sends there."""
     assert direct.MIG_NAMES <= direct.NAMES
     nvml = binding()
     assert set(direct.MIG_NAMES) <= set(direct.DirectCalls(nvml).functions())

@@ -432,7 +432,7 @@ def test_watchdog_warns_once_after_ten_seconds_and_once_on_return(log_lines: lis
     clock = Clock()
     watch = CallWatch(clock.seconds)
     watchdog = HangWatchdog(watch, clock)
-    watchdog.start()
+    watchdog.arm()
     watch.begin("nvmlDeviceGetSamples", "GPU 00000000:17:00.0")
     clock.pump([1.0] * 9)
     assert log_lines == [] and watchdog.hung_calls == 0
@@ -456,7 +456,7 @@ def test_watchdog_is_quiet_about_quick_calls(log_lines: list[str]) -> None:
     clock = Clock()
     watch = CallWatch(clock.seconds)
     watchdog = HangWatchdog(watch, clock)
-    watchdog.start()
+    watchdog.arm()
     for _ in range(50):
         watch.begin("nvmlDeviceGetMemoryInfo", "GPU 00000000:17:00.0")
         clock.advance(0.3)
@@ -473,7 +473,7 @@ def test_watchdog_names_a_library_call_without_a_gpu(log_lines: list[str]) -> No
     clock = Clock()
     watch = CallWatch(clock.seconds)
     watchdog = HangWatchdog(watch, clock, after=2.0)
-    watchdog.start()
+    watchdog.arm()
     for function in ("nvmlInit", "nvmlDeviceGetCount"):
         watch.begin(function)
         clock.pump([0.2] * 15)

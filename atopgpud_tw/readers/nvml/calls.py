@@ -1,24 +1,11 @@
-"""What an NVML call's answer means, one place for it: the outcomes of a call, what a
-reader's devices share (`NvmlSession`), and the adapter that turns a call into a
-reading or a recorded problem (`Attempt`).
+"""What an NVML call's answer means, in one place: the outcomes of a call (`outcome` maps what
+the binding raises), what a reader's devices share (`NvmlSession`), and `Attempt`, which turns
+a call into a reading or a recorded problem.
 
-One mapping turns what the binding raises into one of the outcomes below
-(`outcome`): a device's choke point (`device.NvmlDevice.call`) raises it, with
-what the device remembers of its calls, and so do the calls that take no
-device's memory along (`NvmlSession.call`: discovery, the inventory, GPM's
-sample buffers, XID events).  Code that branches on an outcome takes it as a
-value (`answer`): no other module catches one (tests/test_layout.py).
-Two of them are not about the reading at all, and are no kind of `Failed`:
-`DeviceLost` (the device cannot be read in this poll) and `Reinitialise` (NVML
-itself has to be set up again).  They pass through `Attempt` untouched, up to
-the poll of the card or of the reader.
-
-`Attempt` is the one place where the others become values: the reading, what
-the device cannot do (`Unsupported`: a given value, and a standing problem
-while a figure that had answered is given up), or ``None`` with a problem
-recorded in the poll's `Problems`.  Every problem of a device is keyed
-``"<device key> <cause>"`` and says ``"GPU <bus id>: <cause>"`` (`Attempt.note`).
-Everything here runs in the reader's worker thread.
+A device's calls go through `device.NvmlDevice.call`, the others through `NvmlSession.call`;
+code that branches on an outcome takes it as a value (`answer`): no other module catches one
+(tests/test_layout.py).  `DeviceLost` and `Reinitialise` are no reading's: they pass through
+`Attempt` up to the poll of the card or of the reader.  Runs in the reader's worker thread.
 """
 
 from __future__ import annotations
@@ -45,9 +32,8 @@ from atopgpud_tw.snapshot import UNSUPPORTED
 log = Logger(namespace="atopgpud_tw.readers.nvml_device")
 
 class Outcome(Exception):
-    """What a call gave instead of an answer (each kind below): raised by the calls, and
-    given as a value by `answer`.  `value` is the NVML code where there is one; `error`
-    is what the binding raised (None where nothing was called)."""
+    """What a call gave instead of an answer: `value` is the NVML code where there is one,
+    `error` what the binding raised (None where nothing was called)."""
 
     error: BaseException | None = None
 
@@ -71,12 +57,11 @@ class NotFound(Outcome):
 
 
 class Failed(Outcome):
-    """The call failed in this poll; `cause` keys the logged problem, `value` is the NVML code."""
+    """The call failed in this poll; `cause` keys the logged problem."""
 
 
 class Interrupted(Outcome):
-    """Not a reading that failed: the poll of the device, or of every device, stops here.
-    `cause` says why (``"<function>: <error>"``), `value` is the NVML code."""
+    """Not a reading that failed: the poll of the device, or of every device, stops here."""
 
 
 class DeviceLost(Interrupted):
@@ -96,20 +81,10 @@ def error_name(error: BaseException) -> str:
 
 
 def outcome(error: Exception, nvml: Any, function: str, key: str | None = None) -> Outcome:
-    """The outcome of `error`, raised by the binding's `function` (`key`: what a device
-    remembers of it, the function unless said):
-
-    - FUNCTION_NOT_FOUND and ``NVMLLibraryMismatchError`` (the binding wants a symbol
-      the installed driver lacks): `Missing`, never to work with this library;
-    - NOT_SUPPORTED: `Unsupported` (a device believes it or not, `NvmlDevice.call`);
-    - NOT_FOUND: `NotFound`;
-    - UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH: `Reinitialise`;
-    - GPU_IS_LOST, GPU_NOT_FOUND: `DeviceLost`;
-    - any other code: `Failed`, ``"<function>: NVML_ERROR_<name>"``; any other exception
-      (a binding or driver bug): `Failed`, ``"<function>: <type>: <text>"``, no code.
-    """
-    key = key or function
-    found = _outcome(error, nvml, function, key)
+    """The outcome of `error`, raised by the binding's `function` (`key`: what a device remembers
+    of it).  ``NVMLLibraryMismatchError`` (a symbol the driver lacks) is `Missing`, like
+    FUNCTION_NOT_FOUND; an exception that is no NVML error (a binding or driver bug) `Failed`."""
+    found = _outcome(error, nvml, function, key or function)
     found.error = error
     return found
 
@@ -139,8 +114,7 @@ READING = (Unsupported, Failed, NotFound)
 
 
 def answer(call: Callable[..., Any], *args: Any, catch: Any = READING, **named: Any) -> Any:
-    """``call(*args, **named)``, or the outcome it raised of those in `catch`, as a value
-    (the one place, with `Attempt`, where an outcome is caught); the others pass."""
+    """``call(*args, **named)``, or the outcome it raised of those in `catch`, as a value."""
     try:
         return call(*args, **named)
     except catch as found:
@@ -165,8 +139,7 @@ SIZE_RETRIES = 3
 
 
 def call_sized(device: Any, function: str, *args: Any, variant: str | None = None) -> Any:
-    """`device.call` (`NvmlDevice.call`) for a function that fills an array: INSUFFICIENT_SIZE
-    (the list outgrew the array, which `direct` has grown) is asked again, a few times."""
+    """`device.call`, asked again (a few times) while INSUFFICIENT_SIZE says a list outgrew its array."""
     for _ in range(SIZE_RETRIES):
         try:
             return device.call(function, *args, variant=variant)
@@ -177,10 +150,8 @@ def call_sized(device: Any, function: str, *args: Any, variant: str | None = Non
 
 
 def answer_first(call: Callable[..., Any], device: Any, *tries: tuple[str, str | None, tuple[Any, ...]]) -> Any:
-    """``call(device, function, *args, variant=variant)`` (`NvmlDevice.call` or `call_sized`) for the
-    first of `tries`, each ``(function, variant, args)``, newest first, that the binding and the
-    driver have: `Missing` (which the device remembers: later polls go straight past it) moves on
-    to the next; any other outcome, and the last one's, is raised."""
+    """``call(device, function, *args, variant=variant)`` for the first of `tries`, each
+    ``(function, variant, args)``, newest first, that is not `Missing` (which the device remembers)."""
     for function, variant, args in tries[:-1]:
         if (variant or function) not in device.missing:
             try:
@@ -200,8 +171,7 @@ def as_text(value: Any) -> str:
 
 @dataclass(eq=False)
 class NvmlSession:
-    """What every device of one reader shares, for the reader's life: the binding, the
-    poll's time, the hang watch and what was said once."""
+    """What every device of one reader shares, for the reader's life."""
 
     nvml: Any
     #: where the reader's thread notes the call in progress, for the hang watchdog
@@ -215,29 +185,20 @@ class NvmlSession:
 
     def function(self, name: str) -> Any:
         """The binding's function `name`, or None where this binding has none."""
-        try:
-            return self._bound[name]
-        except KeyError:
-            found = self._bound[name] = getattr(self.nvml, name, None)
-            return found
+        if name not in self._bound:
+            self._bound[name] = getattr(self.nvml, name, None)
+        return self._bound[name]
 
     def call(self, function: str, *args: Any, where: str | None = None) -> Any:
-        """``nvml.<function>(*args)`` for a call no device remembers (one without a device
-        handle, or one asked once): what it raises is its `outcome`, NOT_SUPPORTED
+        """``nvml.<function>(*args)`` for a call no device remembers: NOT_SUPPORTED is
         `Unsupported` at once; `where` is what the hang watch says it is on."""
         bound = self.function(function)
         if bound is None:
             raise Missing(function)
-        watch = self.watch
-        if watch is not None:
-            watch.begin(function, where)
         try:
-            return bound(*args)
+            return bound(*args) if self.watch is None else self.watch.run(function, where, bound, *args)
         except Exception as error:
             raise outcome(error, self.nvml, function) from None
-        finally:
-            if watch is not None:
-                watch.end()
 
     def say_once(self, what: str, message: str, *, warn: bool = False, **fields: Any) -> None:
         """Log `message` the first time this reader meets `what`."""
@@ -252,23 +213,11 @@ NOTED: Any = object()
 
 
 class Attempt:
-    """One poll's readings of one device: ``attempt(read, *args)`` is the reading
-    ``read(*args)`` returns (with `named` given to it too), or what its outcome means,
-    with the problem recorded in `problems`.
-
-    - `Unsupported`: `unsupported` (``UNSUPPORTED`` unless said); while a figure
-      that had answered is given up (`device.given_up`), its problem stands;
-    - `Failed`: ``None``, and the problem ``failure.cause``;
-    - `NotFound`: ``None`` and the problem ``"<function>: NVML_ERROR_NOT_FOUND"``
-      (keyed ``"<function> not found"``), or `idle` where one is given (then no
-      problem: nothing there is the answer);
-    - `DeviceLost` and `Reinitialise` are let through: they are no reading's.
-
-    The problem of a failure is keyed by its cause, or by `key` where one is given,
-    and is a `part`'s where one is given (`note`).  `device` is anything with
-    ``key``, ``busid`` and ``given_up(key)`` (an `NvmlDevice`); `subject` is what
-    its problems say it is (``"GPU <bus id>"`` unless said).
-    """
+    """One poll's readings of one device: ``attempt(read, *args)`` is what ``read(*args)``
+    returns, or instead: `unsupported` for `Unsupported` (its problem standing while a
+    figure that had answered is given up); ``None`` and a problem for `Failed`; for
+    `NotFound`, `idle` where one is given, else ``None`` and a problem.  `key` and `part`
+    are the problem's (`note`); `subject` what it says the device is."""
 
     __slots__ = ("device", "problems", "subject")
 
@@ -281,12 +230,8 @@ class Attempt:
                  key: str | None = None, part: tuple[str, str] | None = None, **named: Any) -> Any:
         try:
             return read(*args, **named)
-        except READING as error:
-            return self._instead(error, unsupported, idle, key, part)
-
-    def _instead(self, error: Outcome, unsupported: Any, idle: Any, key: str | None,
-                 part: tuple[str, str] | None) -> Any:
-        """What a reading that gave `error` is, its problem noted."""
+        except READING as caught:
+            error = caught
         if isinstance(error, Unsupported):
             cause = self.device.given_up(str(error))
             if cause:
@@ -302,10 +247,9 @@ class Attempt:
         return None
 
     def note(self, cause: str, *, key: str | None = None, part: tuple[str, str] | None = None) -> None:
-        """Record a problem of the device: keyed ``"<device key> <key or cause>"``, saying
-        ``"<subject>: <cause>"`` (``"GPU <bus id>: <cause>"``); of a `part` of it (its key
-        words and its words, such as a MIG slot's), keyed ``"<device key> <part key> <cause>"``,
-        saying ``"<subject>: <part words>: <cause>"``."""
+        """A problem keyed ``"<device key> <key or cause>"`` saying ``"<subject>: <cause>"``; of a
+        `part` (its key words and its words, such as a MIG slot's), keyed ``"<device key> <part
+        key> <cause>"`` saying ``"<subject>: <part words>: <cause>"``."""
         if part is None:
             self.problems.add(f"{self.device.key} {key or cause}", f"{self.subject}: {cause}")
         else:

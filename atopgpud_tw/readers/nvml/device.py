@@ -1,12 +1,7 @@
-"""One NVML device: the choke point its calls go through, and one poll of it.
+"""One NVML device: the choke point its calls go through (`NvmlDevice.call`), and one poll of it.
 
-`NvmlDevice.call` raises what `calls.outcome` makes of an error, with what the
-device remembers: a function the binding or the driver lacks, and NOT_SUPPORTED
-once it has held (`support.Support`), are not asked again.  `calls.Attempt`
-turns the outcomes into readings and problems.  The calls of every poll
-(samples, process utilization, process lists) go through the function table
-with arrays kept from poll to poll (`direct`).  Everything here runs in the
-reader's worker thread.
+A function the binding or the driver lacks, and NOT_SUPPORTED once it has held
+(`support.Support`), are not asked again.  Runs in the reader's worker thread.
 """
 
 from __future__ import annotations
@@ -67,11 +62,9 @@ class MigState:
     slots: int | None = None
     #: the instances found at the last poll, by key
     instances: dict[str, NvmlDevice] = field(default_factory=dict)
-    #: what asks a fresh MIG handle which instance it is (one per card, its memory of
-    #: what it cannot do cleared for each handle, as a new device's would be)
+    #: what asks a fresh MIG handle which instance it is (its memory cleared for each handle)
     probe: NvmlDevice | None = None
-    #: by slot, the instance its handle was last found to be: (the handle's value, the
-    #: instance, its ``MIG-`` UUID); `mig._known` says what makes one stale
+    #: by slot, (the handle's value, the instance it was found to be, its ``MIG-`` UUID)
     identified: dict[int, tuple[int, NvmlDevice, str]] = field(default_factory=dict)
 
 
@@ -79,7 +72,6 @@ class MigState:
 class NvmlDevice:
     """One discovered device (a card or a MIG instance): its handle, identity and what it cannot do."""
 
-    #: what the reader's devices share: the binding, the poll's time, the hang watch, what was said
     session: NvmlSession = field(repr=False)
     handle: Any
     key: str
@@ -91,9 +83,8 @@ class NvmlDevice:
     #: calls that answered on this device, and those in a spell of NOT_SUPPORTED (`Support`)
     answered: set[str] = field(default_factory=set)
     support: dict[str, Support] = field(default_factory=dict)
-    #: the driver's utilization sample buffers, per sample type
+    #: the driver's sample buffers, per sample type, and its per-process samples
     streams: dict[int, SampleStream] = field(default_factory=dict)
-    #: the driver's per-process utilization samples
     process_stream: ProcessStream = field(default_factory=ProcessStream)
     #: the driver's sample clock, its steps taken out (stamps.py)
     stamps: StampMap = field(default_factory=StampMap)
@@ -103,7 +94,6 @@ class NvmlDevice:
     is_mig_instance: bool = False
     #: what the device is (UUID, serial, versions), read once at its discovery
     info: DeviceInfo = NO_INFO
-    #: a card's MIG mode and instances
     mig_state: MigState = field(default_factory=MigState)
     #: functions the binding or the driver's library lacks (kept across MIG mode changes)
     missing: set[str] = field(default_factory=set)
@@ -111,21 +101,11 @@ class NvmlDevice:
     samples_failed: set[int] = field(default_factory=set)
     #: the device's own functions of the poll (`direct`), made at its first such call
     _direct: dict[str, Callable[..., Any]] | None = field(default=None, repr=False)
-    #: `where`, made once: the hang watch is told it at every call
-    _where: str = field(default="", init=False, repr=False)
+    #: the device as log lines and the hang watch name it
+    where: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._where = f"GPU {self.busid}"
-
-    @property
-    def nvml(self) -> Any:
-        """The binding."""
-        return self.session.nvml
-
-    @property
-    def where(self) -> str:
-        """The device as log lines name it."""
-        return self._where
+        self.where = f"GPU {self.busid}"
 
     def _function(self, function: str) -> Any:
         if function in DIRECT:
@@ -136,15 +116,8 @@ class NvmlDevice:
         return self.session.function(function)
 
     def call(self, function: str, *args: Any, variant: str | None = None) -> Any:
-        """Call ``nvml.<function>(handle, *args)`` through the error mapping.
-
-        `variant` names what is remembered as unsupported or missing when it is
-        not the function itself (one function asked for a newer structure).
-
-        Raises:
-            Outcome: what `calls.outcome` makes of the error, NOT_SUPPORTED a `Failed`
-            until it is believed (`Support`); `calls.answer` gives it as a value.
-        """
+        """``nvml.<function>(handle, *args)``, raising its `calls.outcome` (NOT_SUPPORTED a `Failed`
+        until it is believed); `variant` names what is remembered when it is not the function."""
         key = variant or function
         if key in self.missing:
             raise Missing(key)
@@ -163,35 +136,31 @@ class NvmlDevice:
             if watch is None:
                 result = bound(self.handle, *args)
             else:
-                result = watch.run(function, self._where, bound, self.handle, *args)
+                result = watch.run(function, self.where, bound, self.handle, *args)
         except Exception as error:
             raise self._outcome(outcome(error, session.nvml, function, key), key, function) from None
         if support is not None:
-            # answered after a spell of NOT_SUPPORTED: served again (a problem that stood
-            # while it was given up ends, and its recovery is logged)
+            # answered after a spell of NOT_SUPPORTED: served again
             del self.support[key]
         self.answered.add(key)
         return result
 
     def _outcome(self, found: Outcome, key: str, function: str) -> Outcome:
         """What this device makes of an outcome of `key`: a function missing is remembered,
-        and NOT_SUPPORTED is a failed reading until it is believed (`_refused`)."""
+        and NOT_SUPPORTED is a failed reading until it is believed (`Support`)."""
         if isinstance(found, Missing):
             self.missing.add(key)
-        elif isinstance(found, Unsupported) and not self._refused(key, function):
-            return Failed(f"{function}: NVML_ERROR_NOT_SUPPORTED", NOT_SUPPORTED)
-        return found
-
-    def _refused(self, key: str, function: str) -> bool:
-        """NOT_SUPPORTED from `key`: whether it is believed now (`Support`)."""
+        if not isinstance(found, Unsupported) or isinstance(found, Missing):
+            return found
         now = self.session.now
+        cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
         support = self.support.get(key)
         if support is None:
-            cause = f"{function}: NVML_ERROR_NOT_SUPPORTED"
             support = self.support[key] = Support(key in self.answered, now, cause=cause)
         was = support.believed
-        believed = support.refused(now)
-        if believed and not was and support.answered:
+        if not support.refused(now):
+            return Failed(cause, NOT_SUPPORTED)
+        if not was and support.answered:
             support.said = True
             log.warn(
                 "nvml: GPU {busid}: {call} has answered NVML_ERROR_NOT_SUPPORTED for {seconds:.0f} s: "
@@ -200,7 +169,7 @@ class NvmlDevice:
                 call=key,
                 seconds=now - support.since,
             )
-        return believed
+        return found
 
     def given_up(self, key: str) -> str | None:
         """The cause of `key` given up after it had answered: a problem while it is."""
@@ -218,28 +187,18 @@ class NvmlDevice:
         support = self.support.get(key)
         return key in self.missing or (support is not None and support.believed)
 
-    def instance(self, handle: Any, key: str, busid: str, name: str) -> NvmlDevice:
-        """A MIG instance of this card, in the same session."""
-        return NvmlDevice(self.session, handle, key, busid, name, is_mig_instance=True)
-
 
 #: the process lists, newest first: the binding's unversioned function is the _v3 one
 PROCESS_LISTS = {
     "C": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "G": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
 }
-#: `answer_first`'s tries of each list
 _LIST_TRIES = {kind: tuple((function, None, ()) for function in functions) for kind, functions in PROCESS_LISTS.items()}
 
 
 def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int | None]]:
-    """One process list ("C" or "G") as columns (pids, used bytes or None), through the
-    newest function the driver has.
-
-    Drivers before 510 lack the _v3 lists the binding calls by default; from
-    450.66 they have the _v2 ones.  Which is used is said once per reader; a
-    driver with neither lists no processes, and that is said once too (`probe_support`).
-    """
+    """One process list ("C" or "G") as columns (pids, used bytes or None), through the newest
+    function the driver has: drivers before 510 lack the _v3 lists, from 450.66 they have _v2."""
     listed = answer_first(call_sized, device, *_LIST_TRIES[kind])
     newest, older = PROCESS_LISTS[kind]
     if newest in device.missing:
@@ -253,8 +212,7 @@ def list_processes(device: NvmlDevice, kind: str) -> tuple[list[int], list[int |
 
 
 def probe_support(device: NvmlDevice) -> int:
-    """The task-support bits of a device found: each list that is not unsupported (a passing
-    failure says nothing about support: the poll finds out the rest)."""
+    """The task-support bits of a device found: each list not unsupported (a failure says nothing)."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
         if not isinstance(answer(list_processes, device, kind, catch=Outcome), Unsupported):
@@ -272,8 +230,7 @@ def probe_support(device: NvmlDevice) -> int:
 
 
 def served_support(device: NvmlDevice) -> int:
-    """The task-support bits of the process lists served now: a list taken as not
-    supported (or missing) is not; one failing for a moment still is."""
+    """The task-support bits of the lists served now: not one taken as not supported; one failing still."""
     support = 0
     for bit, kind in ((TASK_COMPUTE, "C"), (TASK_GRAPHICS, "G")):
         newest, older = PROCESS_LISTS[kind]
@@ -284,9 +241,7 @@ def served_support(device: NvmlDevice) -> int:
 
 @dataclass(eq=False, slots=True)
 class DevicePoll:
-    """What one poll of one device knows and learns as it goes, handed from call to
-    call rather than left on the device: the poll's time, and what its rates
-    reading tells its process reading."""
+    """What one poll of one device knows and learns as it goes, handed from call to call."""
 
     #: the poll's time in microseconds on the reader's clock
     now_us: int = 0
@@ -316,41 +271,20 @@ def read_device(device: NvmlDevice, problems: Problems, poll: DevicePoll | None 
     memory = read_memory(device, attempt)
     processes = attempt(_read_processes, device, attempt, poll, unsupported=())
     device.task_support = served_support(device)
-    return DeviceSample(
-        key=device.key,
-        busid=device.busid,
-        name=device.name,
-        task_support=device.task_support,
-        gpu_busy=gpu_busy,
-        mem_busy=mem_busy,
-        memory_total_kib=memory.total,
-        memory_used_kib=memory.used,
-        memory_free_kib=memory.free,
-        memory_reserved_kib=memory.reserved,
-        processes=processes,
-        info=device.info,
-    )
+    return DeviceSample(device.key, device.busid, device.name, device.task_support, gpu_busy, mem_busy, *memory,
+                        processes=processes, info=device.info)
 
 
 #: the rates call, asked where the sample buffer does not tell
 RATES = "nvmlDeviceGetUtilizationRates"
-#: the rates call tells: what a reading of a sample buffer that never held a sample returns,
-#: and the rates call's answer while it is not asked
+#: a sample buffer that never held a sample: the rates call tells (also its answer while not asked)
 _RATES = object()
 
 
 def read_rates(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> tuple[int | None, int | None]:
-    """The GPU and memory busy percentages of one device over this poll.
-
-    From the driver's sample buffer where it has one (`SampleStream`: a poll
-    with no new sample carries the last figure on, or counts a dry spell as
-    idle), else from the rates call, which covers only the driver's last sample
-    period: where the samples call is not supported, and while a buffer has
-    never held a sample (a driver that answers NOT_FOUND for ever).  A MIG
-    instance has none: NVML reports no utilization under MIG.  The rates call
-    is made once at most, where the GPU's figure needs it before the memory's
-    samples are asked for.
-    """
+    """The GPU and memory busy percentages of one device over this poll: from the driver's sample
+    buffer (`SampleStream`), else from the rates call (the driver's last sample period only),
+    where the samples call is not supported or a buffer never held a sample.  None under MIG."""
     if device.is_mig_instance:
         return UNSUPPORTED, UNSUPPORTED
     gpu = attempt(_sampled, device, GPU_UTILIZATION_SAMPLES, poll)
@@ -399,10 +333,6 @@ def _busy(poll: DevicePoll, gpu: Any) -> Any:
     return gpu
 
 
-#: what the device's `StampMap` calls the stamps of each sample type
-_STAMP_KINDS = {GPU_UTILIZATION_SAMPLES: "samples 1", MEMORY_UTILIZATION_SAMPLES: "samples 2"}
-
-
 def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     """This poll's figure from the sample buffer, or `_RATES`."""
     stream = device.streams.get(kind)
@@ -411,7 +341,7 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
     stamps = _stamp_map(device, poll)
     # the driver's clock is learnt from when the call was made, not when the poll began
     now_us = poll.call_time_us()
-    name = _STAMP_KINDS.get(kind) or f"samples {kind}"
+    name = f"samples {kind}"  # (what the device's `StampMap` calls the stamps of this sample type)
     asked = stamps.ask(name, stream.since, now_us)
     found = answer(call_sized, device, SAMPLES, kind, asked, catch=Outcome)
     if isinstance(found, NotFound):
@@ -431,16 +361,12 @@ def _sampled(device: NvmlDevice, kind: int, poll: DevicePoll) -> Any:
                                  answered_us=ended_us)
     if kind == GPU_UTILIZATION_SAMPLES:
         poll.periods = periods
-    if value is None:
-        return _RATES  # the buffer never had a sample
-    return value
+    return _RATES if value is None else value  # (None: the buffer never had a sample)
 
 
 def _unknown_since_failure(stream: SampleStream, pairs: list[tuple[int, float]]) -> None:
-    """The first samples after calls that failed: where a gap of more than a skipped
-    sample lies before the oldest (the buffer no longer holds all that came since the
-    last read, after a spell longer than it keeps), that time is not known, and is
-    not taken for idle: the next window starts there."""
+    """The first samples after calls that failed: a gap of more than a skipped sample before the
+    oldest (the buffer kept less than the spell) is not known, not idle: the next window starts there."""
     fresh = [stamp for stamp, _ in pairs if stamp > stream.since]
     period = stream.period_us
     if not fresh or not period or stream.window_end is None:
@@ -462,22 +388,12 @@ class MemoryKib(NamedTuple):
 
 
 def read_memory(device: NvmlDevice, attempt: Attempt) -> MemoryKib:
-    """Total, used, free and reserved memory in KiB (`MemoryKib`).
-
-    Through the v2 structure where the driver has it (510 on): its "used"
-    leaves out the memory the driver reserves, as nvidia-smi's "Used" does,
-    and "reserved" has it; v1's "used" includes it and has no "reserved".
-    Both through the function table (`direct`).
-    """
+    """Total, used, free and reserved memory in KiB, through the v2 structure where the driver has
+    it (510 on): its "used" leaves out what the driver reserves, as nvidia-smi's "Used" does."""
     memory = attempt(_memory_info, device)
-    if memory is None:
-        return MemoryKib(None, None)
-    if memory is UNSUPPORTED:
-        return MemoryKib(0, 0)
-    reserved = memory[3]
-    return MemoryKib(
-        memory[0] // 1024, memory[1] // 1024, memory[2] // 1024, None if reserved is None else reserved // 1024
-    )
+    if memory is None or memory is UNSUPPORTED:
+        return MemoryKib(None, None) if memory is None else MemoryKib(0, 0)
+    return MemoryKib(*(None if part is None else part // 1024 for part in memory))
 
 
 def _memory_info(device: NvmlDevice) -> tuple[int, int, int, int | None]:
@@ -500,10 +416,8 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     for kind in ("C", "G"):
         listed = attempt(list_processes, device, kind, unsupported=())
         if listed is None:
-            # a partial list would make processes seem to end: they count no sample now.
-            # Their busy samples of this poll are taken off the buffer all the same, so
-            # that the next poll's figures are over that poll alone (as a driver's buffer
-            # may not hold a long spell's)
+            # a partial list would make processes seem to end: none now; their samples are
+            # taken off the buffer all the same, so the next poll's figures cover that poll alone
             _skip_process_busy(device, attempt, poll)
             return None
         if listed:  # (not `()`: the list is not supported)
@@ -517,8 +431,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
         rows = merge_by_pid(map(ProcessSample, pids, kinds, kib), "max").values()
         merged = {row.pid: (row.kind, row.memory_kib) for row in rows}
     if not merged:
-        # the last processes left: their samples are taken off the buffer now, so that
-        # none is counted for a later process (a pid reused after a poll that listed nobody)
+        # the last processes left: their samples taken off now count for no later process (a pid reused)
         _skip_process_busy(device, attempt, poll)
         return ()
     starts = poll.starts
@@ -527,8 +440,7 @@ def _read_processes(device: NvmlDevice, attempt: Attempt, poll: DevicePoll) -> t
     started = repeat(None) if starts is None else list(starts.of(list(merged)))
     # no per-process utilization under MIG: not asked, so no failure can be mistaken for it
     busy = UNSUPPORTED if device.is_mig_instance else attempt(_process_busy, device, poll)
-    # a listed pid with no sample in the poll was idle; without figures (failed: None, or
-    # UNSUPPORTED), each process has that
+    # a listed pid with no sample in the poll was idle; without figures, each has None or UNSUPPORTED
     figures = busy if isinstance(busy, dict) else {}
     gpu, mem = zip(*map(figures.get, merged, repeat((0, 0) if isinstance(busy, dict) else (busy, busy))))
     kinds, kib = zip(*merged.values())  # type: ignore[assignment]

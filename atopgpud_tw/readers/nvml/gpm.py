@@ -1,36 +1,10 @@
 """GPU Performance Monitoring (GPM): what the GPU really did, on Hopper and later (docs/mig.md, docs/fidelity.md).
 
-A GPM metric is worked out by the driver from two samples of the hardware's
-counters (``nvmlGpmMetricsGet``), as the exact average over the time between
-them.  The reader takes one sample per source per poll, so that each poll's
-figures cover exactly the time since the poll before:
-
-- a source is a card (``nvmlGpmSampleGet``) or, on a card in MIG mode, one of
-  its GPU instances (``nvmlGpmMigSampleGet`` with the card's handle and the
-  instance's GPU instance id);
-- each source has two sample buffers (``nvmlGpmSampleAlloc``): the previous
-  poll's sample and the one being taken; they swap after each poll; they are
-  freed (``nvmlGpmSampleFree``) when the GPU instance is gone, the card's MIG
-  mode changes, the card is lost, and before NVML is shut down;
-- support is asked once per card (``nvmlGpmQueryDeviceSupport``); a card
-  without it, or a driver without the functions, is not asked again;
-- samples closer than `MIN_SPAN` (the NVML reference asks for more than
-  100 ms between them) give no new figures: the last ones stand, over 0 seconds;
-- a GPM call that fails fails GPM alone, for that source and poll: the
-  previous sample is kept, so the next poll's figures cover both polls;
-  the calls without a device handle (``nvmlGpmSampleAlloc``,
-  ``nvmlGpmMetricsGet``, ``nvmlGpmSampleFree``) have their errors mapped
-  as every call's are (`calls.NvmlSession.call`), and what each outcome means
-  here is `calls.Attempt`'s.
-
-What it gives: `GpmFigures` on each device's sample, and the busy figure atop
-gets, with `TASK_BUSY_GPM` in the task-support digit: for a MIG instance (or a
-card in MIG mode shown as one device) the GPU instance's (the GPU's) graphics
-activity over the poll, in place of -1; for a whole card the same, in place of
-the sample buffer's fold, which stands in a poll without GPM figures
-(`WHOLE_CARD_BUSY_FROM_GPM`, docs/fidelity.md).  Several compute instances of one GPU instance each show
-that GPU instance's figures.  `read` is the one hook the reader calls after
-reading a card.
+The driver works a GPM metric out from two samples of the hardware's counters, as the exact
+average between them: one sample per source (a card, or a GPU instance of a card in MIG mode)
+per poll, into two buffers that swap.  A GPM call that fails fails GPM alone, for that source
+and poll; the previous sample is kept, so the next figures cover both polls.  GPM's graphics
+activity is the busy figure atop gets (`TASK_BUSY_GPM` in the task-support digit).
 """
 
 from __future__ import annotations
@@ -51,14 +25,10 @@ from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFi
 log = Logger(namespace="atopgpud_tw.readers.nvml_gpm")
 
 
-
 @cache
 def metrics() -> tuple[tuple[str, int, bool], ...]:
-    """The figures read, by name: (NVML_GPM_METRIC_* id, a rate in MiB/s rather than a
-    percentage), the table's GPM rows (figures.GPM_FIGURES).
-
-    The table is loaded at the first card that has GPM: a host without it never needs it.
-    """
+    """The figures read: (name, NVML_GPM_METRIC_* id, a rate in MiB/s rather than a percentage),
+    from the table's GPM rows, loaded at the first card that has GPM."""
     from atopgpud_tw.figures import GPM_FIGURES
 
     return tuple((f.gpm.name, f.gpm.metric, f.gpm.rate) for f in GPM_FIGURES if f.gpm is not None)
@@ -66,13 +36,11 @@ def metrics() -> tuple[tuple[str, int, bool], ...]:
 
 #: seconds: samples closer than this give no figures (the NVML reference: more than 100 ms)
 MIN_SPAN = 0.1
-#: what `GpmReader._take` gives instead of figures: none yet (the first sample, a failure: the
-#: busy figure fails this poll) and none at all (the source cannot be sampled: -1)
+#: `GpmReader._take` instead of figures: none yet (the busy figure fails) and none at all (-1)
 PENDING = "pending"
 NO_GPM = "no gpm"
 #: whether a whole card's busy figure is GPM's graphics activity where it has GPM (docs/fidelity.md,
-#: "Which figure feeds atop's busy counter"): yes; in a poll without GPM figures the sample
-#: buffer's fold, read every poll anyway, stands
+#: "Which figure feeds atop's busy counter"); bench/fidelity.py turns it off
 WHOLE_CARD_BUSY_FROM_GPM = True
 
 
@@ -85,9 +53,6 @@ class GpmStream:
     spare: Any = None
     #: the figures of the last poll that had some, which stand for a poll too soon after it
     last: GpmFigures | None = None
-
-    def buffers(self) -> list[Any]:
-        return [b for b in (self.previous, self.spare) if b is not None]
 
 
 @dataclass(eq=False)
@@ -110,20 +75,15 @@ class GpmReader:
     """The GPM of every card of one reader (all of it runs in the reader's worker thread)."""
 
     def __init__(self, session: NvmlSession, clock: Callable[[], float] | None = None) -> None:
-        #: the reader's session, whose binding makes the calls that take no device handle
         self.session = session
-        self.nvml = session.nvml
         #: the time of a sample, read when it is taken (None: the poll's time)
         self._clock = clock
         self._cards: dict[str, CardGpm] = {}
         #: the binding's metrics request, made once and reused (it holds NVML_GPM_METRIC_MAX entries)
         self._request: Any = None
 
-    # -- the hooks --
-
     def layout(self, card: NvmlDevice, samples: list[DeviceSample], mig: str = "instances") -> list[DeviceSample]:
-        """A card's devices as ``T`` shows them from the start: a device whose busy figure will
-        be GPM's says so in its task-support digit (as its polled samples will)."""
+        """A card's devices as ``T`` shows them from the start, GPM's busy figure in their digit."""
         enabled = card.mig_state.enabled
         if not (enabled or WHOLE_CARD_BUSY_FROM_GPM) or not self._supported(card, Problems()):
             return samples
@@ -145,7 +105,7 @@ class GpmReader:
         if not enabled or mig == "card":
             figures = self._take(card, state.card, None, problems, now)
             if enabled:
-                return [_with(s, figures, True) if s.key == card.key and s.present else s for s in samples]
+                return [_with(s, figures) if s.key == card.key and s.present else s for s in samples]
             return [_whole(s, figures) if s.key == card.key and s.present else s for s in samples]
         present = {gi for gi in (mig_ids(card.key, key) for key in card.mig_state.instances) if gi is not None}
         gone = [gi for gi in state.instances if gi not in present]
@@ -160,7 +120,7 @@ class GpmReader:
             if gi not in taken:
                 stream = state.instances.setdefault(gi, GpmStream())
                 taken[gi] = self._take(card, stream, gi, problems, now)
-            out.append(_with(sample, taken[gi], True))
+            out.append(_with(sample, taken[gi]))
         return out
 
     def forget(self, key: str) -> None:
@@ -170,23 +130,15 @@ class GpmReader:
             self._free(None, state.streams())
 
     def keep(self, keys: set[str]) -> None:
-        """Only the cards of these keys are read now: any other's buffers are freed."""
+        """Only the cards of these keys are read now: any other's buffers are freed (all of
+        them for none, before NVML is shut down: buffers do not outlive it)."""
         if self._cards.keys() <= keys:
             return  # every poll but one after a card went: nothing to free
         for key in [key for key in self._cards if key not in keys]:
             self.forget(key)
 
-    def release(self) -> None:
-        """Free every buffer (before NVML is shut down: buffers do not outlive it)."""
-        for key in list(self._cards):
-            self.forget(key)
-
-    # -- support --
-
     def _supported(self, card: NvmlDevice, problems: Problems) -> bool:
-        state = self._cards.get(card.key)
-        if state is None:
-            state = self._cards[card.key] = CardGpm()
+        state = self._cards.setdefault(card.key, CardGpm())
         if state.supported is None:
             # not supported, or nothing there: no GPM; a failure: asked again at the next poll
             answer = Attempt(card, problems)(
@@ -204,30 +156,22 @@ class GpmReader:
                 )
         return bool(state.supported)
 
-    # -- samples --
-
     def _take(
         self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, problems: Problems, now: float
     ) -> GpmFigures | str:
         """This poll's figures of one source, or `PENDING` or `NO_GPM`."""
         where = f"GPU {card.busid}" if gpu_instance is None else f"GPU {card.busid} GPU instance {gpu_instance}"
         attempt = Attempt(card, problems, subject=where)
-
-        def take() -> GpmFigures | str:
-            found = answer(self._sample, card, stream, gpu_instance, now)
-            if isinstance(found, Unsupported):
-                attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
-                return NO_GPM
-            if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
-                # GPM did not measure while it said so: its next figures start afresh
-                # instead of reaching back over the gap (other failures pass, and the
-                # next figures cover them: GPM's counters ran on)
-                self._free(card, [stream])
-            return given(found)  # type: ignore[no-any-return]
-
-        # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it); a
-        # failure: no figures in this poll. The problem's cause names the function that failed.
-        taken = attempt(take, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
+        found = answer(self._sample, card, stream, gpu_instance, now)
+        if isinstance(found, Unsupported):
+            attempt.note(f"{found}: not supported", key=f"gpm {gpu_instance}")
+            return NO_GPM
+        if isinstance(found, Failed) and found.value == NOT_SUPPORTED:
+            # GPM did not measure while it said so: its next figures start afresh (after
+            # other failures they reach back: its counters ran on)
+            self._free(card, [stream])
+        # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it)
+        taken = attempt(given, found, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
         return PENDING if taken is None else taken
 
     def _sample(self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, now: float) -> GpmFigures | str:
@@ -238,23 +182,21 @@ class GpmReader:
         else:
             card.call("nvmlGpmMigSampleGet", gpu_instance, stream.spare)
         at = now if self._clock is None else self._clock()
-        if stream.previous is None:
-            stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-            return PENDING
-        if at - stream.at < MIN_SPAN:
-            # too soon for figures of their own: the last ones stand, over no time (counted once)
-            return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
-        figures = self._metrics(card, stream.previous, stream.spare, at - stream.at)
+        figures: GpmFigures | str = PENDING
+        if stream.previous is not None:
+            if at - stream.at < MIN_SPAN:
+                # too soon for figures of their own: the last ones stand, over no time (counted once)
+                return PENDING if stream.last is None else replace(stream.last, seconds=0.0)
+            figures = stream.last = self._metrics(card, stream.previous, stream.spare, at - stream.at)
         stream.previous, stream.spare, stream.at = stream.spare, stream.previous, at
-        stream.last = figures
         return figures
 
     def _metrics(self, card: NvmlDevice, first: Any, second: Any, seconds: float) -> GpmFigures:
         request = self._request
         asked = metrics()
         if request is None:
-            request = self._request = self.nvml.c_nvmlGpmMetricsGet_t()
-            request.version = self.nvml.NVML_GPM_METRICS_GET_VERSION
+            request = self._request = self.session.nvml.c_nvmlGpmMetricsGet_t()
+            request.version = self.session.nvml.NVML_GPM_METRICS_GET_VERSION
             request.numMetrics = len(asked)
             for index, (_, metric, _) in enumerate(asked):
                 request.metrics[index].metricId = metric
@@ -270,47 +212,35 @@ class GpmReader:
     def _free(self, card: NvmlDevice | None, streams: list[GpmStream]) -> None:
         where = None if card is None else card.where
         for stream in streams:
-            for buffer in stream.buffers():
+            for buffer in (stream.previous, stream.spare):
                 # (failing: a buffer of a library shut down beneath us: nothing more to give back)
-                answer(self.session.call, "nvmlGpmSampleFree", buffer, where=where, catch=Outcome)
+                if buffer is not None:
+                    answer(self.session.call, "nvmlGpmSampleFree", buffer, where=where, catch=Outcome)
             stream.previous = stream.spare = None
 
 
 def _busy_flag(sample: DeviceSample) -> DeviceSample:
-    if sample.task_support & TASK_BUSY_GPM:
-        return sample
     return replace(sample, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
 def _whole(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
     """A whole card's sample with GPM's figures; with `WHOLE_CARD_BUSY_FROM_GPM`, its busy figure
-    GPM's graphics activity where this poll has it, else the sample buffer's (a failed GPM
-    sample, the first one) as read."""
+    GPM's graphics activity where this poll has it, else the sample buffer's."""
     figures = taken if isinstance(taken, GpmFigures) else None
-    graphics = None if figures is None else figures.get("graphics")
     if not WHOLE_CARD_BUSY_FROM_GPM:
         return sample if figures is None else replace(sample, gpm=figures)
-    support = sample.task_support | TASK_BUSY_GPM
-    if graphics is None:
-        return replace(sample, gpm=figures, task_support=support)
-    return replace(sample, gpm=figures, gpu_busy=clamp_percent(graphics), task_support=support)
+    graphics = None if figures is None else figures.get("graphics")
+    busy = sample.gpu_busy if graphics is None else clamp_percent(graphics)
+    return replace(sample, gpm=figures, gpu_busy=busy, task_support=sample.task_support | TASK_BUSY_GPM)
 
 
-def _with(sample: DeviceSample, taken: GpmFigures | str, busy: bool) -> DeviceSample:
-    """A MIG device's sample with GPM's figures; `busy`: its busy figure is GPM's graphics activity.
-
-    That figure fails in a poll without figures of its own (None: the first sample of
-    a source, a failed one), as a failed reading does: the counters skip the device
-    in that poll, and the next poll's figures reach back to the last sample.  It is
-    -1 where the source cannot be sampled at all.
-    """
+def _with(sample: DeviceSample, taken: GpmFigures | str) -> DeviceSample:
+    """A MIG device's sample with GPM's figures, its busy figure GPM's graphics activity: None
+    in a poll without figures (the first sample, a failed one: the next poll's figures reach
+    back), -1 where the source cannot be sampled at all."""
     figures = taken if isinstance(taken, GpmFigures) else None
-    if not busy:
-        return sample if figures is None else replace(sample, gpm=figures)
-    gpu_busy: int | None
-    if figures is not None:
-        graphics = figures.get("graphics")
-        gpu_busy = UNSUPPORTED if graphics is None else clamp_percent(graphics)
-    else:
-        gpu_busy = UNSUPPORTED if taken == NO_GPM else None
+    graphics = None if figures is None else figures.get("graphics")
+    gpu_busy = UNSUPPORTED if figures is not None or taken == NO_GPM else None
+    if graphics is not None:
+        gpu_busy = clamp_percent(graphics)
     return replace(sample, gpm=figures, gpu_busy=gpu_busy, task_support=sample.task_support | TASK_BUSY_GPM)

@@ -1,26 +1,13 @@
 """A card's health and power figures (`CardHealth`) and its XID errors, read through NVML in the reader's thread.
 
-`read_card_health` asks one card for every figure the metrics page shows
-(docs/metrics.md, "Health and power series"), each as its row of the table of
-figures (atopgpud_tw/figures.py) says, through the device's choke point
-(`NvmlDevice.call`), so that a figure the card cannot report (NOT_SUPPORTED, or
-a function its driver lacks) is asked no more and has no series, a figure
-that fails once is left out of that reading only, and a lost card or a broken
-NVML gives a reading with no figures.  Nothing here runs unless the metrics
-page is fetched: the figures cost no NVML call per poll.
-
-`XidEvents` keeps one NVML event set for XID critical errors, registers every
-card with it, and drains it without waiting (timeout 0) whenever the figures
-are read, counting the events by card and XID code; the counts are the
-daemon's own and never go back.  Its calls are the session's
-(`calls.NvmlSession.call`): no device remembers them.  A failure of a figure's
-call is what `calls.Attempt` makes of it.  Everything here runs in the worker
-thread.
+`read_card_health` asks one card for every figure the metrics page shows, each as its row
+of the table of figures (atopgpud_tw/figures.py) says; only when the page is fetched.
+`XidEvents` keeps one NVML event set for XID critical errors and drains it without
+waiting whenever the figures are read, counting the events by card and XID code.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -52,6 +39,7 @@ from atopgpud_tw.readers.nvml.calls import (
     nothing_there,
 )
 from atopgpud_tw.readers.nvml.device import NvmlDevice
+from atopgpud_tw.readers.nvml.direct import handle_value
 
 if TYPE_CHECKING:
     from atopgpud_tw.figures import Ask, Figure, Labels
@@ -69,11 +57,7 @@ VALUE_MEMBERS = {
 
 @cache
 def asked() -> tuple[Figure, ...]:
-    """The figures NVML is asked for: the rows of the table of figures that have an NVML call.
-
-    Read at the first reading, a scrape of ``/metrics`` (`XidEvents` is made at start-up,
-    and needs none of it).
-    """
+    """The rows of the table of figures that have an NVML call (loaded at the first scrape)."""
     from atopgpud_tw.figures import FIGURES
 
     return tuple(figure for figure in FIGURES if figure.nvml is not None)
@@ -94,37 +78,35 @@ def read_card_health(device: NvmlDevice) -> CardHealth:
 
 
 def _read_values(device: NvmlDevice, attempt: Attempt, values: dict[Series, float]) -> None:
-    rows = asked()
     answers: dict[tuple[Any, ...], Any] = {}
     fields: list[tuple[Figure, int | None]] = []
-    for figure in rows:
-        how = figure.nvml
-        assert how is not None
-        if how.per_link:
-            continue  # asked per active link, below
-        if how.field is not None:
-            fields.append((figure, None))
-        else:
-            _store(values, figure, figure.labels, _answer(device, attempt, answers, how, ()))
-    if any(figure.nvml and figure.nvml.per_link for figure in rows):
-        for link in _active_links(device, attempt):
-            for figure in rows:
-                how = figure.nvml
-                if how is None or not how.per_link:
-                    continue
-                labels = (*figure.labels, ("link", str(link)))
-                if how.field is not None:
-                    fields.append((figure, link))
-                else:
-                    _store(values, figure, labels, _answer(device, attempt, answers, how, (link,)))
+
+    def ask(figures: list[Figure], link: int | None) -> None:
+        for figure in figures:
+            how = figure.nvml
+            assert how is not None
+            if how.field is not None:
+                fields.append((figure, link))
+            else:
+                found = _answer(device, attempt, answers, how, () if link is None else (link,))
+                _store(values, figure, _labels(figure, link), found)
+
+    per_link = [figure for figure in asked() if figure.nvml and figure.nvml.per_link]
+    ask([figure for figure in asked() if not (figure.nvml and figure.nvml.per_link)], None)
+    for link in _active_links(device, attempt) if per_link else ():
+        ask(per_link, link)
     _field_values(device, values, attempt, fields)
+
+
+def _labels(figure: Figure, link: int | None) -> Labels:
+    """A figure's labels, with its NVLink's where it is one per link."""
+    return figure.labels if link is None else (*figure.labels, ("link", str(link)))
 
 
 def _answer(device: NvmlDevice, attempt: Attempt, answers: dict[tuple[Any, ...], Any], how: Ask,
             link: tuple[int, ...]) -> Any:
     """The answer of one call (asked once per reading however many figures it has), through the
-    function's older names where the binding or the driver lacks it; None: not supported (a problem
-    while given up after it had answered), or failed in this reading (a problem)."""
+    function's older names where the binding or the driver lacks it; None: not supported or failed."""
     key = (how.function, how.args, how.variant, link)
     if key not in answers:
         variant = how.variant and (f"{how.variant} link {link[0]}" if link else how.variant)
@@ -161,17 +143,14 @@ _NO_LINK = object()
 
 def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
     """The card's active NVLinks: links are asked in order until one the card does not have."""
-
-    def state(link: int) -> Any:
-        found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
-        return _NO_LINK if nothing_there(found) else given(found)  # (past the last link: not a problem)
-
     from atopgpud_tw.figures import NVLINK_MAX_LINKS
 
     active = []
     for link in range(NVLINK_MAX_LINKS):
-        # not supported: no NVLink at all (link 0), or no more links; not asked again but at its backoff
-        found = attempt(state, link, unsupported=_NO_LINK)
+        found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
+        # past the last link: not a problem; not supported: no NVLink at all (link 0), or no more
+        # links (not asked again but at its backoff)
+        found = _NO_LINK if nothing_there(found) else attempt(given, found, unsupported=_NO_LINK)
         if found is None or found is _NO_LINK:
             break
         if found:
@@ -181,36 +160,30 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
 
 def _field_values(device: NvmlDevice, values: dict[Series, float], attempt: Attempt,
                   fields: list[tuple[Figure, int | None]]) -> None:
-    """The figures of ``nvmlDeviceGetFieldValues``, one call for them all: each entry has a return
-    code of its own, and a field that is NOT_SUPPORTED is not asked again."""
+    """The figures of ``nvmlDeviceGetFieldValues``, one call for them all; a field that is
+    NOT_SUPPORTED (each entry has a code of its own) is not asked again."""
     wanted = []
     for figure, link in fields:
         how = figure.nvml
         assert how is not None and how.field is not None
-        variant = _field_variant(how, link)
+        variant = how.variant or f"nvmlDeviceGetFieldValues {how.field}"
+        variant = variant if link is None else f"{variant} link {link}"
         if variant not in device.unsupported and variant not in device.missing:
-            wanted.append((figure, link, variant))
+            wanted.append((figure, how, link, variant))
     if not wanted:
         return
     # a per-link field is asked with the link as its scope
-    ids = [figure.nvml.field if link is None else (figure.nvml.field, link)  # type: ignore[union-attr]
-           for figure, link, _ in wanted]
+    ids = [how.field if link is None else (how.field, link) for _, how, link, _ in wanted]
     found = attempt(device.call, "nvmlDeviceGetFieldValues", ids, unsupported=None)
     if found is None:
         return
-    for index, (figure, link, variant) in enumerate(wanted):
+    for index, (figure, how, link, variant) in enumerate(wanted):
         entry = found[index]
         if int(entry.nvmlReturn) == NOT_SUPPORTED:
             device.unsupported.add(variant)
         elif int(entry.nvmlReturn) == SUCCESS:
             member = VALUE_MEMBERS.get(int(entry.valueType), "uiVal")
-            labels = figure.labels if link is None else (*figure.labels, ("link", str(link)))
-            values[(figure.family.name, labels)] = float(getattr(entry.value, member)) * figure.nvml.scale  # type: ignore[union-attr]
-
-
-def _field_variant(how: Ask, link: int | None) -> str:
-    variant = how.variant or f"nvmlDeviceGetFieldValues {how.field}"
-    return variant if link is None else f"{variant} link {link}"
+            values[(figure.family.name, _labels(figure, link))] = float(getattr(entry.value, member)) * how.scale
 
 
 @dataclass
@@ -228,11 +201,8 @@ class XidEvents:
     _unavailable: bool = False
 
     def drain(self, devices: list[NvmlDevice]) -> tuple[dict[tuple[str, int], int], set[str]]:
-        """Register the cards not yet registered, take every event due, and return the
-        counts and the cards that report XIDs."""
-        if self._unavailable or not devices:
-            return dict(self.counts), set(self.supported)
-        failure = answer(self._drain, devices, catch=Outcome)
+        """Register new cards, take every event due: the counts, and the cards that report XIDs."""
+        failure = None if self._unavailable or not devices else answer(self._drain, devices, catch=Outcome)
         if isinstance(failure, Unsupported):
             self._unavailable = True  # a driver or a binding without events (or without XID events)
         elif failure is not None:
@@ -242,14 +212,10 @@ class XidEvents:
         return dict(self.counts), set(self.supported)
 
     def _drain(self, devices: list[NvmlDevice]) -> None:
+        """Register the cards not yet registered, then count the events due."""
         if self._set is None:
             self._set = self.session.call("nvmlEventSetCreate")
             self._registered = {}
-        self._register(devices)
-        if self._registered:
-            self._take()
-
-    def _register(self, devices: list[NvmlDevice]) -> None:
         for device in devices:
             pointer = _pointer(device.handle)
             if pointer in self._registered or device.key in self._refused:
@@ -262,8 +228,8 @@ class XidEvents:
             given(found)
             self._registered[pointer] = device.key
             self.supported.add(device.key)
-
-    def _take(self) -> None:
+        if not self._registered:
+            return
         for _ in range(MAX_EVENTS):
             event = answer(self.session.call, "nvmlEventSetWait_v2", self._set, 0)
             if isinstance(event, Failed) and event.value == TIMEOUT:
@@ -277,7 +243,4 @@ class XidEvents:
 
 def _pointer(handle: Any) -> int:
     """A device handle's pointer value, to tell which card an event is of."""
-    try:
-        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)
+    return int(handle_value(handle, id(handle)) or 0)

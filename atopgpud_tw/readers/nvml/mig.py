@@ -1,18 +1,13 @@
 """MIG: a card in MIG mode read as its instances, or as their sum (docs/mig.md).
 
-Each instance is a device named by `atopgpud_tw.readers.identity`, with its own memory
-and processes and no utilization (NVML has none under MIG).  The mode and the
-slots' handles are looked up again at every poll, a few cheap calls, so instances
-created or destroyed while the daemon runs are picked up; a handle its slot gave
-before is known again by its UUID (`_known`).  With ``mig="card"``
-the instances are summed into one device for the card.
+Each instance is a device with its own memory and processes and no utilization (NVML
+has none under MIG).  The mode and the slots' handles are asked at every poll, so
+instances created or destroyed meanwhile are seen.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import replace
-from typing import Any
 
 from twisted.logger import Logger
 
@@ -34,6 +29,7 @@ from atopgpud_tw.readers.nvml.calls import (
 )
 from atopgpud_tw.readers.nvml.device import (
     DevicePoll,
+    MemoryKib,
     MigState,
     NvmlDevice,
     placeholder,
@@ -41,18 +37,14 @@ from atopgpud_tw.readers.nvml.device import (
     read_device,
     read_memory,
 )
-from atopgpud_tw.readers.nvml.direct import MIG_HANDLE, MIG_MODE, UUID, mig_handle
+from atopgpud_tw.readers.nvml.direct import MIG_HANDLE, MIG_MODE, UUID, handle_value, mig_handle
 from atopgpud_tw.snapshot import UNSUPPORTED, DeviceSample, ProcessSample, fold_instances
 
 log = Logger(namespace="atopgpud_tw.readers.nvml_mig")
 
 
 def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) -> list[DeviceSample]:
-    """A card's devices in this poll: the card, or its MIG instances (or their sum).
-
-    A lost card raises `DeviceLost`; a MIG instance that fails does not touch
-    the card or the other instances.
-    """
+    """A card's devices in this poll: the card, or its MIG instances (or their sum), each on its own."""
     if not _mig_enabled(card, mig, problems):
         return [read_device(card, problems, poll)]
     instances, complete = _enumerate(card, problems)
@@ -60,18 +52,16 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
         problems.add(
             f"{card.key} mig-empty", f"GPU {card.busid} is in MIG mode with no instances: nothing can run on it"
         )
-        memory = read_memory(card, Attempt(card, problems))
-        return [_card_sample(card, memory.total, memory.used, (), memory.free, memory.reserved)]
-    # one DevicePoll for the card's instances: an instance's read learns nothing into it
-    # (no rates under MIG), so each sees it as a fresh one
+        return [_unbusy(card, read_memory(card, Attempt(card, problems)), ())]
+    # one DevicePoll for the instances: an instance's read learns nothing into it (no rates under MIG)
     each = DevicePoll(starts=poll.starts)
     samples = [_read_instance(instance, problems, each) for instance in instances]
     if not complete:
         # an instance that could not be looked at now is not gone: it counts nothing this poll
         seen = {instance.key for instance in instances}
-        samples += [_unread(i) for key, i in card.mig_state.instances.items() if key not in seen]
+        samples += [_unbusy(i) for key, i in card.mig_state.instances.items() if key not in seen]
         if not samples:
-            return [_card_sample(card, None, None, None)] if mig == "card" else []
+            return [_unbusy(card)] if mig == "card" else []
     if mig == "card":
         # --mig card: the instances summed
         return [fold_instances(card.key, card.busid, card.name, samples, card.task_support, card.info)]
@@ -81,33 +71,27 @@ def read_card(card: NvmlDevice, mig: str, problems: Problems, poll: DevicePoll) 
 def layout_card(card: NvmlDevice, mig: str) -> list[DeviceSample]:
     """A card's devices as a poll would show them, by identity only (no readings)."""
     problems = Problems()
-    if not _mig_enabled(card, mig, problems):
-        return [placeholder(card)]
-    instances, _ = _enumerate(card, problems)
-    if mig == "card" or not instances:
-        return [placeholder(card)]
-    return [placeholder(instance) for instance in instances]
+    instances = _enumerate(card, problems)[0] if _mig_enabled(card, mig, problems) else []
+    return [placeholder(device) for device in (instances if mig == "instances" and instances else [card])]
 
 
 def _mig_enabled(card: NvmlDevice, mig: str, problems: Problems) -> bool:
     """Whether the card is in MIG mode now; NOT_SUPPORTED means it cannot be (and is not asked again)."""
-
     state = card.mig_state
     # NOT_FOUND, or a failure (a problem): as it was
     enabled = Attempt(card, problems)(_mode_enabled, card, idle=state.enabled)
-    if enabled is None:
+    if enabled is None or enabled == state.enabled:
         return state.enabled
-    if enabled != state.enabled:
-        card.mig_state = MigState(enabled=enabled)
-        # what a card supports depends on its mode
-        card.forget_support()
-        card.answered.add(MIG_MODE)
-        shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
-        log.info(
-            "nvml: GPU {busid} is {state}",
-            busid=printable(card.busid),
-            state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
-        )
+    card.mig_state = MigState(enabled=enabled)
+    # what a card supports depends on its mode
+    card.forget_support()
+    card.answered.add(MIG_MODE)
+    shown = "each MIG instance as a device" if mig == "instances" else "the card as one device"
+    log.info(
+        "nvml: GPU {busid} is {state}",
+        busid=printable(card.busid),
+        state=f"in MIG mode: showing {shown}" if enabled else "out of MIG mode",
+    )
     return enabled
 
 
@@ -119,12 +103,9 @@ def _mode_enabled(card: NvmlDevice) -> bool:
 
 
 def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], bool]:
-    """The card's MIG instances now, in slot order, and whether the list is complete.
-
-    Slots are sparse: NOT_FOUND or INVALID_ARGUMENT means nothing is there (or it
-    was destroyed while being looked at).  Any other failure leaves the list
-    incomplete, so that no instance is taken for gone on a passing error.
-    """
+    """The card's MIG instances now, in slot order, and whether the list is complete: slots are
+    sparse (NOT_FOUND or INVALID_ARGUMENT: nothing there); any other failure leaves the list
+    incomplete, so that no instance is taken for gone on a passing error."""
     state = card.mig_state
     if state.slots is None:
         slots = Attempt(card, problems)(card.call, "nvmlDeviceGetMaxMigDeviceCount", unsupported=0)
@@ -136,7 +117,7 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
     identified = state.identified
     call = card.call
     for slot in range(state.slots):
-        value = answer(call, MIG_HANDLE, slot)  # the handle's pointer value (`direct.MigCalls`)
+        value = answer(call, MIG_HANDLE, slot)  # the handle's pointer value (`direct.DirectCalls`)
         if isinstance(value, (NotFound, Unsupported)):
             identified.pop(slot, None)
             continue
@@ -147,25 +128,22 @@ def _enumerate(card: NvmlDevice, problems: Problems) -> tuple[list[NvmlDevice], 
             found.setdefault(instance.key, instance)
             continue
         identified.pop(slot, None)
-        if isinstance(instance, NotFound):
-            complete = False  # destroyed while looked at, or a passing fault: the next poll tells
-        elif isinstance(instance, Unsupported):
-            # a driver that cannot say which instance this is: said once, not guessed; the
-            # instances known are not taken for gone on it
+        if isinstance(instance, Unsupported):
+            # a driver that cannot say which instance this is: said, not guessed
             Attempt(card, problems).note(
                 f"MIG device {slot} left out: {instance} is not supported", key="mig identity"
             )
-            complete = False
-        elif not nothing_there(instance):
+        elif not isinstance(instance, NotFound) and not nothing_there(instance):
             Attempt(card, problems).note(instance.cause, part=(f"mig slot {slot}", f"MIG device {slot}"))
-            complete = False
+        # only nothing there leaves the list complete (NOT_FOUND: destroyed while looked at, or a passing fault)
+        complete = complete and nothing_there(instance)
     if complete:
         unseen = [i for key, i in state.instances.items() if key not in found]
         if unseen:
             # a handle that a slot gave another instance now is no sign of life (a driver may
             # give a destroyed instance's pointer to the next one in its slot)
-            taken = {_handle_value(instance.handle) for instance in found.values()}
-            if any(_handle_value(i.handle) not in taken and _still_there(i) for i in unseen):
+            taken = {handle_value(instance.handle) for instance in found.values()}
+            if any(handle_value(i.handle) not in taken and _still_there(i) for i in unseen):
                 complete = False  # a slot's answer was a passing fault: the instance's own handle works
     _note_changes(card, found, complete)
     return list(found.values()), complete
@@ -183,39 +161,15 @@ def _instance(card: NvmlDevice, slot: int, value: int | None) -> NvmlDevice:
     return _known(card.mig_state.identified, slot, value) or _identify(card, value, slot)
 
 
-def _handle_value(handle: Any) -> int | None:
-    """A handle's pointer value; None for one that is no pointer (then it is never taken as known)."""
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return None
-
-
 def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value: int | None) -> NvmlDevice | None:
-    """The instance a slot's handle (`value`, its pointer value) was found to be at an
-    earlier poll, if it still is.
+    """The instance a slot's handle (`value`, its pointer value) was found to be at an earlier
+    poll, if it still is: one call instead of identifying it (three).
 
-    Identifying an instance takes three calls (its GPU and compute instance ids
-    and its name); at every poll that was most of a MIG card's calls.  The slot
-    gives a handle at every poll all the same (that is how instances created
-    meanwhile are seen), so an instance is known again by it: the same slot,
-    the same pointer value as before, and one call, ``nvmlDeviceGetUUID``, that
-    gives the same ``MIG-`` UUID.  Handles of destroyed instances become invalid,
-    and a driver may give the same pointer to an instance created later in the
-    same slot; such an instance has a UUID of its own, so the UUID tells it (a
-    carving changed between two polls).  NVIDIA's reference of
-    nvmlDeviceGetUUID: "When used with MIG device handles the API returns
-    globally unique UUIDs ... UUIDs are immutable for the lifetime of a MIG
-    device" (https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html).
-    Neither the ids nor the name would do alone: an instance carved again
-    may have the same ids and another profile, or the same profile and other
-    ids.  What the slot
-    remembers is dropped when the slot is empty or fails, when the handle
-    fails (INVALID_ARGUMENT or NOT_FOUND from the UUID call too), when the card
-    leaves or enters MIG mode (a new `MigState`), and with the card itself on a
-    reinit.  Where the UUID cannot be read, the instance is identified afresh
-    at every poll, as before.  A slot's answer is trusted no further than
-    before: a known instance no slot shows is still asked on its own handle.
+    A driver may give a destroyed instance's pointer to the next one in its slot, so the
+    ``MIG-`` UUID tells them apart: "UUIDs are immutable for the lifetime of a MIG device"
+    (NVIDIA's reference of nvmlDeviceGetUUID,
+    https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html); neither the ids
+    nor the name would do alone (an instance carved again may share either).
     """
     known = identified.get(slot)
     if known is None or known[0] != value:
@@ -228,18 +182,13 @@ def _known(identified: dict[int, tuple[int, NvmlDevice, str]], slot: int, value:
 
 
 def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
-    """The instance behind a MIG handle (`value`, its pointer value) not known at its slot:
-    one already known by its ids, or a new one.
-
-    Handles of destroyed instances become invalid and may be reused, so the ids
-    and the profile are read again for a handle the slot did not give before
-    (`_known`).  The handle is an object of its own, never written over by a later
-    slot's call.
-    """
-    handle = mig_handle(card.nvml, value)
+    """The instance behind a MIG handle (`value`, its pointer value) not known at its slot: one
+    already known by its ids, or a new one (the handle an object of its own)."""
+    handle = mig_handle(card.session.nvml, value)
     probe = card.mig_state.probe
     if probe is None:
-        probe = card.mig_state.probe = card.instance(handle, card.key, card.busid, card.name)
+        probe = NvmlDevice(card.session, handle, card.key, card.busid, card.name, is_mig_instance=True)
+        card.mig_state.probe = probe
     else:
         probe.handle = handle
         probe.forget_support()
@@ -251,7 +200,7 @@ def _identify(card: NvmlDevice, value: int | None, slot: int) -> NvmlDevice:
     instance = card.mig_state.instances.get(key)
     if instance is None or instance.name != profile:
         busid = mig_busid(card.busid, gpu_instance, compute_instance)
-        instance = card.instance(handle, key, busid, profile)
+        instance = NvmlDevice(card.session, handle, key, busid, profile, is_mig_instance=True)
         instance.task_support = probe_support(instance)
         instance.info = replace(
             card.info, uuid=_instance_uuid(probe), mig_profile=profile, parent_uuid=card.info.uuid,
@@ -306,24 +255,12 @@ def _read_instance(instance: NvmlDevice, problems: Problems, poll: DevicePoll) -
     return placeholder(instance).absent()
 
 
-def _unread(instance: NvmlDevice) -> DeviceSample:
-    """An instance that is there but could not be read in this poll."""
-    return DeviceSample(
-        instance.key, instance.busid, instance.name, instance.task_support,
-        memory_total_kib=None, memory_used_kib=None, processes=None, info=instance.info,
-    )
+#: the memory of a device not read
+_UNREAD = MemoryKib(None, None)
 
 
-def _card_sample(
-    card: NvmlDevice, total: int | None, used: int | None, processes: tuple[ProcessSample, ...] | None,
-    free: int | None = None, reserved: int | None = None,
-) -> DeviceSample:
-    """A card in MIG mode as one device: no utilization of its own."""
-    return DeviceSample(
-        card.key, card.busid, card.name, card.task_support,
-        gpu_busy=UNSUPPORTED, mem_busy=UNSUPPORTED,
-        memory_total_kib=total, memory_used_kib=used, memory_free_kib=free, memory_reserved_kib=reserved,
-        processes=processes, info=card.info,
-    )
-
-
+def _unbusy(card: NvmlDevice, memory: MemoryKib = _UNREAD,
+            processes: tuple[ProcessSample, ...] | None = None) -> DeviceSample:
+    """A device with no utilization of its own: a card in MIG mode as one, an instance (None: not read)."""
+    return DeviceSample(card.key, card.busid, card.name, card.task_support, UNSUPPORTED, UNSUPPORTED, *memory,
+                        processes=processes, info=card.info)

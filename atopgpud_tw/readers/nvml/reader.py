@@ -1,20 +1,12 @@
-"""The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator).
-
-Every NVML call's error is mapped once (`calls.outcome`: design.md, "Polling"):
-a lost GPU is absent for the poll; UNINITIALIZED, DRIVER_NOT_LOADED and
-LIB_RM_VERSION_MISMATCH mean NVML must be set up again, which `NvmlReader` does
-with backoff while reporting every device absent.  All of it runs in one daemon
-thread (`SerialWorker`): the reactor never waits for NVML.
-
-A card in MIG mode is read as its MIG instances, or as their sum
-(`readers.nvml.mig` says how; docs/mig.md).
+"""The NVML reader: one Snapshot per poll through nvidia-ml-py (or the simulator), in one
+daemon thread (`SerialWorker`).  A lost GPU is absent for the poll; where NVML must be set
+up again (`calls.Reinitialise`) it is, with backoff, every device absent meanwhile.
 """
 
 from __future__ import annotations
 
 import time
 from functools import cache
-from operator import attrgetter
 from types import ModuleType
 from typing import Any, Callable
 
@@ -58,6 +50,7 @@ from atopgpud_tw.readers.nvml.gpm import GpmReader
 from atopgpud_tw.readers.nvml.health import XidEvents, read_card_health
 from atopgpud_tw.readers.nvml.mig import layout_card, read_card
 from atopgpud_tw.readers.nvml.stamps import host_offsets
+from atopgpud_tw.readers.nvml.support import BACKOFF, Backoff
 from atopgpud_tw.readers.nvml.watchdog import HANG_AFTER, CallWatch, HangWatchdog
 from atopgpud_tw.readers.nvml.worker import SerialWorker
 from atopgpud_tw.readers.procinfo import Contexts
@@ -75,49 +68,18 @@ def _inventory_calls() -> dict[str, str]:
     return {row.attribute: row.nvml for row in INVENTORY}
 
 
-_KEY = attrgetter("key")
-
-#: seconds between attempts to set NVML up again, doubling up to the last
-BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
-
 #: seconds stopping waits for NVML to shut down
 CLOSE_TIMEOUT = 0.5
-#: NVML's answers at start-up that mean "wait for the driver", not "cannot work here"
-#: (a boot where the daemon starts before the kernel module; a driver upgraded, its
-#: module not yet reloaded)
+#: NVML's answers at start-up that mean "wait for the driver" (a boot; a driver upgraded, not reloaded)
 WAIT_FOR_DRIVER = (DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH)
-#: how often a driver not loaded at start-up is looked for: every second for the
-#: first minute (a boot), then backing off as any re-initialisation does
+#: how often a driver not loaded at start-up is looked for: every second for a minute, then backing off
 STARTUP_RETRY = (1.0,) * 60 + BACKOFF
-
-
-class Backoff:
-    """When to try something that failed again: the next delay of `BACKOFF` after
-    each failure (the last one kept), from the first again once it worked."""
-
-    def __init__(self, delays: tuple[float, ...] = BACKOFF) -> None:
-        self.delays = delays
-        self.at = 0.0
-        self.failures = 0
-
-    def due(self, now: float) -> bool:
-        return now >= self.at
-
-    def failed(self, now: float) -> None:
-        self.at = now + self.delays[min(self.failures, len(self.delays) - 1)]
-        self.failures += 1
-
-    def succeeded(self) -> None:
-        self.failures = 0
 
 
 @implementer(IReader)
 class NvmlReader:
-    """Reads every GPU through an NVML binding (`pynvml` or the simulator).
-
-    `mig` is how a card in MIG mode is shown: ``"instances"`` (each MIG instance
-    a device) or ``"card"`` (one device holding its instances' memory and processes).
-    """
+    """Reads every GPU through an NVML binding (`pynvml` or the simulator); `mig` is how a card
+    in MIG mode is shown: ``"instances"`` (each a device) or ``"card"`` (their sum)."""
 
     def __init__(
         self,
@@ -133,17 +95,17 @@ class NvmlReader:
         self.nvml = nvml
         self.mig_mode = mig
         self._reactor = reactor
-        #: the time of an NVML call, read when it is made: a poll's calls may wait
-        #: in the worker long after the poll began (synchronous reads: none)
+        #: the time of an NVML call, read when it is made (a poll's calls may wait in the worker)
         self._call_clock = None if reactor is None else reactor.seconds
         #: the host clocks against the reader's, for the steps of the driver's sample clock
         #: (stamps.py): only where the reader's clock is CLOCK_MONOTONIC, as the daemon's is
         self.host_offsets = host_offsets if self._call_clock is time.monotonic else None
         self._worker = SerialWorker(reactor)
+        clock = time.monotonic if reactor is None else reactor.seconds
         #: the NVML call in progress, and (with a reactor) the watchdog that warns of a hung one
-        self.calls = CallWatch(time.monotonic if reactor is None else reactor.seconds)
+        self.calls = CallWatch(clock)
         self.watchdog = None if reactor is None else HangWatchdog(self.calls, reactor, hang_after)
-        self._problems = ProblemLog("nvml", time.monotonic if reactor is None else reactor.seconds)
+        self._problems = ProblemLog("nvml", clock)
         self._devices: list[NvmlDevice] = []
         #: devices ever discovered, by key, so a device that vanishes stays listed
         self._known: dict[str, DeviceSample] = {}
@@ -153,7 +115,7 @@ class NvmlReader:
         #: re-discovery while a device is lost or missing, with its own backoff
         self._rediscovery = Backoff()
         self._lost = False
-        #: every card ever discovered (its key), to notice one missing
+        #: every card ever discovered (its key), to notice one missing (and announce a new one)
         self._cards: set[str] = set()
         #: cards' keys, unique even where two cards report the same UUID
         self._keys = CardKeys()
@@ -164,29 +126,17 @@ class NvmlReader:
         self._unusable_reported: dict[str, str] = {}
         #: why each card that was lost was (its problem stands while it is missing)
         self._gone: dict[str, str] = {}
-        self._announced: set[str] = set()
-        #: what all the devices share: the binding, the poll's time (which their `Support`
-        #: spells are held to), the hang watch, what was said once
         self.session = NvmlSession(nvml, watch=self.calls)
-        #: XID errors counted from NVML events, read with the health figures
         self._xid = XidEvents(self.session)
-        #: GPU Performance Monitoring's sample buffers and figures, per card (readers/nvml/gpm.py)
         self._gpm = GpmReader(self.session, self._call_clock)
-        #: the processes' start times, which tell a reused pid (/proc, or a simulated host's)
+        #: the processes' start times, which tell a reused pid
         self._starts = start_times(nvml)
         self.contexts = Contexts()
-        #: while NVML cannot be used because of the driver's lifecycle: (its NVML code,
-        #: since when, whether since start-up); None while it can
+        #: while the driver's lifecycle keeps NVML from use: (its code, since when, whether since start-up)
         self._down: tuple[int, float | None, bool] | None = None
 
-    # -- start-up (blocking, before the reactor runs) --
-
     def open(self) -> Snapshot:
-        """Initialise NVML and discover the devices; raise ReaderUnavailable if NVML is not usable.
-
-        Returns the devices by identity (MIG instances included), read nothing
-        from yet: what ``T`` shows from the start.
-        """
+        """Initialise NVML: the devices by identity, what ``T`` shows from the start (or ReaderUnavailable)."""
         try:
             self._initialise()
             layout = [
@@ -215,11 +165,8 @@ class NvmlReader:
         self._retry.succeeded()
 
     def _discover(self) -> list[NvmlDevice]:
-        """The devices that can be used now, in index order.
-
-        A device that cannot be identified now (lost, or one call failing) is
-        left in `_unusable` and looked for again by `_rediscover`, with backoff.
-        """
+        """The devices that can be used now, in index order; one that cannot be identified now is
+        left in `_unusable`, looked for again by `_rediscover`."""
         found = []
         unusable: dict[int, str] = {}
         for index in range(self.session.call("nvmlDeviceGetCount")):
@@ -235,46 +182,34 @@ class NvmlReader:
         for (handle, uuid, busid, name), key in zip(found, keys):
             device = NvmlDevice(self.session, handle, key, busid, name)
             if key not in self._info:  # read when the card is first discovered, and kept
-                self._info[key] = _card_info(self.session, handle, uuid, versions, f"GPU {busid}")
+                serial, vbios = (_text(self.session, _inventory_calls()[label], f"GPU {busid}", handle)
+                                 for label in ("serial", "vbios"))
+                self._info[key] = DeviceInfo(uuid or "", serial, vbios, *versions)
             device.info = self._info[key]
             device.task_support = probe_support(device)
             devices.append(device)
         self._unusable = unusable
-        self._cards.update(device.key for device in devices)
         for device in devices:
-            if device.key not in self._announced:
-                self._announced.add(device.key)
-                log.info(
-                    "nvml: GPU {busid} {name} (processes: {support})",
-                    busid=printable(device.busid),
-                    name=printable(device.name),
-                    support=_support_text(device.task_support),
-                )
+            if device.key not in self._cards:
+                self._cards.add(device.key)
+                kinds = [kind for bit, kind in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics"))
+                         if device.task_support & bit]
+                log.info("nvml: GPU {busid} {name} (processes: {support})", busid=printable(device.busid),
+                         name=printable(device.name), support=" and ".join(kinds) or "none")
         return devices
 
     def _unusable_problems(self) -> dict[str, str]:
-        """One problem per device that cannot be used now, keyed by its index only.
-
-        So a retry that fails again, with the same cause or another, is not
-        logged again, and the device's recovery is logged when it joins.  Devices
-        already known that are gone are reported as lost instead: as many
-        unusable indices as there are of those say nothing new.  While NVML is
-        being set up again nothing is known anew, and the last report stands.
-        """
-        if not self._initialised:
-            return self._unusable_reported
-        if not self._unusable:
-            self._unusable_reported = {}
-            return self._unusable_reported
-        present = self._device_keys()
-        gone = sum(1 for key in self._cards if key not in present)
-        self._unusable_reported = {} if len(self._unusable) <= gone else {
-            f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
-            for index, cause in self._unusable.items()
-        }
+        """One problem per device that cannot be used now, keyed by its index only (a retry that
+        fails again is not logged again).  Known devices that are gone are reported as lost
+        instead: as many unusable indices say nothing new."""
+        if self._initialised:  # (while NVML is set up again, the last report stands)
+            present = self._device_keys()
+            gone = sum(1 for key in self._cards if key not in present)
+            self._unusable_reported = {} if len(self._unusable) <= gone else {
+                f"index {index} unusable": f"GPU index {index} cannot be used: {cause}; looking for it again"
+                for index, cause in self._unusable.items()
+            }
         return self._unusable_reported
-
-    # -- polling --
 
     def poll(self) -> Deferred:
         """Read all devices in the worker thread; fires with a Snapshot."""
@@ -294,11 +229,7 @@ class NvmlReader:
         return snapshot
 
     def read(self, now: float) -> tuple[Snapshot, Problems]:
-        """One blocking poll of every device, and the problems it met.
-
-        An exception that escapes (a bug, or a binding gone wrong) fails this poll
-        and has NVML set up again, with backoff, from the next one.
-        """
+        """One blocking poll of every device and its problems (an exception has NVML set up again)."""
         try:
             snapshot, problems = self._read(now)
         except Exception:
@@ -374,9 +305,8 @@ class NvmlReader:
 
     def waiting_for(self) -> str | None:
         """What the reader waits for while NVML cannot be used (the status line says it); None otherwise."""
-        if self._down is None:
-            return None
-        return f"waiting for the NVIDIA driver ({NAMES.get(self._down[0], self._down[0])})"
+        down = self._down
+        return None if down is None else f"waiting for the NVIDIA driver ({NAMES.get(down[0], down[0])})"
 
     def _went_down(self, value: int | None, now: float | None, where: str = "", at_start: bool = False) -> None:
         """NVML cannot be used because of the driver's lifecycle (`where` answered `value`: nvmlInit or
@@ -430,18 +360,14 @@ class NvmlReader:
         except Exception:
             return  # NVML itself trouble: the lost devices' reads will say so
         old = {card.key: card for card in self._devices}
-        devices = []
         for card in fresh:
-            known = old.get(card.key)
-            if known is not None:
-                known.handle = card.handle
-                card = known
-            devices.append(card)
-        self._devices = devices
+            if card.key in old:
+                old[card.key].handle = card.handle
+        self._devices = [old.get(card.key, card) for card in fresh]
         self._lost = False
 
     def _with_vanished(self, samples: list[DeviceSample]) -> Snapshot:
-        present = set(map(_KEY, samples))
+        present = {sample.key for sample in samples}
         if len(present) == len(self._known):
             return Snapshot(tuple(samples))  # every sample is known: none vanished
         gone = [s.absent() for key, s in self._known.items() if key not in present]
@@ -455,16 +381,13 @@ class NvmlReader:
             self._initialised = False
             self._devices = []
             self._info.clear()  # a driver loaded again may be another version: read at the next discovery
-            self._gpm.release()  # sample buffers do not outlive NVML
+            self._gpm.keep(set())  # sample buffers do not outlive NVML
             # (shutting down a broken library may fail; it is let go anyway)
             answer(self.session.call, "nvmlShutdown", catch=Outcome)
 
     def close(self) -> Deferred | None:
-        """Shut NVML down (in the worker, after any poll in flight) and stop the worker.
-
-        The Deferred fires when NVML is shut down, or after `CLOSE_TIMEOUT`
-        seconds if a call is stuck in the driver: stopping never waits longer.
-        """
+        """Shut NVML down (in the worker, after any poll in flight) and stop the worker; the
+        Deferred fires when it is down, or after `CLOSE_TIMEOUT` if a call is stuck."""
         if self.watchdog is not None:
             self.watchdog.stop()
         if self._reactor is None:  # read synchronously (tests, benchmarks)
@@ -490,15 +413,13 @@ class NvmlReader:
             log.warn("nvml: not shut down: {error}", error=printable(failure.getErrorMessage()))
 
     def health(self, wanted: Callable[[str], bool]) -> list[tuple[str, Deferred]]:
-        """Read the health figures of each card `wanted` (by key) in the worker thread,
-        one job per card, each firing with a `CardHealth`; none while NVML is not set up."""
+        """A `CardHealth` of each card `wanted` (by key), one job each; none while NVML is not set up."""
         if self._reactor is None or not self._initialised:
             return []
         return [(card.key, self._worker.submit(read_card_health, card)) for card in self._devices if wanted(card.key)]
 
     def xid_counts(self) -> Deferred | None:
-        """The XID errors counted so far by (card key, XID), after taking the events due, in
-        the worker thread; None while NVML is not set up."""
+        """The XID errors counted so far by (card key, XID); None while NVML is not set up."""
         if self._reactor is None or not self._initialised:
             return None
         return self._worker.submit(self._xid.drain, list(self._devices))
@@ -510,17 +431,16 @@ class NvmlReader:
         if was_initialised:
             log.info("nvml: shut down")
 
+
 def _identify(session: NvmlSession, index: int) -> tuple[Any, str | None, str, str]:
-    """The handle, UUID (None where it has none: then its bus id is its key), bus id and
-    name of the device at `index`."""
+    """The handle, UUID (None: its bus id is its key), bus id and name of the device at `index`."""
     call = session.call
     where = f"GPU index {index}"
     handle = call("nvmlDeviceGetHandleByIndex", index, where=where)
     busid = as_text(call("nvmlDeviceGetPciInfo", handle, where=where).busId)
     where = f"GPU {busid}"
     name = as_text(call("nvmlDeviceGetName", handle, where=where))
-    # not supported, or a function the binding or driver lacks: no UUID; a passing
-    # failure: the device is looked at again, not keyed otherwise
+    # not supported or missing: no UUID; a passing failure: looked at again, not keyed otherwise
     uuid = answer(call, _inventory_calls()["uuid"], handle, where=where)
     return handle, None if isinstance(uuid, Unsupported) else as_text(given(uuid)), busid, name
 
@@ -537,22 +457,10 @@ def _versions(session: NvmlSession) -> tuple[str, str]:
     return driver, ""
 
 
-def _card_info(session: NvmlSession, handle: Any, uuid: str | None, versions: tuple[str, str], where: str
-               ) -> DeviceInfo:
-    """What a card is (it does not change)."""
-    serial, vbios = (_text(session, _inventory_calls()[label], where, handle) for label in ("serial", "vbios"))
-    return DeviceInfo(uuid or "", serial, vbios, *versions)
-
-
 def _text(session: NvmlSession, function: str, where: str | None, *args: Any) -> str:
     """A call's answer as text; "" where the library lacks it or it fails (an inventory label)."""
     found = answer(session.call, function, *args, where=where, catch=(*READING, DeviceLost))
     return "" if isinstance(found, Outcome) else printable(str(as_text(found))).strip()
-
-
-def _support_text(support: int) -> str:
-    kinds = [name for bit, name in ((TASK_COMPUTE, "compute"), (TASK_GRAPHICS, "graphics")) if support & bit]
-    return " and ".join(kinds) or "none"
 
 
 def _code_name(value: int | None) -> str:
@@ -578,16 +486,17 @@ def _lifecycle_words(value: int | None, where: str, at_start: bool) -> str:
     return f"{answered}: NVML was shut down beneath the daemon and is set up again; {looking}"
 
 
+#: why NVML could not be set up, by its answer
+_INIT_FAILURES: dict[int | None, str] = {
+    LIBRARY_NOT_FOUND: "the NVML library (libnvidia-ml.so.1) is not installed",
+    DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
+    LIB_RM_VERSION_MISMATCH: "the NVML library does not match the loaded driver (reboot or reload the module)",
+    NO_PERMISSION: "no permission to use the GPUs",
+}
+
+
 def describe_init_failure(error: BaseException) -> str:
     """Why NVML could not be set up, in words (the daemon's start-up line and problem, `atopgpu doctor`)."""
     error = getattr(error, "error", None) or error  # (an outcome: what the binding raised)
-    value = getattr(error, "value", None)
-    if value == LIBRARY_NOT_FOUND:
-        return "the NVML library (libnvidia-ml.so.1) is not installed"
-    if value == DRIVER_NOT_LOADED:
-        return "the NVIDIA driver is not loaded"
-    if value == LIB_RM_VERSION_MISMATCH:
-        return "the NVML library does not match the loaded driver (reboot or reload the module)"
-    if value == NO_PERMISSION:
-        return "no permission to use the GPUs"
-    return f"NVML cannot be initialised: {error_name(error)} ({error})"
+    found = _INIT_FAILURES.get(getattr(error, "value", None))
+    return found or f"NVML cannot be initialised: {error_name(error)} ({error})"

@@ -1,25 +1,20 @@
 """Hung NVML calls: what the reader's thread is calling, watched from the reactor.
 
-An NVML call can hang in the driver, for minutes or for good (docs/reliability.md,
-the faults table).  The reader's thread cannot be interrupted, and while it is stuck no
-poll starts; the counters freeze and nothing says why.  So the thread notes each
-call it makes in a `CallWatch` (two attribute writes, no lock, no reactor call),
-and a `HangWatchdog` on the reactor looks at it once a second while a poll is
-in flight (the thread calls NVML only in polls, so between polls there is
-nothing to look at, and no tick wakes the reactor): one warning when a call has
-run for `after` seconds, naming the call and the GPU, one line when it returns,
-with how long it took.  The watchdog only reads; it never blocks the
-reactor, and it runs on any `IReactorTime` (a `task.Clock` in tests).
+An NVML call can hang in the driver, for minutes or for good (docs/reliability.md);
+the thread cannot be interrupted and no poll starts meanwhile.  The thread notes each
+call in a `CallWatch` (attribute writes, no lock), and a `HangWatchdog` looks at it
+every second while a poll is in flight: one warning when a call has run `after`
+seconds, one line when it returns.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, wait
 from typing import Any, Callable, NamedTuple, TypeVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.task import LoopingCall
 
 from atopgpud_tw.lognames import ClassLogger
 from atopgpud_tw.problems import printable
@@ -46,29 +41,24 @@ class Call(NamedTuple):
 
 
 class CallWatch:
-    """The NVML call in progress: written by the reader's thread, read by the reactor.
-
-    Each write replaces one attribute with an immutable value, so a reader in
-    another thread sees either the old value or the new one, never half of one.
-    """
+    """The NVML call in progress: written by the reader's thread, read by the reactor (each
+    write replaces one attribute with an immutable value: never half of one is seen)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
         #: what `Call.started` is read from
         self.clock = clock
         self._serial = 0
         #: the call in progress, or None between calls
         self.current: Call | None = None
-        #: calls that run this long or longer leave their duration in `long`
+        #: (serial, seconds it took) of the last call that ran `long_after` seconds or more
         self.long_after = float("inf")
-        #: (serial, seconds it took) of the last call that ran `long_after` or more
         self.long: tuple[int, float] | None = None
 
     def begin(self, function: str, where: str | None = None) -> None:
         """A call starts (in the reader's thread)."""
         self._serial = serial = self._serial + 1
         # the tuple made in C: a NamedTuple's own constructor is Python, and this runs at every call
-        self.current = _new_call(Call, (serial, function, where, self._clock()))
+        self.current = _new_call(Call, (serial, function, where, self.clock()))
 
     def run(self, function: str, where: str | None, bound: Callable[..., T], *args: Any) -> T:
         """``bound(*args)`` between `begin` and `end` (a device's every call)."""
@@ -83,7 +73,7 @@ class CallWatch:
         call = self.current
         if call is None:
             return
-        took = self._clock() - call.started
+        took = self.clock() - call.started
         if took >= self.long_after:
             self.long = (call.serial, took)
         self.current = None
@@ -102,25 +92,18 @@ class HangWatchdog:
         self.watch = watch
         self.clock = clock
         self.after = after
+        #: the longest between two looks: a second, less for a short `after`
+        self._tick = min(TICK, after / 10)
         watch.long_after = after
         #: calls that ran for `after` seconds or more since start
         self.hung_calls = 0
         self._warned: Call | None = None
-        self._loop: LoopingCall | None = None
         #: the next look while a poll is in flight (`arm`)
         self._next: IDelayedCall | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._loop is not None or self._next is not None
-
-    @property
-    def _tick(self) -> float:
-        return min(TICK, self.after / 10)
-
     def arm(self) -> None:
-        """A poll starts: look at its calls every tick until `disarm` (unless `start` looks all the time)."""
-        if self._loop is None and self._next is None:
+        """A poll starts: look at its calls every tick until `disarm`."""
+        if self._next is None:
             self._next = self.clock.callLater(self._tick, self._look)
 
     def disarm(self) -> None:
@@ -135,21 +118,10 @@ class HangWatchdog:
         self._next = self.clock.callLater(self._tick, self._look)
         self.check()
 
-    def start(self) -> None:
-        """Look at the call in progress every second (more often for a short `after`)."""
-        if self._loop is None:
-            self._loop = LoopingCall(self.check)
-            self._loop.clock = self.clock
-            self._loop.start(self._tick, now=False)
-
     def stop(self) -> None:
         if self._next is not None:
             self._next.cancel()
             self._next = None
-        if self._loop is not None:
-            if self._loop.running:
-                self._loop.stop()
-            self._loop = None
 
     def running_seconds(self) -> float:
         """How long the call in progress has been running (0 between calls)."""
@@ -188,30 +160,22 @@ def open_watched(
     bound: float = START_TIMEOUT,
     say: Callable[[str], None] = lambda text: None,
 ) -> T:
-    """`open_reader()` run in a daemon thread while this one watches its calls.
-
-    Opening runs before the reactor (a reader that cannot work ends start-up
-    before twistd daemonizes), so the reactor's watchdog cannot see it.  This
-    one can: a call that has run `after` seconds is said once through `say`
-    (naming the call and the GPU), and one that runs `bound` seconds ends the
-    wait with `StartupHang`, whose message names it too.  The thread is left
-    stuck in the driver; it is a daemon thread, so the process can still exit.
-    """
-    done = threading.Event()
-    outcome: list[Any] = []
+    """`open_reader()` run in a daemon thread while this one watches its calls (opening runs
+    before the reactor, whose watchdog cannot see it): a call that has run `after` seconds is
+    said once through `say`, one that runs `bound` seconds raises `StartupHang`; the thread
+    is left stuck in the driver (a daemon thread: the process can still exit)."""
+    result: Future[T] = Future()
 
     def run() -> None:
         try:
-            outcome.append((True, open_reader()))
+            result.set_result(open_reader())
         except BaseException as error:
-            outcome.append((False, error))
-        finally:
-            done.set()
+            result.set_exception(error)
 
     threading.Thread(target=run, name="atopgpud-open", daemon=True).start()
     step = min(TICK, after / 10, bound / 10)
     warned: Call | None = None
-    while not done.wait(step):
+    while not wait([result], step).done:
         call = watch.current
         if call is None:
             continue
@@ -222,9 +186,7 @@ def open_watched(
             warned = call
             say(f"{call.describe()} has not returned for {after:g} s; start-up waits for it "
                 f"up to {bound:g} s (--start-timeout)")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
+    value = result.result()
     if warned is not None:
         long = watch.long
         took = f" after {long[1]:.1f} s" if long is not None and long[0] == warned.serial else ""

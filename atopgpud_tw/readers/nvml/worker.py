@@ -52,16 +52,11 @@ class SerialWorker:
             try:
                 value = function(*args)
             except BaseException:
-                self._reactor.callFromThread(_fire, result, Failure())
-            else:
-                self._reactor.callFromThread(_fire, result, value)
+                value = Failure()
+            self._reactor.callFromThread(_fire, result, value)
 
 
 def _fire(result: Deferred, outcome: Any) -> None:
-    """Fire a job's Deferred, unless it was given up on (cancelled, timed out)."""
-    if result.called:
-        return
-    if isinstance(outcome, Failure):
-        result.errback(outcome)
-    else:
+    """Fire a job's Deferred (a Failure fires its errbacks), unless it was given up on (cancelled, timed out)."""
+    if not result.called:
         result.callback(outcome)
