@@ -322,11 +322,18 @@ class StampMap:
                 out[position] = moved
             elif new[position - 1]:
                 # no: the new samples before it, placed after it, were stamped on a clock between two
-                # steps inside one call (the first shorter than the call), and go between
-                run = position - 1
+                # steps inside one call (the first shorter than the call), and go between; where they
+                # have no room there (the sample before them is less than their span and a period
+                # before it), it and the new samples of its run after it were (a step, then a shorter one)
+                run, end = position - 1, position
                 while run > 0 and new[run - 1] and out[run - 1][1] == was and out[run - 1][0] > steady:
                     run -= 1
-                out[run:position] = [None] * (position - run)  # type: ignore[list-item]
+                if run and steady - out[run - 1][0] < raws[position - 1] - raws[run] + gap:
+                    run, end = position, position + 1
+                    while (end < len(raws) and new[end] and out[end][1] == index
+                           and 0 < raws[end] - raws[end - 1] <= 2 * gap):
+                        end += 1
+                out[run:end] = [None] * (end - run)  # type: ignore[list-item]
                 self._between(raws, out, True)  # type: ignore[arg-type]
 
     def _between(self, raws: Sequence[int], out: list[tuple[int, int] | None], ordered: bool) -> None:
