@@ -321,12 +321,14 @@ class StampMap:
             if moved[0] - before <= 2 * gap and self._newest_plausible(raws[position], now_us, was) == was:
                 out[position] = moved
             elif new[position - 1]:
-                # no: the new samples before it, placed after it, were stamped on a clock between two
-                # steps inside one call (the first shorter than the call), and go between; where they
-                # have no room there (the sample before them is less than their span and a period
-                # before it), it and the new samples of its run after it were (a step, then a shorter one)
+                # no: the new samples before it, placed after it (and those stamped in one run with
+                # them), were stamped on a clock between two steps inside one call (the first shorter
+                # than the call), and go between; where they have no room there (the sample before
+                # them is less than their span and a period before it), it and the new samples of its
+                # run after it were (between two looks, a step, then a shorter one)
                 run, end = position - 1, position
-                while run > 0 and new[run - 1] and out[run - 1][1] == was and out[run - 1][0] > steady:
+                while run > 0 and new[run - 1] and out[run - 1][1] == was and (
+                        out[run - 1][0] > steady or 0 < raws[run] - raws[run - 1] <= 2 * gap):
                     run -= 1
                 if run and steady - out[run - 1][0] < raws[position - 1] - raws[run] + gap:
                     run, end = position, position + 1
