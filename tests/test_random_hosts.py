@@ -405,6 +405,16 @@ FOUND = (
         steps=(Step(at=10.573, seconds=84.962, inside=True, tail=0.5), Step(at=1.5, seconds=13.672, inside=True,
                                                                             tail=1.5)),
         suspends=((10.567, 272.3), (10.568, 203.1)), seed=40807, delay=0.0, late=0.3),
+    # a suspend of 563 s, then a step of +1.9 s, between two looks of GPUs 1 and 2 (inside GPU 0's
+    # call): the samples of the clock between fitted the newest clock 1.9 s early, before the samples
+    # of the clock before them, which the buffer's order sent between, where they had no room: GPU 1
+    # at 30 % read `10 9 9` in three polls, 778 for 840; GPU 2 at 1 % read 0 three times
+    # (test_time_steps.py::test_two_forward_steps_between_two_looks_in_either_order)
+    Case(interval=2.0, gpus=((30, 82, 661), (30, 82, 661), (1, 87, 139)), lives=(
+        (0, (0, 2), 0.0, None, 67, 35, 549), (2, (0, 2), 0.0, 0.21, 75, 62, 38),
+        (2, (0, 2), 13.25, 14.25, 45, 100, 1227), (3, (0, 2), 18.81, None, 65, 89, 159)),
+        steps=(Step(at=8.0, seconds=1.9, inside=True, tail=0.443), Step(at=16.0, seconds=1.9, inside=True, tail=1.306)),
+        suspends=((6.0, 563.4), (8.683, 440.6)), seed=39851, delay=0.03, late=0.0),
 )
 
 

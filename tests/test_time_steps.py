@@ -219,3 +219,22 @@ def test_a_step_back_before_the_first_look_is_told_by_the_first_answer(step):
     busy, sm, _, _, _ = _run({"gpus": [a10_card()], "clock_steps": [[1.0, step]]})
     assert busy == [40] * POLLS, busy
     assert sm == [20] * POLLS, sm
+
+
+@pytest.mark.parametrize("kind", ["steps", "suspend"])
+@pytest.mark.parametrize("first, second", [((7.5, 563.4), (7.75, 0.5)), ((7.3, 0.3), (7.55, 60))],
+                         ids=["long-then-short", "short-then-long"])
+def test_two_forward_steps_between_two_looks_in_either_order(kind, first, second):
+    """Two forward steps between two polls (the long one a suspend, or a step): the samples of the
+    clock between go between, the others stay where they were taken.  Was, in the poll after the
+    steps, 40 % / 20 % read `20/10` (long then short: the clock between's samples fitted the newest
+    clock, before the samples of the clock before them, which the buffer's order sent between, where
+    they had no room) and `28/14` (short then long: the first samples of the clock between, placed
+    before the first of the newest clock, stayed on the clock before, a step late)."""
+    scenario = {"gpus": [a10_card()], "clock_steps": [list(first), list(second)]}
+    if kind == "suspend":  # (the long one)
+        scenario["suspends"] = [scenario["clock_steps"].pop(0 if first[1] > second[1] else 1)]
+    busy, sm, _, cums, _ = _run(scenario)
+    assert busy == [40] * POLLS, busy
+    assert sm == [20] * POLLS, sm
+    assert cums[-1] == (40 * POLLS, 10 * POLLS, POLLS, 20 * POLLS), cums[-1]
