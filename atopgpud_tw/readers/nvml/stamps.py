@@ -106,6 +106,12 @@ def host_offsets() -> tuple[int, int | None]:
     return (real - mono) // 1000, boot
 
 
+def _spacing(raws: Sequence[int]) -> int:
+    """The least rise from one stamp to the next in the buffer's order (0: none): a sample period,
+    or less where stamps jitter; two of it apart at most, stamps are of one run on one clock."""
+    return min((b - a for a, b in zip(raws, raws[1:]) if b > a), default=0)
+
+
 @dataclass
 class Segment:
     """A stretch of the driver's clock between two steps."""
@@ -286,6 +292,16 @@ class StampMap:
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
         lost = {position for position, place in enumerate(out) if place is None}
+        if lost and keys is None:
+            # the new samples stamped in one run with those of no segment (a period apart, the
+            # buffer's order) were taken on their clock: a step's length from a segment it fits
+            gap = _spacing(raws)
+            for forward in (True, False):
+                for position in range(1, len(raws)) if forward else range(len(raws) - 1, 0, -1):
+                    this, other = (position, position - 1) if forward else (position - 1, position)
+                    if other in lost and new[this] and 0 < raws[position] - raws[position - 1] <= 2 * gap:
+                        lost.add(this)
+                        out[this], new[this] = None, False
         if lost:
             self._between(raws, out, keys is None)
         if keys is None and any(new):
@@ -312,7 +328,7 @@ class StampMap:
             if position not in lost and out[position][1] > limit >= self.dropped:
                 index = self._newest_plausible(raws[position], now_us, limit)
                 out[position] = self._in(raws[position], limit if index is None else index)
-        gap = min((b - a for a, b in zip(raws, raws[1:]) if b > a), default=0)
+        gap = _spacing(raws)
         for position in range(1, len(raws)):
             (steady, index), (before, was) = out[position], out[position - 1]
             if not (new[position] and index > was and steady < before):
@@ -320,17 +336,18 @@ class StampMap:
             moved = self._in(raws[position], was)
             if moved[0] - before <= 2 * gap and self._newest_plausible(raws[position], now_us, was) == was:
                 out[position] = moved
-            elif new[position - 1]:
+            elif position - 1 not in lost:
                 # no: the new samples before it, placed after it (and those stamped in one run with
                 # them), were stamped on a clock between two steps inside one call (the first shorter
                 # than the call), and go between; where they have no room there (the sample before
-                # them is less than their span and a period before it), it and the new samples of its
-                # run after it were (between two looks, a step, then a shorter one)
+                # them is less than their span and a period before it), or it follows one seen before,
+                # it and the new samples of its run after it were (between two looks, a step, then a
+                # shorter one)
                 run, end = position - 1, position
                 while run > 0 and new[run - 1] and out[run - 1][1] == was and (
                         out[run - 1][0] > steady or 0 < raws[run] - raws[run - 1] <= 2 * gap):
                     run -= 1
-                if run and steady - out[run - 1][0] < raws[position - 1] - raws[run] + gap:
+                if not new[run] or run and steady - out[run - 1][0] < raws[position - 1] - raws[run] + gap:
                     run, end = position, position + 1
                     while (end < len(raws) and new[end] and out[end][1] == index
                            and 0 < raws[end] - raws[end - 1] <= 2 * gap):
