@@ -415,6 +415,18 @@ FOUND = (
         (2, (0, 2), 13.25, 14.25, 45, 100, 1227), (3, (0, 2), 18.81, None, 65, 89, 159)),
         steps=(Step(at=8.0, seconds=1.9, inside=True, tail=0.443), Step(at=16.0, seconds=1.9, inside=True, tail=1.306)),
         suspends=((6.0, 563.4), (8.683, 440.6)), seed=39851, delay=0.03, late=0.0),
+    # +37.4 s, then +1.2 s, between two looks (inside two calls): some of the clock between's
+    # samples fitted the newest clock, the others none, and they were placed apart: GPU 0 at 56 %
+    # read `17 22 22 22` from then on, 1315 for 1456 (test_time_steps.py::
+    # test_two_forward_steps_between_two_looks_in_either_order, long-then-short-partly-fitting)
+    Case(interval=0.5, gpus=((56, 11, 249),), lives=(
+        (0, (0,), 0.0, 1.1, 19, 44, 1245), (1, (0,), 0.35, 1.11, 45, 2, 517), (2, (0,), 0.0, 1.98, 84, 28, 566),
+        (2, (0,), 3.98, 8.63, 64, 66, 374), (2, (0,), 12.48, None, 4, 100, 598), (3, (0,), 4.44, 11.32, 71, 62, 225),
+        (3, (0,), 12.39, 16.98, 38, 21, 1699), (3, (0,), 18.48, 24.78, 12, 16, 8)),
+        steps=(Step(at=12.966, seconds=1.2, inside=True, tail=0.26), Step(at=8.149, seconds=91.079, inside=True,
+                                                                          tail=0.402),
+               Step(at=11.771, seconds=37.393, inside=True, tail=0.723)),
+        suspends=((1.824, 398.0), (3.958, 348.2)), seed=128, delay=0.0, late=0.0),
 )
 
 

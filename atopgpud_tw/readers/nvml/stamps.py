@@ -49,10 +49,12 @@ Which segment a stamp belongs to:
   its kind began;
 - a new stamp of no segment was taken on a clock that held only between two
   looks (two steps or more between them): it goes between the samples before
-  and after it, each run of such stamps on one clock its spacing kept; so do
-  new samples placed on an older segment after a newer segment's that the
-  buffer lists after them, where that one cannot be of theirs (two steps
-  inside one call);
+  and after it, each run of such stamps on one clock its spacing kept, with
+  the new samples of its run (a period apart); so do new samples placed on an
+  older segment after a newer segment's that the buffer lists after them,
+  where that one cannot be of theirs (two steps inside one call), or the
+  newer segment's where they have no room, or where a sample seen before
+  comes first (a step, then a shorter one, between two looks);
 - the first answer tells a step back just before the first look: samples
   stamped ahead of the clock's now, before one stamped below them.
 
