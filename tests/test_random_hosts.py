@@ -427,6 +427,14 @@ FOUND = (
                                                                           tail=0.402),
                Step(at=11.771, seconds=37.393, inside=True, tail=0.723)),
         suspends=((1.824, 398.0), (3.958, 348.2)), seed=128, delay=0.0, late=0.0),
+    # two suspends between two looks (1.5 s, then 2 s 0.94 s later): the first samples of the clock
+    # between fitted the clock before (1.5 s late), the others none, and they were placed apart: GPU 0
+    # at 97 % read `47 97 47 48 49`, 2712 for 2910
+    # (test_time_steps.py::test_two_forward_steps_between_two_looks_in_either_order, short-then-long-partly-fitting)
+    Case(interval=2.0, gpus=((97, 100, 407),), lives=(
+        (0, (0,), 0.0, 12.01, 11, 85, 453), (1, (0,), 0.0, 1.0, 32, 46, 1001), (1, (0,), 4.0, 31.59, 34, 100, 2048),
+        (1, (0,), 38.44, 42.06, 93, 60, 379), (2, (0,), 0.1, 3.17, 100, 53, 765), (2, (0,), 5.23, 6.27, 79, 1, 22),
+        (2, (0,), 8.77, 28.61, 47, 50, 96)), suspends=((24.29, 1.5), (25.228, 2.0)), seed=20402, delay=0.003),
 )
 
 
