@@ -96,6 +96,7 @@ def main() -> int:
             else:
                 daemon = Ours(scenario, folder, source=args.before if name == "before" else None,
                               options=("--metrics", f"tcp:{port}:interface=127.0.0.1"), label=name)
+                daemon.timed = False  # as nvitop-exporter: no wrapper around the simulated library's calls
                 daemon.start()
                 try:
                     figures[name].append(run(daemon.pid, port, args))
