@@ -11,6 +11,7 @@ does in bench/perf.py (``atopgpud_tw/sim/shim`` first on PYTHONPATH).  Ours runs
 round starts each exporter fresh and alone (in turn, the order swapped every round), fetches
 ``/metrics`` every ``--scrape`` seconds for ``--seconds``, and reads from /proc the CPU seconds it
 used (utime + stime) and its peak RSS (VmHWM).  Prints the medians and the ratios ours/nvitop-exporter.
+The source trees are byte-compiled first, as an install is, and ours runs without bench/simtime.
 """
 
 from __future__ import annotations
