@@ -173,6 +173,7 @@ def test_metrics_loads_the_web_stack(tmp_path):
     modules = start_up_modules(tmp_path, "--reader", "sim", "--metrics", f"unix:@{unique_name()}", serve=True)
     assert loaded(modules, ("twisted.web.server", "prometheus_client", "atopgpud_tw.server.web.metrics"))
     assert "ssl" in modules  # prometheus_client's own import
+    assert "atopgpud_tw.workloads" not in modules  # --workloads alone
 
 
 TLS_PROBE = textwrap.dedent("""

@@ -37,7 +37,7 @@ import gzip as gzip_format
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeGuard, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, TypeGuard, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -60,7 +60,9 @@ from atopgpud_tw.readers.base import IReader
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
-from atopgpud_tw.workloads import WorkloadBook
+
+if TYPE_CHECKING:
+    from atopgpud_tw.workloads import WorkloadBook  # --workloads alone loads it
 
 KIB = 1024
 PLAIN = b"text/plain; charset=utf-8"
