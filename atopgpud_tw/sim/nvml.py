@@ -280,9 +280,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             raise NvmlFault(DRIVER_NOT_LOADED)
         self._initialised += 1
 
-    def nvmlInitWithFlags(self, flags: int) -> None:
-        self.nvmlInit()
-
     def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
         self._initialised = max(0, self._initialised - 1)
