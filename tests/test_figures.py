@@ -36,11 +36,11 @@ from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, Families, HealthCache, gpm_families, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
-from atopgpud_tw.sim.gpm_model import PLAYED
 from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
 from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
 from atopgpud_tw.sim.health_scenario import FIELDS
 from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
+from atopgpud_tw.sim.nvml import GPM_PLAYED as PLAYED
 from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"

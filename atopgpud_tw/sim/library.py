@@ -30,9 +30,8 @@ from atopgpud_tw.nvml_codes import (
     VALUE_NOT_AVAILABLE,
 )
 from atopgpud_tw.sim.answers import NvmlFault, ProcessSample, RunningProcess, SymbolMismatch
-from atopgpud_tw.sim.health_model import ENGINES, PLAIN
 from atopgpud_tw.sim.library_symbols import LIBRARY_SYMBOLS
-from atopgpud_tw.sim.nvml import Handle, SimulatedNvml
+from atopgpud_tw.sim.nvml import ENGINES, PLAIN, Handle, SimulatedNvml
 
 _int, _uint, _ull, _ptr = ctypes.c_int, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_void_p
 #: pids of the processes a list gains between its size query and its fill
@@ -175,12 +174,7 @@ class SimulatedLibrary:
             ("nvmlDeviceIsMigDeviceHandle", (), _uint),
             ("nvmlDeviceGetGpuInstanceId", (), _uint),
             ("nvmlDeviceGetComputeInstanceId", (), _uint),
-            ("nvmlDeviceGetTemperature", (_uint,), _uint),
             ("nvmlDeviceGetTotalEnergyConsumption", (), _ull),
-            ("nvmlDeviceGetCurrentClocksEventReasons", (), _ull),
-            ("nvmlDeviceGetCurrentClocksThrottleReasons", (), _ull),
-            ("nvmlDeviceGetPerformanceState", (), _uint),
-            ("nvmlDeviceGetTotalEccErrors", (_uint, _uint), _ull),
             ("nvmlDeviceGetSupportedEventTypes", (), _ull),
             ("nvmlDeviceGetNvLinkState", (_uint,), _uint),
             ("nvmlDeviceGetNvLinkErrorCounter", (_uint, _uint), _ull),
@@ -190,8 +184,9 @@ class SimulatedLibrary:
             # (percent, sampling period in µs)
             table[function] = ((h, _ptr, _ptr), out("engine_utilization", _uint, True, function, outs=2))
         for function, rows in PLAIN.items():
-            if function not in table:
-                table[function] = ((h, *[_uint] * len(next(iter(rows))), _ptr), out("plain", _uint, True, function))
+            if function not in table:  # a count of errors or a mask of reasons: 64 bits
+                ctype = _ull if function.endswith(("Errors", "Reasons")) else _uint
+                table[function] = ((h, *[_uint] * len(next(iter(rows))), _ptr), out("plain", ctype, True, function))
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 
