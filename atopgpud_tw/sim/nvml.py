@@ -45,10 +45,9 @@ from atopgpud_tw.sim.answers import (
     Sample,
     raise_fault,
 )
-from atopgpud_tw.sim.health_scenario import LinkSpec, Played
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
 from atopgpud_tw.sim.replay import SAMPLE_BUFFER, Replayed
-from atopgpud_tw.sim.scenario import Fault, GpuSpec, MigSpec, ProcessSpec, Scenario, cycled, in_span
+from atopgpud_tw.sim.scenario import Fault, GpuSpec, LinkSpec, MigSpec, Played, ProcessSpec, Scenario, cycled, in_span
 
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
@@ -674,7 +673,7 @@ class SimulatedNvml:
     def _played(self, call: str, handle: Any, name: str) -> tuple[Played, float]:
         now = self._enter(call, handle)
         gpu = self._gpu(handle)
-        played = gpu.health.played(name)
+        played = gpu.health.figures.get(name)
         if played is None or handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         return played, now
@@ -692,7 +691,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         start, _ = self._played("nvmlDeviceGetTotalEnergyConsumption", handle, "energy_start_j")
-        power = self._gpu(handle).health.played("power_w")
+        power = self._gpu(handle).health.figures.get("power_w")
         if power is None:
             raise NvmlFault(NOT_SUPPORTED)
         return int((start.at(0) + self._integral(power)) * 1000)
@@ -716,7 +715,7 @@ class SimulatedNvml:
         """One entry of nvmlDeviceGetFieldValues: (value type, value); NOT_SUPPORTED for a field it lacks."""
         if field in LINK_FIELD_IDS:
             link, now = self._link(handle, scope, "nvmlDeviceGetFieldValues")
-            played = link.played(LINK_FIELD_IDS[field].field)
+            played = link.figures.get(LINK_FIELD_IDS[field].field)
             if played is None or not link.active:
                 raise NvmlFault(NOT_SUPPORTED)
             return VALUE_TYPE_UNSIGNED_LONG_LONG, int(self._integral(played))
@@ -751,13 +750,13 @@ class SimulatedNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
         spec, now = self._link(handle, int(link), "nvmlDeviceGetNvLinkErrorCounter")
         play = LINK_ERRORS.get((int(counter),))
-        played = None if play is None else spec.played(play.field)
+        played = None if play is None else spec.figures.get(play.field)
         if played is None or not spec.active:
             raise NvmlFault(NOT_SUPPORTED)
         return int(played.at(now))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
-        played = [self._gpu(handle).health.played(name) for name in REMAPPED]
+        played = [self._gpu(handle).health.figures.get(name) for name in REMAPPED]
         first, now = self._played("nvmlDeviceGetRemappedRows", handle, REMAPPED[0])
         if any(p is None for p in played):
             raise NvmlFault(NOT_SUPPORTED)
@@ -1054,13 +1053,10 @@ _MISSING = object()
 def _record(source: tuple[Any, ...], gpu: GpuSpec, part: GpuSpec | MigSpec, start: float, end: float, at: float
             ) -> GpmRecord:
     """The counters of a source (`part`: the card or a MIG instance) active from `start` to `end`, sampled at `at`."""
-    spec = gpu.gpm
-    assert spec is not None
+    shares = gpu.gpm
+    assert shares is not None
     end = max(start, end)
     active, memory = _busy_seconds(part, "gpu", start, end), _busy_seconds(part, "mem", start, end)
-    counters = []
-    values = dict(spec.values)
-    for metric, (kind, name) in GPM_PLAYED.items():
-        scale = 1.0 if name is None else values[name]
-        counters.append((metric, (memory if kind == "mem" else active) * scale))
+    counters = [(metric, (memory if kind == "mem" else active) * (1.0 if name is None else shares[name]))
+                for metric, (kind, name) in GPM_PLAYED.items()]
     return GpmRecord(source, at, tuple(counters))
