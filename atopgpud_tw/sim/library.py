@@ -158,8 +158,8 @@ class SimulatedLibrary:
             "nvmlGpmSampleAlloc": (
                 (_ptr,), out("gpm_alloc", _ptr, False, write=lambda ident: _SAMPLE_BASE + ident * _SAMPLE_STEP)),
             "nvmlGpmSampleFree": ((_ptr,), done("gpm_free", _sample_id)),
-            "nvmlGpmSampleGet": ((h, _ptr), done("gpm_sample", handle, _sample_id)),
-            "nvmlGpmMigSampleGet": ((h, _uint, _ptr), done("gpm_mig_sample", handle, int, _sample_id)),
+            "nvmlGpmSampleGet": ((h, _ptr), done("nvmlGpmSampleGet", handle, _sample_id)),
+            "nvmlGpmMigSampleGet": ((h, _uint, _ptr), done("nvmlGpmMigSampleGet", handle, int, _sample_id)),
             "nvmlGpmMetricsGet": ((_ptr,), self._gpm_metrics),
         }
         for symbol in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"):

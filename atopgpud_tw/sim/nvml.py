@@ -158,11 +158,6 @@ class HostClocks:
         self._changes[position:] = [(now, before[1] + moved[0], before[2] + moved[1]), *later]
         self._times = [when for when, _, _ in self._changes]
 
-    def offsets_us(self, now: float, epoch_us: int, boot_us: int) -> tuple[int, int]:
-        """What a reader on simulated time sees of the host clocks at `now`: (wall - monotonic,
-        boot - monotonic), µs, given what they read at simulated time 0."""
-        return epoch_us + self.shift_us(now, WALL), boot_us + self.shift_us(now, BOOT)
-
 
 @dataclass(frozen=True)
 class Load:
@@ -262,7 +257,7 @@ class SimulatedNvml:
         """The host's (wall, boot) clocks less simulated time, µs (`NvmlReader.host_offsets`, in tests)."""
         now = self._clock()
         self.clocks.observe(now)
-        return self.clocks.offsets_us(now, self._epoch_us, self._boot_us)
+        return self._epoch_us + self.clocks.shift_us(now, WALL), self._boot_us + self.clocks.shift_us(now, BOOT)
 
     def _enter(self, call: str, handle: Handle | None = None) -> float:
         """What every call does first: delay, initialisation check, faults."""
@@ -771,14 +766,13 @@ class SimulatedNvml:
             self._event_sets[ident] = EventSet()
         return ident
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-        self._enter("nvmlDeviceGetSupportedEventTypes", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle, gpu: GpuSpec, now: float) -> int:
         return EVENT_XID if gpu.health.xid_supported and handle.instance is None else 0
 
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: int) -> None:
-        self._enter("nvmlDeviceRegisterEvents", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlDeviceRegisterEvents(self, handle: Handle, gpu: GpuSpec, now: float, eventTypes: int, eventSet: int
+                                 ) -> None:
         events = self._event_sets.get(eventSet)
         if events is None:
             raise NvmlFault(INVALID_ARGUMENT)
@@ -832,9 +826,9 @@ class SimulatedNvml:
         """Sample buffers allocated and not freed."""
         return len(self._gpm_buffers)
 
-    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> int:
-        self._enter("nvmlGpmQueryDeviceSupport", handle)
-        return 0 if self._gpu(handle).gpm is None else 1
+    @_device
+    def nvmlGpmQueryDeviceSupport(self, handle: Handle, gpu: GpuSpec, now: float) -> int:
+        return 0 if gpu.gpm is None else 1
 
     def gpm_alloc(self) -> int:
         """nvmlGpmSampleAlloc: a new buffer's id."""
@@ -847,8 +841,9 @@ class SimulatedNvml:
     def gpm_free(self, buffer: int) -> None:
         self._enter("nvmlGpmSampleFree")
         with self._gpm_lock:
-            if self._gpm_buffers.pop(buffer, _MISSING) is _MISSING:
+            if buffer not in self._gpm_buffers:
                 raise NvmlFault(INVALID_ARGUMENT)
+            del self._gpm_buffers[buffer]
 
     def _gpm_fill(self, buffer: int, record: GpmRecord) -> None:
         with self._gpm_lock:
@@ -856,10 +851,9 @@ class SimulatedNvml:
                 raise NvmlFault(INVALID_ARGUMENT)
             self._gpm_buffers[buffer] = record
 
-    def gpm_sample(self, handle: Any, buffer: int) -> None:
-        """nvmlGpmSampleGet: the whole card's counters now (a MIG handle: its GPU instance's)."""
-        self._enter("nvmlGpmSampleGet", handle)
-        gpu = self._gpu(handle)
+    @_device
+    def nvmlGpmSampleGet(self, handle: Handle, gpu: GpuSpec, now: float, buffer: int) -> None:
+        """The whole card's counters now (a MIG handle: its GPU instance's)."""
         if gpu.gpm is None:
             raise NvmlFault(NOT_SUPPORTED)
         t = self._clock()
@@ -868,10 +862,9 @@ class SimulatedNvml:
         else:
             self._gpm_fill(buffer, _record((handle.gpu, None, None), gpu, gpu, 0.0, t, t))
 
-    def gpm_mig_sample(self, handle: Any, gpu_instance: int, buffer: int) -> None:
-        """nvmlGpmMigSampleGet: the counters of one GPU instance of a card in MIG mode."""
-        now = self._enter("nvmlGpmMigSampleGet", handle)
-        gpu: GpuSpec = self._gpu(handle)
+    @_device
+    def nvmlGpmMigSampleGet(self, handle: Handle, gpu: GpuSpec, now: float, gpu_instance: int, buffer: int) -> None:
+        """The counters of one GPU instance of a card in MIG mode."""
         if gpu.gpm is None or gpu.mig is None or handle.instance is not None:
             raise NvmlFault(NOT_SUPPORTED)
         found = [m for m in self._instances(gpu, now) if m.gpu_instance == gpu_instance]
@@ -1045,9 +1038,6 @@ def _busy_seconds(part: GpuSpec | MigSpec, which: str, start: float, end: float)
         return timeline.busy_time(end) * timeline.level / 100.0 - timeline.busy_time(start) * timeline.level / 100.0
     level = float(cycled(getattr(part, f"{which}_util"), 0) or 0)
     return level / 100.0 * end - level / 100.0 * start
-
-
-_MISSING = object()
 
 
 def _record(source: tuple[Any, ...], gpu: GpuSpec, part: GpuSpec | MigSpec, start: float, end: float, at: float

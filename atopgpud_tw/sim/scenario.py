@@ -250,11 +250,6 @@ class Timeline:
             return 0.0
         return (self.busy_time(end) - self.busy_time(start)) / (end - start) * self.level
 
-    @property
-    def average(self) -> float:
-        """The true long-run busy percentage."""
-        return sum(b - a for a, b in self.busy) / self.period * self.level
-
 
 def _timeline(value: Any, where: str) -> Timeline | None:
     if value is None:
