@@ -621,11 +621,7 @@ class Scenario:
 
     def order(self, now: float) -> tuple[int, ...] | None:
         """The scenario's GPU at each NVML index now; None: in the scenario's order."""
-        found = None
-        for since, order in self.reorder:
-            if now >= since:
-                found = order
-        return found
+        return next((order for since, order in reversed(self.reorder) if now >= since), None)
 
     @property
     def absent_symbols(self) -> frozenset[str]:
@@ -662,13 +658,11 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
     if len(set(busids)) != len(busids):
         raise ScenarioError("gpus: two GPUs have the same busid")
     scenario: Scenario = build(Scenario, top, "the scenario", {"gpus": gpus})
-    found: list[tuple[float, tuple[int, ...]]] = []
     for i, (since, order) in enumerate(scenario.reorder):
         if sorted(order) != list(range(len(gpus))):
             raise ScenarioError(f"reorder[{i}].order must list each GPU's position in gpus once")
-        if found and since < found[-1][0]:
+        if i and since < scenario.reorder[i - 1][0]:
             raise ScenarioError(f"reorder[{i}].from must not be before the previous entry's")
-        found.append((since, order))
     return scenario
 
 
