@@ -131,8 +131,6 @@ class SimulatedLibrary:
             "nvmlDeviceGetCount_v2": ((_ptr,), out("nvmlDeviceGetCount", _uint, False)),
             "nvmlDeviceGetHandleByIndex_v2": (
                 (_uint, _ptr), out("nvmlDeviceGetHandleByIndex", _ptr, False, write=self.handle_id)),
-            "nvmlSystemGetCudaDriverVersion": ((_ptr,), out("nvmlSystemGetCudaDriverVersion", _int, False)),
-            "nvmlSystemGetCudaDriverVersion_v2": ((_ptr,), out("nvmlSystemGetCudaDriverVersion_v2", _int, False)),
             "nvmlDeviceGetPciInfo_v3": ((h, _ptr), self._pci_info),
             "nvmlDeviceGetMemoryInfo": ((h, _ptr), self._memory_v1),
             "nvmlDeviceGetMemoryInfo_v2": ((h, _ptr), self._memory_v2),
@@ -164,6 +162,8 @@ class SimulatedLibrary:
         }
         for symbol in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"):
             table[symbol] = ((h, _ptr, _uint), self._text(symbol))
+        for symbol in ("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"):
+            table[symbol] = ((_ptr,), out("cuda_version", _int, False, symbol))
         for kind in ("Compute", "Graphics"):
             for version in ("_v3", "_v2"):
                 symbol = f"nvmlDeviceGet{kind}RunningProcesses{version}"

@@ -348,12 +348,9 @@ class SimulatedNvml:
         self._enter("nvmlSystemGetDriverVersion")
         return DRIVERS[self.scenario.driver][0]
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        self._enter("nvmlSystemGetCudaDriverVersion")
-        return CUDA_VERSIONS[self.scenario.driver]
-
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+    def cuda_version(self, call: str) -> int:
+        """nvmlSystemGetCudaDriverVersion (`call`: it or its _v2)."""
+        self._enter(call)
         return CUDA_VERSIONS[self.scenario.driver]
 
     def nvmlDeviceGetCount(self) -> int:
@@ -376,10 +373,8 @@ class SimulatedNvml:
 
     @_device
     def nvmlDeviceGetName(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
-        if handle.instance is not None:
-            self._check_instance(handle, now)
-            return f"{gpu.name} MIG {handle.instance.profile}"
-        return gpu.name
+        self._check_instance(handle, now)
+        return gpu.name if handle.instance is None else f"{gpu.name} MIG {handle.instance.profile}"
 
     @_device
     def nvmlDeviceGetUUID(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
