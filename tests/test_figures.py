@@ -36,11 +36,10 @@ from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, Families, HealthCache, gpm_families, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
-from atopgpud_tw.sim.gpm_model import PLAYED
-from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
-from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
-from atopgpud_tw.sim.health_scenario import FIELDS
 from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
+from atopgpud_tw.sim.nvml import GPM_PLAYED as PLAYED
+from atopgpud_tw.sim.scenario import GPM_FIELDS, parse_gpm
+from atopgpud_tw.sim.scenario import HEALTH_FIELDS as FIELDS
 from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
@@ -429,7 +428,6 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
         kind, field = PLAYED[row.gpm.metric]
         assert field == (row.play.field if row.play else None)
         assert kind == ("rate" if row.gpm.rate else row.play.follows if row.play else "gpu")
-    assert {name: GpmSpec().value(name) for name in GPM_FIELDS} == {
-        name: float(play.default or 0) for name, play in GPM_FIELDS.items()}
-    spec = parse_gpm({"sm_share": 0.25}, "gpm", ValueError)
-    assert spec is not None and spec.value("sm_share") == 0.25 and spec.value("dram_share") == 1.0
+    assert parse_gpm(True, "gpm") == {name: float(play.default or 0) for name, play in GPM_FIELDS.items()}
+    spec = parse_gpm({"sm_share": 0.25}, "gpm")
+    assert spec is not None and spec["sm_share"] == 0.25 and spec["dram_share"] == 1.0
