@@ -1,10 +1,6 @@
-"""``atopgpu --health`` and ``--gpm``: a card's health and power figures, and what GPM measured, from the metrics page.
-
-atop's protocol has neither: the daemon's ``--metrics`` page is read (prometheus_client's
-parser) and checked as a reply is (atopgpud's, every figure a number); its keys and columns
-are the table of figures' `Show`.  A GPM figure over a span is its counter's increase over
-``atopgpud_gpu_gpm_seconds``'s, so the page is fetched twice, ``--watch`` (or 1) seconds apart.
-"""
+"""``atopgpu --health`` and ``--gpm``, from the daemon's ``--metrics`` page (atop's protocol has neither):
+checked as a reply is, its keys and columns the table of figures' `Show`.  A GPM figure over a span is
+its counter's increase over ``atopgpud_gpu_gpm_seconds``'s: the page is read twice, --watch (or 1) s apart."""
 
 from __future__ import annotations
 
@@ -181,15 +177,11 @@ def render_health(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- --gpm ---------------------------------------------------------------------------
-
-_GPM_P = "atopgpud_gpu_gpm_"
 #: the table's GPM rows (figures.GPM_FIGURES), each with its metric and its view
 _ROWS = tuple((f.gpm, f.show) for f in GPM_FIGURES if f.gpm is not None and f.show is not None)
-#: series (without the prefix and ``_total``) -> the figure's name: percent-seconds, then bytes
-_PERCENTS = {f.family.name[len(_GPM_P):].removesuffix("_total"): f.gpm.name
-             for f in GPM_FIGURES if f.gpm is not None and not f.gpm.rate}
-_BYTES = {f.family.name[len(_GPM_P):]: f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate}
+#: each GPM counter's series -> the figure's name (``seconds``: the seconds the sums cover)
+_GPM_KEYS = {"atopgpud_gpu_gpm_seconds_total": "seconds",
+             **{f.family.name: f.gpm.name for f in GPM_FIGURES if f.gpm is not None}}
 
 Counters = dict[tuple[str, str], dict[str, float]]
 
@@ -198,11 +190,8 @@ def gpm_counters(text: str, url: str) -> Counters:
     """The GPM counters of a metrics page, by device (bus id, type)."""
     found: Counters = {}
     for name, labels, value in _samples(text, url):
-        if not name.startswith(_GPM_P) or math.isnan(value):
-            continue
-        short = name[len(_GPM_P):]
-        key = "seconds" if short == "seconds_total" else _PERCENTS.get(short.removesuffix("_total"), _BYTES.get(short))
-        if key is not None:
+        key = _GPM_KEYS.get(name)
+        if key is not None and not math.isnan(value):
             found.setdefault((labels.get("busid", ""), labels.get("type", "")), {})[key] = value
     return found
 
