@@ -1,12 +1,6 @@
-"""What is logged once, not at every poll or every event: the one home of that rule.
-
-A trouble once when it starts and once when it ends (`ProblemLog`, over each
-poll's `Problems`), and a trouble that keeps coming back by a count at growing
-intervals (`DAMPING`); a condition when it changes (`Latch`); a burst of events by
-its first and, when it is over, a count of the rest (`BurstLog`; one per uid,
-`UidBurstLogs`).  What they log of the text they were given is shown as data
-(`printable`, the client's rule too).
-"""
+"""What is logged once, not at every poll or every event, the one home of that rule: a trouble when it
+starts and ends (`ProblemLog`), damped when it keeps coming back (`Damping`); a condition when it changes
+(`Latch`); a burst of events by its first and a count (`BurstLog`, `UidBurstLogs`).  Texts shown as data."""
 
 from __future__ import annotations
 
@@ -186,8 +180,9 @@ class ProblemLog:
             if cause not in self.active:
                 self._started(cause, text, now)
         for cause, text in self.active.items():
-            if cause not in problems:
-                self._ended(cause, text, now)
+            if cause not in problems and self._damping.ended(cause, now):
+                self.log.info("{subject}: recovered ({problem})", subject=printable(self.subject),
+                              problem=printable(text))
         # a cause keeps the words it was first logged with, so its recovery names it
         self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
         if not self._damping.flaps:
@@ -217,12 +212,6 @@ class ProblemLog:
             subject=subject, problem=problem, count=start.starts, span=span_words(start.span),
             every=span_words(start.every),
         )
-
-    def _ended(self, cause: str, text: str, now: float) -> None:
-        if self._damping.ended(cause, now):
-            self.log.info(
-                "{subject}: recovered ({problem})", subject=printable(self.subject), problem=printable(text)
-            )
 
 
 class Problems(dict[str, str]):

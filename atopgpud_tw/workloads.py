@@ -18,8 +18,6 @@ from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT
 
 log = Logger(namespace="atopgpud_tw.workloads")
 
-DEFAULT_LIMIT = DEFAULT_WORKLOAD_LIMIT
-DEFAULT_EXPIRY = DEFAULT_WORKLOAD_EXPIRY
 OTHER = ("other", "other")
 
 
@@ -45,12 +43,8 @@ class WorkloadSums:
 
     def absorb(self, other: WorkloadSums) -> None:
         """Take `other`'s sums (a workload that leaves the page goes into ``other``)."""
-        self.busy += other.busy
-        self.mem_busy += other.mem_busy
-        self.memory_kib += other.memory_kib
-        self.seen += other.seen
-        self.ended += other.ended
-        self.energy_joules += other.energy_joules
+        for name in ("busy", "mem_busy", "memory_kib", "seen", "ended", "energy_joules"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +64,8 @@ class WorkloadBook:
         self,
         counters: Counters,
         grouping: str = "unit",
-        limit: int = DEFAULT_LIMIT,
-        expiry: float = DEFAULT_EXPIRY,
+        limit: int = DEFAULT_WORKLOAD_LIMIT,
+        expiry: float = DEFAULT_WORKLOAD_EXPIRY,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.counters = counters
