@@ -266,8 +266,7 @@ class Counters:
     def _mark_absent(self, index: int, device: DeviceTotals) -> list[ExitedProcess]:
         device.present = False
         device.counted_at = None  # its absence is no span of its next sample
-        device.gpu_busy_now = UNSUPPORTED
-        device.mem_busy_now = UNSUPPORTED
+        device.gpu_busy_now = device.mem_busy_now = UNSUPPORTED
         gone = [ExitedProcess(index, totals) for totals in device.processes.values()]
         device.processes = {}
         return gone

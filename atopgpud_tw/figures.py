@@ -1,14 +1,6 @@
-"""The table of figures: every health, power and GPM figure of a card as one row, for all who show or play it.
-
-A row (`Figure`) says everything about one figure: its series on the metrics page
-(`Family` and label values), how the NVML reader asks for it (`Ask`), where
-nvidia-smi's report has it (`Smi`), where ``atopgpu --health`` shows it (`Show`),
-and the simulator's scenario field it is played from (`Play`); a GPM row
-(`GPM_FIGURES`, read per poll) has a GPM metric (`Gpm`) instead.  The page, both
-readers, the client and the simulator all take their part from here, so this module
-imports nothing of the package; adding a figure of a known shape is one row here
-(docs/design.md, "Extending").
-"""
+"""The table of figures: every health, power and GPM figure of a card as one row (`Figure`), whence the page,
+both readers, the client and the simulator take their part; data only, importing nothing of the package
+(docs/design.md, "The table of figures"; adding a figure of a known shape is one row, "Extending")."""
 
 from __future__ import annotations
 

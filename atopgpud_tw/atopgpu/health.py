@@ -79,16 +79,11 @@ def _blank(labels: dict[str, str]) -> dict[str, Any]:
     return card
 
 
-def _shown(name: str, labels: dict[str, str]) -> tuple[Any, str | None] | None:
-    """The row of the table a sample is, and its link (per-link figures); None if it is none."""
+def _shown(name: str, labels: dict[str, str]) -> Any:
+    """The row of the table a sample is (its labels but ``link``, a per-link figure's); None if it is none."""
     family = _FAMILIES.get(name)
-    if family is None:
-        return None
-    own = tuple((label, labels.get(label, "")) for label in family.labels if label != "link")
-    figure = _BY_SERIES.get((name, own))
-    if figure is None:
-        return None
-    return figure, (labels.get("link", "") if "link" in family.labels else None)
+    own = tuple((label, labels.get(label, "")) for label in family.labels if label != "link") if family else ()
+    return _BY_SERIES.get((name, own))
 
 
 def health_report(text: str, url: str) -> dict[str, Any]:
@@ -109,18 +104,17 @@ def health_report(text: str, url: str) -> dict[str, Any]:
         if short == "present":
             present[labels.get("busid", "")] = value
             continue
-        found = _shown(name, labels)
+        figure = _shown(name, labels)
         if name in _LISTED:
             if value == 1:
                 card(labels)["clocks_event_reasons"].append(labels.get("reason", ""))
-        elif found is not None:
-            figure, link = found
+        elif figure is not None:
             *path, leaf = figure.show.key
             place = _value(card(labels), path)
-            if link is None:
-                place[leaf] = _whole(value / figure.show.per)
+            if "link" in figure.family.labels:
+                place[leaf][labels.get("link", "")] = _whole(value / figure.show.per)
             else:
-                place[leaf][link] = _whole(value / figure.show.per)
+                place[leaf] = _whole(value / figure.show.per)
         elif short == "health_age_seconds":
             card(labels)["age_seconds"] = _whole(value)
         elif short == "health_stale":
