@@ -247,8 +247,7 @@ class Counters:
     def _device_index(self, sample: DeviceSample) -> int:
         index = self._by_key.get(sample.key)
         if index is None:
-            index = len(self.devices)
-            self._by_key[sample.key] = index
+            index = self._by_key[sample.key] = len(self.devices)
             self.devices.append(
                 DeviceTotals(sample.key, sample.busid, sample.name, sample.task_support, info=sample.info)
             )

@@ -86,13 +86,8 @@ class Count(NamedTuple):
 
 
 class Damping:
-    """Which starts and ends of causes that come and go are said, and the counts said in their place.
-
-    A cause's first `SAID_STARTS` starts and ends are said one by one; the next start
-    is said as flapping (`Start.flapping`), then nothing of it until the end of a window
-    (`DAMPING`), when one line counts what was held back (`Count`; a quiet window has
-    none).  A cause unchanged for `FLAP_MEMORY` seconds is not damped any more.
-    """
+    """Which starts and ends of causes that come and go are said, and the counts said in their place
+    (docs/reliability.md, "A fault that keeps coming back")."""
 
     def __init__(self) -> None:
         #: the causes remembered (while it is empty, `windows_over` has nothing to end or forget)
@@ -155,10 +150,8 @@ class Damping:
 
 
 class ProblemLog:
-    """The current problems, each keyed by its cause: reported after every poll
-    (``{cause: description}``), a new cause is logged once as a warning, one no
-    longer reported once as recovered; one that comes and goes is damped
-    (`Damping`; docs/reliability.md, "A fault that keeps coming back")."""
+    """The current problems (``{cause: description}``), reported after every poll: a new cause logged
+    once as a warning, one no longer reported once as recovered, one that comes and goes damped."""
 
     log = ClassLogger("atopgpud_tw.problems.ProblemLog")
 
@@ -295,6 +288,5 @@ class UidBurstLogs:
         return sum(b.total for b in self._logs.values()) + self._others.total + self._forgotten
 
     def stop(self) -> None:
-        for burst in self._logs.values():
+        for burst in [*self._logs.values(), self._others]:
             burst.stop()
-        self._others.stop()

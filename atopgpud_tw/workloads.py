@@ -1,10 +1,6 @@
-"""Exact GPU time per workload (``--workloads``): its processes' counters summed, exited ones included.
-
-A workload's sums on a GPU are its exited processes' final figures, kept here, plus its
-active ones' as they are now, so they never go down; beyond `limit` series, or `expiry`
-seconds idle, they go into ``other``.  A process is given to one workload, once, when
-first collected with a context (or when it ends).  docs/metrics.md, "Workloads".
-"""
+"""Exact GPU time per workload (``--workloads``): its exited processes' final figures, kept here, plus its
+active ones' as they are now, so they never go down; beyond `limit` series, or `expiry` seconds idle, they
+go into ``other``.  A process is given to one workload, once (docs/metrics.md, "Workloads")."""
 
 from __future__ import annotations
 
@@ -98,8 +94,7 @@ class WorkloadBook:
                 log.warn("more than {limit} workload series (--workload-limit): the rest are summed under "
                          "workload=\"other\"", limit=self.limit)
             return self._other(index)
-        sums = self.entries[key] = WorkloadSums(index, kind, name)
-        return sums
+        return self.entries.setdefault(key, WorkloadSums(index, kind, name))
 
     def _give(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         sums = self._sums_for(index, totals)
