@@ -195,18 +195,6 @@ NVLINK_MAX_LINKS = 18
 NS = 1e-9
 
 
-def _clock(label: str, kind: int, element: str) -> Figure:
-    if label == "video":  # a key of its own: clocks_mhz keeps the three it always had
-        show = Show(("video_clock_mhz",), per=1e6)
-    else:
-        show = Show(("clocks_mhz", label), per=1e6,
-                    column={"sm": "SM", "memory": "MEM"}.get(label), unit="MHz")
-    return Figure(CLOCK, (("clock", label),), Ask("nvmlDeviceGetClockInfo", (kind,), 1e6,
-                                                  variant=f"nvmlDeviceGetClockInfo {label}"),
-                  Smi((f"clocks/{element}",), 1e6, most=100e9), show,
-                  Play(f"{label}_clock_mhz", {"graphics": 1410, "sm": 1410, "memory": 1215}.get(label)))
-
-
 def _reason(name: str, bit: int) -> Figure:
     tag = "display_clocks_setting" if name == "display_clock_setting" else name
     return Figure(CLOCKS_EVENT, (("reason", name),),
@@ -237,13 +225,6 @@ def _ecc(error: str, kind: int, counter: str, counter_type: int) -> Figure:
                   Play(f"ecc_{error}_{counter}", 0))
 
 
-def _remapped(index: int, family: Family, labels: Labels, element: str, key: tuple[str, ...], field: str,
-              flag: bool = False) -> Figure:
-    return Figure(family, labels, Ask("nvmlDeviceGetRemappedRows", pick=index, flag=flag),
-                  Smi((f"remapped_rows/{element}",), parse="yes_no" if flag else "number"),
-                  Show(key), Play(field, 0, 0, 1 if flag else None))
-
-
 #: every figure, in the order the NVML reader asks and the page lists the families
 FIGURES: tuple[Figure, ...] = (
     Figure(TEMPERATURE, (), Ask("nvmlDeviceGetTemperature", (0,)), Smi(("temperature/gpu_temp",), most=250.0),
@@ -262,7 +243,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure(ENERGY, (), Ask("nvmlDeviceGetTotalEnergyConsumption", scale=0.001), None,
            Show(("energy_j",), column="ENERGY", unit="kJ", decimals=1, column_per=1000),
            Play("energy_start_j", 0, per=1000)),
-    *(_clock(label, kind, element) for label, kind, element in CLOCK_TYPES),
+    *(Figure(CLOCK, (("clock", label),), Ask("nvmlDeviceGetClockInfo", (kind,), 1e6,
+                                             variant=f"nvmlDeviceGetClockInfo {label}"),
+             Smi((f"clocks/{element}",), 1e6, most=100e9),
+             # video: a key of its own, clocks_mhz keeps the three it always had
+             Show(("video_clock_mhz",), per=1e6) if label == "video"
+             else Show(("clocks_mhz", label), per=1e6, column={"sm": "SM", "memory": "MEM"}.get(label), unit="MHz"),
+             Play(f"{label}_clock_mhz", {"graphics": 1410, "sm": 1410, "memory": 1215}.get(label)))
+      for label, kind, element in CLOCK_TYPES),
     *(_reason(name, bit) for name, bit in CLOCKS_EVENT_REASONS),
     Figure(PSTATE, (), Ask("nvmlDeviceGetPerformanceState", below=32), Smi(("performance_state",), parse="pstate"),
            Show(("performance_state",), column="PSTATE", prefix="P"), Play("performance_state", 0, 0, 15)),
@@ -270,12 +258,17 @@ FIGURES: tuple[Figure, ...] = (
            Show(("fan_percent",), column="FAN", unit="%"), Play("fan_percent", None, 0, 100)),
     *(_ecc(error, kind, counter, counter_type) for error, kind in (("corrected", 0), ("uncorrected", 1))
       for counter, counter_type in (("volatile", 0), ("aggregate", 1))),
-    _remapped(0, REMAPPED, (("cause", "correctable"),), "remapped_row_corr", ("remapped_rows", "correctable"),
-              "remapped_rows_correctable"),
-    _remapped(1, REMAPPED, (("cause", "uncorrectable"),), "remapped_row_unc", ("remapped_rows", "uncorrectable"),
-              "remapped_rows_uncorrectable"),
-    _remapped(2, REMAP_PENDING, (), "remapped_row_pending", ("row_remap_pending",), "remapped_rows_pending", True),
-    _remapped(3, REMAP_FAILED, (), "remapped_row_failure", ("row_remap_failed",), "remapped_rows_failed", True),
+    # nvmlDeviceGetRemappedRows answers (correctable, uncorrectable, pending, failed): picked by place
+    *(Figure(family, labels, Ask("nvmlDeviceGetRemappedRows", pick=index, flag=flag),
+             Smi((f"remapped_rows/{element}",), parse="yes_no" if flag else "number"),
+             Show(key), Play(field, 0, 0, 1 if flag else None))
+      for index, (family, labels, element, key, field, flag) in enumerate((
+          (REMAPPED, (("cause", "correctable"),), "remapped_row_corr", ("remapped_rows", "correctable"),
+           "remapped_rows_correctable", False),
+          (REMAPPED, (("cause", "uncorrectable"),), "remapped_row_unc", ("remapped_rows", "uncorrectable"),
+           "remapped_rows_uncorrectable", False),
+          (REMAP_PENDING, (), "remapped_row_pending", ("row_remap_pending",), "remapped_rows_pending", True),
+          (REMAP_FAILED, (), "remapped_row_failure", ("row_remap_failed",), "remapped_rows_failed", True)))),
     Figure(PCIE_REPLAYS, (), Ask("nvmlDeviceGetPcieReplayCounter"), Smi(("pci/replay_counter",)),
            Show(("pcie_replays",)), Play("pcie_replays", 0)),
     # throttling as time: the clocks-event durations (ns) and each performance policy's violation time (ns)
