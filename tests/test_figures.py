@@ -25,7 +25,7 @@ from twisted.internet.task import Clock
 
 from atopgpud_tw import figures
 from atopgpud_tw.atopgpu.health import gpm_report, health_report, render_gpm, render_health
-from atopgpud_tw.counters import Counters, rates
+from atopgpud_tw.counters import Counters
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.nvml.gpm import metrics
 from atopgpud_tw.readers.nvml.health import read_card_health
@@ -401,10 +401,12 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
     assert [name for name, _, _ in GPM_SERIES] == names
     assert [series + "_total" for _, series, _ in GPM_SERIES] == [row.family.name for row in rows]
     assert [text for _, _, text in GPM_SERIES] == [row.family.help for row in rows]
-    assert rates() == {gpm.name for gpm in gpms if gpm and gpm.rate}
     counters = Counters()
     figures_of_all = GpmFigures(2.0, tuple((name, 1.0) for name in names))
     counters.fold(Snapshot((DeviceSample("k0", "0000:01:00.0", "H200", gpm=figures_of_all),)), 1.0, 0.0)
+    # the sums: a percentage's percent-seconds, a rate's (MiB/s) bytes
+    totals = counters.devices[0].gpm
+    assert totals and totals.sums == {gpm.name: 2.0 * (figures.MIB if gpm.rate else 1) for gpm in gpms if gpm}
     board = Board.__new__(Board)
     board.counters = counters
     page = list(gpm_families(board))
