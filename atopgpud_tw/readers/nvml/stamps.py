@@ -143,6 +143,8 @@ class StampMap:
     #: per segment index: the runs of stamps taken on clocks between it and the one before, never
     #: seen: (first raw stamp, last, the spacing, raw - steady) (`_between`)
     between: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    #: the kinds whose latest call ended with a step found: their next call asks for the whole buffer
+    stepped: set[str] = field(default_factory=set)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
@@ -166,7 +168,8 @@ class StampMap:
         if now_us is not None:
             self._observe(now_us, (), False)
             self._calls[kind] = (self._calls.get(kind, (None, None))[1], now_us)
-        if steady == 0:
+        if steady == 0 or kind in self.stepped:
+            self.stepped.discard(kind)
             return 0
         # (no step recent: nothing remembered by steady stamp)
         raws = self.raw.get(kind)
@@ -193,6 +196,10 @@ class StampMap:
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
         self._observe(now_us, raws, keys is None)
+        if self.steps and self.steps[-1][0] == now_us != self._calls.get(kind, (None, now_us))[1]:
+            # found as the call ended: its answer lacks any samples of a step back that a later step
+            # forward hid (stamped below the one asked with), which the next call, asked with 0, brings
+            self.stepped.add(kind)
         if self.follows is None or self.follows < 0:
             return list(raws)
         segments = self.segments
