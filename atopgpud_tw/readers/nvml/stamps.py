@@ -36,7 +36,9 @@ Which segment a stamp belongs to:
   per kind of sample, pruned of the samples the buffer no longer holds), so a
   sample stamped before a step back and handed out again is not counted twice;
   the same stamp twice in one answer, after a step back of a whole number of
-  sample periods, is the old sample and a new one, in that order;
+  sample periods, is the old sample and a new one, in that order; process
+  samples are told apart by process too (`who`): a process listed at a stamp
+  seen before without it is a new sample;
 - a new stamp belongs to the newest segment in which it would have been taken
   while that segment held (between the call before its step, less `SLACK_US`,
   and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
@@ -59,7 +61,9 @@ Which segment a stamp belongs to:
 What to ask with: the raw stamp of a steady one from the current segment; for
 a stamp from before the latest step, 0 (the whole buffer, whose samples the
 map then places), so the driver is never asked for samples newer than a
-stamp from before a step for more than one poll.  No NVML here, and no clock
+stamp from before a step for more than one poll; and 0 for the call after one
+in which a step was found (`stepped`): a step back hidden by a later step
+forward left samples stamped below the stamp that call asked with.  No NVML here, and no clock
 but the one handed in.
 """
 
@@ -133,9 +137,13 @@ class StampMap:
     seen_at: int | None = None
     #: per kind, while a step is recent: raw stamp -> (steady stamp, its segment's index)
     seen: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    #: per kind, while none is: the latest answers' raw stamps, with their offset and segment
-    #: (made into `seen` when a step comes: one append per call until then)
-    history: dict[str, deque[tuple[Sequence[int], int, int]]] = field(default_factory=dict)
+    #: per kind, while none is: the latest answers' raw stamps and keys, with their offset and
+    #: segment (made into `seen` when a step comes: one append per call until then)
+    history: dict[str, deque[tuple[Sequence[int], Sequence[object] | None, int, int]]] = field(
+        default_factory=dict)
+    #: per kind listed by key (process samples, by pid), while a step is recent: raw stamp -> the
+    #: keys listed at it when it was first seen (every sample of that stamp then)
+    who: dict[str, dict[int, set[object]]] = field(default_factory=dict)
     #: per kind: steady stamp -> raw stamp
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
@@ -209,18 +217,23 @@ class StampMap:
                 answers = self.history.get(kind)
                 if answers is None:
                     answers = self.history[kind] = deque(maxlen=HISTORY)
-                answers.append((raws, offset, self.current))
+                answers.append((raws, keys, offset, self.current))
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
         ordered = self.ordered[kind]
         placed = self._placed(kind, raws, now_us, asked, keys)
+        new = set() if keys is None else set(raws).difference(seen)
         for raw, place in zip(raws, placed):
             known = seen.get(raw)
-            if known != place:  # new, or a new sample with an old one's stamp (the later)
+            if known is None or keys is None and known != place:
+                # new, or a new sample with an old one's stamp (the later; by key, `_placed` tells)
                 if known is None:
                     insort(ordered, raw)
                 seen[raw] = place
                 back[place[0]] = raw
+        for raw, key in zip(raws, keys or ()):
+            if raw in new:
+                self.who[kind].setdefault(raw, set()).add(key)
         while len(seen) > SEEN:
             oldest = next(iter(seen))
             self._forget(kind, oldest)
@@ -229,6 +242,7 @@ class StampMap:
     def _forget(self, kind: str, raw: int) -> None:
         steady, _ = self.seen[kind].pop(raw)
         self.raw[kind].pop(steady, None)
+        self.who[kind].pop(raw, None)
         ordered = self.ordered[kind]
         del ordered[bisect_left(ordered, raw)]
 
@@ -238,15 +252,15 @@ class StampMap:
         if seen is None:
             seen = self.seen[kind] = {}
             back = self.raw[kind] = {}
-            for raws, offset, index in self.history.pop(kind, ()):
+            who = self.who[kind] = {}
+            for raws, keys, offset, index in self.history.pop(kind, ()):
                 for raw in raws:
                     if raw not in seen:
                         seen[raw] = (raw - offset, index)
                         back[raw - offset] = raw
-            while len(seen) > SEEN:
-                steady, _ = seen.pop(next(iter(seen)))
-                back.pop(steady, None)
-            self.ordered[kind] = sorted(seen)
+                for raw, key in zip(raws, keys or ()):
+                    who.setdefault(raw, set()).add(key)
+            self.ordered[kind] = sorted(seen)  # (`steady` keeps no more than `SEEN`)
         return seen, self.raw[kind]
 
     def _placed(self, kind: str, raws: Sequence[int], now_us: int, asked: int,
@@ -279,6 +293,8 @@ class StampMap:
             repeat = counts.get(key, 0)
             counts[key] = repeat + 1
             known = seen.get(raw)
+            if known is not None and listed is not None and key[0] not in self.who[kind].get(raw, ()):
+                known = None  # listed at a stamp seen before without it: a new sample with an old one's stamp
             older = listed is not None and listed[raw, key[0]] > repeat + 1  # (the same stamp again after it)
             if known is None and listed is not None and not older:
                 # samples listed per process carry the stamps of the device's, which their order placed
@@ -476,4 +492,4 @@ class StampMap:
             self.segments.pop(0)
             self.dropped += 1
             if len(self.segments) == 1:  # no step recent: back to remembering answers
-                self.seen, self.raw, self.ordered, self.between = {}, {}, {}, {}
+                self.seen, self.raw, self.ordered, self.between, self.who = {}, {}, {}, {}, {}
