@@ -18,12 +18,14 @@ for a steady one.  The sample streams (`samples.py`) see steady stamps only.
 
 How a step is known: the reader watches the host's CLOCK_REALTIME and
 CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
-(`ask`) and as it ends (`steady`, given the call's end time), and
+(`ask`) and as it ends (`steady`, given the call's end time); each device's
+map takes in the looks the other devices' maps took too (`HostClocks`), so a
+step their calls saw before this device's first look is known.  It
 learns from the first samples which of them the driver's stamps follow (its
-newest stamp within `FOLLOW_US` of that clock's now as the call began or
+newest stamp within `FOLLOW_US` of that clock's now at a look before the call
 ended; stamps near neither are given `LEARN_US` of answers before the driver
 is taken to stamp on a clock of its own).  A change of that
-clock's offset by more than `STEP_US` between two calls is a step; it ends one
+clock's offset by more than `STEP_US` between two looks is a step; it ends one
 segment of the driver's clock and begins the next.  A step found as a call
 ends happened while it ran (a slow call, a loaded host): the new segment begins
 as the call began, so its answer's stamps taken after the step are placed on
@@ -93,12 +95,37 @@ SEEN = 4096
 HISTORY = 256
 #: a step this long ago (reader's time) no longer matters: every buffer has moved on
 FORGET_US = 900_000_000
+#: looks at the host clocks kept for the maps of other devices (`HostClocks`)
+LOOKS = 64
 #: the host clocks a driver's stamps may follow
 REALTIME, BOOTTIME = 0, 1
 HostOffsets = Callable[[], Sequence["int | None"]]
 
 
-def host_offsets() -> tuple[int, int | None]:
+class HostClocks:
+    """A `HostOffsets` with the looks every device's map took through it, (reader's time, the
+    offsets): each map learns from them all, not from its own alone (steps another device's
+    calls saw before this device's first look).  Two per run of looks that saw no step."""
+
+    def __init__(self, read: HostOffsets) -> None:
+        self.read = read
+        self.looks: deque[tuple[int, Sequence[int | None]]] = deque(maxlen=LOOKS)
+
+    def __call__(self) -> Sequence[int | None]:
+        return self.read()
+
+    def took(self, at: int, offsets: Sequence[int | None]) -> None:
+        looks = self.looks
+        if len(looks) > 1 and _same(looks[-2][1], offsets) and _same(looks[-1][1], offsets):
+            looks.pop()
+        looks.append((at, offsets))
+
+
+def _same(one: Sequence[int | None], other: Sequence[int | None]) -> bool:
+    return all(a is None or b is None or abs(a - b) <= STEP_US for a, b in zip(one, other))
+
+
+def _read_host_offsets() -> tuple[int, int | None]:
     """(CLOCK_REALTIME - CLOCK_MONOTONIC, CLOCK_BOOTTIME - CLOCK_MONOTONIC), µs; None for a
     clock that cannot be read (some LD_PRELOAD time shifters fail CLOCK_BOOTTIME)."""
     mono = time.monotonic_ns()
@@ -108,6 +135,10 @@ def host_offsets() -> tuple[int, int | None]:
     except OSError:
         boot = None
     return (real - mono) // 1000, boot
+
+
+#: this host's clocks, as every reader on CLOCK_MONOTONIC looks at them
+host_offsets = HostClocks(_read_host_offsets)
 
 
 @dataclass
@@ -447,8 +478,13 @@ class StampMap:
                 # no step now (one found then began the segment they belong to)
                 return
         earlier, looked_at = self._offsets, self.seen_at
+        shared = self.host.looks if isinstance(self.host, HostClocks) else ()
+        # the looks other devices' maps took since this one's last
+        between = [look for look in shared if (looked_at or 0) < look[0] < now_us]
         if now_us != self.seen_at or self._offsets is None:
             self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
+            if isinstance(self.host, HostClocks):
+                self.host.took(now_us, self._offsets)
         offsets = self._offsets
         if self.follows is None:
             self.seen_at = now_us
@@ -458,8 +494,10 @@ class StampMap:
                 return
             # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
             # the first call leaves its stamps on one of them; the segment is the first one's
-            looks = [(now_us, offsets)] if earlier is None or looked_at is None else [(looked_at, earlier),
-                                                                                      (now_us, offsets)]
+            # (and from every look other devices' maps took before)
+            looks = [look for look in shared if look[0] < now_us] + (
+                [] if earlier is None or looked_at is None else [(looked_at, earlier)])
+            looks = [*sorted(looks, key=lambda look: look[0]), (now_us, offsets)]
             newest = raws[-1] if ordered else max(raws)
             follows = next((which for at, reading in looks for which, offset in enumerate(reading)
                             if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
@@ -474,20 +512,22 @@ class StampMap:
                 return
             self.follows = follows
             self.seen_at, first = looks[0]
+            between = looks[1:-1]
             # the clock as the stamps before followed it: as the call began, or, where answers
             # before matched no clock, as far as their newest stamp tells (a lag of 0)
             start = first[follows]
             self.segments[0].host = unmatched[1] if unmatched else offsets[follows] or 0 if start is None else start
             if ordered and not unmatched:
                 self._set_back_before(raws, now_us)
-        current = self.segments[-1]
-        reading = offsets[self.follows]
-        moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
-        if abs(moved) > STEP_US:
-            current.ended_us = now_us
-            self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
-            self.steps.append((now_us, moved))
-        self.seen_at = now_us
+        for at, looked in [*between, (now_us, offsets)]:
+            current = self.segments[-1]
+            reading = looked[self.follows]
+            moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
+            if abs(moved) > STEP_US:
+                current.ended_us = at
+                self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
+                self.steps.append((at, moved))
+            self.seen_at = at
         while len(self.segments) > 1 and now_us - (self.segments[1].began_us or now_us) > FORGET_US:
             self.segments.pop(0)
             self.dropped += 1
