@@ -493,11 +493,11 @@ class StampMap:
                 # stamped on another clock than theirs, as the simulator's `sample_clock` plays)
                 return
             # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
-            # the first call leaves its stamps on one of them; the segment is the first one's
-            # (and from every look other devices' maps took before)
-            looks = [look for look in shared if look[0] < now_us] + (
-                [] if earlier is None or looked_at is None else [(looked_at, earlier)])
-            looks = [*sorted(looks, key=lambda look: look[0]), (now_us, offsets)]
+            # the first call leaves its stamps on one of them; the segment is the first one's.
+            # And from the looks before (every device's map's, its own among them): steps
+            # other devices' calls saw before this one's first look
+            own = [] if earlier is None or looked_at is None else [(looked_at, earlier)]
+            looks = [*([look for look in shared if look[0] < now_us] or own), (now_us, offsets)]
             newest = raws[-1] if ordered else max(raws)
             follows = next((which for at, reading in looks for which, offset in enumerate(reading)
                             if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
@@ -511,8 +511,8 @@ class StampMap:
                     self.follows = -1
                 return
             self.follows = follows
-            self.seen_at, first = looks[0]
-            between = looks[1:-1]
+            self.seen_at, first = (own or looks)[0] if unmatched else looks[0]
+            between = [] if unmatched else looks[1:-1]
             # the clock as the stamps before followed it: as the call began, or, where answers
             # before matched no clock, as far as their newest stamp tells (a lag of 0)
             start = first[follows]
