@@ -115,6 +115,7 @@ class HostClocks:
         return self.read()
 
     def took(self, at: int, offsets: Sequence[int | None]) -> None:
+        """Keep a look at the reader's time `at` (the latest of a run replaces the one before)."""
         looks = self.looks
         if len(looks) > 1 and _same(looks[-2][1], offsets) and _same(looks[-1][1], offsets):
             looks.pop()
