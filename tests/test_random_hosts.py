@@ -430,6 +430,21 @@ FOUND = (
     Case(interval=0.5, gpus=((0, 0, 0), (40, 30, 0)), lives=((0, (1,), 0.0, None, 20, 10, 0),),
          steps=(Step(at=1.75, seconds=1.0), Step(at=0.5, seconds=1.0, inside=True, tail=1.25)),
          delay=0.0, late=0.0),
+    # a step back of 2.7 s (and one of 1.1 s) inside a call, then a suspend: the samples between
+    # the two, stamped above the stamp asked with, came in the same answer and were placed among
+    # those before the step, 12 ms from them, and 12 ms was taken for the sample period: every gap
+    # read as a dry spell, a GPU at 50 % read 9 3 4 4 for four polls, 1269 for 1450 (45 %: 1227
+    # for 1305); a new sample stamped below the one before it, by more than any step back found,
+    # is of a clock between two looks now
+    Case(interval=2.0, gpus=((50, 40, 100),), lives=(
+        (0, (0,), 0.0, None, 100, 30, 10), (1, (0,), 0.0, None, 30, 10, 10)),
+        steps=(Step(at=8.828, seconds=-2.679, inside=True, tail=1.455),),
+        suspends=((9.685, 152.8),), seed=42205, delay=0.003, late=0.3),
+    Case(interval=2.0, gpus=((45, 96, 1972),), lives=(
+        (1, (0,), 0.0, None, 31, 5, 1310), (2, (0,), 10.97, None, 17, 91, 9), (3, (0,), 0.0, 0.11, 93, 100, 1315),
+        (3, (0,), 2.11, 30.96, 46, 39, 300), (3, (0,), 51.32, 58.65, 84, 48, 405)),
+        steps=(Step(at=53.001, seconds=-1.1, inside=True, tail=1.473),),
+        suspends=((54.307, 50.8),), seed=3214, delay=0.03, late=0.3),
 )
 
 

@@ -340,12 +340,33 @@ class StampMap:
                                            None if known else after)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
+        if keys is None:
+            self._fallen(raws, out, new)
         lost = {position for position, place in enumerate(out) if place is None}
         if lost:
             self._between(raws, out, keys is None)
         if keys is None and any(new):
             self._in_order(raws, out, new, lost, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
+
+    def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool]) -> None:
+        """A buffer answers in the order its samples were taken: new samples stamped below the one
+        before them in its segment, by more than every step back found, were taken on a clock that
+        held only between two looks (a step back, then one forward, inside one call), and so were
+        the new ones after them on that clock (rising, in that segment, below where they fell
+        from): of no segment, for `_between` to place."""
+        top: tuple[int, int] | None = None  # (the stamp they fell from, its segment)
+        for position in range(1, len(raws)):
+            place, before, raw = out[position], out[position - 1], raws[position]
+            if place is None or not new[position]:
+                top = None
+            elif top is not None and place[1] == top[1] and raws[position - 1] < raw < top[0]:
+                out[position] = None
+            elif before is not None and before[1] == place[1] and raws[position - 1] - raw > AHEAD_US and not any(
+                    moved <= raw - raws[position - 1] + AHEAD_US for _, moved in self.steps):
+                top, out[position] = (raws[position - 1], place[1]), None
+            else:
+                top = None
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
