@@ -14,7 +14,7 @@ from scenarios import a10_card
 from sim_readers import make_reader
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml.stamps import StampMap
+from atopgpud_tw.readers.nvml.stamps import HostClocks, StampMap
 
 POLLS = 24
 
@@ -24,7 +24,7 @@ def _run(scenario: dict, polls: int = POLLS, watch: bool = True):
     reader, nvml = make_reader(scenario, clock)
     model = nvml._nvml.nvmlLib.model
     if watch:
-        reader.host_offsets = model.host_offsets  # the simulated host's clocks, as the daemon reads its own
+        reader.host_offsets = HostClocks(model.host_offsets)  # the simulated host's clocks, as the daemon reads its own
     counters = Counters()
     busy, sm, asked, cums = [], [], [], []
     for i in range(1, polls + 1):
@@ -159,7 +159,7 @@ def test_a_rough_driver_with_two_processes_reads_the_same_across_a_step(driver, 
         card["processes"].append({"pid": 301, "memory_mib": 50, "sm_util": 10, "mem_util": 2})
         clock = [0.0]
         reader, nvml = make_reader({"gpus": [card], "clock_steps": [[at, step]]}, clock)
-        reader.host_offsets = nvml._nvml.nvmlLib.model.host_offsets
+        reader.host_offsets = HostClocks(nvml._nvml.nvmlLib.model.host_offsets)
         for i in range(1, POLLS + 1):
             clock[0] = float(i)
             device = reader.read(float(i))[0].devices[0]
