@@ -98,12 +98,6 @@ class WebGuard(Bursts):
         )
         return False
 
-    def admit(self, channel: BoundedChannel) -> bool:
-        if not self.room():
-            return False
-        self.channels.add(channel)
-        return True
-
     def stop(self) -> None:
         super().stop()
         self.diag.close()
@@ -168,7 +162,6 @@ class BoundedChannel(HTTPChannel):
         self._deadline: Any = None
         self._awaiting_head = True
         self._held: Request | None = None
-        self._admitted = False
         self._cut = False
         self.peer = ""
 
@@ -182,11 +175,7 @@ class BoundedChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         self.totalHeadersSize = self.limits.max_head
-        if not self.guard.admit(self):
-            self._cut = True
-            self.transport.abortConnection()
-            return
-        self._admitted = True
+        self.guard.channels.add(self)  # the site's buildProtocol made room for it
         #: whom this connection's shares are counted to (TLS handshakes, password checks): `access.peer_key`
         self.peer = peer_key(self.transport, self.guard.diag)
         super().connectionMade()
@@ -194,9 +183,8 @@ class BoundedChannel(HTTPChannel):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         self._held = None
-        if self._admitted:
-            self.guard.channels.discard(self)
-            super().connectionLost(reason)
+        self.guard.channels.discard(self)
+        super().connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
         if self._cut:

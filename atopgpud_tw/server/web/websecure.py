@@ -925,20 +925,18 @@ class TLSChannel(BoundedChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        if self in self.guard.channels:
-            self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
-            flight = self.guard.handshakes.setdefault(self.peer, [])
-            flight.append(self)
-            if len(flight) > self.limits.max_handshakes_per_peer:
-                oldest = flight[0]
-                oldest._stop_waiting()
-                self.guard.cut(
-                    "metrics TLS handshakes cut: too many from one address",
-                    "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
-                    peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
-                    address=self.peer,
-                )
-                oldest.transport.abortConnection()
+        self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
+        flight = self.guard.handshakes.setdefault(self.peer, [])
+        flight.append(self)
+        if len(flight) > self.limits.max_handshakes_per_peer:
+            oldest = flight[0]
+            oldest._stop_waiting()
+            self.guard.cut(
+                "metrics TLS handshakes cut: too many from one address",
+                "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
+                peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer, address=self.peer,
+            )
+            oldest.transport.abortConnection()
 
     def handshakeCompleted(self) -> None:
         """Called by Twisted's TLS (`IHandshakeListener`)."""
@@ -947,7 +945,7 @@ class TLSChannel(BoundedChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_waiting()
-        if not self._shaken and self in self.guard.channels and reason is not None and reason.check(SSL.Error):
+        if not self._shaken and reason is not None and reason.check(SSL.Error):
             self.cut("metrics TLS handshakes failed",
                      "refusing a metrics connection from {peer}: TLS handshake failed ({cause})",
                      cause=_cause(reason.value))
