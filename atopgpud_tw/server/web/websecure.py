@@ -662,15 +662,15 @@ class _Waiting(Resource):
         return NOT_DONE_YET
 
 
-@implementer(IResource, IRealm)
-class Protected:
+@implementer(IRealm)
+class Protected(Resource):
     """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages (the realm's
     one avatar)."""
 
-    isLeaf = False
     log = ClassLogger("atopgpud_tw.basicauth.Protected")
 
     def __init__(self, inner: IResource, config: WebConfig, checks: PasswordChecks, clock: IReactorTime) -> None:
+        super().__init__()
         self.inner = inner
         self.checks = checks
         self.clock = clock
@@ -753,12 +753,6 @@ class Protected:
         return lambda: self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from "
                                        "{peer}: wrong user name or password (user {user!r})", peer=peer,
                                        user=user.decode("utf-8", "replace"))
-
-    def putChild(self, path: bytes, child: IResource) -> None:
-        self.inner.putChild(path, child)
-
-    def render(self, request: Request) -> Any:
-        return self.inner.render(request)
 
     def stop(self) -> None:
         self.bursts.stop()
