@@ -151,16 +151,10 @@ class WebConfig:
 
     def describe(self) -> str:
         """What the configuration turns on, in a few words."""
-        parts = []
-        if self.tls is None:
-            parts.append("plain HTTP")
-        else:
-            parts.append(f"TLS {self.tls.min_version} to {self.tls.max_version}, client certificates: "
-                         f"{self.tls.client_auth_type}")
-        if self.users:
-            parts.append(f"basic auth for {len(self.users)} user{'s' if len(self.users) != 1 else ''}")
-        else:
-            parts.append("no basic auth")
+        tls, users = self.tls, len(self.users)
+        parts = ["plain HTTP" if tls is None else
+                 f"TLS {tls.min_version} to {tls.max_version}, client certificates: {tls.client_auth_type}",
+                 f"basic auth for {users} user{'s' if users != 1 else ''}" if users else "no basic auth"]
         if self.rate_limit is not None:
             parts.append(f"at most {self.rate_limit[1]} requests at once, one more every {self.rate_limit[0]:g} s")
         return ", ".join(parts)
@@ -273,10 +267,9 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
     for inline in ("cert", "key", "client_ca"):
         if given[inline] and given[inline + "_file"]:
             raise WebConfigError(f"{where}{inline} and {where}{inline}_file are both given: give one")
-    if not (given["cert"] or given["cert_file"]):
-        raise WebConfigError(f"{where}cert_file (or cert) is missing: TLS needs the server's certificate")
-    if not (given["key"] or given["key_file"]):
-        raise WebConfigError(f"{where}key_file (or key) is missing: TLS needs the server's private key")
+    for needed, what in (("cert", "certificate"), ("key", "private key")):
+        if not (given[needed] or given[needed + "_file"]):
+            raise WebConfigError(f"{where}{needed}_file (or {needed}) is missing: TLS needs the server's {what}")
     auth = _AUTH_ALIASES.get(auth_text, auth_text)
     if auth not in CLIENT_AUTH_TYPES:
         raise WebConfigError(f"{where}client_auth_type: {auth_text!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
@@ -295,18 +288,11 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
     if TLS_VERSIONS.index(low) > TLS_VERSIONS.index(high):
         raise WebConfigError(f"{where}min_version {low} is above max_version {high}")
     ciphers = _strings(table.get("cipher_suites"), where + "cipher_suites") or ()
-    prefer = table.get("prefer_server_cipher_suites", True)
-
-    def path(name: str) -> str | None:
-        file = given[name]
-        return None if file is None else os.path.join(folder, file)
-
-    return TLSSettings(
-        cert=given["cert"], cert_file=path("cert_file"), key=given["key"], key_file=path("key_file"),
-        client_ca=given["client_ca"], client_ca_file=path("client_ca_file"), client_auth_type=auth,
-        client_allowed_sans=sans, min_version=low, max_version=high, cipher_suites=ciphers,
-        prefer_server_cipher_suites=flag(prefer, where + "prefer_server_cipher_suites", WebConfigError),
-    )
+    prefer = flag(table.get("prefer_server_cipher_suites", True), where + "prefer_server_cipher_suites", WebConfigError)
+    given.update({name: os.path.join(folder, file) for name in ("cert_file", "key_file", "client_ca_file")
+                  if (file := given[name])})
+    return TLSSettings(**given, client_auth_type=auth, client_allowed_sans=sans, min_version=low, max_version=high,
+                       cipher_suites=ciphers, prefer_server_cipher_suites=prefer)
 
 
 def duration(text: Any, where: str) -> float:
@@ -876,11 +862,9 @@ def subject_names(certificate: x509.Certificate) -> list[str]:
         extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
-    names: list[str] = []
-    for name_type in (x509.DNSName, x509.RFC822Name, x509.UniformResourceIdentifier):
-        names.extend(extension.get_values_for_type(name_type))
-    names.extend(str(address) for address in extension.get_values_for_type(x509.IPAddress))
-    return names
+    return [*extension.get_values_for_type(x509.DNSName), *extension.get_values_for_type(x509.RFC822Name),
+            *extension.get_values_for_type(x509.UniformResourceIdentifier),
+            *map(str, extension.get_values_for_type(x509.IPAddress))]
 
 
 @implementer(IOpenSSLServerConnectionCreator)
@@ -1040,7 +1024,7 @@ class WebSecurity(Service):
         self.contexts = contexts
         self.reactor = reactor
         self.interval = interval
-        self.run = run or self._in_thread
+        self.run = run or (lambda work, *args: deferToThreadPool(reactor, reactor.getThreadPool(), work, *args))
         self.reloads = 0
         self.failed_reloads = 0
         #: reloads built (tried), whatever came of them
@@ -1055,9 +1039,6 @@ class WebSecurity(Service):
         #: why a reload was asked for while another was built or within `interval` of the last: done next
         self._asked: str | None = None
         self._stopped = False
-
-    def _in_thread(self, work: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), work, *args)
 
     def startService(self) -> None:
         super().startService()
