@@ -214,11 +214,14 @@ def _line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _dict(value: Any, where: str, of: str = " of keys to values") -> dict[Any, Any]:
+    if value is not None and not isinstance(value, dict):
+        raise WebConfigError(f"{where} must be a mapping{of}, not {kind(value)}")
+    return value or {}
+
+
 def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping of keys to values, not {kind(value)}")
+    value = _dict(value, where)
     prefix = "" if where == "the file" else where + "."
     for key in value:
         name = f"{prefix}{key}"
@@ -324,12 +327,8 @@ def _rate(value: Any) -> tuple[float, int] | None:
 
 
 def _headers(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"http_server_config.headers must be a mapping, not {kind(value)}")
     headers = {}
-    for name, text in value.items():
+    for name, text in _dict(value, "http_server_config.headers", "").items():
         if name not in HEADERS:
             raise WebConfigError(f"http_server_config.headers: {name!s} cannot be set "
                                  f"(only {', '.join(HEADERS)})")
@@ -346,12 +345,8 @@ def _headers(value: Any) -> dict[str, str]:
 
 
 def _users(value: Any) -> dict[str, bytes]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"basic_auth_users must be a mapping of user names to bcrypt hashes, not {kind(value)}")
     users = {}
-    for name, hashed in value.items():
+    for name, hashed in _dict(value, "basic_auth_users", " of user names to bcrypt hashes").items():
         if not isinstance(name, str) or not name or ":" in name:
             raise WebConfigError(f"basic_auth_users: {name!r} is not a user name (a string without ':')")
         if not isinstance(hashed, str):
