@@ -151,14 +151,6 @@ class BoardCollector:
 
     def live(self) -> Iterator[Metric]:
         """The families that may change between polls (clients, a call in progress)."""
-        yield from self._health()
-        if self.calls is not None:
-            yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
-                                    "been running (0 between calls).", value=self.calls.running_seconds())
-            yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
-                                      "seconds or more.", value=self.calls.hung_calls)
-
-    def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("atopgpud_build_info", "The daemon's version.", labels=["version"])
         info.add_metric([distribution_version()], 1)
         yield info
@@ -181,6 +173,11 @@ class BoardCollector:
         yield GaugeMetricFamily("atopgpud_clients_behind", "Clients whose exited processes did not all fit in "
                                 "their latest reply (the rest go in their next ones).",
                                 value=len(self.board.behind))
+        if self.calls is not None:
+            yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
+                                    "been running (0 between calls).", value=self.calls.running_seconds())
+            yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
+                                      "seconds or more.", value=self.calls.hung_calls)
 
     def _gpus(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         gauge = functools.partial(GaugeMetricFamily, labels=GPU_LABELS)
@@ -649,30 +646,29 @@ class MetricsResource(Resource):
         self.health = health
 
     def render_GET(self, request: Request) -> bytes | int:
+        lost: list[object] = []
+        request.notifyFinish().addErrback(lost.append)
         if self.health is None:
-            return self._render(request)
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
+            return self._render(request, lost)
 
         def send(_: Any) -> None:
-            if gone:
-                return  # the scraper hung up while the figures were read
-            body = self._render(request)
+            body = None if lost else self._render(request, lost)  # lost: the scraper hung up meanwhile
             if isinstance(body, bytes):
                 request.write(body)
                 request.finish()
             # else the page is written, and the request finished, as it is rendered
 
-        def failed(failure: Any) -> None:
-            log.failure("health: scrape failed", failure)
-            if not gone:
-                request.setResponseCode(500)
-                request.finish()
-
-        self.health.refresh().addCallback(send).addErrback(failed)
+        self.health.refresh().addCallback(send).addErrback(self._failed, request, lost, log, "health: scrape failed")
         return NOT_DONE_YET
 
-    def _render(self, request: Request) -> bytes | int:
+    @staticmethod
+    def _failed(failure: Failure, request: Request, lost: list[object], logger: Logger, text: str) -> None:
+        logger.failure(text, failure)
+        if not lost:
+            request.setResponseCode(500)
+            request.finish()
+
+    def _render(self, request: Request, lost: list[object]) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
         gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
         page = self.page.render(encoder, content_type, gzip)
@@ -681,8 +677,6 @@ class MetricsResource(Resource):
             request.setHeader(b"content-encoding", b"gzip")
         if isinstance(page, bytes) and len(page) <= _PRODUCED:
             return page
-        lost: list[object] = []
-        request.notifyFinish().addErrback(lost.append)
 
         def send(body: bytes) -> None:
             if lost:
@@ -692,16 +686,11 @@ class MetricsResource(Resource):
             request.setHeader(b"content-length", str(len(body)).encode("ascii"))
             PageWriter(request, body).start()
 
-        def failed(failure: Failure) -> None:
-            self.log.failure("rendering the metrics page failed", failure)
-            if not lost:
-                request.setResponseCode(500)
-                request.finish()
-
         if isinstance(page, bytes):
             send(page)
         else:
-            page.addCallbacks(send, failed)
+            page.addCallbacks(send, self._failed, errbackArgs=(request, lost, self.log,
+                                                               "rendering the metrics page failed"))
         return NOT_DONE_YET
 
     def render_HEAD(self, request: Request) -> bytes:
@@ -850,10 +839,6 @@ def make_site(
     reactor: Any = clock
     if reactor is None:
         from twisted.internet import reactor
-
-    def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
-        return deferToThreadPool(reactor, reactor.getThreadPool(), render)
-
     def polled() -> Iterator[Metric]:
         yield from collector.polled()
         yield from atop_sums(board)
@@ -862,7 +847,8 @@ def make_site(
             yield from workload_families(workloads, health)
 
     page = MetricsPage(  # the health part read when scraped (at most every HEALTH_TTL)
-        Families(collector.live), Families(polled), lambda: board.counters.generation, in_thread or in_pool,
+        Families(collector.live), Families(polled), lambda: board.counters.generation,
+        in_thread or (lambda render: deferToThreadPool(reactor, reactor.getThreadPool(), render)),
         None if health is None else Families(lambda: health_families(health)), reactor.seconds,
     )
     metrics = MetricsResource(page, health)
