@@ -323,17 +323,9 @@ class HealthCache:
         if not self.pending or watchdog is not None and watchdog.running_seconds() >= min(watchdog.after, self.wait):
             return succeed(None)  # nothing to wait for, or the jobs queue behind a hung call (its watchdog says)
         done: Deferred = Deferred()
-
-        def fire(_: Any = None) -> None:
-            if timer.active():
-                timer.cancel()
-            if not done.called:
-                done.callback(None)
-
-        timer = self.clock.callLater(self.wait, fire)
-        # not cancelled after `wait`: a job late for this scrape is for the next
-        DeferredList(list(self.pending.values())).addCallback(fire)
-        return done
+        # the jobs are not cancelled after `wait`: a job late for this scrape is for the next
+        DeferredList(list(self.pending.values())).addCallback(lambda _: None if done.called else done.callback(None))
+        return done.addTimeout(self.wait, self.clock, onTimeoutCancel=lambda result, timeout: None)
 
     def _stored(self, reading: CardHealth, key: str) -> None:
         self.pending.pop(key, None)
