@@ -703,18 +703,17 @@ class Protected(Resource):
         # the checks are queued fairly by whom the connection is counted to (else by address)
         peer = getattr(getattr(request, "channel", None), "peer", None) or self._peer(request)
         login = self.portal.login(Credentials(given.username, given.password, peer), None, IResource)
-        refused = self._refused(request, given.username)
         now: list[Any] = []
         login.addBoth(now.append)
         if now:  # a verdict known (or refused) at once: no waiting
-            return self._answer(now[0], refused, lambda site: site.getChildWithDefault(name, request))
-        return _Waiting(login.addCallback(lambda _: self._answer(
-            now[0], refused, lambda site: getChildForRequest(site.getChildWithDefault(name, request), request))))
+            return self._answer(now[0], request, given.username, name)
+        return _Waiting(login.addCallback(
+            lambda _: getChildForRequest(self._answer(now[0], request, given.username, name), request)))
 
-    def _answer(self, login: Any, refused: Callable[[], None], page: Callable[[IResource], IResource]) -> IResource:
-        """What a login's outcome answers: the page, 503 (checks busy) or 401."""
+    def _answer(self, login: Any, request: Request, user: bytes, name: bytes) -> IResource:
+        """What a login's outcome answers: the site's child `name`, 503 (checks busy) or 401."""
         if not isinstance(login, Failure):
-            return page(login[1])
+            return self.inner.getChildWithDefault(name, request)  # the realm's one avatar
         if login.check(Busy):
             self.bursts.cut("metrics requests answered 503 (password checks pending)",
                             "answering metrics requests 503: {count} password checks already pending",
@@ -722,18 +721,14 @@ class Protected(Resource):
             return BUSY
         if not login.check(UnauthorizedLogin):
             self.log.failure("a password check failed", login)
-        refused()
+        self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from {peer}: wrong "
+                        "user name or password (user {user!r})", peer=self._peer(request),
+                        user=user.decode("utf-8", "replace"))
         return UNAUTHORIZED
 
     @staticmethod
     def _peer(request: Request) -> str:
         return address_name(request.getClientAddress())
-
-    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
-        peer = self._peer(request)
-        return lambda: self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from "
-                                       "{peer}: wrong user name or password (user {user!r})", peer=peer,
-                                       user=user.decode("utf-8", "replace"))
 
     def stop(self) -> None:
         self.bursts.stop()
