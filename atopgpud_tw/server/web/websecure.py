@@ -149,6 +149,10 @@ class WebConfig:
     #: (seconds per token, burst), None: no rate limit
     rate_limit: tuple[float, int] | None = None
 
+    def files(self) -> tuple[str, ...]:
+        """The certificate files, if any: a change to any is a reload."""
+        return self.tls.files() if self.tls is not None else ()
+
     def describe(self) -> str:
         """What the configuration turns on, in a few words."""
         tls, users = self.tls, len(self.users)
@@ -193,12 +197,11 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     """A configuration from its YAML text; `folder` resolves relative file names."""
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # noqa: S506  # a safe loader
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        raise WebConfigError(f"not valid YAML: {where}{_line(error.problem or str(error))}") from None
     except yaml.YAMLError as error:
-        raise WebConfigError(f"not valid YAML: {_line(str(error))}") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        problem = " ".join((getattr(error, "problem", None) or str(error)).split())
+        raise WebConfigError(f"not valid YAML: {where}{problem}") from None
     if document is None:
         return WebConfig()  # an empty file: plain HTTP, no users (as the toolkit has it)
     top = _table(document, "the file", ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"))
@@ -208,10 +211,6 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     headers = _headers(http.get("headers"))
     users = _users(top.get("basic_auth_users"))
     return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
-
-
-def _line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def _dict(value: Any, where: str, of: str = " of keys to values") -> dict[Any, Any]:
@@ -300,12 +299,10 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
 
 def duration(text: Any, where: str) -> float:
     """Seconds of a Go duration string (``1s``, ``250ms``, ``1m30s``, ``0``)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+    if type(text) is int and text == 0 or text == "0":
         return 0.0
     if not isinstance(text, str):
         raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {kind(text)}")
-    if text == "0":
-        return 0.0
     parts = list(_DURATION.finditer(text))
     if not parts or "".join(part.group(0) for part in parts) != text:
         raise WebConfigError(f"{where}: {text!r} is not a duration such as 1s or 250ms")
@@ -982,7 +979,7 @@ def attempt(path: str, fallback: tuple[str, ...] = ()) -> tuple[Loaded | WebConf
         config = read(path)
     except WebConfigError as error:
         return error, before + signature(path, fallback)[1:], fallback
-    files = config.tls.files() if config.tls is not None else ()
+    files = config.files()
     tried = before + signature(path, files)[1:]
     try:
         context = build_context(config.tls) if config.tls is not None else None
@@ -1023,7 +1020,7 @@ class WebSecurity(Service):
         self._tried: Signature = loaded.signature
         #: the certificate files watched: the last good configuration's, or those of a newer file that
         #: failed (a certificate it names may yet appear)
-        self._watched: tuple[str, ...] = loaded.config.tls.files() if loaded.config.tls is not None else ()
+        self._watched = loaded.config.files()
         self._building = False
         self._began = float("-inf")
         #: why a reload was asked for while another was built or within `interval` of the last: done next
@@ -1064,8 +1061,7 @@ class WebSecurity(Service):
         self._building = True
         self._began = self.reactor.seconds()
         self.builds += 1
-        tls = self.loaded.config.tls
-        built = self.run(attempt, self.path, tls.files() if tls is not None else ())
+        built = self.run(attempt, self.path, self.loaded.config.files())
         built.addCallback(self._apply, why).addBoth(self._built)
 
     def _built(self, result: Any) -> Any:
