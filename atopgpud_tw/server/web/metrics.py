@@ -495,7 +495,7 @@ InThread = Callable[[Callable[[], "Rendered"]], "Deferred[Rendered]"]
 
 _EOF = b"# EOF\n"
 _GZIP_LEVEL = 6  # level 9 costs 3 to 8 times the CPU for the same size on these pages
-#: seconds one rendering of the health part serves every scrape (given a clock)
+#: seconds one rendering of the health part serves every scrape
 HEALTH_TTL = 0.5
 
 
@@ -532,7 +532,7 @@ class MetricsPage:
         generation: Callable[[], int] | None = None,
         in_thread: InThread | None = None,
         health: Collector | None = None,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.live = live
         self.health = health
@@ -550,8 +550,8 @@ class MetricsPage:
     def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
         """The page in the format of `encoder`, gzip-compressed if asked."""
         head = encoder(self.live)
-        if (self.health is not None or self.polled is not None) and head.endswith(_EOF):
-            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the last part
+        if self.health is not None or self.polled is not None:
+            head = head.removesuffix(_EOF)  # OpenMetrics ends once, after the last part
         parts: list[Any] = [head]
         if self.health is not None:
             parts.append(self._health_part(encoder, content_type))
@@ -575,17 +575,13 @@ class MetricsPage:
 
     def _health_part(self, encoder: Encoder, content_type: str) -> Rendered:
         assert self.health is not None
-        now = self.clock() if self.clock is not None else None
+        now = self.clock()
         cached = self._health.get(content_type)
-        if cached is not None and cached.stamp is not None and now is not None and 0 <= now - cached.stamp < HEALTH_TTL:
+        if cached is not None and 0 <= now - (cached.stamp or 0) < HEALTH_TTL:
             return cached
         text = encoder(self.health)
-        if self.polled is not None and text.endswith(_EOF):
-            text = text[: -len(_EOF)]
-        part = Rendered(now, text)
-        if now is not None:
-            self._health[content_type] = part
-        return part
+        self._health[content_type] = Rendered(now, text.removesuffix(_EOF) if self.polled is not None else text)
+        return self._health[content_type]
 
     def _polled(self, encoder: Encoder, content_type: str) -> Union[Rendered, Deferred[Rendered]]:
         generation = self.generation() if self.generation is not None else None
