@@ -1,33 +1,23 @@
 """``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``), and the site's other pages.
 
-A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then, in the reactor thread, the one that changes the Board, so a scrape
-sees one poll's figures whole (prometheus_client's own Twisted resource collects
-in a thread pool, racing the poller).  The counters are atop's cumulative
-figures in base units, except that the ``*_seconds`` series sum each sample's
-figure times the seconds it covers (`counters.Counters.fold`): ``rate()`` of
-them is the average busy percentage even when polls run late or fail (atop's
-own sums are `atop_sums`).  A value the device cannot report (-1 on the wire)
-is left out, not exported as -1.  docs/metrics.md lists every metric.
+A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, in the reactor thread, the one
+that changes the Board, so a scrape sees one poll's figures whole (prometheus_client's own Twisted resource
+collects in a thread pool, racing the poller).  The counters are atop's cumulative figures in base units,
+except that the ``*_seconds`` series sum each sample's figure times the seconds it covers
+(`counters.Counters.fold`): ``rate()`` of them is the average busy percentage even when polls run late or
+fail (atop's own sums are `atop_sums`).  A value the device cannot report (-1 on the wire) is left out, not
+exported as -1.  docs/metrics.md lists every metric.
 
-The health series are read when scraped (`HealthCache`), waited for at most
-`HEALTH_WAIT` seconds (a call stuck in the driver delays a scrape that long and no
-more; figures from an earlier reading are marked stale, with their age), and not
-at all while the hang watchdog counts the reader's call as hung.  A card whose
-reading is out is not asked again until it answers, and a reading younger than
-`FRESH` seconds is reused.
+The health series are read when scraped (`HealthCache`), waited for at most `HEALTH_WAIT` seconds (a call
+stuck in the driver delays a scrape that long and no more; older figures are marked stale), and not at all
+while the hang watchdog counts the reader's call as hung.  `MetricsPage` renders the daemon's own figures for
+every scrape, the health figures at most once per `HEALTH_TTL` seconds, and the GPU and process series
+(hundreds of kilobytes with ``--metrics-processes``) in a thread once per poll and format, while the reactor
+answers atop; a gzip page is compressed once for the scrapes that find the same parts.
 
-`MetricsPage` renders the page in three parts: the daemon's own figures, small,
-for every scrape; the health figures at most once per `HEALTH_TTL` seconds; the
-GPU and process series (hundreds of kilobytes with ``--metrics-processes``)
-collected in the reactor thread, then encoded in a thread once per poll and
-format while the reactor answers atop.  A gzip page is compressed once and kept
-for the scrapes that find the same parts.
-
-``/-/healthy`` (also ``/healthz``) answers 200 whenever the reactor answers;
-``/-/ready`` 200 once the first poll is folded in, while the latest poll worked,
-the reader waits for nothing and a GPU was read in one of the last few polls,
-else 503 and why on one line; ``/`` links them; any other path is a 404.
+``/-/healthy`` (also ``/healthz``) answers 200 whenever the reactor answers; ``/-/ready`` 200 once the first
+poll is folded in, while the latest poll worked, the reader waits for nothing and a GPU was read in one of the
+last few polls, else 503 and why on one line; ``/`` links them; any other path is a 404.
 """
 
 from __future__ import annotations

@@ -1,36 +1,22 @@
 """``--web-config FILE``: the metrics site under TLS, basic auth and a rate limit, re-read when the file changes.
 
-The file is the YAML every exporter built on the Prometheus exporter toolkit takes
-(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md;
-docs/metrics.md, "TLS and basic authentication", has the keys and the costs).
-`read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
-the reactor at a reload, ``/dev/zero`` fill memory), as `build_context` its
-certificates; `parse` is as strict as the toolkit's Go parser (an unknown or
-duplicate key, a value of the wrong type, ``curve_preferences``: an error of one
-line, `WebConfigError`).
+The file is the YAML of the Prometheus exporter toolkit
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md; docs/metrics.md,
+"TLS and basic authentication", has the keys and the costs), parsed as strictly as the toolkit's Go parser
+(`WebConfigError`: one line).  It and its certificates are read only as regular files of at most `MAX_SIZE`
+bytes (a FIFO would hang the reactor at a reload, ``/dev/zero`` fill memory).
 
-`secure_site` reads it at start-up (a bad one: one line, exit status 2), puts
-`Protected` at the site's root and `TLSSiteFactory` around it, and returns the
-`WebSecurity` service that re-reads it when the file or a certificate changes and
-on SIGHUP; a reload that fails, or turns TLS on or off (a port keeps its
-protocol), or basic auth off (a file emptied by ``> FILE`` or cut after
-``basic_auth_users:``), keeps the last good configuration, in one line.
-`Contexts` hands the current TLS context to each new connection, so a reload
-changes the next handshake only; client_auth_type has Go's meanings
-(https://pkg.go.dev/crypto/tls#ClientAuthType).
+`secure_site` reads it at start-up (a bad one: one line, exit status 2) and returns the `WebSecurity` service
+that re-reads it when the file or a certificate changes and on SIGHUP; a reload that fails, or turns TLS on or
+off (a port keeps its protocol), or basic auth off (a file emptied by ``> FILE``), keeps the last good
+configuration, in one line.  `Contexts` hands the current TLS context to each new connection, so a reload
+changes the next handshake only.
 
-`Protected` answers 429 beyond ``rate_limit`` (a token bucket, as the toolkit's),
-sets ``http_server_config.headers``, then passes the request on, or answers 401,
-or 503 when too many password checks are pending; the password is checked through
-`twisted.cred` (``HTTPAuthSessionWrapper`` makes any login failure but a refusal
-a 500, and has no place for the rate limit, the headers, the client's address or
-the damped log lines).  A bcrypt check costs tens of milliseconds of CPU by
-design: `PasswordChecks` runs them in `THREADS` daemon threads, at most
-`MAX_PENDING` running or queued (beyond: 503 at once), the places shared fairly by
-client (`access.peer_key`); a verdict is kept `CACHE_SECONDS`, a right one renewed
-by each use and checked again outside the bound, so a flood of wrong passwords
-never stands in the real scraper's way.  An unknown user, or a password over
-`MAX_PASSWORD` bytes, is refused without a check; stopping waits for no check.
+`Protected` checks passwords through `twisted.cred`, not its ``HTTPAuthSessionWrapper``, which makes any login
+failure but a refusal a 500 and has no place for the rate limit, the headers, the client's address or the damped
+log lines.  A bcrypt check costs tens of milliseconds of CPU by design: `PasswordChecks` runs them in `THREADS`
+daemon threads, at most `MAX_PENDING` pending (beyond: 503), the places shared fairly by client, and keeps the
+verdicts a while, a right one renewed by each use, so a flood of wrong passwords never stands in the scraper's way.
 """
 
 from __future__ import annotations
@@ -80,7 +66,8 @@ from atopgpud_tw.server.web.webbounds import BoundedChannel, Bursts
 
 #: the largest web configuration, or certificate file, read (a real one is a few KiB)
 MAX_SIZE = 1024 * 1024
-#: client_auth_type values, as Go's crypto/tls names them (RequireClientCert: the toolkit's old name)
+#: client_auth_type values, as Go's crypto/tls names them and means them (https://pkg.go.dev/crypto/tls#ClientAuthType;
+#: RequireClientCert: the toolkit's old name)
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
 _AUTH_ALIASES = {"RequireClientCert": "RequireAnyClientCert", "": "NoClientCert"}
