@@ -43,7 +43,7 @@ from twisted.cred.checkers import ICredentialsChecker
 from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import LoginFailed, UnauthorizedLogin
 from twisted.cred.portal import IRealm, Portal
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLServerConnectionCreator, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
@@ -409,9 +409,7 @@ class PasswordChecks:
         credentials carry one as `peer`, is whom a pending check is counted to)."""
         user = credentials.username
         verdict = self.check(user, credentials.password, self.users, getattr(credentials, "peer", ""))
-        if isinstance(verdict, Deferred):
-            return verdict.addCallback(_avatar, user)
-        return maybeDeferred(_avatar, verdict, user)
+        return (verdict if isinstance(verdict, Deferred) else succeed(verdict)).addCallback(_avatar, user)
 
     def _pools(self) -> tuple[_Pool, _Pool]:
         """The checking pool, and the one for credentials once found right: one thread, no bound
@@ -470,25 +468,22 @@ class PasswordChecks:
         if not known:
             self.owners[key] = (peer, cancelled)
 
-        def settled(right: bool | None) -> None:
+        def settled(right: bool | None, checked: bool = True) -> None:
+            if right is not None and checked:
+                self._keep(key, right)
             if pending.get(key) is outcome:  # not pushed out meanwhile
                 del pending[key]
                 self.owners.pop(key, None)
                 outcome.callback(right)
 
-        def verdict(right: bool | None) -> None:
-            if right is not None:
-                self._keep(key, right)
-            settled(right)
-
         def failed(failure: Any) -> None:
             self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
                                                       error=failure.getErrorMessage()),
                                "bcrypt checks failed")
-            settled(False)
+            settled(False, checked=False)  # refused, and not kept
 
         deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping,
-                          cancelled).addCallbacks(verdict, failed)
+                          cancelled).addCallbacks(settled, failed)
         return _share(outcome)
 
     def _make_room(self, peer: str) -> bool:
@@ -1099,12 +1094,9 @@ def secure_site(path: str, site: Any, reactor: Any, endpoint: str = "") -> tuple
         raise SystemExit(2) from None
     root = Protected(site.resource, loaded.config, PasswordChecks(reactor), reactor)
     site.resource = root
-    contexts = None
-    factory = site
-    if loaded.context is not None:
-        contexts = Contexts(loaded.context)
+    contexts = None if loaded.context is None else Contexts(loaded.context)
+    if contexts is not None:
         site.protocol = TLSChannel
-        factory = TLSSiteFactory(contexts, False, site, reactor)
     security = WebSecurity(path, loaded, root, contexts, reactor)
     security.log.info("--web-config {path}: {what}", path=path, what=loaded.config.describe())
-    return factory, security
+    return site if contexts is None else TLSSiteFactory(contexts, False, site, reactor), security
