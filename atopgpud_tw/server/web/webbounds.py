@@ -146,6 +146,8 @@ _EXPIRED = {
              "closing a metrics connection from {peer}: no request headers within {seconds} s"),
     "reply": ("metrics replies cut: left unread",
               "closing a metrics connection from {peer}: its reply unread after {seconds} s"),
+    "handshake": ("metrics TLS handshakes cut: too slow",
+                  "closing a metrics connection from {peer}: no TLS handshake within {seconds} s"),
 }
 
 

@@ -865,14 +865,11 @@ class TLSChannel(BoundedChannel):
     `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
     flight per peer (`BoundedChannel.peer`), and a failed one is logged once per burst."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._handshake: Any = None
-        self._shaken = False
+    _shaken = False
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
+        self._arm(self.limits.handshake_timeout, "handshake")  # no request's deadline runs before it ends
         flight = self.guard.handshakes.setdefault(self.peer, [])
         flight.append(self)
         if len(flight) > self.limits.max_handshakes_per_peer:
@@ -899,21 +896,12 @@ class TLSChannel(BoundedChannel):
         super().connectionLost(reason)
 
     def _stop_waiting(self) -> None:
-        if self._handshake is not None and self._handshake.active():
-            self._handshake.cancel()
-        self._handshake = None
+        self._disarm()
         flight = self.guard.handshakes.get(self.peer)
         if flight is not None and self in flight:
             flight.remove(self)
             if not flight:
                 del self.guard.handshakes[self.peer]
-
-    def _too_slow(self) -> None:
-        self._stop_waiting()
-        self.cut("metrics TLS handshakes cut: too slow",
-                 "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
-                 seconds=self.limits.handshake_timeout)
-        self.transport.abortConnection()
 
 
 def _cause(error: BaseException) -> str:
