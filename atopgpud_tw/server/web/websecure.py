@@ -399,7 +399,6 @@ class PasswordChecks:
         self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self.checked = 0
         self.refused = 0
-        self._started = False
         self._failed = BurstLog(reactor)
         #: the users and their hashes `requestAvatarId` checks against
         self.users: dict[str, bytes] = {}
@@ -418,8 +417,7 @@ class PasswordChecks:
                 _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known"))
 
     def start(self) -> None:
-        if not self._started:
-            self._started = True
+        if not self.pool.started:
             if self.pool.stopping.is_set():  # started again after a stop: pools of their own
                 self.pool, self.known_pool = self._pools()
             self.pool.start()
@@ -427,8 +425,7 @@ class PasswordChecks:
 
     def stop(self) -> None:
         self._failed.stop()
-        if self._started:
-            self._started = False
+        if self.pool.started:
             self.pool.stop()
             self.known_pool.stop()
 
@@ -986,7 +983,8 @@ class WebSecurity(Service):
         self.failed_reloads = 0
         #: reloads built (tried), whatever came of them
         self.builds = 0
-        self._watch: LoopingCall | None = None
+        self._watch = LoopingCall(self.look)
+        self._watch.clock = reactor
         self._tried: Signature = loaded.signature
         #: the certificate files watched: the last good configuration's, or those of a newer file that
         #: failed (a certificate it names may yet appear)
@@ -999,14 +997,12 @@ class WebSecurity(Service):
 
     def startService(self) -> None:
         super().startService()
-        self._watch = LoopingCall(self.look)
-        self._watch.clock = self.reactor
         self._watch.start(self.interval, now=False)
 
     def stopService(self) -> None:
         super().stopService()
         self._stopped = True
-        if self._watch is not None and self._watch.running:
+        if self._watch.running:
             self._watch.stop()
         self.root.checks.stop()
         self.root.stop()
