@@ -130,14 +130,12 @@ class _MethodsChecked:
                 raise
             method = request.method.decode("latin-1")
             if request.method not in supportedMethods:
-                return errorPage(NOT_IMPLEMENTED, "Not Implemented", f"No {method} request is served here.").render(
-                    request
-                )
-            request.setHeader(b"allow", b", ".join(allowed))
-            names = ", ".join(name.decode("latin-1") for name in allowed)
-            return errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.").render(
-                request
-            )
+                page = errorPage(NOT_IMPLEMENTED, "Not Implemented", f"No {method} request is served here.")
+            else:
+                request.setHeader(b"allow", b", ".join(allowed))
+                names = ", ".join(name.decode("latin-1") for name in allowed)
+                page = errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.")
+            return page.render(request)
 
 
 #: a deadline's cause and line, by what it waits for
@@ -247,7 +245,6 @@ class BoundedChannel(HTTPChannel):
         self._deadline = None
 
     def _expired(self, what: str, seconds: float) -> None:
-        self._deadline = None
         self.cut(*_EXPIRED[what], seconds=seconds)
         self._close()
 
@@ -256,9 +253,7 @@ class BoundedChannel(HTTPChannel):
                  "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
                  size="unstated size" if self.length is None else f"{self.length} bytes", limit=self.limits.max_body)
         self._cut = True
-        self.transport.write(
-            b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-        )
+        self.transport.write(b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
         self.transport.loseConnection()
 
     def _close(self) -> None:
