@@ -1043,10 +1043,8 @@ class WebSecurity(Service):
             if isinstance(loaded, WebConfigError):
                 raise loaded
             if (loaded.context is None) != (self.contexts is None):
-                raise WebConfigError(
-                    "turns TLS " + ("off" if loaded.context is None else "on")
-                    + ", which only a restart can do"
-                )
+                turns = "off" if loaded.context is None else "on"
+                raise WebConfigError(f"turns TLS {turns}, which only a restart can do")
             if self.loaded.config.users and not loaded.config.users:
                 raise WebConfigError("turns basic auth off, which only a restart can do "
                                      "(no basic_auth_users: an emptied or half-written file?)")
