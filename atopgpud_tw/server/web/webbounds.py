@@ -283,9 +283,8 @@ class PageWriter:
 
     def _write(self) -> None:
         while not self.paused and not self.stopped and self.offset < len(self.body):
-            end = self.offset + self.chunk
-            piece = self.body[self.offset : end].tobytes()
-            self.offset = end
+            piece = self.body[self.offset : self.offset + self.chunk].tobytes()
+            self.offset += self.chunk
             self.request.write(piece)  # may pause us before it returns
         if self.offset >= len(self.body) and not self.stopped:
             self.stopped = True

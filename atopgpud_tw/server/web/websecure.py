@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import bcrypt
 import yaml
@@ -75,7 +75,9 @@ _AUTH_ALIASES = {"RequireClientCert": "RequireAnyClientCert", "": "NoClientCert"
 CERT_REQUIRED = ("RequireAnyClientCert", "RequireAndVerifyClientCert")
 #: the client auth types that check a client's certificate against client_ca
 CERT_VERIFIED = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
-TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+#: the toolkit's names of the TLS versions, oldest first
+TLS_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
+                "TLS13": TLSVersion.TLSv1_3}
 #: the headers the toolkit lets a file set, and the values it allows (None: any)
 HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None,
@@ -235,7 +237,7 @@ def _strings(value: Any, where: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _choice(value: Any, where: str, allowed: tuple[str, ...], default: str) -> str:
+def _choice(value: Any, where: str, allowed: Collection[str], default: str) -> str:
     text = _string(value, where)
     if text is None:
         return default
@@ -274,7 +276,7 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
                              "RequireAndVerifyClientCert")
     low = _choice(table.get("min_version"), where + "min_version", TLS_VERSIONS, "TLS12")
     high = _choice(table.get("max_version"), where + "max_version", TLS_VERSIONS, "TLS13")
-    if TLS_VERSIONS.index(low) > TLS_VERSIONS.index(high):
+    if list(TLS_VERSIONS).index(low) > list(TLS_VERSIONS).index(high):
         raise WebConfigError(f"{where}min_version {low} is above max_version {high}")
     ciphers = _strings(table.get("cipher_suites"), where + "cipher_suites") or ()
     prefer = flag(table.get("prefer_server_cipher_suites", True), where + "prefer_server_cipher_suites", WebConfigError)
@@ -710,8 +712,6 @@ class Protected(Resource):
         self.bursts.stop()
 
 
-_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
-             "TLS13": TLSVersion.TLSv1_3}
 #: Go's names of the TLS 1.2 (and older) suites it offers (https://pkg.go.dev/crypto/tls#CipherSuites),
 #: as OpenSSL names them
 CIPHERS = {
@@ -777,8 +777,8 @@ def build_context(settings: TLSSettings) -> SSL.Context:
     try:
         options = CertificateOptions(  # cryptography's objects, which pyOpenSSL takes (its own are deprecated)
             privateKey=key, certificate=chain[0], extraCertChain=chain[1:], enableSessions=True,  # type: ignore[arg-type]
-            enableSessionTickets=True, insecurelyLowerMinimumTo=_VERSIONS[settings.min_version],
-            lowerMaximumSecurityTo=_VERSIONS[settings.max_version],
+            enableSessionTickets=True, insecurelyLowerMinimumTo=TLS_VERSIONS[settings.min_version],
+            lowerMaximumSecurityTo=TLS_VERSIONS[settings.max_version],
             acceptableCiphers=AcceptableCiphers.fromOpenSSLCipherString(":".join(CIPHERS[name] for name in ciphers))
             if ciphers else None,
         )
