@@ -348,9 +348,8 @@ def health_families(cache: HealthCache) -> Iterator[Metric]:
     """The health families of the cards `cache` holds, read at scrape time."""
     families: dict[str, Any] = {}
     for name, (kind, text, extra) in FAMILIES.items():
-        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        families[name] = make(name.removesuffix("_total") if kind == "counter" else name, text,
-                              labels=CARD_LABELS + list(extra))
+        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily  # a counter drops its _total
+        families[name] = make(name, text, labels=CARD_LABELS + list(extra))
     stale = GaugeMetricFamily("atopgpud_gpu_health_stale", "1 if the health figures shown are from an "
                               "earlier reading: the latest did not answer in time.", labels=CARD_LABELS)
     age = GaugeMetricFamily("atopgpud_gpu_health_age_seconds", "Seconds since the health figures shown "
@@ -369,16 +368,15 @@ def health_families(cache: HealthCache) -> Iterator[Metric]:
     events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
                                  "reported since the daemon started (0 from the start, for alerts).",
                                  labels=CARD_LABELS)
-    totals = dict.fromkeys(cache.xid_cards & set(cards), 0)
     for (key, code), count in sorted(cache.xids.items()):
         if key in cards:
             xid.add_metric(cards[key] + [str(code)], count)
-            totals[key] = totals.get(key, 0) + count
+    totals = {**dict.fromkeys(cache.xid_cards, 0), **_totals(cache.xids)}
     last = GaugeMetricFamily("atopgpud_gpu_xid_last_seconds", "When the daemon last saw an XID critical error "
                              "of the GPU, in seconds since the epoch (absent until the first).",
                              labels=CARD_LABELS)
-    for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
-        events.add_metric(cards[key], count)
+    for key in sorted(set(totals) & set(cards), key=cards.__getitem__):
+        events.add_metric(cards[key], totals[key])
         if key in cache.xid_last:
             last.add_metric(cards[key], cache.xid_last[key])
     yield from families.values()
