@@ -63,10 +63,7 @@ class Bursts:
 
     def cut(self, what: str, line: str, **fields: Any) -> None:
         """Count one refusal or cut of cause `what`; log it if it starts a burst."""
-        burst = self._bursts.get(what)
-        if burst is None:
-            burst = self._bursts[what] = BurstLog(self.clock)
-        burst.event(lambda: self.logger.warn(line, **fields), what)
+        self._bursts.setdefault(what, BurstLog(self.clock)).event(lambda: self.logger.warn(line, **fields), what)
 
     def stop(self) -> None:
         for burst in self._bursts.values():
@@ -91,11 +88,8 @@ class WebGuard(Bursts):
         """Whether another connection may open; a refusal is logged once per burst."""
         if len(self.channels) < self.limits.max_clients:
             return True
-        self.cut(
-            "connections refused (--metrics-max-clients)",
-            "refusing metrics connections: {count} open (--metrics-max-clients)",
-            count=len(self.channels),
-        )
+        self.cut("connections refused (--metrics-max-clients)",
+                 "refusing metrics connections: {count} open (--metrics-max-clients)", count=len(self.channels))
         return False
 
     def stop(self) -> None:

@@ -872,11 +872,10 @@ class TLSChannel(BoundedChannel):
         if len(flight) > self.limits.max_handshakes_per_peer:
             oldest = flight[0]
             oldest._stop_waiting()
-            self.guard.cut(
-                "metrics TLS handshakes cut: too many from one address",
-                "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
-                peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer, address=self.peer,
-            )
+            self.guard.cut("metrics TLS handshakes cut: too many from one address",
+                           "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from "
+                           "{address}", peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
+                           address=self.peer)
             oldest.transport.abortConnection()
 
     def handshakeCompleted(self) -> None:
