@@ -216,9 +216,8 @@ class BoardCollector:
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
             _add_busy_seconds(busy_cum, mem_busy_cum, labels, device, timed, interval)
-            used_cum.add_metric(
-                labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
-            )
+            kib_seconds = device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval
+            used_cum.add_metric(labels, kib_seconds * KIB)
         yield from (info, mig_info, present, busy, mem_busy, used, total, free, reserved, samples, busy_cum,
                     mem_busy_cum, used_cum)
 
@@ -686,8 +685,7 @@ def not_ready(poller: PollStatistics) -> str | None:
         return waiting
     if poller.polls == 0:
         return "waiting for the first poll"
-    unread: str | None = getattr(poller, "unread", None)
-    return unread
+    return getattr(poller, "unread", None)
 
 
 def plain(request: Request, text: str) -> bytes:

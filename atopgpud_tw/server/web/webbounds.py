@@ -146,7 +146,6 @@ _EXPIRED = {
 class BoundedChannel(HTTPChannel):
     """An HTTP connection within `WebLimits`; its site has a `guard` (`WebGuard`)."""
 
-    requestFactory = BoundedRequest
     guard: WebGuard
     #: a connected stream transport (TCP or UNIX)
     transport: Any

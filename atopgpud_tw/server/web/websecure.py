@@ -196,10 +196,9 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     top = _table(document, "the file", ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"))
     tls = _tls(top.get("tls_server_config"), folder)
     http = _table(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
-    http2 = flag(http.get("http2", True), "http_server_config.http2", WebConfigError)
-    headers = _headers(http.get("headers"))
-    users = _users(top.get("basic_auth_users"))
-    return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
+    return WebConfig(tls=tls, http2=flag(http.get("http2", True), "http_server_config.http2", WebConfigError),
+                     headers=_headers(http.get("headers")), users=_users(top.get("basic_auth_users")),
+                     rate_limit=_rate(top.get("rate_limit")))
 
 
 def _dict(value: Any, where: str, of: str = " of keys to values") -> dict[Any, Any]:
