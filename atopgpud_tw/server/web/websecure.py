@@ -907,9 +907,6 @@ def _cause(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-#: seconds between looks at the file and its certificates
-WATCH_INTERVAL = 1.0
-
 Signature = tuple[tuple[int, int, int] | None, ...]
 
 
@@ -967,15 +964,16 @@ class WebSecurity(Service):
     and one started per `interval`, so a burst of SIGHUPs is one or two builds."""
 
     log = ClassLogger("atopgpud_tw.websecure.WebSecurity")
+    #: seconds between looks at the file and its certificates
+    interval = 1.0
 
     def __init__(self, path: str, loaded: Loaded, root: Protected, contexts: Contexts | None, reactor: Any,
-                 interval: float = WATCH_INTERVAL, run: Callable[..., Deferred[Any]] | None = None) -> None:
+                 run: Callable[..., Deferred[Any]] | None = None) -> None:
         self.path = path
         self.loaded = loaded
         self.root = root
         self.contexts = contexts
         self.reactor = reactor
-        self.interval = interval
         self.run = run or (lambda work, *args: deferToThreadPool(reactor, reactor.getThreadPool(), work, *args))
         self.reloads = 0
         self.failed_reloads = 0
@@ -1069,8 +1067,7 @@ def secure_site(path: str, site: Any, reactor: Any, endpoint: str = "") -> tuple
             raise WebConfigError("tls_server_config is given and --metrics is an ssl: endpoint: "
                                  "give one of them (tcp: with tls_server_config)")
     except WebConfigError as error:
-        sys.stderr.write(f"atopgpud: --web-config {path}: {error}\n")
-        sys.stderr.flush()
+        print(f"atopgpud: --web-config {path}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     root = Protected(site.resource, loaded.config, PasswordChecks(reactor), reactor)
     site.resource = root
