@@ -21,6 +21,7 @@ verdicts a while, a right one renewed by each use, so a flood of wrong passwords
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -803,10 +804,8 @@ def _client_certificates(context: SSL.Context, settings: TLSSettings) -> None:
         # no list of authorities in the certificate request (pyOpenSSL deprecates its X509Name): a
         # client sends the certificate it was configured with, as Prometheus and curl do
         for authority in authorities:
-            try:
+            with contextlib.suppress(crypto.Error):  # the same authority twice in the file
                 store.add_cert(crypto.X509.from_cryptography(authority))
-            except crypto.Error:
-                pass  # the same authority twice in the file
     flags = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if mode in CERT_REQUIRED else 0)
     verify = mode in CERT_VERIFIED
     sans = settings.client_allowed_sans
