@@ -554,12 +554,10 @@ class Credentials(UsernamePassword):
 def credentials(request: Request) -> UsernamePassword | None:
     """The user and password of a request's ``Authorization: Basic`` header; None without one."""
     scheme, _, encoded = (request.getHeader(b"authorization") or b"").partition(b" ")
-    if scheme.lower() != _BASIC.scheme:
-        return None
-    try:
-        return _BASIC.decode(encoded.strip(), request)  # type: ignore[no-any-return]
-    except LoginFailed:
-        return None
+    if scheme.lower() == _BASIC.scheme:
+        with contextlib.suppress(LoginFailed):  # not base64, or no colon
+            return _BASIC.decode(encoded.strip(), request)
+    return None
 
 
 class _Answer(Resource):
