@@ -509,8 +509,7 @@ class Families:
 
 
 class MetricsPage:
-    """The page in each format; `render` gives bytes, or a Deferred of them while
-    the polled part of a new poll is being rendered."""
+    """The page in each format: bytes, or a Deferred of them while the polled part of a new poll is rendered."""
 
     def __init__(
         self,
@@ -576,12 +575,10 @@ class MetricsPage:
         if cached is not None and generation is not None and cached.stamp == generation:
             return cached
         key = (content_type, generation)
-        waiting = self._pending.get(key)
         waiter: Deferred[Rendered] = Deferred()
-        if waiting is not None:
-            waiting.append(waiter)
-            return waiter
-        self._pending[key] = [waiter]
+        self._pending.setdefault(key, []).append(waiter)
+        if len(self._pending[key]) > 1:
+            return waiter  # that rendering is under way
         assert self.polled is not None
         families = list(self.polled.collect())  # here, in the reactor thread: one poll's figures
 
