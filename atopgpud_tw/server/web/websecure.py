@@ -658,14 +658,13 @@ class Protected(Resource):
         return None if config.rate_limit is None else TokenBucket(*config.rate_limit, self.clock)
 
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        config = self.config
         if self.bucket is not None and not self.bucket.take():
             self.bursts.cut("metrics requests answered 429 (rate_limit)",
                             "answering metrics requests 429: over rate_limit")
             return TOO_MANY  # before a password is checked, as the toolkit has it
-        for header, value in config.headers.items():
+        for header, value in self._config.headers.items():
             request.setHeader(header.encode("ascii"), value.encode("utf-8"))
-        if not config.users:
+        if not self._config.users:
             return self.inner.getChildWithDefault(name, request)
         given = credentials(request)
         if given is None:
