@@ -846,9 +846,7 @@ class TLSSiteFactory(TLSMemoryBIOFactory):
 
     def buildProtocol(self, addr: Any) -> Any:
         inner = self.wrappedFactory.buildProtocol(addr)
-        if inner is None:  # the site is full: closed before any handshake
-            return None
-        return self.protocol(self, inner)
+        return None if inner is None else self.protocol(self, inner)  # None: the site is full, no handshake
 
 
 @implementer(IHandshakeListener)
