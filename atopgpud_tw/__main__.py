@@ -10,13 +10,9 @@ TLS_WANTED = ("--web-config", "ssl:")
 
 
 def without_tls_unless_asked(argv: list[str]) -> bool:
-    """Keep pyOpenSSL out of a daemon whose command line asks for no TLS; whether it was.
-
-    ``twisted.internet.tcp`` imports its TLS mixins (pyOpenSSL, ``cryptography``: some
-    13 MB of RSS) whenever pyOpenSSL can be imported; marked absent (None in
-    ``sys.modules``, which makes its import fail) Twisted takes its branch for a host
-    without it.  Called before Twisted is imported.
-    """
+    """Keep pyOpenSSL out of a daemon whose command line asks for no TLS (whether it was), before Twisted is
+    imported: ``twisted.internet.tcp`` imports its TLS mixins (pyOpenSSL, ``cryptography``: some 13 MB of RSS)
+    whenever it can; marked absent (None in ``sys.modules``) Twisted takes its branch for a host without it."""
     if "OpenSSL" in sys.modules or any(word in arg for arg in argv for word in TLS_WANTED):
         return False
     sys.modules["OpenSSL"] = None  # type: ignore[assignment]

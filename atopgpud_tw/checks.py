@@ -100,8 +100,7 @@ def read_regular(path: str | Path, max_size: int) -> bytes:
 
 
 def _size(count: int) -> str:
-    if count % 2**20 == 0:
-        return f"{count // 2**20} MiB"
-    if count % 2**10 == 0:
-        return f"{count // 2**10} KiB"
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if count % 2**shift == 0:
+            return f"{count >> shift} {unit}"
     return f"{count} bytes"

@@ -31,21 +31,13 @@ _lives = count(1)
 
 
 @cache
-def rates() -> frozenset[str]:
-    """The figures given in MiB/s, summed as bytes; every other figure is a percentage (the
-    table's units).  The table (figures.py) is loaded at the first GPM figures: a host
-    without GPM never needs it."""
-    from atopgpud_tw.figures import GPM_FIGURES
-
-    return frozenset(f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate)
-
-
-@cache
 def _weights() -> dict[str, int]:
-    """What each figure is multiplied by besides its seconds: a rate's MiB, in bytes."""
-    from atopgpud_tw.figures import MIB
+    """What a GPM figure is multiplied by besides its seconds: one in MiB/s by a MiB, summed as bytes
+    (every other is a percentage).  The table (figures.py) is loaded at the first GPM figures: a
+    host without GPM never needs it."""
+    from atopgpud_tw.figures import GPM_FIGURES, MIB
 
-    return dict.fromkeys(rates(), MIB)
+    return {f.gpm.name: MIB for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate}
 
 
 @dataclass(slots=True)
@@ -69,8 +61,7 @@ class GpmTotals:
         sums = self.sums
         weights = _weights()
         for name, value in figures.values:
-            weighted = value * span * weights.get(name, 1)
-            sums[name] = sums.get(name, 0.0) + weighted
+            sums[name] = sums.get(name, 0.0) + value * span * weights.get(name, 1)
 
 
 @dataclass(slots=True)
@@ -232,13 +223,9 @@ class Counters:
             self._device_index(sample)
 
     def fold(self, snapshot: Snapshot, taken: float | None = None, since: float = 0.0) -> list[ExitedProcess]:
-        """Count one poll and return the processes that ended in it.
-
-        With `taken` (the poll's time on the poller's schedule) and `since` (the previous
-        poll's), each counted figure is also summed times the seconds since the previous
-        counted sample of its device or process (or `since`): a skipped sample is covered
-        by the next, so ``rate()`` stays right when polls run late.
-        """
+        """Count one poll and return the processes that ended in it.  With `taken` (the poll's time on the
+        poller's schedule) and `since` (the previous poll's), each counted figure is also summed times the
+        seconds since its previous counted sample (or `since`): a skipped sample is covered by the next."""
         exited: list[ExitedProcess] = []
         seen: set[int] = set()
         if taken is not None:
@@ -260,8 +247,7 @@ class Counters:
     def _device_index(self, sample: DeviceSample) -> int:
         index = self._by_key.get(sample.key)
         if index is None:
-            index = len(self.devices)
-            self._by_key[sample.key] = index
+            index = self._by_key[sample.key] = len(self.devices)
             self.devices.append(
                 DeviceTotals(sample.key, sample.busid, sample.name, sample.task_support, info=sample.info)
             )
@@ -279,8 +265,7 @@ class Counters:
     def _mark_absent(self, index: int, device: DeviceTotals) -> list[ExitedProcess]:
         device.present = False
         device.counted_at = None  # its absence is no span of its next sample
-        device.gpu_busy_now = UNSUPPORTED
-        device.mem_busy_now = UNSUPPORTED
+        device.gpu_busy_now = device.mem_busy_now = UNSUPPORTED
         gone = [ExitedProcess(index, totals) for totals in device.processes.values()]
         device.processes = {}
         return gone
@@ -318,21 +303,10 @@ class Counters:
                 device.gpu_busy_seconds += max(gpu or 0, 0) * span
                 device.mem_busy_seconds += max(mem or 0, 0) * span
                 device.memory_used_kib_seconds += (sample.memory_used_kib or 0) * span
-        if sample.processes is None:
+        processes = sample.processes
+        if processes is None:
             return []
-        return self._fold_processes(
-            index, device, sample.processes, taken if self.weigh_processes else None, since, contexts
-        )
-
-    def _fold_processes(
-        self,
-        index: int,
-        device: DeviceTotals,
-        processes: tuple[ProcessSample, ...],
-        taken: float | None,
-        since: float,
-        contexts: Mapping[int, ProcessContext],
-    ) -> list[ExitedProcess]:
+        taken = taken if self.weigh_processes else None
         merged = dict(zip(map(_PID, processes), processes))  # no Python frame per process
         if len(merged) != len(processes):
             merged = merge_by_pid(processes)  # one sample per pid, its kinds merged (C+G)

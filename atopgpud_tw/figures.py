@@ -1,14 +1,6 @@
-"""The table of figures: every health, power and GPM figure of a card as one row, for all who show or play it.
-
-A row (`Figure`) says everything about one figure: its series on the metrics page
-(`Family` and label values), how the NVML reader asks for it (`Ask`), where
-nvidia-smi's report has it (`Smi`), where ``atopgpu --health`` shows it (`Show`),
-and the simulator's scenario field it is played from (`Play`); a GPM row
-(`GPM_FIGURES`, read per poll) has a GPM metric (`Gpm`) instead.  The page, both
-readers, the client and the simulator all take their part from here, so this module
-imports nothing of the package; adding a figure of a known shape is one row here
-(docs/design.md, "Extending").
-"""
+"""The table of figures: every health, power and GPM figure of a card as one row (`Figure`), whence the page,
+both readers, the client and the simulator take their part; data only, importing nothing of the package
+(docs/design.md, "The table of figures"; adding a figure of a known shape is one row, "Extending")."""
 
 from __future__ import annotations
 
@@ -203,18 +195,6 @@ NVLINK_MAX_LINKS = 18
 NS = 1e-9
 
 
-def _clock(label: str, kind: int, element: str) -> Figure:
-    if label == "video":  # a key of its own: clocks_mhz keeps the three it always had
-        show = Show(("video_clock_mhz",), per=1e6)
-    else:
-        show = Show(("clocks_mhz", label), per=1e6,
-                    column={"sm": "SM", "memory": "MEM"}.get(label), unit="MHz")
-    return Figure(CLOCK, (("clock", label),), Ask("nvmlDeviceGetClockInfo", (kind,), 1e6,
-                                                  variant=f"nvmlDeviceGetClockInfo {label}"),
-                  Smi((f"clocks/{element}",), 1e6, most=100e9), show,
-                  Play(f"{label}_clock_mhz", {"graphics": 1410, "sm": 1410, "memory": 1215}.get(label)))
-
-
 def _reason(name: str, bit: int) -> Figure:
     tag = "display_clocks_setting" if name == "display_clock_setting" else name
     return Figure(CLOCKS_EVENT, (("reason", name),),
@@ -245,72 +225,6 @@ def _ecc(error: str, kind: int, counter: str, counter_type: int) -> Figure:
                   Play(f"ecc_{error}_{counter}", 0))
 
 
-def _remapped(index: int, family: Family, labels: Labels, element: str, key: tuple[str, ...], field: str,
-              flag: bool = False) -> Figure:
-    return Figure(family, labels, Ask("nvmlDeviceGetRemappedRows", pick=index, flag=flag),
-                  Smi((f"remapped_rows/{element}",), parse="yes_no" if flag else "number"),
-                  Show(key), Play(field, 0, 0, 1 if flag else None))
-
-
-def _event_time(name: str, field: int, element: str) -> Figure:
-    return Figure(CLOCKS_EVENT_TIME, (("reason", name),),
-                  Ask("nvmlDeviceGetFieldValues", scale=NS, field=field,
-                      variant=f"nvmlDeviceGetFieldValues clocks event {name}"),
-                  Smi((f"clocks_event_reasons_counters/clocks_event_reasons_counters_{element}",), 1e-6),
-                  Show(("clocks_event_seconds", name)),
-                  Play(f"clocks_event_{name}_s", None, per=1e9))
-
-
-def _violation(policy: str, kind: int) -> Figure:
-    return Figure(VIOLATION_TIME, (("policy", policy),),
-                  Ask("nvmlDeviceGetViolationStatus", (kind,), NS, variant=f"nvmlDeviceGetViolationStatus {policy}",
-                      pick="violationTime"),
-                  None, Show(("violation_seconds", policy)), Play(f"violation_{policy}_s", None, per=1e9))
-
-
-def _engine(engine: str, function: str) -> Figure:
-    return Figure(ENGINE_BUSY, (("engine", engine),), Ask(function, pick=0),
-                  Smi((f"utilization/{engine}_util",), most=100.0), Show(("engine_busy_percent", engine)),
-                  Play(f"{engine}_percent", None, 0, 100))
-
-
-def _throughput(direction: str, counter: int) -> Figure:
-    return Figure(PCIE_THROUGHPUT, (("direction", direction),),
-                  Ask("nvmlDeviceGetPcieThroughput", (counter,), 1024.0,
-                      variant=f"nvmlDeviceGetPcieThroughput {direction}"),
-                  Smi((f"pci/{direction}_util",), 1024.0, most=1e12), Show(("pcie_kib_per_second", direction), 1024),
-                  Play(f"pcie_{direction}_kib_s", None))
-
-
-def _nvlink_bytes(direction: str, field: int) -> Figure:
-    return Figure(NVLINK_BYTES, (("direction", direction),),
-                  Ask("nvmlDeviceGetFieldValues", scale=1024.0, field=field, per_link=True,
-                      variant=f"nvmlDeviceGetFieldValues nvlink {direction}"),
-                  None, Show(("nvlink_bytes", direction)), Play(f"{direction}_kib_per_s", 0, per=1))
-
-
-def _nvlink_errors(error: str, counter: int) -> Figure:
-    return Figure(NVLINK_ERRORS, (("error", error),),
-                  Ask("nvmlDeviceGetNvLinkErrorCounter", (counter,), per_link=True,
-                      variant=f"nvmlDeviceGetNvLinkErrorCounter {error}"),
-                  None, Show(("nvlink_errors", error)), Play(f"{error}_errors", 0))
-
-
-def _max_clock(label: str, kind: int, element: str) -> Figure:
-    return Figure(CLOCK_MAX, (("clock", label),),
-                  Ask("nvmlDeviceGetMaxClockInfo", (kind,), 1e6, variant=f"nvmlDeviceGetMaxClockInfo {label}"),
-                  Smi((f"max_clocks/{element}",), 1e6, most=100e9), Show(("max_clocks_mhz", label), 1e6),
-                  Play(f"max_{label}_clock_mhz", None))
-
-
-def _threshold(name: str, kind: int, element: str) -> Figure:
-    return Figure(TEMPERATURE_THRESHOLD, (("threshold", name),),
-                  Ask("nvmlDeviceGetTemperatureThreshold", (kind,),
-                      variant=f"nvmlDeviceGetTemperatureThreshold {name}"),
-                  Smi((f"temperature/{element}",), most=250.0), Show(("temperature_threshold_c", name)),
-                  Play(f"temperature_{name}_c", None))
-
-
 #: every figure, in the order the NVML reader asks and the page lists the families
 FIGURES: tuple[Figure, ...] = (
     Figure(TEMPERATURE, (), Ask("nvmlDeviceGetTemperature", (0,)), Smi(("temperature/gpu_temp",), most=250.0),
@@ -329,39 +243,59 @@ FIGURES: tuple[Figure, ...] = (
     Figure(ENERGY, (), Ask("nvmlDeviceGetTotalEnergyConsumption", scale=0.001), None,
            Show(("energy_j",), column="ENERGY", unit="kJ", decimals=1, column_per=1000),
            Play("energy_start_j", 0, per=1000)),
-    *(_clock(label, kind, element) for label, kind, element in CLOCK_TYPES),
+    *(Figure(CLOCK, (("clock", label),), Ask("nvmlDeviceGetClockInfo", (kind,), 1e6,
+                                             variant=f"nvmlDeviceGetClockInfo {label}"),
+             Smi((f"clocks/{element}",), 1e6, most=100e9),
+             # video: a key of its own, clocks_mhz keeps the three it always had
+             Show(("video_clock_mhz",), per=1e6) if label == "video"
+             else Show(("clocks_mhz", label), per=1e6, column={"sm": "SM", "memory": "MEM"}.get(label), unit="MHz"),
+             Play(f"{label}_clock_mhz", {"graphics": 1410, "sm": 1410, "memory": 1215}.get(label)))
+      for label, kind, element in CLOCK_TYPES),
     *(_reason(name, bit) for name, bit in CLOCKS_EVENT_REASONS),
     Figure(PSTATE, (), Ask("nvmlDeviceGetPerformanceState", below=32), Smi(("performance_state",), parse="pstate"),
            Show(("performance_state",), column="PSTATE", prefix="P"), Play("performance_state", 0, 0, 15)),
     Figure(FAN, (), Ask("nvmlDeviceGetFanSpeed"), Smi(("fan_speed",), most=100.0),
            Show(("fan_percent",), column="FAN", unit="%"), Play("fan_percent", None, 0, 100)),
-    _ecc("corrected", 0, "volatile", 0),
-    _ecc("corrected", 0, "aggregate", 1),
-    _ecc("uncorrected", 1, "volatile", 0),
-    _ecc("uncorrected", 1, "aggregate", 1),
-    _remapped(0, REMAPPED, (("cause", "correctable"),), "remapped_row_corr", ("remapped_rows", "correctable"),
-              "remapped_rows_correctable"),
-    _remapped(1, REMAPPED, (("cause", "uncorrectable"),), "remapped_row_unc", ("remapped_rows", "uncorrectable"),
-              "remapped_rows_uncorrectable"),
-    _remapped(2, REMAP_PENDING, (), "remapped_row_pending", ("row_remap_pending",), "remapped_rows_pending", True),
-    _remapped(3, REMAP_FAILED, (), "remapped_row_failure", ("row_remap_failed",), "remapped_rows_failed", True),
+    *(_ecc(error, kind, counter, counter_type) for error, kind in (("corrected", 0), ("uncorrected", 1))
+      for counter, counter_type in (("volatile", 0), ("aggregate", 1))),
+    # nvmlDeviceGetRemappedRows answers (correctable, uncorrectable, pending, failed): picked by place
+    *(Figure(family, labels, Ask("nvmlDeviceGetRemappedRows", pick=index, flag=flag),
+             Smi((f"remapped_rows/{element}",), parse="yes_no" if flag else "number"),
+             Show(key), Play(field, 0, 0, 1 if flag else None))
+      for index, (family, labels, element, key, field, flag) in enumerate((
+          (REMAPPED, (("cause", "correctable"),), "remapped_row_corr", ("remapped_rows", "correctable"),
+           "remapped_rows_correctable", False),
+          (REMAPPED, (("cause", "uncorrectable"),), "remapped_row_unc", ("remapped_rows", "uncorrectable"),
+           "remapped_rows_uncorrectable", False),
+          (REMAP_PENDING, (), "remapped_row_pending", ("row_remap_pending",), "remapped_rows_pending", True),
+          (REMAP_FAILED, (), "remapped_row_failure", ("row_remap_failed",), "remapped_rows_failed", True)))),
     Figure(PCIE_REPLAYS, (), Ask("nvmlDeviceGetPcieReplayCounter"), Smi(("pci/replay_counter",)),
            Show(("pcie_replays",)), Play("pcie_replays", 0)),
     # throttling as time: the clocks-event durations (ns) and each performance policy's violation time (ns)
-    _event_time("sw_power_cap", 74, "sw_power_cap"),
-    _event_time("sync_boost", 76, "sync_boost"),
-    _event_time("sw_thermal_slowdown", 269, "sw_therm_slowdown"),
-    _event_time("hw_thermal_slowdown", 270, "hw_therm_slowdown"),
-    _event_time("hw_power_brake_slowdown", 271, "hw_power_brake"),
-    *(_violation(policy, kind) for policy, kind in (
-        ("power", 0), ("thermal", 1), ("sync_boost", 2), ("board_limit", 3), ("low_utilization", 4),
-        ("reliability", 5), ("total_app_clocks", 10), ("total_base_clocks", 11))),
-    _engine("encoder", "nvmlDeviceGetEncoderUtilization"),
-    _engine("decoder", "nvmlDeviceGetDecoderUtilization"),
-    _engine("jpeg", "nvmlDeviceGetJpgUtilization"),
-    _engine("ofa", "nvmlDeviceGetOfaUtilization"),
-    _throughput("tx", 0),
-    _throughput("rx", 1),
+    *(Figure(CLOCKS_EVENT_TIME, (("reason", name),),
+             Ask("nvmlDeviceGetFieldValues", scale=NS, field=field,
+                 variant=f"nvmlDeviceGetFieldValues clocks event {name}"),
+             Smi((f"clocks_event_reasons_counters/clocks_event_reasons_counters_{element}",), 1e-6),
+             Show(("clocks_event_seconds", name)), Play(f"clocks_event_{name}_s", None, per=1e9))
+      for name, field, element in (
+          ("sw_power_cap", 74, "sw_power_cap"), ("sync_boost", 76, "sync_boost"),
+          ("sw_thermal_slowdown", 269, "sw_therm_slowdown"), ("hw_thermal_slowdown", 270, "hw_therm_slowdown"),
+          ("hw_power_brake_slowdown", 271, "hw_power_brake"))),
+    *(Figure(VIOLATION_TIME, (("policy", policy),),
+             Ask("nvmlDeviceGetViolationStatus", (kind,), NS, variant=f"nvmlDeviceGetViolationStatus {policy}",
+                 pick="violationTime"),
+             None, Show(("violation_seconds", policy)), Play(f"violation_{policy}_s", None, per=1e9))
+      for policy, kind in (("power", 0), ("thermal", 1), ("sync_boost", 2), ("board_limit", 3), ("low_utilization", 4),
+                           ("reliability", 5), ("total_app_clocks", 10), ("total_base_clocks", 11))),
+    *(Figure(ENGINE_BUSY, (("engine", engine),), Ask(f"nvmlDeviceGet{function}Utilization", pick=0),
+             Smi((f"utilization/{engine}_util",), most=100.0), Show(("engine_busy_percent", engine)),
+             Play(f"{engine}_percent", None, 0, 100))
+      for engine, function in (("encoder", "Encoder"), ("decoder", "Decoder"), ("jpeg", "Jpg"), ("ofa", "Ofa"))),
+    *(Figure(PCIE_THROUGHPUT, (("direction", direction),),
+             Ask("nvmlDeviceGetPcieThroughput", (counter,), 1024.0, variant=f"nvmlDeviceGetPcieThroughput {direction}"),
+             Smi((f"pci/{direction}_util",), 1024.0, most=1e12), Show(("pcie_kib_per_second", direction), 1024),
+             Play(f"pcie_{direction}_kib_s", None))
+      for direction, counter in (("tx", 0), ("rx", 1))),
     Figure(PCIE_GENERATION, (), Ask("nvmlDeviceGetCurrPcieLinkGeneration"),
            Smi(("pci/pci_gpu_link_info/pcie_gen/current_link_gen",), most=32.0), Show(("pcie_link_generation",)),
            Play("pcie_link_generation", None)),
@@ -369,15 +303,28 @@ FIGURES: tuple[Figure, ...] = (
            Smi(("pci/pci_gpu_link_info/link_widths/current_link_width",), most=64.0), Show(("pcie_link_width",)),
            Play("pcie_link_width", None)),
     # NVLink: per active link (the simulator plays them from the list `nvlink`, a shape of its own)
-    _nvlink_bytes("tx", 138),
-    _nvlink_bytes("rx", 139),
-    *(_nvlink_errors(error, counter) for error, counter in (
-        ("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))),
-    *(_max_clock(label, kind, element) for label, kind, element in CLOCK_TYPES),
-    _threshold("shutdown", 0, "gpu_temp_max_threshold"),
-    _threshold("slowdown", 1, "gpu_temp_slow_threshold"),
-    _threshold("memory_max", 2, "gpu_temp_max_mem_threshold"),
-    _threshold("gpu_max", 3, "gpu_temp_max_gpu_threshold"),
+    *(Figure(NVLINK_BYTES, (("direction", direction),),
+             Ask("nvmlDeviceGetFieldValues", scale=1024.0, field=field, per_link=True,
+                 variant=f"nvmlDeviceGetFieldValues nvlink {direction}"),
+             None, Show(("nvlink_bytes", direction)), Play(f"{direction}_kib_per_s", 0, per=1))
+      for direction, field in (("tx", 138), ("rx", 139))),
+    *(Figure(NVLINK_ERRORS, (("error", error),),
+             Ask("nvmlDeviceGetNvLinkErrorCounter", (counter,), per_link=True,
+                 variant=f"nvmlDeviceGetNvLinkErrorCounter {error}"),
+             None, Show(("nvlink_errors", error)), Play(f"{error}_errors", 0))
+      for error, counter in (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))),
+    *(Figure(CLOCK_MAX, (("clock", label),),
+             Ask("nvmlDeviceGetMaxClockInfo", (kind,), 1e6, variant=f"nvmlDeviceGetMaxClockInfo {label}"),
+             Smi((f"max_clocks/{element}",), 1e6, most=100e9), Show(("max_clocks_mhz", label), 1e6),
+             Play(f"max_{label}_clock_mhz", None))
+      for label, kind, element in CLOCK_TYPES),
+    *(Figure(TEMPERATURE_THRESHOLD, (("threshold", name),),
+             Ask("nvmlDeviceGetTemperatureThreshold", (kind,), variant=f"nvmlDeviceGetTemperatureThreshold {name}"),
+             Smi((f"temperature/{element}",), most=250.0), Show(("temperature_threshold_c", name)),
+             Play(f"temperature_{name}_c", None))
+      for name, kind, element in (
+          ("shutdown", 0, "gpu_temp_max_threshold"), ("slowdown", 1, "gpu_temp_slow_threshold"),
+          ("memory_max", 2, "gpu_temp_max_mem_threshold"), ("gpu_max", 3, "gpu_temp_max_gpu_threshold"))),
 )
 
 

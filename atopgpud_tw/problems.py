@@ -1,12 +1,6 @@
-"""What is logged once, not at every poll or every event: the one home of that rule.
-
-A trouble once when it starts and once when it ends (`ProblemLog`, over each
-poll's `Problems`), and a trouble that keeps coming back by a count at growing
-intervals (`DAMPING`); a condition when it changes (`Latch`); a burst of events by
-its first and, when it is over, a count of the rest (`BurstLog`; one per uid,
-`UidBurstLogs`).  What they log of the text they were given is shown as data
-(`printable`, the client's rule too).
-"""
+"""What is logged once, not at every poll or every event, the one home of that rule: a trouble when it
+starts and ends (`ProblemLog`), damped when it keeps coming back (`Damping`); a condition when it changes
+(`Latch`); a burst of events by its first and a count (`BurstLog`, `UidBurstLogs`).  Texts shown as data."""
 
 from __future__ import annotations
 
@@ -92,13 +86,8 @@ class Count(NamedTuple):
 
 
 class Damping:
-    """Which starts and ends of causes that come and go are said, and the counts said in their place.
-
-    A cause's first `SAID_STARTS` starts and ends are said one by one; the next start
-    is said as flapping (`Start.flapping`), then nothing of it until the end of a window
-    (`DAMPING`), when one line counts what was held back (`Count`; a quiet window has
-    none).  A cause unchanged for `FLAP_MEMORY` seconds is not damped any more.
-    """
+    """Which starts and ends of causes that come and go are said, and the counts said in their place
+    (docs/reliability.md, "A fault that keeps coming back")."""
 
     def __init__(self) -> None:
         #: the causes remembered (while it is empty, `windows_over` has nothing to end or forget)
@@ -161,10 +150,8 @@ class Damping:
 
 
 class ProblemLog:
-    """The current problems, each keyed by its cause: reported after every poll
-    (``{cause: description}``), a new cause is logged once as a warning, one no
-    longer reported once as recovered; one that comes and goes is damped
-    (`Damping`; docs/reliability.md, "A fault that keeps coming back")."""
+    """The current problems (``{cause: description}``), reported after every poll: a new cause logged
+    once as a warning, one no longer reported once as recovered, one that comes and goes damped."""
 
     log = ClassLogger("atopgpud_tw.problems.ProblemLog")
 
@@ -186,8 +173,9 @@ class ProblemLog:
             if cause not in self.active:
                 self._started(cause, text, now)
         for cause, text in self.active.items():
-            if cause not in problems:
-                self._ended(cause, text, now)
+            if cause not in problems and self._damping.ended(cause, now):
+                self.log.info("{subject}: recovered ({problem})", subject=printable(self.subject),
+                              problem=printable(text))
         # a cause keeps the words it was first logged with, so its recovery names it
         self.active = {cause: self.active.get(cause, text) for cause, text in problems.items()}
         if not self._damping.flaps:
@@ -217,12 +205,6 @@ class ProblemLog:
             subject=subject, problem=problem, count=start.starts, span=span_words(start.span),
             every=span_words(start.every),
         )
-
-    def _ended(self, cause: str, text: str, now: float) -> None:
-        if self._damping.ended(cause, now):
-            self.log.info(
-                "{subject}: recovered ({problem})", subject=printable(self.subject), problem=printable(text)
-            )
 
 
 class Problems(dict[str, str]):
@@ -306,6 +288,5 @@ class UidBurstLogs:
         return sum(b.total for b in self._logs.values()) + self._others.total + self._forgotten
 
     def stop(self) -> None:
-        for burst in self._logs.values():
+        for burst in [*self._logs.values(), self._others]:
             burst.stop()
-        self._others.stop()

@@ -108,10 +108,7 @@ class DeviceSample:
         )
 
     def absent(self) -> DeviceSample:
-        return DeviceSample(
-            key=self.key, busid=self.busid, name=self.name, task_support=self.task_support, present=False,
-            info=self.info,
-        )
+        return DeviceSample(self.key, self.busid, self.name, self.task_support, present=False, info=self.info)
 
 
 #: how processes are grouped into workloads (``--workloads``); "auto" is the most
@@ -252,9 +249,7 @@ def fold_instances(
         key,
         busid,
         name,
-        task_support,
-        gpu_busy=UNSUPPORTED,
-        mem_busy=UNSUPPORTED,
+        task_support,  # no utilization of its own: gpu_busy and mem_busy UNSUPPORTED
         memory_total_kib=total,
         memory_used_kib=total_of([part.memory_used_kib for part in parts]),
         # free and reserved: summed where every instance reports them

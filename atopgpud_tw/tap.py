@@ -93,11 +93,8 @@ def _names(option: str, value: str) -> list[str]:
 
 
 def _seconds(option: str, minimum: float = 0.0) -> Any:
-    if minimum:
-        return _coerce(option, float, lambda v: minimum <= v <= MAX_SECONDS,
-                       f"a number of seconds from {minimum:g} to 1e6")
-    return _coerce(option, float, lambda v: 0 < v <= MAX_SECONDS,
-                   "a number of seconds above 0, up to 1e6")
+    wanted = f"a number of seconds from {minimum:g} to 1e6" if minimum else "a number of seconds above 0, up to 1e6"
+    return _coerce(option, float, lambda v: minimum <= v <= MAX_SECONDS and v > 0, wanted)
 
 
 def _count(option: str) -> Any:
@@ -106,15 +103,6 @@ def _count(option: str) -> Any:
 
 def _choice(option: str, *allowed: str) -> Any:
     return _coerce(option, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
-
-
-def versions() -> list[str]:
-    """What ``--version`` prints: the daemon's version, the NVML binding's, Twisted's."""
-    return [
-        f"atopgpud (atopgpud_tw) {distribution_version()}",
-        f"nvidia-ml-py {distribution_version('nvidia-ml-py')}",
-        f"Twisted {distribution_version('twisted')}",
-    ]
 
 
 class Options(usage.Options):
@@ -217,8 +205,7 @@ class Options(usage.Options):
         self["allow-gid"] |= {_group_id(g) for g in _names("allow-gid", groups)}
 
     def getSynopsis(self) -> str:
-        """``Usage: atopgpud [options]`` when run as the ``atopgpud`` command (its
-        parent names the command), twistd's ``twistd [options] atopgpud [options]`` otherwise."""
+        """``Usage: atopgpud [options]`` under the ``atopgpud`` command (its parent names it), else twistd's."""
         command = getattr(self.parent, "command", None)
         if command:
             return f"Usage: {command} {self.synopsis}"
@@ -226,7 +213,8 @@ class Options(usage.Options):
 
     def opt_version(self) -> None:
         """Display the daemon's version, the NVML binding's and Twisted's, and exit."""
-        print("\n".join(versions()))
+        print(f"atopgpud (atopgpud_tw) {distribution_version()}\nnvidia-ml-py {distribution_version('nvidia-ml-py')}"
+              f"\nTwisted {distribution_version('twisted')}")
         sys.exit(0)
 
     def postOptions(self) -> None:
@@ -243,11 +231,9 @@ class Options(usage.Options):
         if self["socket-group"] is not None:
             self["socket-group"] = _group_id(self["socket-group"], "socket-group")
         for option, needed in (("metrics-processes", "metrics"), ("web-config", "metrics"),
-                               ("metrics-process-context", "metrics-processes")):
-            if self[option] and not self[needed]:
+                               ("metrics-process-context", "metrics-processes"), ("workloads", "metrics")):
+            if self[option] not in ("", None, 0, "off") and not self[needed]:
                 raise usage.UsageError(f"--{option} needs --{needed}" + (" ENDPOINT" if needed == "metrics" else ""))
-        if self["workloads"] != "off" and not self["metrics"]:
-            raise usage.UsageError("--workloads needs --metrics ENDPOINT")
         parent = getattr(self, "parent", None)
         if parent is not None:  # twistd's options: the log observer is chosen there
             refused = install_journal(parent, self["log-level"])
@@ -264,15 +250,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     notifier = Notifier()
     try:
         # the options that concern the reader, typed: readers never see the Options mapping
-        settings = ReaderSettings(
-            kind=options["reader"],
-            mig=options["mig"],
-            scenario=options["scenario"],
-            smi_path=options["nvidia-smi"],
-            smi_timeout=options["smi-timeout"],
-            hang_warning=options.get("hang-warning"),
-            start_timeout=options.get("start-timeout"),
-        )
+        settings = ReaderSettings(**{field: options[name] for field, name in (
+            ("kind", "reader"), ("mig", "mig"), ("scenario", "scenario"), ("smi_path", "nvidia-smi"),
+            ("smi_timeout", "smi-timeout"), ("hang_warning", "hang-warning"), ("start_timeout", "start-timeout"))})
         reader, layout = make_reader(settings, reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
@@ -331,7 +311,7 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         if listener.passed is not None:
             log.info("serving {socket}, passed by systemd", socket=listener.passed.describe())
         exposed = (PROCESS_LISTS if listener.factory is factory
-                   else _EXPOSED_METRICS if options["metrics-processes"] else None)
+                   else "every GPU process (--metrics-processes)" if options["metrics-processes"] else None)
         group = options["socket-group"] if listener.passed is None else None  # systemd's: SocketGroup=
         checked.append(replace(listener, endpoint=CheckedEndpoint(listener.endpoint, group, exposed)))
     for port in listen_all(checked, reactor):  # before twistd daemonizes: a failure is the parent's exit status
@@ -342,10 +322,8 @@ def makeService(options: Options, reactor: Any = None) -> IService:
 
 
 def use_monotonic_clock(reactor: Any) -> bool:
-    """Make `reactor` tell the time on CLOCK_MONOTONIC, whether it was changed: on Twisted's
-    wall clock, a clock set back an hour holds every timer for an hour (docs/design.md, "Time").
-    Every timer reads the reactor's `seconds`; calls already scheduled keep their delay.  A
-    reactor that is not a `ReactorBase` (`task.Clock` in tests) keeps its test's time."""
+    """Make `reactor` tell the time on CLOCK_MONOTONIC, whether it was changed (docs/design.md, "Time"):
+    calls already scheduled keep their delay; a `task.Clock` (not a `ReactorBase`) keeps its test's time."""
     import time
 
     from twisted.internet.base import ReactorBase
@@ -386,9 +364,6 @@ def _check_pidfile(server: Any) -> None:
         raise SystemExit(f"atopgpud: --pidfile {path}: cannot be written ({error.strerror or error})") from None
     if not existed:
         os.unlink(path)  # twistd makes it; left behind, it would outlive a failed start
-
-
-_EXPOSED_METRICS = "every GPU process (--metrics-processes)"
 
 
 def _endpoint(reactor: Any, option: str, description: str) -> Any:

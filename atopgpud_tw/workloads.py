@@ -1,10 +1,6 @@
-"""Exact GPU time per workload (``--workloads``): its processes' counters summed, exited ones included.
-
-A workload's sums on a GPU are its exited processes' final figures, kept here, plus its
-active ones' as they are now, so they never go down; beyond `limit` series, or `expiry`
-seconds idle, they go into ``other``.  A process is given to one workload, once, when
-first collected with a context (or when it ends).  docs/metrics.md, "Workloads".
-"""
+"""Exact GPU time per workload (``--workloads``): its exited processes' final figures, kept here, plus its
+active ones' as they are now, so they never go down; beyond `limit` series, or `expiry` seconds idle, they
+go into ``other``.  A process is given to one workload, once (docs/metrics.md, "Workloads")."""
 
 from __future__ import annotations
 
@@ -18,8 +14,6 @@ from atopgpud_tw.snapshot import DEFAULT_WORKLOAD_EXPIRY, DEFAULT_WORKLOAD_LIMIT
 
 log = Logger(namespace="atopgpud_tw.workloads")
 
-DEFAULT_LIMIT = DEFAULT_WORKLOAD_LIMIT
-DEFAULT_EXPIRY = DEFAULT_WORKLOAD_EXPIRY
 OTHER = ("other", "other")
 
 
@@ -45,12 +39,8 @@ class WorkloadSums:
 
     def absorb(self, other: WorkloadSums) -> None:
         """Take `other`'s sums (a workload that leaves the page goes into ``other``)."""
-        self.busy += other.busy
-        self.mem_busy += other.mem_busy
-        self.memory_kib += other.memory_kib
-        self.seen += other.seen
-        self.ended += other.ended
-        self.energy_joules += other.energy_joules
+        for name in ("busy", "mem_busy", "memory_kib", "seen", "ended", "energy_joules"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +60,8 @@ class WorkloadBook:
         self,
         counters: Counters,
         grouping: str = "unit",
-        limit: int = DEFAULT_LIMIT,
-        expiry: float = DEFAULT_EXPIRY,
+        limit: int = DEFAULT_WORKLOAD_LIMIT,
+        expiry: float = DEFAULT_WORKLOAD_EXPIRY,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.counters = counters
@@ -104,8 +94,7 @@ class WorkloadBook:
                 log.warn("more than {limit} workload series (--workload-limit): the rest are summed under "
                          "workload=\"other\"", limit=self.limit)
             return self._other(index)
-        sums = self.entries[key] = WorkloadSums(index, kind, name)
-        return sums
+        return self.entries.setdefault(key, WorkloadSums(index, kind, name))
 
     def _give(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         sums = self._sums_for(index, totals)

@@ -177,6 +177,8 @@ class Daemon:
 
     label = "daemon"
     address: bytes
+    #: whether its simulated library's C functions are timed (bench/simtime: a wrapper around every call)
+    timed = True
 
     def __init__(self, scenario: Path, workdir: Path) -> None:
         self.scenario = scenario
@@ -192,6 +194,8 @@ class Daemon:
 
     def _timed(self, env: dict[str, str]) -> dict[str, str]:
         """`env` with the simulated library timed (bench/simtime first on PYTHONPATH)."""
+        if not self.timed:
+            return env
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SIMTIME), env.get("PYTHONPATH")]))
         env["ATOPGPUD_BENCH_SIMTIME"] = str(self.simtime_path)
         return env

@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from hypothesis import settings
 from twisted.logger import capturedLogs, formatEvent
+
+# no example has a deadline: these machines are shared and loaded, and a test that times its
+# examples fails on a busy one (a test that wants one says so in its own settings)
+settings.register_profile("untimed", deadline=None)
+settings.load_profile("untimed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

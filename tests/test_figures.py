@@ -25,7 +25,7 @@ from twisted.internet.task import Clock
 
 from atopgpud_tw import figures
 from atopgpud_tw.atopgpu.health import gpm_report, health_report, render_gpm, render_health
-from atopgpud_tw.counters import Counters, rates
+from atopgpud_tw.counters import Counters
 from atopgpud_tw.health import CardHealth
 from atopgpud_tw.readers.nvml.gpm import metrics
 from atopgpud_tw.readers.nvml.health import read_card_health
@@ -36,11 +36,10 @@ from atopgpud_tw.readers.smi.report import read_report
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.metrics import FAMILIES, GPM_SERIES, Families, HealthCache, gpm_families, health_families
 from atopgpud_tw.sim import ScenarioError, parse_scenario, simulated_binding
-from atopgpud_tw.sim.gpm_model import PLAYED
-from atopgpud_tw.sim.gpm_scenario import FIELDS as GPM_FIELDS
-from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
-from atopgpud_tw.sim.health_scenario import FIELDS
 from atopgpud_tw.sim.library_symbols import HEALTH_SYMBOLS
+from atopgpud_tw.sim.nvml import GPM_PLAYED as PLAYED
+from atopgpud_tw.sim.scenario import GPM_FIELDS, parse_gpm
+from atopgpud_tw.sim.scenario import HEALTH_FIELDS as FIELDS
 from atopgpud_tw.snapshot import DeviceSample, GpmFigures, Snapshot
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi"
@@ -402,10 +401,12 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
     assert [name for name, _, _ in GPM_SERIES] == names
     assert [series + "_total" for _, series, _ in GPM_SERIES] == [row.family.name for row in rows]
     assert [text for _, _, text in GPM_SERIES] == [row.family.help for row in rows]
-    assert rates() == {gpm.name for gpm in gpms if gpm and gpm.rate}
     counters = Counters()
     figures_of_all = GpmFigures(2.0, tuple((name, 1.0) for name in names))
     counters.fold(Snapshot((DeviceSample("k0", "0000:01:00.0", "H200", gpm=figures_of_all),)), 1.0, 0.0)
+    # the sums: a percentage's percent-seconds, a rate's (MiB/s) bytes
+    totals = counters.devices[0].gpm
+    assert totals and totals.sums == {gpm.name: 2.0 * (figures.MIB if gpm.rate else 1) for gpm in gpms if gpm}
     board = Board.__new__(Board)
     board.counters = counters
     page = list(gpm_families(board))
@@ -429,7 +430,6 @@ def test_the_gpm_lists_come_from_the_gpm_rows():
         kind, field = PLAYED[row.gpm.metric]
         assert field == (row.play.field if row.play else None)
         assert kind == ("rate" if row.gpm.rate else row.play.follows if row.play else "gpu")
-    assert {name: GpmSpec().value(name) for name in GPM_FIELDS} == {
-        name: float(play.default or 0) for name, play in GPM_FIELDS.items()}
-    spec = parse_gpm({"sm_share": 0.25}, "gpm", ValueError)
-    assert spec is not None and spec.value("sm_share") == 0.25 and spec.value("dram_share") == 1.0
+    assert parse_gpm(True, "gpm") == {name: float(play.default or 0) for name, play in GPM_FIELDS.items()}
+    spec = parse_gpm({"sm_share": 0.25}, "gpm")
+    assert spec is not None and spec["sm_share"] == 0.25 and spec["dram_share"] == 1.0

@@ -139,8 +139,8 @@ OWN_LATER_PROBE = textwrap.dedent("""
     options.parseOptions(["--metrics", "tcp:0", "--workloads", "unit"])
     assert later() == [], later()
     from atopgpud_tw import workloads
-    defaults = (workloads.DEFAULT_LIMIT, workloads.DEFAULT_EXPIRY)
-    assert (options["workload-limit"], options["workload-expiry"]) == defaults
+    book = workloads.WorkloadBook(counters.Counters())
+    assert (options["workload-limit"], options["workload-expiry"]) == (book.limit, book.expiry)
     # the P lines and reply parsing: at their first name
     records = [codec.ProcessInfo(7, 1000, "ann", "unit", "train.service", "python3")]
     assert "atopgpud_tw.codec.contexts" in sys.modules and "atopgpud_tw.codec.parse" not in sys.modules
@@ -173,6 +173,7 @@ def test_metrics_loads_the_web_stack(tmp_path):
     modules = start_up_modules(tmp_path, "--reader", "sim", "--metrics", f"unix:@{unique_name()}", serve=True)
     assert loaded(modules, ("twisted.web.server", "prometheus_client", "atopgpud_tw.server.web.metrics"))
     assert "ssl" in modules  # prometheus_client's own import
+    assert "atopgpud_tw.workloads" not in modules  # --workloads alone
 
 
 TLS_PROBE = textwrap.dedent("""

@@ -16,6 +16,7 @@ from scenarios import a10_card
 from sim_readers import make_reader
 
 from atopgpud_tw.counters import Counters
+from atopgpud_tw.readers.nvml.stamps import HostClocks
 
 INTERVAL = 2.0
 POLLS = 24
@@ -32,7 +33,7 @@ def intervals(step: float, delay: float, at: float | None = None, polls: int = P
     clock = [0.0]
     reader, nvml = make_reader({"gpus": [a10_card()], "clock_steps": [[at, step]]}, clock)
     model = nvml._nvml.nvmlLib.model
-    reader.host_offsets = model.host_offsets  # the simulated host's clocks, as the daemon reads its own
+    reader.host_offsets = HostClocks(model.host_offsets)  # the simulated host's clocks, as the daemon reads its own
     reader._call_clock = lambda: clock[0]  # each call's time, as the daemon's reactor clock gives it
     answer = model.nvmlDeviceGetSamples
 

@@ -1,10 +1,6 @@
-"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON (docs/atopgpu.md).
-
-Averages are atop's: a sum's change over the sample count's.  The first report covers
-the time since the daemon started; with ``--watch`` each later one the interval since
-the previous, on the same connection (so an ended process shows once, ``E``, as atop
-sees it).
-"""
+"""``atopgpu``: show what a running atopgpud reports, as a table or as JSON, with atop's
+averages (a sum's change over the sample count's) since start or over each --watch interval
+(docs/atopgpu.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import math
 import os
 import sys
 import time
+from itertools import islice
 from typing import Any, Callable, NoReturn, Sequence
 
 from atopgpud_tw import codec
@@ -36,13 +33,11 @@ def _average(cum: int, base: int, samples: int) -> float | None:
 
 
 def _process_sums(proc: codec.ProcessStats, version: int) -> tuple[int, int, int, int]:
-    """(samples, gpu busy sum, memory busy sum, memory sum) as atop derives them."""
-    if version == 1:
-        # version 1 sends averages; atop multiplies them by the sample count
-        gpu = proc.gpu_busy * proc.samples if proc.gpu_busy >= 0 else -1
-        mem = proc.mem_busy * proc.samples if proc.mem_busy >= 0 else -1
-        return proc.samples, gpu, mem, proc.memory_cum_kib
-    return proc.samples, proc.gpu_busy, proc.mem_busy, proc.memory_cum_kib
+    """(samples, gpu busy sum, memory busy sum, memory sum) as atop derives them: version 1 sends
+    averages, which atop multiplies by the sample count."""
+    times = proc.samples if version == 1 else 1
+    gpu, mem = (busy * times if busy >= 0 else -1 for busy in (proc.gpu_busy, proc.mem_busy))
+    return proc.samples, gpu, mem, proc.memory_cum_kib
 
 
 def _process_report(
@@ -122,12 +117,9 @@ def _gpu_report(
 
 def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | None = None) -> dict[str, Any]:
     """The JSON document for a reading: since start, or since `previous`; with `by`, the groups' too."""
-    before: list[codec.DeviceStats | None] = [None] * len(reading.stats)
-    if previous is not None:
-        for index, (kind, dev) in enumerate(zip(previous.types, previous.stats)):
-            # a GPU keeps its place in T order; a different bus id there is another GPU
-            if index < len(before) and reading.types[index].busid == kind.busid:
-                before[index] = dev
+    # a GPU keeps its place in T order; a different bus id there is another GPU
+    pairs = enumerate(zip(previous.types, previous.stats)) if previous is not None else ()
+    earlier = {(index, kind.busid): dev for index, (kind, dev) in pairs}
     doc: dict[str, Any] = {
         "endpoint": endpoint,
         "version": reading.version,
@@ -135,7 +127,7 @@ def report(reading: Reading, previous: Reading | None, endpoint: str, by: str | 
         "span": "start" if previous is None else "interval",
         "seconds": None if previous is None else round(reading.taken - previous.taken, 3),
         "gpus": [
-            _gpu_report(index, kind, dev, before[index], reading.version, reading.contexts)
+            _gpu_report(index, kind, dev, earlier.get((index, kind.busid)), reading.version, reading.contexts)
             for index, (kind, dev) in enumerate(zip(reading.types, reading.stats))
         ],
     }
@@ -223,15 +215,13 @@ def render_table(doc: dict[str, Any]) -> str:
                 _percent(proc["mem_busy_avg"]), str(proc["samples"]),
             ])
     gpu_lines = columns(_GPU_HEADER, gpu_rows, {1, 2})
-    proc_lines = columns(_PROC_HEADER, proc_rows, {1, 2, 3, 4, 5})
+    procs = iter(columns(_PROC_HEADER, proc_rows, {1, 2, 3, 4, 5}))
+    proc_header = next(procs)
     lines.append(gpu_lines[0])
-    taken = 1
     for gpu, line in zip(doc["gpus"], gpu_lines[1:]):
         lines.append(line)
-        count = len(gpu["processes"])
-        if count:
-            lines.extend("     " + text for text in [proc_lines[0], *proc_lines[taken : taken + count]])
-            taken += count
+        if gpu["processes"]:
+            lines.extend("     " + text for text in [proc_header, *islice(procs, len(gpu["processes"]))])
     if not doc["gpus"]:
         lines.append("(no GPUs)")
     if "groups" in doc:
@@ -323,14 +313,6 @@ def _repeat(args: argparse.Namespace, once: Callable[[], None], start: float | N
         time.sleep(max(0.0, start + shown * args.watch - time.monotonic()))
 
 
-def run_health(args: argparse.Namespace) -> None:
-    """--health: the metrics page's health figures, once or every --watch seconds."""
-    from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, health_report, render_health
-
-    url = args.metrics_url or DEFAULT_URL
-    _repeat(args, lambda: _emit(health_report(fetch(url), url), args, render_health))
-
-
 def run_gpm(args: argparse.Namespace) -> None:
     """--gpm: GPM's averages between readings of the metrics page, --watch (or 1) seconds apart."""
     from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, gpm_counters, gpm_report, render_gpm
@@ -352,8 +334,11 @@ def run_gpm(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.health:
-        run_health(args)
+    if args.health:  # the metrics page's health figures, once or every --watch seconds
+        from atopgpud_tw.atopgpu.health import DEFAULT_URL, fetch, health_report, render_health
+
+        url = args.metrics_url or DEFAULT_URL
+        _repeat(args, lambda: _emit(health_report(fetch(url), url), args, render_health))
         return
     if args.gpm:
         run_gpm(args)

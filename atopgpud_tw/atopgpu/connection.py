@@ -1,11 +1,6 @@
-"""Ask a running atopgpud for its figures, as atop does, and trust nothing it says.
-
-A blocking client (``atopgpu`` has nothing else to do): a ``T`` and an ``S`` request per
-reading, each reply read within atop's 2-second limit and checked (version, length against
-atop's limit and against what arrived, every field through `codec`).  Endpoints take the
-daemon's ``--listen`` forms (its listener options ignored, so its own value can be pasted)
-and ``tcp:HOST:PORT``.
-"""
+"""Ask a running atopgpud for its figures, as atop does, and trust nothing it says: a blocking client
+(``atopgpu`` has nothing else to do), each reply read within atop's 2-second limit and checked.  Endpoints
+take the daemon's ``--listen`` forms (its listener options ignored: its value pastes) and ``tcp:HOST:PORT``."""
 
 from __future__ import annotations
 
@@ -116,10 +111,9 @@ def _connect_error(address: Address, error: OSError, timeout: float) -> ClientEr
         return ClientError(f"{where}: no answer to connecting within {timeout:g} s")
     if isinstance(error, socket.gaierror):
         return ClientError(f"{where}: cannot resolve the host ({error.strerror})")
-    if error.errno == errno.ENOENT:
-        return ClientError(f"{where}: no such socket; is atopgpud running?")
-    if error.errno == errno.ECONNREFUSED:
-        return ClientError(f"{where}: connection refused; is atopgpud running?")
+    if error.errno in (errno.ENOENT, errno.ECONNREFUSED):
+        what = "no such socket" if error.errno == errno.ENOENT else "connection refused"
+        return ClientError(f"{where}: {what}; is atopgpud running?")
     return ClientError(f"{where}: cannot connect ({error.strerror or error})")
 
 

@@ -1,8 +1,5 @@
-"""``atopgpu doctor``: why atop would show no GPU figures on this host.
-
-The facts are gathered first (`gather`); each check is a plain function of them
-(`verdicts`).  docs/operations.md ("Troubleshooting") explains the lines.
-"""
+"""``atopgpu doctor``: why atop would show no GPU figures on this host: the facts gathered first (`gather`),
+each check a plain function of them (`verdicts`); docs/operations.md ("Troubleshooting") explains the lines."""
 
 from __future__ import annotations
 
@@ -281,14 +278,14 @@ def find_daemon(proc: Path = Path("/proc")) -> Daemon | None:
         status = dict(line.split(":", 1) for line in _read(entry / "status").splitlines() if ":" in line)
         if "Gid" not in status:
             continue
-        options: Options | None = Options()
+        options = Options()
         try:
-            options.parseOptions(argv[names.index("atopgpud") + 1:])  # type: ignore[union-attr]
+            options.parseOptions(argv[names.index("atopgpud") + 1:])
+            parsed: dict[str, Any] | None = dict(options)
         except (usage.UsageError, SystemExit):
-            options = None
+            parsed = None
         groups = frozenset(map(int, status.get("Groups", "").split() + status["Gid"].split()[:1]))
-        return Daemon(int(entry.name), groups, dict(options) if options is not None else None,
-                      proc_mount_options(_read(entry / "mountinfo")))
+        return Daemon(int(entry.name), groups, parsed, proc_mount_options(_read(entry / "mountinfo")))
     return None
 
 

@@ -1,10 +1,6 @@
-"""``atopgpu --health`` and ``--gpm``: a card's health and power figures, and what GPM measured, from the metrics page.
-
-atop's protocol has neither: the daemon's ``--metrics`` page is read (prometheus_client's
-parser) and checked as a reply is (atopgpud's, every figure a number); its keys and columns
-are the table of figures' `Show`.  A GPM figure over a span is its counter's increase over
-``atopgpud_gpu_gpm_seconds``'s, so the page is fetched twice, ``--watch`` (or 1) seconds apart.
-"""
+"""``atopgpu --health`` and ``--gpm``, from the daemon's ``--metrics`` page (atop's protocol has neither):
+checked as a reply is, its keys and columns the table of figures' `Show`.  A GPM figure over a span is
+its counter's increase over ``atopgpud_gpu_gpm_seconds``'s: the page is read twice, --watch (or 1) s apart."""
 
 from __future__ import annotations
 
@@ -83,16 +79,11 @@ def _blank(labels: dict[str, str]) -> dict[str, Any]:
     return card
 
 
-def _shown(name: str, labels: dict[str, str]) -> tuple[Any, str | None] | None:
-    """The row of the table a sample is, and its link (per-link figures); None if it is none."""
+def _shown(name: str, labels: dict[str, str]) -> Any:
+    """The row of the table a sample is (its labels but ``link``, a per-link figure's); None if it is none."""
     family = _FAMILIES.get(name)
-    if family is None:
-        return None
-    own = tuple((label, labels.get(label, "")) for label in family.labels if label != "link")
-    figure = _BY_SERIES.get((name, own))
-    if figure is None:
-        return None
-    return figure, (labels.get("link", "") if "link" in family.labels else None)
+    own = tuple((label, labels.get(label, "")) for label in family.labels if label != "link") if family else ()
+    return _BY_SERIES.get((name, own))
 
 
 def health_report(text: str, url: str) -> dict[str, Any]:
@@ -113,18 +104,17 @@ def health_report(text: str, url: str) -> dict[str, Any]:
         if short == "present":
             present[labels.get("busid", "")] = value
             continue
-        found = _shown(name, labels)
+        figure = _shown(name, labels)
         if name in _LISTED:
             if value == 1:
                 card(labels)["clocks_event_reasons"].append(labels.get("reason", ""))
-        elif found is not None:
-            figure, link = found
+        elif figure is not None:
             *path, leaf = figure.show.key
             place = _value(card(labels), path)
-            if link is None:
-                place[leaf] = _whole(value / figure.show.per)
+            if "link" in figure.family.labels:
+                place[leaf][labels.get("link", "")] = _whole(value / figure.show.per)
             else:
-                place[leaf][link] = _whole(value / figure.show.per)
+                place[leaf] = _whole(value / figure.show.per)
         elif short == "health_age_seconds":
             card(labels)["age_seconds"] = _whole(value)
         elif short == "health_stale":
@@ -181,15 +171,11 @@ def render_health(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- --gpm ---------------------------------------------------------------------------
-
-_GPM_P = "atopgpud_gpu_gpm_"
 #: the table's GPM rows (figures.GPM_FIGURES), each with its metric and its view
 _ROWS = tuple((f.gpm, f.show) for f in GPM_FIGURES if f.gpm is not None and f.show is not None)
-#: series (without the prefix and ``_total``) -> the figure's name: percent-seconds, then bytes
-_PERCENTS = {f.family.name[len(_GPM_P):].removesuffix("_total"): f.gpm.name
-             for f in GPM_FIGURES if f.gpm is not None and not f.gpm.rate}
-_BYTES = {f.family.name[len(_GPM_P):]: f.gpm.name for f in GPM_FIGURES if f.gpm is not None and f.gpm.rate}
+#: each GPM counter's series -> the figure's name (``seconds``: the seconds the sums cover)
+_GPM_KEYS = {"atopgpud_gpu_gpm_seconds_total": "seconds",
+             **{f.family.name: f.gpm.name for f in GPM_FIGURES if f.gpm is not None}}
 
 Counters = dict[tuple[str, str], dict[str, float]]
 
@@ -198,11 +184,8 @@ def gpm_counters(text: str, url: str) -> Counters:
     """The GPM counters of a metrics page, by device (bus id, type)."""
     found: Counters = {}
     for name, labels, value in _samples(text, url):
-        if not name.startswith(_GPM_P) or math.isnan(value):
-            continue
-        short = name[len(_GPM_P):]
-        key = "seconds" if short == "seconds_total" else _PERCENTS.get(short.removesuffix("_total"), _BYTES.get(short))
-        if key is not None:
+        key = _GPM_KEYS.get(name)
+        if key is not None and not math.isnan(value):
             found.setdefault((labels.get("busid", ""), labels.get("type", "")), {})[key] = value
     return found
 

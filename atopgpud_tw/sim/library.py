@@ -23,22 +23,27 @@ from atopgpud_tw.nvml_codes import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
     NAMES,
+    NO_INSTANCE,
+    NOT_SUPPORTED,
     SUCCESS,
     UNKNOWN,
     VALUE_NOT_AVAILABLE,
 )
 from atopgpud_tw.sim.answers import NvmlFault, ProcessSample, RunningProcess, SymbolMismatch
-from atopgpud_tw.sim.gpm_library import gpm_table
-from atopgpud_tw.sim.health_library import _at, _int, _ptr, _uint, _ull, health_table  # the C types, named once
 from atopgpud_tw.sim.library_symbols import LIBRARY_SYMBOLS
-from atopgpud_tw.sim.nvml import Handle, SimulatedNvml
+from atopgpud_tw.sim.nvml import ENGINES, PLAIN, Handle, SimulatedNvml
 
+_int, _uint, _ull, _ptr = ctypes.c_int, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_void_p
 #: pids of the processes a list gains between its size query and its fill
 GROWN_PID = 4_000_000
 #: what a reply the binding cannot decode looks like: not UTF-8
 NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
-_HANDLE_BASE = 0x5100_0000
-_HANDLE_STEP = 0x40
+#: where the opaque pointers the library gives out start: device handles, event sets, GPM samples
+_HANDLE_BASE, _HANDLE_STEP = 0x5100_0000, 0x40
+_EVENT_SET_BASE = 0x5200_0000
+_SAMPLE_BASE, _SAMPLE_STEP = 0x5300_0000, 0x100
+#: nvmlValueType_t -> the member of c_nvmlValue_t written
+VALUE_MEMBERS = {1: "uiVal", 3: "ullVal"}
 #: a pending reply the binding's conversion code will fail on (fault RuntimeError)
 _CORRUPT = object()
 
@@ -59,8 +64,9 @@ class SimulatedLibrary:
         self._pending: dict[tuple[Any, ...], Any] = {}
         self._strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
         absent = model.scenario.absent_symbols
-        for symbol, (restype, argtypes, function) in self._table().items():
+        for symbol, (argtypes, function) in self._table().items():
             if symbol not in absent:
+                restype = _ptr if symbol == "nvmlErrorString" else _int
                 setattr(self, symbol, self._export(symbol, restype, argtypes, function))
         self.symbols = frozenset(s for s in LIBRARY_SYMBOLS if s not in absent)
 
@@ -113,60 +119,89 @@ class SimulatedLibrary:
 
     # -- the library --
 
-    def _table(self) -> dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]]:
-        h = _ptr
-        table: dict[str, tuple[Any, tuple[Any, ...], Callable[..., int]]] = {
-            "nvmlInit_v2": (_int, (), self.done("nvmlInit")),
-            "nvmlInitWithFlags": (_int, (_uint,), self.done("nvmlInitWithFlags")),
-            "nvmlShutdown": (_int, (), self.done("nvmlShutdown")),
-            "nvmlErrorString": (_ptr, (_int,), self._error_string),
-            "nvmlSystemGetDriverVersion": (_int, (_ptr, _uint), self._text("nvmlSystemGetDriverVersion")),
-            "nvmlDeviceGetCount_v2": (_int, (_ptr,), self.out("nvmlDeviceGetCount", _uint, False)),
+    def _table(self) -> dict[str, tuple[tuple[Any, ...], Callable[..., int]]]:
+        """Each C symbol's argument types and function (each returns an int, but nvmlErrorString)."""
+        h, out, done, handle = _ptr, self.out, self.done, self.model_handle
+        table: dict[str, tuple[tuple[Any, ...], Callable[..., int]]] = {
+            "nvmlInit_v2": ((), done("nvmlInit")),
+            "nvmlInitWithFlags": ((_uint,), done("nvmlInit")),  # no flag changes what the simulator plays
+            "nvmlShutdown": ((), done("nvmlShutdown")),
+            "nvmlErrorString": ((_int,), self._error_string),
+            "nvmlSystemGetDriverVersion": ((_ptr, _uint), self._text("nvmlSystemGetDriverVersion")),
+            "nvmlDeviceGetCount_v2": ((_ptr,), out("nvmlDeviceGetCount", _uint, False)),
             "nvmlDeviceGetHandleByIndex_v2": (
-                _int, (_uint, _ptr), self.out("nvmlDeviceGetHandleByIndex", _ptr, False, write=self.handle_id)),
-            "nvmlDeviceGetName": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetName")),
-            "nvmlDeviceGetUUID": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetUUID")),
-            "nvmlDeviceGetSerial": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetSerial")),
-            "nvmlDeviceGetVbiosVersion": (_int, (h, _ptr, _uint), self._text("nvmlDeviceGetVbiosVersion")),
-            "nvmlSystemGetCudaDriverVersion": (_int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion", _int, False)),
-            "nvmlSystemGetCudaDriverVersion_v2": (
-                _int, (_ptr,), self.out("nvmlSystemGetCudaDriverVersion_v2", _int, False)),
-            "nvmlDeviceGetPciInfo_v3": (_int, (h, _ptr), self._pci_info),
-            "nvmlDeviceGetMemoryInfo": (_int, (h, _ptr), self._memory_v1),
-            "nvmlDeviceGetMemoryInfo_v2": (_int, (h, _ptr), self._memory_v2),
-            "nvmlDeviceGetUtilizationRates": (_int, (h, _ptr), self._rates),
-            "nvmlDeviceGetSamples": (_int, (h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
-            "nvmlDeviceGetProcessUtilization": (_int, (h, _ptr, _ptr, _ull), self._process_utilization),
-            "nvmlDeviceGetMigMode": (_int, (h, _ptr, _ptr), self.out("nvmlDeviceGetMigMode", _uint, outs=2)),
-            "nvmlDeviceGetMaxMigDeviceCount": (_int, (h, _ptr), self.out("nvmlDeviceGetMaxMigDeviceCount", _uint)),
+                (_uint, _ptr), out("nvmlDeviceGetHandleByIndex", _ptr, False, write=self.handle_id)),
+            "nvmlDeviceGetPciInfo_v3": ((h, _ptr), self._pci_info),
+            "nvmlDeviceGetMemoryInfo": ((h, _ptr), self._memory_v1),
+            "nvmlDeviceGetMemoryInfo_v2": ((h, _ptr), self._memory_v2),
+            "nvmlDeviceGetUtilizationRates": ((h, _ptr), self._rates),
+            "nvmlDeviceGetSamples": ((h, _uint, _ull, _ptr, _ptr, _ptr), self._samples),
+            "nvmlDeviceGetProcessUtilization": ((h, _ptr, _ptr, _ull), self._process_utilization),
+            "nvmlDeviceGetMigMode": ((h, _ptr, _ptr), out("nvmlDeviceGetMigMode", _uint, outs=2)),
             "nvmlDeviceGetMigDeviceHandleByIndex": (
-                _int, (h, _uint, _ptr), self.out("nvmlDeviceGetMigDeviceHandleByIndex", _ptr, write=self.handle_id)),
-            "nvmlDeviceIsMigDeviceHandle": (_int, (h, _ptr), self.out("nvmlDeviceIsMigDeviceHandle", _uint)),
+                (h, _uint, _ptr), out("nvmlDeviceGetMigDeviceHandleByIndex", _ptr, write=self.handle_id)),
             "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": (
-                _int, (h, _ptr), self.out("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", _ptr, write=self.handle_id)),
-            "nvmlDeviceGetGpuInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetGpuInstanceId", _uint)),
-            "nvmlDeviceGetComputeInstanceId": (_int, (h, _ptr), self.out("nvmlDeviceGetComputeInstanceId", _uint)),
+                (h, _ptr), out("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", _ptr, write=self.handle_id)),
+            "nvmlDeviceGetFieldValues": ((h, ctypes.c_int32, _ptr), self._field_values),
+            "nvmlDeviceGetRemappedRows": ((h, _ptr, _ptr, _ptr, _ptr), out("nvmlDeviceGetRemappedRows", _uint, outs=4)),
+            # c_nvmlViolationTime_t: referenceTime, then violationTime
+            "nvmlDeviceGetViolationStatus": (
+                (h, _uint, _ptr), out("nvmlDeviceGetViolationStatus", _ull * 2, write=lambda two: (_ull * 2)(*two))),
+            "nvmlEventSetCreate": (
+                (_ptr,), out("nvmlEventSetCreate", _ptr, False, write=lambda ident: _EVENT_SET_BASE + ident)),
+            "nvmlDeviceRegisterEvents": ((h, _ull, _ptr), done("nvmlDeviceRegisterEvents", handle, int, _set_id)),
+            "nvmlEventSetWait_v2": ((_ptr, _ptr, _uint), self._event_wait),
+            "nvmlEventSetFree": ((_ptr,), done("nvmlEventSetFree", _set_id)),
+            "nvmlGpmQueryDeviceSupport": ((h, _ptr), self._gpm_support),
+            "nvmlGpmSampleAlloc": (
+                (_ptr,), out("gpm_alloc", _ptr, False, write=lambda ident: _SAMPLE_BASE + ident * _SAMPLE_STEP)),
+            "nvmlGpmSampleFree": ((_ptr,), done("gpm_free", _sample_id)),
+            "nvmlGpmSampleGet": ((h, _ptr), done("nvmlGpmSampleGet", handle, _sample_id)),
+            "nvmlGpmMigSampleGet": ((h, _uint, _ptr), done("nvmlGpmMigSampleGet", handle, int, _sample_id)),
+            "nvmlGpmMetricsGet": ((_ptr,), self._gpm_metrics),
         }
+        for symbol in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"):
+            table[symbol] = ((h, _ptr, _uint), self._text(symbol))
+        for symbol in ("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"):
+            table[symbol] = ((_ptr,), out("cuda_version", _int, False, symbol))
         for kind in ("Compute", "Graphics"):
             for version in ("_v3", "_v2"):
                 symbol = f"nvmlDeviceGet{kind}RunningProcesses{version}"
-                table[symbol] = (_int, (h, _ptr, _ptr), self._processes(symbol, f"nvmlDeviceGet{kind}RunningProcesses"))
-        table.update(health_table(self))
-        table.update(gpm_table(self))
+                table[symbol] = ((h, _ptr, _ptr), self._processes(symbol, f"nvmlDeviceGet{kind}RunningProcesses"))
+        # the calls that answer one number: (symbol, its arguments after the handle, what it writes)
+        for symbol, args, ctype in (
+            ("nvmlDeviceGetMaxMigDeviceCount", (), _uint),
+            ("nvmlDeviceIsMigDeviceHandle", (), _uint),
+            ("nvmlDeviceGetGpuInstanceId", (), _uint),
+            ("nvmlDeviceGetComputeInstanceId", (), _uint),
+            ("nvmlDeviceGetTotalEnergyConsumption", (), _ull),
+            ("nvmlDeviceGetSupportedEventTypes", (), _ull),
+            ("nvmlDeviceGetNvLinkState", (_uint,), _uint),
+            ("nvmlDeviceGetNvLinkErrorCounter", (_uint, _uint), _ull),
+        ):
+            table[symbol] = ((h, *args, _ptr), out(symbol, ctype))
+        for function in ENGINES:
+            # (percent, sampling period in µs)
+            table[function] = ((h, _ptr, _ptr), out("engine_utilization", _uint, True, function, outs=2))
+        for function, rows in PLAIN.items():
+            if function not in table:  # a count of errors or a mask of reasons: 64 bits
+                ctype = _ull if function.endswith(("Errors", "Reasons")) else _uint
+                table[function] = ((h, *[_uint] * len(next(iter(rows))), _ptr), out("plain", ctype, True, function))
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
         return table
 
-    def done(self, method: str) -> Callable[..., int]:
-        """A C function that only calls the model's `method`."""
+    def done(self, method: str, *convert: Callable[[Any], Any]) -> Callable[..., int]:
+        """A C function that only calls the model's `method`, with its arguments each passed through
+        `convert` (those past them left out)."""
 
         def call(*args: Any) -> int:
-            self._call(method, *args)
+            self._call(method, *(f(arg) for f, arg in zip(convert, args)))
             return SUCCESS
 
         return call
 
     def out(self, method: str, ctype: Any, device: bool = True, *lead: Any,
-            write: Callable[[Any], int] = int, outs: int = 1) -> Callable[..., int]:
+            write: Callable[[Any], Any] = int, outs: int = 1) -> Callable[..., int]:
         """A C function that writes the model's answer through its last argument (a `ctype`; the
         last `outs`, one part of the answer each): its `method` asked with `lead` and the other
         arguments, the first a device handle if `device`."""
@@ -215,10 +250,14 @@ class SimulatedLibrary:
         """The caller's memory at `out` as an array of the binding's structure `name`, to write as C does."""
         return ctypes.cast(out, _raw(getattr(self._b, name)))  # type: ignore[arg-type]  # NULL only when unused
 
-    def _struct(self, out: int | None, name: str) -> Any:
+    def _struct(self, out: int | None, name: str, version: str | None = None) -> Any:
+        """The caller's structure `name` at `out`; with `version`, checked to be of the binding's."""
         if not out:
             raise NvmlFault(INVALID_ARGUMENT)
-        return self._array(out, name)[0]
+        target = self._array(out, name)[0]
+        if version is not None and target.version != getattr(self._b, version):
+            raise NvmlFault(ARGUMENT_VERSION_MISMATCH)
+        return target
 
     def _pci_info(self, device: int | None, out: int | None) -> int:
         info = self._call("nvmlDeviceGetPciInfo", self.model_handle(device))
@@ -240,9 +279,7 @@ class SimulatedLibrary:
         return SUCCESS
 
     def _memory_v2(self, device: int | None, out: int | None) -> int:
-        target = self._struct(out, "c_nvmlMemory_v2_t")
-        if target.version != self._b.nvmlMemory_v2:
-            return ARGUMENT_VERSION_MISMATCH
+        target = self._struct(out, "c_nvmlMemory_v2_t", "nvmlMemory_v2")
         memory = self._call("nvmlDeviceGetMemoryInfo", self.model_handle(device), target.version)
         target.total, target.reserved = int(memory.total), int(memory.reserved)
         target.used, target.free = int(memory.used), int(memory.free)
@@ -254,6 +291,54 @@ class SimulatedLibrary:
         target.gpu, target.memory = int(rates.gpu), int(rates.memory)
         return SUCCESS
 
+    # -- health, events, GPM --
+
+    def _field_values(self, device: int | None, count: int, buffer: int | None) -> int:
+        """Each entry answered in its own ``nvmlReturn``; the call succeeds."""
+        handle = self.model_handle(device)
+        if not buffer or count < 0:
+            return INVALID_ARGUMENT
+        array = self._array(buffer, "c_nvmlFieldValue_t")
+        for index in range(count):
+            entry = array[index]
+            entry.valueType = 1
+            try:
+                kind, value = self._call("field_value", handle, int(entry.fieldId), int(entry.scopeId))
+            except NvmlFault as error:
+                if error.code != NOT_SUPPORTED:
+                    raise  # a fault of the call: the whole call fails
+                entry.nvmlReturn = NOT_SUPPORTED
+            else:
+                entry.valueType, entry.nvmlReturn = kind, SUCCESS
+                setattr(entry.value, VALUE_MEMBERS[kind], value)
+        return SUCCESS
+
+    def _event_wait(self, event_set: int | None, out: int | None, timeout_ms: int) -> int:
+        gpu, kind, data = self._call("nvmlEventSetWait", _set_id(event_set), timeout_ms)
+        target = self._struct(out, "c_nvmlEventData_t")
+        target.device = ctypes.cast(self.handle_id(Handle(gpu)), self._b.c_nvmlDevice_t)
+        target.eventType, target.eventData = kind, data
+        target.gpuInstanceId = target.computeInstanceId = NO_INSTANCE
+        return SUCCESS
+
+    def _gpm_support(self, device: int | None, out: int | None) -> int:
+        handle = self.model_handle(device)
+        target = self._struct(out, "c_nvmlGpmSupport_t", "NVML_GPM_SUPPORT_VERSION")
+        target.isSupportedDevice = int(self._call("nvmlGpmQueryDeviceSupport", handle))
+        return SUCCESS
+
+    def _gpm_metrics(self, out: int | None) -> int:
+        """Each metric asked answered in its entry, between the request's two samples."""
+        target = self._struct(out, "c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION")
+        count = int(target.numMetrics)
+        if count > self._b.NVML_GPM_METRIC_MAX:
+            return INVALID_ARGUMENT
+        first, second = (_sample_id(ctypes.cast(pointer, _ptr).value) for pointer in (target.sample1, target.sample2))
+        entries = [target.metrics[i] for i in range(count)]
+        answers = self._call("gpm_metrics", first, second, [int(e.metricId) for e in entries])
+        for entry, (code, value) in zip(entries, answers):
+            entry.nvmlReturn, entry.value = code, value
+        return SUCCESS
 
     # -- lists: a size query with a NULL buffer, then the fill --
 
@@ -390,3 +475,20 @@ def _write_sample(target: Any, sample: Any) -> None:
     target.timeStamp = int(sample.timeStamp)
     target.sampleValue.uiVal = int(sample.value)
 
+
+def _at(address: int | None, ctype: Any) -> Any:
+    """The C value of type `ctype` at `address` (checked not NULL), read and written as ``[0]``."""
+    return (ctype * 1).from_address(address)
+
+
+def _ident(pointer: int | None, base: int, step: int = 1) -> int:
+    """The model's id behind an opaque pointer value the library gave out (`base` + id * `step`)."""
+    value = pointer or 0
+    if value <= base or (value - base) % step:
+        raise NvmlFault(INVALID_ARGUMENT)
+    return (value - base) // step
+
+
+#: the model's event set, or GPM sample buffer, behind a pointer value the library gave out
+_set_id = functools.partial(_ident, base=_EVENT_SET_BASE)
+_sample_id = functools.partial(_ident, base=_SAMPLE_BASE, step=_SAMPLE_STEP)

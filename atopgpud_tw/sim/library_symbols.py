@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from atopgpud_tw.figures import FIGURES
 
-#: the C symbols of GPM (atopgpud_tw/sim/gpm_library.py)
+#: the C symbols of GPM (sim/library.py)
 GPM_SYMBOLS = (
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc",
@@ -33,7 +33,7 @@ HEALTH_SYMBOLS = tuple(dict.fromkeys([
     *EVENT_SYMBOLS,
 ]))
 
-#: the C symbols of libnvidia-ml the simulated library has (sim/library.py, health_library.py, gpm_library.py)
+#: the C symbols of libnvidia-ml the simulated library has (sim/library.py)
 LIBRARY_SYMBOLS = (
     "nvmlInit_v2",
     "nvmlInitWithFlags",

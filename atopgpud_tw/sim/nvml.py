@@ -13,21 +13,26 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from atopgpud_tw.figures import ENGINE_BUSY, FIGURES, GPM_FIGURES, MEMORY_TEMPERATURE, Play
 from atopgpud_tw.nvml_codes import (
     DEVICE_MIG_DISABLE,
     DEVICE_MIG_ENABLE,
     DRIVER_NOT_LOADED,
+    EVENT_XID,
     GPU_UTILIZATION_SAMPLES,
     INVALID_ARGUMENT,
     MEMORY_UTILIZATION_SAMPLES,
     NO_INSTANCE,
     NOT_FOUND,
     NOT_SUPPORTED,
+    SUCCESS,
+    TIMEOUT,
     UNINITIALIZED,
     VALUE_TYPE_UNSIGNED_INT,
+    VALUE_TYPE_UNSIGNED_LONG_LONG,
 )
 from atopgpud_tw.sim.answers import (
     Answers,
@@ -40,14 +45,52 @@ from atopgpud_tw.sim.answers import (
     Sample,
     raise_fault,
 )
-from atopgpud_tw.sim.gpm_model import GpmDriver
-from atopgpud_tw.sim.health_model import EventSet, HealthDriver
 from atopgpud_tw.sim.library_symbols import CUDA_VERSIONS, DRIVERS
 from atopgpud_tw.sim.replay import SAMPLE_BUFFER, Replayed
-from atopgpud_tw.sim.scenario import Fault, GpuSpec, MigSpec, ProcessSpec, Scenario, cycled, in_span
+from atopgpud_tw.sim.scenario import Fault, GpuSpec, LinkSpec, MigSpec, Played, ProcessSpec, Scenario, cycled, in_span
 
 #: seconds within which a process's cycled utilization is the same sample
 HOLD = 0.05
+#: the memory temperature's field (its row of the table), answered as an unsigned int
+FIELD_MEMORY_TEMP = next(f.nvml.field for f in FIGURES if f.family is MEMORY_TEMPERATURE and f.nvml)
+#: the driver's sampling period of the engines' utilization, in microseconds
+ENGINE_PERIOD_US = 167_000
+
+
+def _by_arguments(function: str) -> dict[tuple[int, ...], Play]:
+    return {f.nvml.args: f.play for f in FIGURES if f.nvml and f.play and f.nvml.function == function}
+
+
+#: function (and its older names) -> its arguments -> the field it answers: the table's calls that
+#: answer one number (a bit of it, or a value below a bound, is the reader's business)
+PLAIN: dict[str, dict[tuple[int, ...], Play]] = {}
+for _f in FIGURES:
+    if _f.nvml and _f.play and _f.nvml.pick is None and _f.nvml.field is None and not _f.nvml.per_link:
+        for _function in (_f.nvml.function, *_f.nvml.older):
+            PLAIN.setdefault(_function, {})[_f.nvml.args] = _f.play
+#: the plain calls that refuse arguments of no row as invalid (the others: NOT_SUPPORTED)
+PICKY = ("nvmlDeviceGetTemperature", "nvmlDeviceGetTotalEccErrors")
+#: field id of nvmlDeviceGetFieldValues -> the card's field it answers; a link's field
+FIELD_IDS = {f.nvml.field: f.play for f in FIGURES if f.nvml and f.play and f.nvml.field is not None
+             and not f.nvml.per_link}
+LINK_FIELD_IDS = {f.nvml.field: f.play for f in FIGURES if f.nvml and f.play and f.nvml.field is not None
+                  and f.nvml.per_link}
+#: nvmlPerfPolicyType_t -> field; nvmlNvLinkErrorCounter_t -> a link's field
+VIOLATIONS = _by_arguments("nvmlDeviceGetViolationStatus")
+LINK_ERRORS = _by_arguments("nvmlDeviceGetNvLinkErrorCounter")
+#: the engines' utilization functions -> field
+ENGINES = {f.nvml.function: f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.pick == 0
+           and f.family is ENGINE_BUSY}
+#: the fields of nvmlDeviceGetRemappedRows' answers, in their order (the table's)
+REMAPPED = tuple(f.play.field for f in FIGURES if f.nvml and f.play and f.nvml.function == "nvmlDeviceGetRemappedRows")
+#: the metrics the model plays, by NVML_GPM_METRIC_* id: (what it follows, share or rate field)
+#: "gpu" metrics are shares of the graphics activity, "mem" of the memory activity,
+#: "rate" MiB/s while active; from the table's GPM rows (figures.GPM_FIGURES: `Gpm` and `Play`)
+GPM_PLAYED: dict[int, tuple[str, str | None]] = {
+    f.gpm.metric: ("rate" if f.gpm.rate else "gpu" if f.play is None else f.play.follows,
+                   None if f.play is None else f.play.field)
+    for f in GPM_FIGURES if f.gpm is not None
+}
 
 
 #: a change of the host's clocks against the monotonic one smaller than this is not a step
@@ -115,11 +158,6 @@ class HostClocks:
         self._changes[position:] = [(now, before[1] + moved[0], before[2] + moved[1]), *later]
         self._times = [when for when, _, _ in self._changes]
 
-    def offsets_us(self, now: float, epoch_us: int, boot_us: int) -> tuple[int, int]:
-        """What a reader on simulated time sees of the host clocks at `now`: (wall - monotonic,
-        boot - monotonic), µs, given what they read at simulated time 0."""
-        return epoch_us + self.shift_us(now, WALL), boot_us + self.shift_us(now, BOOT)
-
 
 @dataclass(frozen=True)
 class Load:
@@ -138,6 +176,25 @@ class Handle:
     instance: MigSpec | None = None
 
 
+@dataclass
+class EventSet:
+    """An event set: the cards registered, when, and the events each was given."""
+
+    registered: dict[int, float] = field(default_factory=dict)
+    delivered: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpmRecord:
+    """What a filled sample buffer holds: whose counters, when, and their values."""
+
+    #: (GPU index, GPU instance id or None, the instance's start): samples of one source only are compared
+    source: tuple[Any, ...]
+    at: float
+    #: metric id -> its counter: busy seconds (times the share) or MiB
+    counters: tuple[tuple[int, float], ...]
+
+
 def _device(method: Callable[..., Any]) -> Any:
     """An NVML call with a handle: `_enter` (delay, faults, initialisation), then `method` given its GPU and time."""
 
@@ -149,7 +206,7 @@ def _device(method: Callable[..., Any]) -> Any:
     return call
 
 
-class SimulatedNvml(HealthDriver, GpmDriver):
+class SimulatedNvml:
     """The driver model: a method per NVML function, answering plain data or raising `NvmlFault`."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
@@ -177,7 +234,10 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._event_lock = threading.Lock()
         #: by pid, when its processes ran (`process_start_time`)
         self._runs = _pid_runs(scenario)
-        self._gpm_setup()
+        self._gpm_lock = threading.Lock()
+        self._gpm_next = 0
+        #: GPM sample buffer id -> what it holds (None: allocated, not filled)
+        self._gpm_buffers: dict[int, GpmRecord | None] = {}
 
     # -- helpers --
 
@@ -197,7 +257,7 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         """The host's (wall, boot) clocks less simulated time, µs (`NvmlReader.host_offsets`, in tests)."""
         now = self._clock()
         self.clocks.observe(now)
-        return self.clocks.offsets_us(now, self._epoch_us, self._boot_us)
+        return self._epoch_us + self.clocks.shift_us(now, WALL), self._boot_us + self.clocks.shift_us(now, BOOT)
 
     def _enter(self, call: str, handle: Handle | None = None) -> float:
         """What every call does first: delay, initialisation check, faults."""
@@ -280,9 +340,6 @@ class SimulatedNvml(HealthDriver, GpmDriver):
             raise NvmlFault(DRIVER_NOT_LOADED)
         self._initialised += 1
 
-    def nvmlInitWithFlags(self, flags: int) -> None:
-        self.nvmlInit()
-
     def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
         self._initialised = max(0, self._initialised - 1)
@@ -291,12 +348,9 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         self._enter("nvmlSystemGetDriverVersion")
         return DRIVERS[self.scenario.driver][0]
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:
-        self._enter("nvmlSystemGetCudaDriverVersion")
-        return CUDA_VERSIONS[self.scenario.driver]
-
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+    def cuda_version(self, call: str) -> int:
+        """nvmlSystemGetCudaDriverVersion (`call`: it or its _v2)."""
+        self._enter(call)
         return CUDA_VERSIONS[self.scenario.driver]
 
     def nvmlDeviceGetCount(self) -> int:
@@ -319,10 +373,8 @@ class SimulatedNvml(HealthDriver, GpmDriver):
 
     @_device
     def nvmlDeviceGetName(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
-        if handle.instance is not None:
-            self._check_instance(handle, now)
-            return f"{gpu.name} MIG {handle.instance.profile}"
-        return gpu.name
+        self._check_instance(handle, now)
+        return gpu.name if handle.instance is None else f"{gpu.name} MIG {handle.instance.profile}"
 
     @_device
     def nvmlDeviceGetUUID(self, handle: Handle, gpu: GpuSpec, now: float) -> str:
@@ -606,6 +658,244 @@ class SimulatedNvml(HealthDriver, GpmDriver):
         """Where `gpu`'s readings come from: its recording, or its scenario's values (this model)."""
         return self._replayed.get(id(gpu), self)
 
+    # -- health figures and XID events --
+
+    def _played(self, call: str, handle: Any, name: str) -> tuple[Played, float]:
+        now = self._enter(call, handle)
+        gpu = self._gpu(handle)
+        played = gpu.health.figures.get(name)
+        if played is None or handle.instance is not None:
+            raise NvmlFault(NOT_SUPPORTED)
+        return played, now
+
+    def _value(self, call: str, handle: Any, name: str) -> float:
+        played, now = self._played(call, handle, name)
+        return played.at(now)
+
+    def _pick(self, table: dict[Any, Any], key: Any, call: str, handle: Any, code: int) -> Any:
+        """`table`'s entry for a call's arguments; none: the call fails with `code` (after its faults)."""
+        if key not in table:
+            self._enter(call, handle)
+            raise NvmlFault(code)
+        return table[key]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        start, _ = self._played("nvmlDeviceGetTotalEnergyConsumption", handle, "energy_start_j")
+        power = self._gpu(handle).health.figures.get("power_w")
+        if power is None:
+            raise NvmlFault(NOT_SUPPORTED)
+        return int((start.at(0) + self._integral(power)) * 1000)
+
+    def _integral(self, played: Played) -> float:
+        """The integral of a played rate since the simulation began, on the unwrapped clock (it never goes back)."""
+        t = self._clock()
+        repeat = self.scenario.repeat
+        if repeat:
+            return (t // repeat) * played.integral(repeat) + played.integral(t % repeat)
+        return played.integral(t)
+
+    def plain(self, function: str, handle: Any, *args: int) -> int:
+        """A call of the table's that answers one number: the field its arguments pick, in NVML's units."""
+        code = INVALID_ARGUMENT if function in PICKY else NOT_SUPPORTED
+        play = self._pick(PLAIN[function], tuple(int(a) for a in args), function, handle, code)
+        value = self._value(function, handle, play.field) * play.per
+        return int(round(value)) if play.per != 1 else int(value)
+
+    def field_value(self, handle: Any, field: int, scope: int) -> tuple[int, int]:
+        """One entry of nvmlDeviceGetFieldValues: (value type, value); NOT_SUPPORTED for a field it lacks."""
+        if field in LINK_FIELD_IDS:
+            link, now = self._link(handle, scope, "nvmlDeviceGetFieldValues")
+            played = link.figures.get(LINK_FIELD_IDS[field].field)
+            if played is None or not link.active:
+                raise NvmlFault(NOT_SUPPORTED)
+            return VALUE_TYPE_UNSIGNED_LONG_LONG, int(self._integral(played))
+        play = self._pick(FIELD_IDS, field, "nvmlDeviceGetFieldValues", handle, NOT_SUPPORTED)
+        value = self._value("nvmlDeviceGetFieldValues", handle, play.field) * play.per
+        return (VALUE_TYPE_UNSIGNED_INT, int(value)) if field == FIELD_MEMORY_TEMP else (VALUE_TYPE_UNSIGNED_LONG_LONG,
+                                                                                   int(round(value)))
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> tuple[int, int]:
+        """(reference time in µs, the time the policy held the clocks down in ns)."""
+        play = self._pick(VIOLATIONS, (int(policy),), "nvmlDeviceGetViolationStatus", handle, INVALID_ARGUMENT)
+        played, now = self._played("nvmlDeviceGetViolationStatus", handle, play.field)
+        return int(now * 1e6), int(round(played.at(now) * play.per))
+
+    def engine_utilization(self, function: str, handle: Any) -> tuple[int, int]:
+        """An engine's utilization (encoder, decoder, JPEG, OFA): (percent, sampling period in µs)."""
+        return int(self._value(function, handle, ENGINES[function])), ENGINE_PERIOD_US
+
+    def _link(self, handle: Any, link: int, call: str) -> tuple[LinkSpec, float]:
+        now = self._enter(call, handle)
+        links = self._gpu(handle).health.nvlink
+        if links is None or handle.instance is not None:
+            raise NvmlFault(NOT_SUPPORTED)
+        if not 0 <= link < len(links):
+            raise NvmlFault(INVALID_ARGUMENT)
+        return links[link], now
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        spec, _ = self._link(handle, int(link), "nvmlDeviceGetNvLinkState")
+        return 1 if spec.active else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        spec, now = self._link(handle, int(link), "nvmlDeviceGetNvLinkErrorCounter")
+        play = LINK_ERRORS.get((int(counter),))
+        played = None if play is None else spec.figures.get(play.field)
+        if played is None or not spec.active:
+            raise NvmlFault(NOT_SUPPORTED)
+        return int(played.at(now))
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        played = [self._gpu(handle).health.figures.get(name) for name in REMAPPED]
+        first, now = self._played("nvmlDeviceGetRemappedRows", handle, REMAPPED[0])
+        if any(p is None for p in played):
+            raise NvmlFault(NOT_SUPPORTED)
+        return tuple(int(p.at(now)) for p in played)  # type: ignore[union-attr,return-value]
+
+    # -- events --
+
+    def nvmlEventSetCreate(self) -> int:
+        self._enter("nvmlEventSetCreate")
+        with self._event_lock:
+            ident = len(self._event_sets) + 1
+            self._event_sets[ident] = EventSet()
+        return ident
+
+    @_device
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle, gpu: GpuSpec, now: float) -> int:
+        return EVENT_XID if gpu.health.xid_supported and handle.instance is None else 0
+
+    @_device
+    def nvmlDeviceRegisterEvents(self, handle: Handle, gpu: GpuSpec, now: float, eventTypes: int, eventSet: int
+                                 ) -> None:
+        events = self._event_sets.get(eventSet)
+        if events is None:
+            raise NvmlFault(INVALID_ARGUMENT)
+        if eventTypes & ~EVENT_XID or not gpu.health.xid_supported or handle.instance is not None:
+            raise NvmlFault(NOT_SUPPORTED)
+        with self._event_lock:
+            events.registered.setdefault(handle.gpu, self._clock())
+
+    def nvmlEventSetWait(self, eventSet: int, timeoutms: int) -> tuple[int, int, int]:
+        """The next event due: (gpu index, event type, XID); TIMEOUT when none comes in time."""
+        self._enter("nvmlEventSetWait_v2")
+        events = self._event_sets.get(eventSet)
+        if events is None:
+            raise NvmlFault(INVALID_ARGUMENT)
+        deadline = self._clock() + timeoutms / 1000.0
+        while True:
+            now = self._clock()
+            due = self._due(events, now)
+            if due is not None:
+                return due
+            if now >= deadline:
+                raise NvmlFault(TIMEOUT)
+            time.sleep(min(0.05, deadline - now))
+
+    def _due(self, events: EventSet, now: float) -> tuple[int, int, int] | None:
+        with self._event_lock:
+            best = None
+            for gpu, since in events.registered.items():
+                listed = self.scenario.gpus[gpu].health.xid_events
+                index = events.delivered.get(gpu)
+                if index is None:
+                    # only what happens after registration is delivered
+                    index = events.delivered[gpu] = sum(1 for when, _ in listed if when < since)
+                if index < len(listed) and listed[index][0] <= now:
+                    if best is None or listed[index][0] < best[0]:
+                        best = (listed[index][0], gpu, listed[index][1])
+            if best is None:
+                return None
+            events.delivered[best[1]] += 1
+            return best[1], EVENT_XID, best[2]
+
+    def nvmlEventSetFree(self, eventSet: int) -> None:
+        self._enter("nvmlEventSetFree")
+        with self._event_lock:
+            self._event_sets.pop(eventSet, None)
+
+    # -- GPU Performance Monitoring --
+
+    @property
+    def gpm_buffers(self) -> int:
+        """Sample buffers allocated and not freed."""
+        return len(self._gpm_buffers)
+
+    @_device
+    def nvmlGpmQueryDeviceSupport(self, handle: Handle, gpu: GpuSpec, now: float) -> int:
+        return 0 if gpu.gpm is None else 1
+
+    def gpm_alloc(self) -> int:
+        """nvmlGpmSampleAlloc: a new buffer's id."""
+        self._enter("nvmlGpmSampleAlloc")
+        with self._gpm_lock:
+            self._gpm_next += 1
+            self._gpm_buffers[self._gpm_next] = None
+            return self._gpm_next
+
+    def gpm_free(self, buffer: int) -> None:
+        self._enter("nvmlGpmSampleFree")
+        with self._gpm_lock:
+            if buffer not in self._gpm_buffers:
+                raise NvmlFault(INVALID_ARGUMENT)
+            del self._gpm_buffers[buffer]
+
+    def _gpm_fill(self, buffer: int, record: GpmRecord) -> None:
+        with self._gpm_lock:
+            if buffer not in self._gpm_buffers:
+                raise NvmlFault(INVALID_ARGUMENT)
+            self._gpm_buffers[buffer] = record
+
+    @_device
+    def nvmlGpmSampleGet(self, handle: Handle, gpu: GpuSpec, now: float, buffer: int) -> None:
+        """The whole card's counters now (a MIG handle: its GPU instance's)."""
+        if gpu.gpm is None:
+            raise NvmlFault(NOT_SUPPORTED)
+        t = self._clock()
+        if handle.instance is not None:
+            self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, handle.instance, t))
+        else:
+            self._gpm_fill(buffer, _record((handle.gpu, None, None), gpu, gpu, 0.0, t, t))
+
+    @_device
+    def nvmlGpmMigSampleGet(self, handle: Handle, gpu: GpuSpec, now: float, gpu_instance: int, buffer: int) -> None:
+        """The counters of one GPU instance of a card in MIG mode."""
+        if gpu.gpm is None or gpu.mig is None or handle.instance is not None:
+            raise NvmlFault(NOT_SUPPORTED)
+        found = [m for m in self._instances(gpu, now) if m.gpu_instance == gpu_instance]
+        if not found:
+            raise NvmlFault(NOT_FOUND)
+        # an instance's own faults: its GPU instance's samples fail with it (the first
+        # of its compute instances, in slot order, plays the GPU instance)
+        for fault in found[0].faults:
+            if fault.call == "nvmlGpmMigSampleGet" and fault.active(now):
+                raise_fault(fault.error)
+        self._gpm_fill(buffer, self._instance_record(handle.gpu, gpu, found[0], self._clock()))
+
+    def _instance_record(self, index: int, gpu: GpuSpec, instance: MigSpec, t: float) -> GpmRecord:
+        """A GPU instance's counters (those its `MigSpec` plays): they run only while it exists."""
+        end = t if instance.stop is None else min(t, instance.stop)
+        return _record((index, instance.gpu_instance, instance.start), gpu, instance, instance.start, end, t)
+
+    def gpm_metrics(self, first: int, second: int, metric_ids: list[int]) -> list[tuple[int, float]]:
+        """nvmlGpmMetricsGet: each metric's (return code, value) between two filled buffers."""
+        self._enter("nvmlGpmMetricsGet")
+        with self._gpm_lock:
+            one, two = self._gpm_buffers.get(first), self._gpm_buffers.get(second)
+        if one is None or two is None or one.source != two.source or two.at <= one.at:
+            raise NvmlFault(INVALID_ARGUMENT)
+        span = two.at - one.at
+        before, after = dict(one.counters), dict(two.counters)
+        out = []
+        for metric in metric_ids:
+            if metric not in after:
+                out.append((NOT_SUPPORTED, 0.0))
+                continue
+            change = after[metric] - before[metric]
+            kind = GPM_PLAYED[metric][0]
+            out.append((SUCCESS, change / span if kind == "rate" else 100.0 * change / span))
+        return out
+
 
 def _pid_runs(scenario: Scenario) -> dict[int, list[tuple[float, float | None]]]:
     """By pid: when the processes of that pid ran, overlapping runs joined."""
@@ -734,3 +1024,24 @@ def _part(part: GpuSpec | MigSpec | None) -> tuple[int, int] | None:
     if isinstance(part, MigSpec):
         return (part.gpu_instance, part.compute_instance)
     return None
+
+
+def _busy_seconds(part: GpuSpec | MigSpec, which: str, start: float, end: float) -> float:
+    """Seconds of `part`'s `which` ("gpu", "mem") activity from `start` to `end` (weighted by the level)."""
+    timeline = getattr(part, f"{which}_timeline")
+    if timeline is not None:
+        return timeline.busy_time(end) * timeline.level / 100.0 - timeline.busy_time(start) * timeline.level / 100.0
+    level = float(cycled(getattr(part, f"{which}_util"), 0) or 0)
+    return level / 100.0 * end - level / 100.0 * start
+
+
+def _record(source: tuple[Any, ...], gpu: GpuSpec, part: GpuSpec | MigSpec, start: float, end: float, at: float
+            ) -> GpmRecord:
+    """The counters of a source (`part`: the card or a MIG instance) active from `start` to `end`, sampled at `at`."""
+    shares = gpu.gpm
+    assert shares is not None
+    end = max(start, end)
+    active, memory = _busy_seconds(part, "gpu", start, end), _busy_seconds(part, "mem", start, end)
+    counters = [(metric, (memory if kind == "mem" else active) * (1.0 if name is None else shares[name]))
+                for metric, (kind, name) in GPM_PLAYED.items()]
+    return GpmRecord(source, at, tuple(counters))

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_right
 from dataclasses import MISSING, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from atopgpud_tw import checks
-from atopgpud_tw.figures import Number
+from atopgpud_tw.figures import GPM_FIGURES, NVLINK_MAX_LINKS, Number, Play, link_fields, played_fields
 from atopgpud_tw.nvml_codes import CODES
-from atopgpud_tw.sim.gpm_scenario import GpmSpec, parse_gpm
-from atopgpud_tw.sim.health_scenario import HealthSpec, default_health, parse_health
 from atopgpud_tw.sim.jsonfile import read_json
 from atopgpud_tw.sim.library_symbols import DRIVERS, LIBRARY_SYMBOLS
 from atopgpud_tw.sim.replay import Recording, RecordingError, load_recording
@@ -251,11 +250,6 @@ class Timeline:
             return 0.0
         return (self.busy_time(end) - self.busy_time(start)) / (end - start) * self.level
 
-    @property
-    def average(self) -> float:
-        """The true long-run busy percentage."""
-        return sum(b - a for a, b in self.busy) / self.period * self.level
-
 
 def _timeline(value: Any, where: str) -> Timeline | None:
     if value is None:
@@ -364,6 +358,150 @@ def _stray(value: Any, where: str, index: int = 0) -> tuple[int, ...]:
     return tuple(_integer(entry.get(key, 0), f"{where}.{key}") for key in ("pid", "sm_util", "mem_util"))
 
 
+# -- a GPU's health figures (each a played value: a number, a list cycled one entry per simulated
+# second, so what is reported does not depend on who asks how often, steps, or null: NOT_SUPPORTED)
+# and its GPM (fixed shares of the graphics or memory activity, traffic in MiB/s while active) --
+
+#: health field -> its `Play` (default, bounds), each of which may be null; those of one NVLink
+HEALTH_FIELDS: dict[str, Play] = played_fields()
+LINK_FIELDS: dict[str, Play] = link_fields()
+#: gpm field -> its `Play`: the table's GPM rows (figures.GPM_FIGURES)
+GPM_FIELDS: dict[str, Play] = {f.play.field: f.play for f in GPM_FIGURES if f.gpm is not None and f.play is not None}
+
+
+@dataclass(frozen=True)
+class Played:
+    """A value over simulated time: constant, cycled per second, or steps."""
+    constant: Number | None = None
+    cycle: tuple[Number, ...] = ()
+    steps: tuple[tuple[float, Number], ...] = ()
+
+    def at(self, t: float) -> Number:
+        if self.cycle:
+            return self.cycle[int(math.floor(t)) % len(self.cycle)]
+        if self.steps:  # the last step by `t`; before the first, its value
+            return self.steps[max(0, bisect_right([when for when, _ in self.steps], t) - 1)][1]
+        assert self.constant is not None
+        return self.constant
+
+    def integral(self, t: float) -> float:
+        """The integral of the value from 0 to `t`."""
+        if t <= 0:
+            return 0.0
+        if self.cycle:
+            whole, rest = int(math.floor(t)), t - math.floor(t)
+            n = len(self.cycle)
+            done = (whole // n) * sum(self.cycle) + sum(self.cycle[: whole % n])
+            return done + self.cycle[whole % n] * rest
+        if self.steps:
+            total, start, value = 0.0, 0.0, self.steps[0][1]
+            for when, step in self.steps:
+                if when >= t:
+                    break
+                if when > start:
+                    total += value * (when - start)
+                    start = when
+                value = step
+            return total + value * (t - start)
+        assert self.constant is not None
+        return float(self.constant) * t
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One NVLink: whether it is active, and its figures (throughput played in KiB/s, errors as counts)."""
+
+    active: bool
+    figures: dict[str, Played | None]
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """A GPU's health figures (None where it cannot report one) and XID events."""
+
+    figures: dict[str, Played | None]
+    #: (time, XID code): an XID critical-error event at that time
+    xid_events: tuple[tuple[float, int], ...] = ()
+    #: the device has XID events (``"xid_events": null``: registering for them is NOT_SUPPORTED)
+    xid_supported: bool = True
+    #: its NVLinks, or None: it has none (nvmlDeviceGetNvLinkState is NOT_SUPPORTED)
+    nvlink: tuple[LinkSpec, ...] | None = None
+
+
+def parse_health(value: Any, where: str) -> HealthSpec:
+    """Check a scenario GPU's ``health`` object (None: every default)."""
+    spec = _object({} if value is None else value, where, {*HEALTH_FIELDS, "xid_events", "nvlink"})
+    figures = _figures(spec, where, HEALTH_FIELDS)
+    links = _links(spec.get("nvlink"), f"{where}.nvlink")
+    events = []
+    listed = spec.get("xid_events", [])
+    if listed is None:
+        return HealthSpec(figures, (), xid_supported=False, nvlink=links)
+    if not isinstance(listed, list):
+        raise ScenarioError(f"{where}.xid_events must be a list of [time, xid]")
+    for i, entry in enumerate(listed):
+        if (
+            not isinstance(entry, list) or len(entry) != 2 or not checks.is_number(entry[0]) or entry[0] < 0
+            or isinstance(entry[1], bool) or not isinstance(entry[1], int) or entry[1] <= 0
+        ):
+            raise ScenarioError(f"{where}.xid_events[{i}] must be [time, xid]: seconds >= 0 and a positive integer")
+        events.append((float(entry[0]), entry[1]))
+    return HealthSpec(figures, tuple(sorted(events)), nvlink=links)
+
+
+def _figures(spec: dict[str, Any], where: str, known: dict[str, Play]) -> dict[str, Played | None]:
+    """Each of `known` played as `spec` has it, or its default."""
+    played = ((name, spec.get(name, play.default), play) for name, play in known.items())
+    return {name: None if raw is None else _played(raw, f"{where}.{name}", play.low, play.high)
+            for name, raw, play in played}
+
+
+def _links(value: Any, where: str) -> tuple[LinkSpec, ...] | None:
+    """``nvlink``: null (no NVLink), or a list of links, each an object of played fields and ``active``."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > NVLINK_MAX_LINKS:
+        raise ScenarioError(f"{where} must be null or a list of at most {NVLINK_MAX_LINKS} links")
+    links = []
+    for i, link in enumerate(value):
+        here = f"{where}[{i}]"
+        _object(link, here, {*LINK_FIELDS, "active"})
+        links.append(LinkSpec(_flag(link.get("active", True), f"{here}.active"), _figures(link, here, LINK_FIELDS)))
+    return tuple(links)
+
+
+#: what a played value is, in words
+_PLAYED = 'a number, a list of numbers, {"steps": [[t, v], ...]} or null'
+
+
+def _played(value: Any, where: str, low: float, high: float | None) -> Played:
+    if isinstance(value, dict):
+        if set(value) != {"steps"} or not isinstance(value["steps"], list) or not value["steps"]:
+            raise ScenarioError(f"{where} as an object must be {{\"steps\": [[t, v], ...]}}, at least one step")
+        steps: list[Any] = []
+        for i, step in enumerate(value["steps"]):
+            if not isinstance(step, list) or len(step) != 2 or not checks.is_number(step[0]) or step[0] < 0:
+                raise ScenarioError(f"{where}.steps[{i}] must be [t, v] with t >= 0")
+            if steps and step[0] <= steps[-1][0]:
+                raise ScenarioError(f"{where}.steps[{i}] must come after the step before it")
+            steps.append((float(step[0]), _number(step[1], f"{where}.steps[{i}]", low=low, high=high, words=_PLAYED)))
+        return Played(steps=tuple(steps))
+    found = checks.cycled(value, where, ScenarioError, low, high, _PLAYED)
+    return Played(cycle=found) if isinstance(found, tuple) else Played(constant=found)
+
+
+def parse_gpm(value: Any, where: str) -> dict[str, float] | None:
+    """Check a scenario GPU's ``gpm``: absent, null or false for none, true or an object for GPM
+    (each of `GPM_FIELDS`, its default where not given)."""
+    if value is None or value is False:
+        return None
+    if value is not True and not isinstance(value, dict):
+        raise ScenarioError(f"{where} must be true, false or an object")
+    given = {} if value is True else _object(value, where, set(GPM_FIELDS))
+    return {name: float(_number(given[name], f"{where}.{name}", low=0, high=play.high)) if name in given
+            else float(play.default or 0) for name, play in GPM_FIELDS.items()}
+
+
 _cycled_percent = cycled_check(nullable=True, is_percent=True)
 
 
@@ -410,14 +548,11 @@ class GpuSpec:
     stray_process_samples: tuple[tuple[int, ...], ...] = replayed(
         listed(_stray), "entries besides the processes': pids in no list, figures above 100 %", ())
     replay: Recording | None = declared(None, "a calibration recording the driver answers from (sim/replay.py)", None)
-    health: HealthSpec = declared(
-        lambda value, where: parse_health(value, where, ScenarioError),
-        "temperatures, power, clocks, errors, XID events (sim/health_scenario.py)", factory=default_health)
+    health: HealthSpec = declared(parse_health, "temperatures, power, clocks, errors, XID events",
+                                  factory=lambda: parse_health(None, "health"))
     serial: str | None = declared(optional(_text), "the serial number (null: NOT_SUPPORTED)", None)
     vbios: str = declared(_text, "the VBIOS version", "96.00.5E.00.01")
-    gpm: GpmSpec | None = declared(
-        lambda value, where: parse_gpm(value, where, ScenarioError),
-        "GPU Performance Monitoring (sim/gpm_scenario.py); None: none", None)
+    gpm: dict[str, float] | None = declared(parse_gpm, "GPU Performance Monitoring: its fields; None: none", None)
 
 
 #: what a replayed recording supplies: the fields declared `replayed`
@@ -486,11 +621,7 @@ class Scenario:
 
     def order(self, now: float) -> tuple[int, ...] | None:
         """The scenario's GPU at each NVML index now; None: in the scenario's order."""
-        found = None
-        for since, order in self.reorder:
-            if now >= since:
-                found = order
-        return found
+        return next((order for since, order in reversed(self.reorder) if now >= since), None)
 
     @property
     def absent_symbols(self) -> frozenset[str]:
@@ -527,13 +658,11 @@ def parse_scenario(data: Any, base: str | Path | None = None) -> Scenario:
     if len(set(busids)) != len(busids):
         raise ScenarioError("gpus: two GPUs have the same busid")
     scenario: Scenario = build(Scenario, top, "the scenario", {"gpus": gpus})
-    found: list[tuple[float, tuple[int, ...]]] = []
     for i, (since, order) in enumerate(scenario.reorder):
         if sorted(order) != list(range(len(gpus))):
             raise ScenarioError(f"reorder[{i}].order must list each GPU's position in gpus once")
-        if found and since < found[-1][0]:
+        if i and since < scenario.reorder[i - 1][0]:
             raise ScenarioError(f"reorder[{i}].from must not be before the previous entry's")
-        found.append((since, order))
     return scenario
 
 

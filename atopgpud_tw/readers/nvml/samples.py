@@ -370,6 +370,12 @@ class SampleStream:
             self.lags.append(answered - newest)
             self.last = value
             return value, sum(1 for stamp in stamps if stamp > newest - FIRST_WINDOW_US)
+        if period and self.window_end is not None:
+            # samples first seen after newer ones (a step back hidden inside a call by a later step
+            # forward), where their time was taken for a dry spell and not shown yet: busy as they say
+            for stamp, level in pairs:
+                if self.window_end < stamp <= since and 0 <= level <= 100:
+                    self._dry_was(stamp, level, period)
         if not self.zero_seen and any(value == 0 for _, value in fresh):
             self.zero_seen = True
         dry_gap = self.dry_gap()
@@ -418,6 +424,15 @@ class SampleStream:
         if end > start:
             self.cover.append((start, end, value, stamp))
             self.covered_to = max(self.covered_to, end)
+
+    def _dry_was(self, stamp: int, level: float, period: int) -> None:
+        """The period up to sample `stamp`, where it was taken for a dry spell, busy at `level` %."""
+        for at, (low, high, _, mark) in enumerate(self.cover):
+            if not mark and low < stamp and stamp - period < high:
+                start, end = max(low, stamp - period), min(high, stamp)
+                self.cover[at:at + 1] = [part for part in ((low, start, 0.0, 0), (start, end, level, stamp),
+                                                           (end, high, 0.0, 0)) if part[1] > part[0]]
+                return
 
     def _show(self, end: int) -> int | None:
         """The mean over the window from the last one's end to `end`."""

@@ -18,12 +18,14 @@ for a steady one.  The sample streams (`samples.py`) see steady stamps only.
 
 How a step is known: the reader watches the host's CLOCK_REALTIME and
 CLOCK_BOOTTIME against CLOCK_MONOTONIC as every call that brings stamps begins
-(`ask`) and as it ends (`steady`, given the call's end time), and
+(`ask`) and as it ends (`steady`, given the call's end time); each device's
+map takes in the looks the other devices' maps took too (`HostClocks`), so a
+step their calls saw before this device's first look is known.  It
 learns from the first samples which of them the driver's stamps follow (its
-newest stamp within `FOLLOW_US` of that clock's now as the call began or
+newest stamp within `FOLLOW_US` of that clock's now at a look before the call
 ended; stamps near neither are given `LEARN_US` of answers before the driver
 is taken to stamp on a clock of its own).  A change of that
-clock's offset by more than `STEP_US` between two calls is a step; it ends one
+clock's offset by more than `STEP_US` between two looks is a step; it ends one
 segment of the driver's clock and begins the next.  A step found as a call
 ends happened while it ran (a slow call, a loaded host): the new segment begins
 as the call began, so its answer's stamps taken after the step are placed on
@@ -36,7 +38,9 @@ Which segment a stamp belongs to:
   per kind of sample, pruned of the samples the buffer no longer holds), so a
   sample stamped before a step back and handed out again is not counted twice;
   the same stamp twice in one answer, after a step back of a whole number of
-  sample periods, is the old sample and a new one, in that order;
+  sample periods, is the old sample and a new one, in that order; process
+  samples are told apart by process too (`who`): a process listed at a stamp
+  seen before without it is a new sample;
 - a new stamp belongs to the newest segment in which it would have been taken
   while that segment held (between the call before its step, less `SLACK_US`,
   and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
@@ -49,19 +53,21 @@ Which segment a stamp belongs to:
   its kind began;
 - a new stamp of no segment was taken on a clock that held only between two
   looks (two steps or more between them): it goes between the samples before
-  and after it, each run of such stamps on one clock its spacing kept, with
-  the new samples of its run (a period apart); so do new samples placed on an
-  older segment after a newer segment's that the buffer lists after them,
-  where that one cannot be of theirs (two steps inside one call), or the
-  newer segment's where they have no room, or where a sample seen before
-  comes first (a step, then a shorter one, between two looks);
+  and after it, each run of such stamps on one clock its spacing kept; so do
+  new samples placed on an older segment after a newer segment's that the
+  buffer lists after them, where that one cannot be of theirs (two steps
+  inside one call), or the newer segment's where they have no room, or where
+  a sample seen before comes first (a step, then a shorter one, between two
+  looks);
 - the first answer tells a step back just before the first look: samples
   stamped ahead of the clock's now, before one stamped below them.
 
 What to ask with: the raw stamp of a steady one from the current segment; for
 a stamp from before the latest step, 0 (the whole buffer, whose samples the
 map then places), so the driver is never asked for samples newer than a
-stamp from before a step for more than one poll.  No NVML here, and no clock
+stamp from before a step for more than one poll; and 0 for the call after one
+in which a step was found (`stepped`): a step back hidden by a later step
+forward left samples stamped below the stamp that call asked with.  No NVML here, and no clock
 but the one handed in.
 """
 
@@ -91,12 +97,38 @@ SEEN = 4096
 HISTORY = 256
 #: a step this long ago (reader's time) no longer matters: every buffer has moved on
 FORGET_US = 900_000_000
+#: looks at the host clocks kept for the maps of other devices (`HostClocks`)
+LOOKS = 64
 #: the host clocks a driver's stamps may follow
 REALTIME, BOOTTIME = 0, 1
 HostOffsets = Callable[[], Sequence["int | None"]]
 
 
-def host_offsets() -> tuple[int, int | None]:
+class HostClocks:
+    """A `HostOffsets` with the looks every device's map took through it, (reader's time, the
+    offsets): each map learns from them all, not from its own alone (steps another device's
+    calls saw before this device's first look).  Two per run of looks that saw no step."""
+
+    def __init__(self, read: HostOffsets) -> None:
+        self.read = read
+        self.looks: deque[tuple[int, Sequence[int | None]]] = deque(maxlen=LOOKS)
+
+    def __call__(self) -> Sequence[int | None]:
+        return self.read()
+
+    def took(self, at: int, offsets: Sequence[int | None]) -> None:
+        """Keep a look at the reader's time `at` (the latest of a run replaces the one before)."""
+        looks = self.looks
+        if len(looks) > 1 and _same(looks[-2][1], offsets) and _same(looks[-1][1], offsets):
+            looks.pop()
+        looks.append((at, offsets))
+
+
+def _same(one: Sequence[int | None], other: Sequence[int | None]) -> bool:
+    return all(a is None or b is None or abs(a - b) <= STEP_US for a, b in zip(one, other))
+
+
+def _read_host_offsets() -> tuple[int, int | None]:
     """(CLOCK_REALTIME - CLOCK_MONOTONIC, CLOCK_BOOTTIME - CLOCK_MONOTONIC), µs; None for a
     clock that cannot be read (some LD_PRELOAD time shifters fail CLOCK_BOOTTIME)."""
     mono = time.monotonic_ns()
@@ -106,6 +138,10 @@ def host_offsets() -> tuple[int, int | None]:
     except OSError:
         boot = None
     return (real - mono) // 1000, boot
+
+
+#: this host's clocks, as every reader on CLOCK_MONOTONIC looks at them
+host_offsets = HostClocks(_read_host_offsets)
 
 
 def _spacing(raws: Sequence[int]) -> int:
@@ -141,9 +177,13 @@ class StampMap:
     seen_at: int | None = None
     #: per kind, while a step is recent: raw stamp -> (steady stamp, its segment's index)
     seen: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    #: per kind, while none is: the latest answers' raw stamps, with their offset and segment
-    #: (made into `seen` when a step comes: one append per call until then)
-    history: dict[str, deque[tuple[Sequence[int], int, int]]] = field(default_factory=dict)
+    #: per kind, while none is: the latest answers' raw stamps and keys, with their offset and
+    #: segment (made into `seen` when a step comes: one append per call until then)
+    history: dict[str, deque[tuple[Sequence[int], Sequence[object] | None, int, int]]] = field(
+        default_factory=dict)
+    #: per kind listed by key (process samples, by pid), while a step is recent: raw stamp -> the
+    #: keys listed at it when it was first seen (every sample of that stamp then)
+    who: dict[str, dict[int, set[object]]] = field(default_factory=dict)
     #: per kind: steady stamp -> raw stamp
     raw: dict[str, dict[int, int]] = field(default_factory=dict)
     #: per kind, while a step is recent: the raw stamps of `seen`, in order
@@ -151,6 +191,8 @@ class StampMap:
     #: per segment index: the runs of stamps taken on clocks between it and the one before, never
     #: seen: (first raw stamp, last, the spacing, raw - steady) (`_between`)
     between: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    #: the kinds whose latest call ended with a step found: their next call asks for the whole buffer
+    stepped: set[str] = field(default_factory=set)
     #: how many segments there have been (the index of the first of `segments`)
     dropped: int = 0
     #: the latest steps found: (reader's time, µs the driver's clock moved)
@@ -174,7 +216,8 @@ class StampMap:
         if now_us is not None:
             self._observe(now_us, (), False)
             self._calls[kind] = (self._calls.get(kind, (None, None))[1], now_us)
-        if steady == 0:
+        if steady == 0 or kind in self.stepped:
+            self.stepped.discard(kind)
             return 0
         # (no step recent: nothing remembered by steady stamp)
         raws = self.raw.get(kind)
@@ -201,6 +244,10 @@ class StampMap:
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
         self._observe(now_us, raws, keys is None)
+        if self.steps and self.steps[-1][0] == now_us != self._calls.get(kind, (None, now_us))[1]:
+            # found as the call ended: its answer lacks any samples of a step back that a later step
+            # forward hid (stamped below the one asked with), which the next call, asked with 0, brings
+            self.stepped.add(kind)
         if self.follows is None or self.follows < 0:
             return list(raws)
         segments = self.segments
@@ -210,18 +257,23 @@ class StampMap:
                 answers = self.history.get(kind)
                 if answers is None:
                     answers = self.history[kind] = deque(maxlen=HISTORY)
-                answers.append((raws, offset, self.current))
+                answers.append((raws, keys, offset, self.current))
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
         ordered = self.ordered[kind]
         placed = self._placed(kind, raws, now_us, asked, keys)
+        new = set() if keys is None else set(raws).difference(seen)
         for raw, place in zip(raws, placed):
             known = seen.get(raw)
-            if known != place:  # new, or a new sample with an old one's stamp (the later)
+            if known is None or keys is None and known != place:
+                # new, or a new sample with an old one's stamp (the later; by key, `_placed` tells)
                 if known is None:
                     insort(ordered, raw)
                 seen[raw] = place
                 back[place[0]] = raw
+        for raw, key in zip(raws, keys or ()):
+            if raw in new:
+                self.who[kind].setdefault(raw, set()).add(key)
         while len(seen) > SEEN:
             oldest = next(iter(seen))
             self._forget(kind, oldest)
@@ -230,6 +282,7 @@ class StampMap:
     def _forget(self, kind: str, raw: int) -> None:
         steady, _ = self.seen[kind].pop(raw)
         self.raw[kind].pop(steady, None)
+        self.who[kind].pop(raw, None)
         ordered = self.ordered[kind]
         del ordered[bisect_left(ordered, raw)]
 
@@ -239,15 +292,15 @@ class StampMap:
         if seen is None:
             seen = self.seen[kind] = {}
             back = self.raw[kind] = {}
-            for raws, offset, index in self.history.pop(kind, ()):
+            who = self.who[kind] = {}
+            for raws, keys, offset, index in self.history.pop(kind, ()):
                 for raw in raws:
                     if raw not in seen:
                         seen[raw] = (raw - offset, index)
                         back[raw - offset] = raw
-            while len(seen) > SEEN:
-                steady, _ = seen.pop(next(iter(seen)))
-                back.pop(steady, None)
-            self.ordered[kind] = sorted(seen)
+                for raw, key in zip(raws, keys or ()):
+                    who.setdefault(raw, set()).add(key)
+            self.ordered[kind] = sorted(seen)  # (`steady` keeps no more than `SEEN`)
         return seen, self.raw[kind]
 
     def _placed(self, kind: str, raws: Sequence[int], now_us: int, asked: int,
@@ -280,6 +333,8 @@ class StampMap:
             repeat = counts.get(key, 0)
             counts[key] = repeat + 1
             known = seen.get(raw)
+            if known is not None and listed is not None and key[0] not in self.who[kind].get(raw, ()):
+                known = None  # listed at a stamp seen before without it: a new sample with an old one's stamp
             older = listed is not None and listed[raw, key[0]] > repeat + 1  # (the same stamp again after it)
             if known is None and listed is not None and not older:
                 # samples listed per process carry the stamps of the device's, which their order placed
@@ -293,22 +348,33 @@ class StampMap:
                                            None if known else after)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
+        if keys is None:
+            self._fallen(raws, out, new)
         lost = {position for position, place in enumerate(out) if place is None}
-        if lost and keys is None:
-            # the new samples stamped in one run with those of no segment (a period apart, the
-            # buffer's order) were taken on their clock: a step's length from a segment it fits
-            gap = _spacing(raws)
-            for forward in (True, False):
-                for position in range(1, len(raws)) if forward else range(len(raws) - 1, 0, -1):
-                    this, other = (position, position - 1) if forward else (position - 1, position)
-                    if other in lost and new[this] and 0 < raws[position] - raws[position - 1] <= 2 * gap:
-                        lost.add(this)
-                        out[this], new[this] = None, False
         if lost:
             self._between(raws, out, keys is None)
         if keys is None and any(new):
             self._in_order(raws, out, new, lost, now_us)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
+
+    def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool]) -> None:
+        """A buffer answers in the order its samples were taken: new samples stamped below the one
+        before them in its segment, by more than every step back found, were taken on a clock that
+        held only between two looks (a step back, then one forward, inside one call), and so were
+        the new ones after them on that clock (rising, in that segment, below where they fell
+        from): of no segment, for `_between` to place."""
+        top: tuple[int, int] | None = None  # (the stamp they fell from, its segment)
+        for position in range(1, len(raws)):
+            place, before, raw = out[position], out[position - 1], raws[position]
+            if place is None or not new[position]:
+                top = None
+            elif top is not None and place[1] == top[1] and raws[position - 1] < raw < top[0]:
+                out[position] = None
+            elif before is not None and before[1] == place[1] and raws[position - 1] - raw > AHEAD_US and not any(
+                    moved <= raw - raws[position - 1] + AHEAD_US for _, moved in self.steps):
+                top, out[position] = (raws[position - 1], place[1]), None
+            else:
+                top = None
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
@@ -374,8 +440,7 @@ class StampMap:
             before = max((steady for steady, index in placed if index < current), default=None)
             after = min((steady for steady, index in placed if index == current), default=None)
             stamps = sorted(steady for steady, _ in placed)
-            gap = min((b - a for a, b in zip(stamps, stamps[1:]) if b > a), default=0)
-            gap = min((b - a for a, b in zip(lost, lost[1:]) if b > a), default=gap)
+            gap = _spacing(lost) or _spacing(stamps)
             # a run ends where the stamps fall, or leap (a step between them)
             ends = [at for at in range(1, len(lost)) if not 0 < lost[at] - lost[at - 1] <= 2 * gap] + [len(lost)]
             chain = [lost[begin:end] for begin, end in zip([0, *ends], ends)]
@@ -452,8 +517,13 @@ class StampMap:
                 # no step now (one found then began the segment they belong to)
                 return
         earlier, looked_at = self._offsets, self.seen_at
+        shared = self.host.looks if isinstance(self.host, HostClocks) else ()
+        # the looks other devices' maps took since this one's last
+        between = [look for look in shared if (looked_at or 0) < look[0] < now_us]
         if now_us != self.seen_at or self._offsets is None:
             self._offsets = self.host()  # once per call: `ask` and `steady` of one call share it
+            if isinstance(self.host, HostClocks):
+                self.host.took(now_us, self._offsets)
         offsets = self._offsets
         if self.follows is None:
             self.seen_at = now_us
@@ -462,9 +532,11 @@ class StampMap:
                 # stamped on another clock than theirs, as the simulator's `sample_clock` plays)
                 return
             # learnt from the clocks as the call began (its `ask`) or as it ended: a step inside
-            # the first call leaves its stamps on one of them; the segment is the first one's
-            looks = [(now_us, offsets)] if earlier is None or looked_at is None else [(looked_at, earlier),
-                                                                                      (now_us, offsets)]
+            # the first call leaves its stamps on one of them; the segment is the first one's.
+            # And from the looks before (every device's map's, its own among them): steps
+            # other devices' calls saw before this one's first look
+            own = [] if earlier is None or looked_at is None else [(looked_at, earlier)]
+            looks = [*([look for look in shared if look[0] < now_us] or own), (now_us, offsets)]
             newest = raws[-1] if ordered else max(raws)
             follows = next((which for at, reading in looks for which, offset in enumerate(reading)
                             if offset is not None and abs(newest - (offset + at)) < FOLLOW_US), None)
@@ -478,23 +550,25 @@ class StampMap:
                     self.follows = -1
                 return
             self.follows = follows
-            self.seen_at, first = looks[0]
+            self.seen_at, first = (own or looks)[0] if unmatched else looks[0]
+            between = [] if unmatched else looks[1:-1]
             # the clock as the stamps before followed it: as the call began, or, where answers
             # before matched no clock, as far as their newest stamp tells (a lag of 0)
             start = first[follows]
             self.segments[0].host = unmatched[1] if unmatched else offsets[follows] or 0 if start is None else start
             if ordered and not unmatched:
                 self._set_back_before(raws, now_us)
-        current = self.segments[-1]
-        reading = offsets[self.follows]
-        moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
-        if abs(moved) > STEP_US:
-            current.ended_us = now_us
-            self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
-            self.steps.append((now_us, moved))
-        self.seen_at = now_us
+        for at, looked in [*between, (now_us, offsets)]:
+            current = self.segments[-1]
+            reading = looked[self.follows]
+            moved = 0 if reading is None else reading - current.host  # unread this time: no step seen
+            if abs(moved) > STEP_US:
+                current.ended_us = at
+                self.segments.append(Segment(current.offset + moved, current.host + moved, self.seen_at))
+                self.steps.append((at, moved))
+            self.seen_at = at
         while len(self.segments) > 1 and now_us - (self.segments[1].began_us or now_us) > FORGET_US:
             self.segments.pop(0)
             self.dropped += 1
             if len(self.segments) == 1:  # no step recent: back to remembering answers
-                self.seen, self.raw, self.ordered, self.between = {}, {}, {}, {}
+                self.seen, self.raw, self.ordered, self.between, self.who = {}, {}, {}, {}, {}

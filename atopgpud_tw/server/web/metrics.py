@@ -1,33 +1,23 @@
 """``/metrics``: the daemon's counters in the Prometheus text format (``--metrics``), and the site's other pages.
 
-A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, and
-only then, in the reactor thread, the one that changes the Board, so a scrape
-sees one poll's figures whole (prometheus_client's own Twisted resource collects
-in a thread pool, racing the poller).  The counters are atop's cumulative
-figures in base units, except that the ``*_seconds`` series sum each sample's
-figure times the seconds it covers (`counters.Counters.fold`): ``rate()`` of
-them is the average busy percentage even when polls run late or fail (atop's
-own sums are `atop_sums`).  A value the device cannot report (-1 on the wire)
-is left out, not exported as -1.  docs/metrics.md lists every metric.
+A `BoardCollector` reads the `Board` and the poller when Prometheus scrapes, in the reactor thread, the one
+that changes the Board, so a scrape sees one poll's figures whole (prometheus_client's own Twisted resource
+collects in a thread pool, racing the poller).  The counters are atop's cumulative figures in base units,
+except that the ``*_seconds`` series sum each sample's figure times the seconds it covers
+(`counters.Counters.fold`): ``rate()`` of them is the average busy percentage even when polls run late or
+fail (atop's own sums are `atop_sums`).  A value the device cannot report (-1 on the wire) is left out, not
+exported as -1.  docs/metrics.md lists every metric.
 
-The health series are read when scraped (`HealthCache`), waited for at most
-`HEALTH_WAIT` seconds (a call stuck in the driver delays a scrape that long and no
-more; figures from an earlier reading are marked stale, with their age), and not
-at all while the hang watchdog counts the reader's call as hung.  A card whose
-reading is out is not asked again until it answers, and a reading younger than
-`FRESH` seconds is reused.
+The health series are read when scraped (`HealthCache`), waited for at most `HEALTH_WAIT` seconds (a call
+stuck in the driver delays a scrape that long and no more; older figures are marked stale), and not at all
+while the hang watchdog counts the reader's call as hung.  `MetricsPage` renders the daemon's own figures for
+every scrape, the health figures at most once per `HEALTH_TTL` seconds, and the GPU and process series
+(hundreds of kilobytes with ``--metrics-processes``) in a thread once per poll and format, while the reactor
+answers atop; a gzip page is compressed once for the scrapes that find the same parts.
 
-`MetricsPage` renders the page in three parts: the daemon's own figures, small,
-for every scrape; the health figures at most once per `HEALTH_TTL` seconds; the
-GPU and process series (hundreds of kilobytes with ``--metrics-processes``)
-collected in the reactor thread, then encoded in a thread once per poll and
-format while the reactor answers atop.  A gzip page is compressed once and kept
-for the scrapes that find the same parts.
-
-``/-/healthy`` (also ``/healthz``) answers 200 whenever the reactor answers;
-``/-/ready`` 200 once the first poll is folded in, while the latest poll worked,
-the reader waits for nothing and a GPU was read in one of the last few polls,
-else 503 and why on one line; ``/`` links them; any other path is a 404.
+``/-/healthy`` (also ``/healthz``) answers 200 whenever the reactor answers; ``/-/ready`` 200 once the first
+poll is folded in, while the latest poll worked, the reader waits for nothing and a GPU was read in one of the
+last few polls, else 503 and why on one line; ``/`` links them; any other path is a 404.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ import gzip as gzip_format
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeGuard, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, TypeGuard, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -60,7 +50,9 @@ from atopgpud_tw.readers.base import IReader
 from atopgpud_tw.server.atop.board import Board
 from atopgpud_tw.server.web.webbounds import BoundedChannel, BoundedRequest, PageWriter, WebGuard, WebLimits
 from atopgpud_tw.snapshot import UNKNOWN_CONTEXT
-from atopgpud_tw.workloads import WorkloadBook
+
+if TYPE_CHECKING:
+    from atopgpud_tw.workloads import WorkloadBook  # --workloads alone loads it
 
 KIB = 1024
 PLAIN = b"text/plain; charset=utf-8"
@@ -151,14 +143,6 @@ class BoardCollector:
 
     def live(self) -> Iterator[Metric]:
         """The families that may change between polls (clients, a call in progress)."""
-        yield from self._health()
-        if self.calls is not None:
-            yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
-                                    "been running (0 between calls).", value=self.calls.running_seconds())
-            yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
-                                      "seconds or more.", value=self.calls.hung_calls)
-
-    def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("atopgpud_build_info", "The daemon's version.", labels=["version"])
         info.add_metric([distribution_version()], 1)
         yield info
@@ -181,6 +165,11 @@ class BoardCollector:
         yield GaugeMetricFamily("atopgpud_clients_behind", "Clients whose exited processes did not all fit in "
                                 "their latest reply (the rest go in their next ones).",
                                 value=len(self.board.behind))
+        if self.calls is not None:
+            yield GaugeMetricFamily("atopgpud_nvml_call_seconds", "Seconds the NVML call in progress has "
+                                    "been running (0 between calls).", value=self.calls.running_seconds())
+            yield CounterMetricFamily("atopgpud_nvml_hung_calls", "NVML calls that ran --hang-warning "
+                                      "seconds or more.", value=self.calls.hung_calls)
 
     def _gpus(self, devices: list[DeviceTotals]) -> Iterator[Metric]:
         gauge = functools.partial(GaugeMetricFamily, labels=GPU_LABELS)
@@ -229,9 +218,8 @@ class BoardCollector:
             total.add_metric(labels, device.memory_total_kib * KIB)
             samples.add_metric(labels, device.samples)
             _add_busy_seconds(busy_cum, mem_busy_cum, labels, device, timed, interval)
-            used_cum.add_metric(
-                labels, (device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval) * KIB
-            )
+            kib_seconds = device.memory_used_kib_seconds if timed else device.memory_used_cum_kib * interval
+            used_cum.add_metric(labels, kib_seconds * KIB)
         yield from (info, mig_info, present, busy, mem_busy, used, total, free, reserved, samples, busy_cum,
                     mem_busy_cum, used_cum)
 
@@ -326,17 +314,9 @@ class HealthCache:
         if not self.pending or watchdog is not None and watchdog.running_seconds() >= min(watchdog.after, self.wait):
             return succeed(None)  # nothing to wait for, or the jobs queue behind a hung call (its watchdog says)
         done: Deferred = Deferred()
-
-        def fire(_: Any = None) -> None:
-            if timer.active():
-                timer.cancel()
-            if not done.called:
-                done.callback(None)
-
-        timer = self.clock.callLater(self.wait, fire)
-        # not cancelled after `wait`: a job late for this scrape is for the next
-        DeferredList(list(self.pending.values())).addCallback(fire)
-        return done
+        # the jobs are not cancelled after `wait`: a job late for this scrape is for the next
+        DeferredList(list(self.pending.values())).addCallback(lambda _: None if done.called else done.callback(None))
+        return done.addTimeout(self.wait, self.clock, onTimeoutCancel=lambda result, timeout: None)
 
     def _stored(self, reading: CardHealth, key: str) -> None:
         self.pending.pop(key, None)
@@ -369,9 +349,8 @@ def health_families(cache: HealthCache) -> Iterator[Metric]:
     """The health families of the cards `cache` holds, read at scrape time."""
     families: dict[str, Any] = {}
     for name, (kind, text, extra) in FAMILIES.items():
-        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        families[name] = make(name.removesuffix("_total") if kind == "counter" else name, text,
-                              labels=CARD_LABELS + list(extra))
+        make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily  # a counter drops its _total
+        families[name] = make(name, text, labels=CARD_LABELS + list(extra))
     stale = GaugeMetricFamily("atopgpud_gpu_health_stale", "1 if the health figures shown are from an "
                               "earlier reading: the latest did not answer in time.", labels=CARD_LABELS)
     age = GaugeMetricFamily("atopgpud_gpu_health_age_seconds", "Seconds since the health figures shown "
@@ -390,16 +369,15 @@ def health_families(cache: HealthCache) -> Iterator[Metric]:
     events = CounterMetricFamily("atopgpud_gpu_xid_events", "XID critical errors of every code the driver "
                                  "reported since the daemon started (0 from the start, for alerts).",
                                  labels=CARD_LABELS)
-    totals = dict.fromkeys(cache.xid_cards & set(cards), 0)
     for (key, code), count in sorted(cache.xids.items()):
         if key in cards:
             xid.add_metric(cards[key] + [str(code)], count)
-            totals[key] = totals.get(key, 0) + count
+    totals = {**dict.fromkeys(cache.xid_cards, 0), **_totals(cache.xids)}
     last = GaugeMetricFamily("atopgpud_gpu_xid_last_seconds", "When the daemon last saw an XID critical error "
                              "of the GPU, in seconds since the epoch (absent until the first).",
                              labels=CARD_LABELS)
-    for key, count in sorted(totals.items(), key=lambda item: cards[item[0]]):
-        events.add_metric(cards[key], count)
+    for key in sorted(set(totals) & set(cards), key=cards.__getitem__):
+        events.add_metric(cards[key], totals[key])
         if key in cache.xid_last:
             last.add_metric(cards[key], cache.xid_last[key])
     yield from families.values()
@@ -506,7 +484,7 @@ InThread = Callable[[Callable[[], "Rendered"]], "Deferred[Rendered]"]
 
 _EOF = b"# EOF\n"
 _GZIP_LEVEL = 6  # level 9 costs 3 to 8 times the CPU for the same size on these pages
-#: seconds one rendering of the health part serves every scrape (given a clock)
+#: seconds one rendering of the health part serves every scrape
 HEALTH_TTL = 0.5
 
 
@@ -533,8 +511,7 @@ class Families:
 
 
 class MetricsPage:
-    """The page in each format; `render` gives bytes, or a Deferred of them while
-    the polled part of a new poll is being rendered."""
+    """The page in each format: bytes, or a Deferred of them while the polled part of a new poll is rendered."""
 
     def __init__(
         self,
@@ -543,7 +520,7 @@ class MetricsPage:
         generation: Callable[[], int] | None = None,
         in_thread: InThread | None = None,
         health: Collector | None = None,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.live = live
         self.health = health
@@ -561,8 +538,8 @@ class MetricsPage:
     def render(self, encoder: Encoder, content_type: str, gzip: bool) -> Union[bytes, Deferred[bytes]]:
         """The page in the format of `encoder`, gzip-compressed if asked."""
         head = encoder(self.live)
-        if (self.health is not None or self.polled is not None) and head.endswith(_EOF):
-            head = head[: -len(_EOF)]  # OpenMetrics ends once, after the last part
+        if self.health is not None or self.polled is not None:
+            head = head.removesuffix(_EOF)  # OpenMetrics ends once, after the last part
         parts: list[Any] = [head]
         if self.health is not None:
             parts.append(self._health_part(encoder, content_type))
@@ -586,17 +563,13 @@ class MetricsPage:
 
     def _health_part(self, encoder: Encoder, content_type: str) -> Rendered:
         assert self.health is not None
-        now = self.clock() if self.clock is not None else None
+        now = self.clock()
         cached = self._health.get(content_type)
-        if cached is not None and cached.stamp is not None and now is not None and 0 <= now - cached.stamp < HEALTH_TTL:
+        if cached is not None and 0 <= now - (cached.stamp or 0) < HEALTH_TTL:
             return cached
         text = encoder(self.health)
-        if self.polled is not None and text.endswith(_EOF):
-            text = text[: -len(_EOF)]
-        part = Rendered(now, text)
-        if now is not None:
-            self._health[content_type] = part
-        return part
+        self._health[content_type] = Rendered(now, text.removesuffix(_EOF) if self.polled is not None else text)
+        return self._health[content_type]
 
     def _polled(self, encoder: Encoder, content_type: str) -> Union[Rendered, Deferred[Rendered]]:
         generation = self.generation() if self.generation is not None else None
@@ -604,12 +577,10 @@ class MetricsPage:
         if cached is not None and generation is not None and cached.stamp == generation:
             return cached
         key = (content_type, generation)
-        waiting = self._pending.get(key)
         waiter: Deferred[Rendered] = Deferred()
-        if waiting is not None:
-            waiting.append(waiter)
-            return waiter
-        self._pending[key] = [waiter]
+        self._pending.setdefault(key, []).append(waiter)
+        if len(self._pending[key]) > 1:
+            return waiter  # that rendering is under way
         assert self.polled is not None
         families = list(self.polled.collect())  # here, in the reactor thread: one poll's figures
 
@@ -649,30 +620,29 @@ class MetricsResource(Resource):
         self.health = health
 
     def render_GET(self, request: Request) -> bytes | int:
+        lost: list[object] = []
+        request.notifyFinish().addErrback(lost.append)
         if self.health is None:
-            return self._render(request)
-        gone: list[bool] = []
-        request.notifyFinish().addErrback(lambda _: gone.append(True))
+            return self._render(request, lost)
 
         def send(_: Any) -> None:
-            if gone:
-                return  # the scraper hung up while the figures were read
-            body = self._render(request)
+            body = None if lost else self._render(request, lost)  # lost: the scraper hung up meanwhile
             if isinstance(body, bytes):
                 request.write(body)
                 request.finish()
             # else the page is written, and the request finished, as it is rendered
 
-        def failed(failure: Any) -> None:
-            log.failure("health: scrape failed", failure)
-            if not gone:
-                request.setResponseCode(500)
-                request.finish()
-
-        self.health.refresh().addCallback(send).addErrback(failed)
+        self.health.refresh().addCallback(send).addErrback(self._failed, request, lost, log, "health: scrape failed")
         return NOT_DONE_YET
 
-    def _render(self, request: Request) -> bytes | int:
+    @staticmethod
+    def _failed(failure: Failure, request: Request, lost: list[object], logger: Logger, text: str) -> None:
+        logger.failure(text, failure)
+        if not lost:
+            request.setResponseCode(500)
+            request.finish()
+
+    def _render(self, request: Request, lost: list[object]) -> bytes | int:
         encoder, content_type = choose_encoder(request.getHeader("accept") or "")
         gzip = bool(_ACCEPTS_GZIP.search(request.getHeader(b"accept-encoding") or b""))
         page = self.page.render(encoder, content_type, gzip)
@@ -681,8 +651,6 @@ class MetricsResource(Resource):
             request.setHeader(b"content-encoding", b"gzip")
         if isinstance(page, bytes) and len(page) <= _PRODUCED:
             return page
-        lost: list[object] = []
-        request.notifyFinish().addErrback(lost.append)
 
         def send(body: bytes) -> None:
             if lost:
@@ -692,16 +660,11 @@ class MetricsResource(Resource):
             request.setHeader(b"content-length", str(len(body)).encode("ascii"))
             PageWriter(request, body).start()
 
-        def failed(failure: Failure) -> None:
-            self.log.failure("rendering the metrics page failed", failure)
-            if not lost:
-                request.setResponseCode(500)
-                request.finish()
-
         if isinstance(page, bytes):
             send(page)
         else:
-            page.addCallbacks(send, failed)
+            page.addCallbacks(send, self._failed, errbackArgs=(request, lost, self.log,
+                                                               "rendering the metrics page failed"))
         return NOT_DONE_YET
 
     def render_HEAD(self, request: Request) -> bytes:
@@ -721,8 +684,7 @@ def not_ready(poller: PollStatistics) -> str | None:
         return waiting
     if poller.polls == 0:
         return "waiting for the first poll"
-    unread: str | None = getattr(poller, "unread", None)
-    return unread
+    return getattr(poller, "unread", None)
 
 
 def plain(request: Request, text: str) -> bytes:
@@ -850,10 +812,6 @@ def make_site(
     reactor: Any = clock
     if reactor is None:
         from twisted.internet import reactor
-
-    def in_pool(render: Callable[[], Rendered]) -> Deferred[Rendered]:
-        return deferToThreadPool(reactor, reactor.getThreadPool(), render)
-
     def polled() -> Iterator[Metric]:
         yield from collector.polled()
         yield from atop_sums(board)
@@ -862,7 +820,8 @@ def make_site(
             yield from workload_families(workloads, health)
 
     page = MetricsPage(  # the health part read when scraped (at most every HEALTH_TTL)
-        Families(collector.live), Families(polled), lambda: board.counters.generation, in_thread or in_pool,
+        Families(collector.live), Families(polled), lambda: board.counters.generation,
+        in_thread or (lambda render: deferToThreadPool(reactor, reactor.getThreadPool(), render)),
         None if health is None else Families(lambda: health_families(health)), reactor.seconds,
     )
     metrics = MetricsResource(page, health)

@@ -63,10 +63,7 @@ class Bursts:
 
     def cut(self, what: str, line: str, **fields: Any) -> None:
         """Count one refusal or cut of cause `what`; log it if it starts a burst."""
-        burst = self._bursts.get(what)
-        if burst is None:
-            burst = self._bursts[what] = BurstLog(self.clock)
-        burst.event(lambda: self.logger.warn(line, **fields), what)
+        self._bursts.setdefault(what, BurstLog(self.clock)).event(lambda: self.logger.warn(line, **fields), what)
 
     def stop(self) -> None:
         for burst in self._bursts.values():
@@ -91,18 +88,9 @@ class WebGuard(Bursts):
         """Whether another connection may open; a refusal is logged once per burst."""
         if len(self.channels) < self.limits.max_clients:
             return True
-        self.cut(
-            "connections refused (--metrics-max-clients)",
-            "refusing metrics connections: {count} open (--metrics-max-clients)",
-            count=len(self.channels),
-        )
+        self.cut("connections refused (--metrics-max-clients)",
+                 "refusing metrics connections: {count} open (--metrics-max-clients)", count=len(self.channels))
         return False
-
-    def admit(self, channel: BoundedChannel) -> bool:
-        if not self.room():
-            return False
-        self.channels.add(channel)
-        return True
 
     def stop(self) -> None:
         super().stop()
@@ -136,14 +124,12 @@ class _MethodsChecked:
                 raise
             method = request.method.decode("latin-1")
             if request.method not in supportedMethods:
-                return errorPage(NOT_IMPLEMENTED, "Not Implemented", f"No {method} request is served here.").render(
-                    request
-                )
-            request.setHeader(b"allow", b", ".join(allowed))
-            names = ", ".join(name.decode("latin-1") for name in allowed)
-            return errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.").render(
-                request
-            )
+                page = errorPage(NOT_IMPLEMENTED, "Not Implemented", f"No {method} request is served here.")
+            else:
+                request.setHeader(b"allow", b", ".join(allowed))
+                names = ", ".join(name.decode("latin-1") for name in allowed)
+                page = errorPage(NOT_ALLOWED, "Method Not Allowed", f"{method} is not allowed here, only {names}.")
+            return page.render(request)
 
 
 #: a deadline's cause and line, by what it waits for
@@ -152,13 +138,14 @@ _EXPIRED = {
              "closing a metrics connection from {peer}: no request headers within {seconds} s"),
     "reply": ("metrics replies cut: left unread",
               "closing a metrics connection from {peer}: its reply unread after {seconds} s"),
+    "handshake": ("metrics TLS handshakes cut: too slow",
+                  "closing a metrics connection from {peer}: no TLS handshake within {seconds} s"),
 }
 
 
 class BoundedChannel(HTTPChannel):
     """An HTTP connection within `WebLimits`; its site has a `guard` (`WebGuard`)."""
 
-    requestFactory = BoundedRequest
     guard: WebGuard
     #: a connected stream transport (TCP or UNIX)
     transport: Any
@@ -168,7 +155,6 @@ class BoundedChannel(HTTPChannel):
         self._deadline: Any = None
         self._awaiting_head = True
         self._held: Request | None = None
-        self._admitted = False
         self._cut = False
         self.peer = ""
 
@@ -182,11 +168,7 @@ class BoundedChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         self.totalHeadersSize = self.limits.max_head
-        if not self.guard.admit(self):
-            self._cut = True
-            self.transport.abortConnection()
-            return
-        self._admitted = True
+        self.guard.channels.add(self)  # the site's buildProtocol made room for it
         #: whom this connection's shares are counted to (TLS handshakes, password checks): `access.peer_key`
         self.peer = peer_key(self.transport, self.guard.diag)
         super().connectionMade()
@@ -194,9 +176,8 @@ class BoundedChannel(HTTPChannel):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         self._held = None
-        if self._admitted:
-            self.guard.channels.discard(self)
-            super().connectionLost(reason)
+        self.guard.channels.discard(self)
+        super().connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
         if self._cut:
@@ -257,7 +238,6 @@ class BoundedChannel(HTTPChannel):
         self._deadline = None
 
     def _expired(self, what: str, seconds: float) -> None:
-        self._deadline = None
         self.cut(*_EXPIRED[what], seconds=seconds)
         self._close()
 
@@ -266,9 +246,7 @@ class BoundedChannel(HTTPChannel):
                  "refusing a metrics request from {peer}: a body of {size} (at most {limit} bytes)",
                  size="unstated size" if self.length is None else f"{self.length} bytes", limit=self.limits.max_body)
         self._cut = True
-        self.transport.write(
-            b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-        )
+        self.transport.write(b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
         self.transport.loseConnection()
 
     def _close(self) -> None:
@@ -298,9 +276,8 @@ class PageWriter:
 
     def _write(self) -> None:
         while not self.paused and not self.stopped and self.offset < len(self.body):
-            end = self.offset + self.chunk
-            piece = self.body[self.offset : end].tobytes()
-            self.offset = end
+            piece = self.body[self.offset : self.offset + self.chunk].tobytes()
+            self.offset += self.chunk
             self.request.write(piece)  # may pause us before it returns
         if self.offset >= len(self.body) and not self.stopped:
             self.stopped = True

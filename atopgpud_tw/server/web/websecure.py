@@ -1,40 +1,27 @@
 """``--web-config FILE``: the metrics site under TLS, basic auth and a rate limit, re-read when the file changes.
 
-The file is the YAML every exporter built on the Prometheus exporter toolkit takes
-(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md;
-docs/metrics.md, "TLS and basic authentication", has the keys and the costs).
-`read` takes only a regular file of at most `MAX_SIZE` bytes (a FIFO would hang
-the reactor at a reload, ``/dev/zero`` fill memory), as `build_context` its
-certificates; `parse` is as strict as the toolkit's Go parser (an unknown or
-duplicate key, a value of the wrong type, ``curve_preferences``: an error of one
-line, `WebConfigError`).
+The file is the YAML of the Prometheus exporter toolkit
+(https://github.com/prometheus/exporter-toolkit/blob/master/docs/web-configuration.md; docs/metrics.md,
+"TLS and basic authentication", has the keys and the costs), parsed as strictly as the toolkit's Go parser
+(`WebConfigError`: one line).  It and its certificates are read only as regular files of at most `MAX_SIZE`
+bytes (a FIFO would hang the reactor at a reload, ``/dev/zero`` fill memory).
 
-`secure_site` reads it at start-up (a bad one: one line, exit status 2), puts
-`Protected` at the site's root and `TLSSiteFactory` around it, and returns the
-`WebSecurity` service that re-reads it when the file or a certificate changes and
-on SIGHUP; a reload that fails, or turns TLS on or off (a port keeps its
-protocol), or basic auth off (a file emptied by ``> FILE`` or cut after
-``basic_auth_users:``), keeps the last good configuration, in one line.
-`Contexts` hands the current TLS context to each new connection, so a reload
-changes the next handshake only; client_auth_type has Go's meanings
-(https://pkg.go.dev/crypto/tls#ClientAuthType).
+`secure_site` reads it at start-up (a bad one: one line, exit status 2) and returns the `WebSecurity` service
+that re-reads it when the file or a certificate changes and on SIGHUP; a reload that fails, or turns TLS on or
+off (a port keeps its protocol), or basic auth off (a file emptied by ``> FILE``), keeps the last good
+configuration, in one line.  `Contexts` hands the current TLS context to each new connection, so a reload
+changes the next handshake only.
 
-`Protected` answers 429 beyond ``rate_limit`` (a token bucket, as the toolkit's),
-sets ``http_server_config.headers``, then passes the request on, or answers 401,
-or 503 when too many password checks are pending; the password is checked through
-`twisted.cred` (``HTTPAuthSessionWrapper`` makes any login failure but a refusal
-a 500, and has no place for the rate limit, the headers, the client's address or
-the damped log lines).  A bcrypt check costs tens of milliseconds of CPU by
-design: `PasswordChecks` runs them in `THREADS` daemon threads, at most
-`MAX_PENDING` running or queued (beyond: 503 at once), the places shared fairly by
-client (`access.peer_key`); a verdict is kept `CACHE_SECONDS`, a right one renewed
-by each use and checked again outside the bound, so a flood of wrong passwords
-never stands in the real scraper's way.  An unknown user, or a password over
-`MAX_PASSWORD` bytes, is refused without a check; stopping waits for no check.
+`Protected` checks passwords through `twisted.cred`, not its ``HTTPAuthSessionWrapper``, which makes any login
+failure but a refusal a 500 and has no place for the rate limit, the headers, the client's address or the damped
+log lines.  A bcrypt check costs tens of milliseconds of CPU by design: `PasswordChecks` runs them in `THREADS`
+daemon threads, at most `MAX_PENDING` pending (beyond: 503), the places shared fairly by client, and keeps the
+verdicts a while, a right one renewed by each use, so a flood of wrong passwords never stands in the scraper's way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -45,7 +32,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import bcrypt
 import yaml
@@ -57,7 +44,7 @@ from twisted.cred.checkers import ICredentialsChecker
 from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import LoginFailed, UnauthorizedLogin
 from twisted.cred.portal import IRealm, Portal
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLServerConnectionCreator, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
@@ -80,7 +67,8 @@ from atopgpud_tw.server.web.webbounds import BoundedChannel, Bursts
 
 #: the largest web configuration, or certificate file, read (a real one is a few KiB)
 MAX_SIZE = 1024 * 1024
-#: client_auth_type values, as Go's crypto/tls names them (RequireClientCert: the toolkit's old name)
+#: client_auth_type values, as Go's crypto/tls names them and means them (https://pkg.go.dev/crypto/tls#ClientAuthType;
+#: RequireClientCert: the toolkit's old name)
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")
 _AUTH_ALIASES = {"RequireClientCert": "RequireAnyClientCert", "": "NoClientCert"}
@@ -88,7 +76,9 @@ _AUTH_ALIASES = {"RequireClientCert": "RequireAnyClientCert", "": "NoClientCert"
 CERT_REQUIRED = ("RequireAnyClientCert", "RequireAndVerifyClientCert")
 #: the client auth types that check a client's certificate against client_ca
 CERT_VERIFIED = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
-TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+#: the toolkit's names of the TLS versions, oldest first
+TLS_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
+                "TLS13": TLSVersion.TLSv1_3}
 #: the headers the toolkit lets a file set, and the values it allows (None: any)
 HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None,
@@ -149,18 +139,16 @@ class WebConfig:
     #: (seconds per token, burst), None: no rate limit
     rate_limit: tuple[float, int] | None = None
 
+    def files(self) -> tuple[str, ...]:
+        """The certificate files, if any: a change to any is a reload."""
+        return self.tls.files() if self.tls is not None else ()
+
     def describe(self) -> str:
         """What the configuration turns on, in a few words."""
-        parts = []
-        if self.tls is None:
-            parts.append("plain HTTP")
-        else:
-            parts.append(f"TLS {self.tls.min_version} to {self.tls.max_version}, client certificates: "
-                         f"{self.tls.client_auth_type}")
-        if self.users:
-            parts.append(f"basic auth for {len(self.users)} user{'s' if len(self.users) != 1 else ''}")
-        else:
-            parts.append("no basic auth")
+        tls, users = self.tls, len(self.users)
+        parts = ["plain HTTP" if tls is None else
+                 f"TLS {tls.min_version} to {tls.max_version}, client certificates: {tls.client_auth_type}",
+                 f"basic auth for {users} user{'s' if users != 1 else ''}" if users else "no basic auth"]
         if self.rate_limit is not None:
             parts.append(f"at most {self.rate_limit[1]} requests at once, one more every {self.rate_limit[0]:g} s")
         return ", ".join(parts)
@@ -199,32 +187,29 @@ def parse(text: bytes | str, folder: str) -> WebConfig:
     """A configuration from its YAML text; `folder` resolves relative file names."""
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # noqa: S506  # a safe loader
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        raise WebConfigError(f"not valid YAML: {where}{_line(error.problem or str(error))}") from None
     except yaml.YAMLError as error:
-        raise WebConfigError(f"not valid YAML: {_line(str(error))}") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        problem = " ".join((getattr(error, "problem", None) or str(error)).split())
+        raise WebConfigError(f"not valid YAML: {where}{problem}") from None
     if document is None:
         return WebConfig()  # an empty file: plain HTTP, no users (as the toolkit has it)
     top = _table(document, "the file", ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"))
     tls = _tls(top.get("tls_server_config"), folder)
     http = _table(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
-    http2 = flag(http.get("http2", True), "http_server_config.http2", WebConfigError)
-    headers = _headers(http.get("headers"))
-    users = _users(top.get("basic_auth_users"))
-    return WebConfig(tls=tls, headers=headers, users=users, http2=http2, rate_limit=_rate(top.get("rate_limit")))
+    return WebConfig(tls=tls, http2=flag(http.get("http2", True), "http_server_config.http2", WebConfigError),
+                     headers=_headers(http.get("headers")), users=_users(top.get("basic_auth_users")),
+                     rate_limit=_rate(top.get("rate_limit")))
 
 
-def _line(text: str) -> str:
-    return " ".join(str(text).split())
+def _dict(value: Any, where: str, of: str = " of keys to values") -> dict[Any, Any]:
+    if value is not None and not isinstance(value, dict):
+        raise WebConfigError(f"{where} must be a mapping{of}, not {kind(value)}")
+    return value or {}
 
 
 def _table(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping of keys to values, not {kind(value)}")
+    value = _dict(value, where)
     prefix = "" if where == "the file" else where + "."
     for key in value:
         name = f"{prefix}{key}"
@@ -252,7 +237,7 @@ def _strings(value: Any, where: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _choice(value: Any, where: str, allowed: tuple[str, ...], default: str) -> str:
+def _choice(value: Any, where: str, allowed: Collection[str], default: str) -> str:
     text = _string(value, where)
     if text is None:
         return default
@@ -273,10 +258,9 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
     for inline in ("cert", "key", "client_ca"):
         if given[inline] and given[inline + "_file"]:
             raise WebConfigError(f"{where}{inline} and {where}{inline}_file are both given: give one")
-    if not (given["cert"] or given["cert_file"]):
-        raise WebConfigError(f"{where}cert_file (or cert) is missing: TLS needs the server's certificate")
-    if not (given["key"] or given["key_file"]):
-        raise WebConfigError(f"{where}key_file (or key) is missing: TLS needs the server's private key")
+    for needed, what in (("cert", "certificate"), ("key", "private key")):
+        if not (given[needed] or given[needed + "_file"]):
+            raise WebConfigError(f"{where}{needed}_file (or {needed}) is missing: TLS needs the server's {what}")
     auth = _AUTH_ALIASES.get(auth_text, auth_text)
     if auth not in CLIENT_AUTH_TYPES:
         raise WebConfigError(f"{where}client_auth_type: {auth_text!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
@@ -292,31 +276,22 @@ def _tls(value: Any, folder: str) -> TLSSettings | None:
                              "RequireAndVerifyClientCert")
     low = _choice(table.get("min_version"), where + "min_version", TLS_VERSIONS, "TLS12")
     high = _choice(table.get("max_version"), where + "max_version", TLS_VERSIONS, "TLS13")
-    if TLS_VERSIONS.index(low) > TLS_VERSIONS.index(high):
+    if list(TLS_VERSIONS).index(low) > list(TLS_VERSIONS).index(high):
         raise WebConfigError(f"{where}min_version {low} is above max_version {high}")
     ciphers = _strings(table.get("cipher_suites"), where + "cipher_suites") or ()
-    prefer = table.get("prefer_server_cipher_suites", True)
-
-    def path(name: str) -> str | None:
-        file = given[name]
-        return None if file is None else os.path.join(folder, file)
-
-    return TLSSettings(
-        cert=given["cert"], cert_file=path("cert_file"), key=given["key"], key_file=path("key_file"),
-        client_ca=given["client_ca"], client_ca_file=path("client_ca_file"), client_auth_type=auth,
-        client_allowed_sans=sans, min_version=low, max_version=high, cipher_suites=ciphers,
-        prefer_server_cipher_suites=flag(prefer, where + "prefer_server_cipher_suites", WebConfigError),
-    )
+    prefer = flag(table.get("prefer_server_cipher_suites", True), where + "prefer_server_cipher_suites", WebConfigError)
+    given.update({name: os.path.join(folder, file) for name in ("cert_file", "key_file", "client_ca_file")
+                  if (file := given[name])})
+    return TLSSettings(**given, client_auth_type=auth, client_allowed_sans=sans, min_version=low, max_version=high,
+                       cipher_suites=ciphers, prefer_server_cipher_suites=prefer)
 
 
 def duration(text: Any, where: str) -> float:
     """Seconds of a Go duration string (``1s``, ``250ms``, ``1m30s``, ``0``)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+    if type(text) is int and text == 0 or text == "0":
         return 0.0
     if not isinstance(text, str):
         raise WebConfigError(f"{where} must be a duration such as 1s or 250ms, not {kind(text)}")
-    if text == "0":
-        return 0.0
     parts = list(_DURATION.finditer(text))
     if not parts or "".join(part.group(0) for part in parts) != text:
         raise WebConfigError(f"{where}: {text!r} is not a duration such as 1s or 250ms")
@@ -338,12 +313,8 @@ def _rate(value: Any) -> tuple[float, int] | None:
 
 
 def _headers(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"http_server_config.headers must be a mapping, not {kind(value)}")
     headers = {}
-    for name, text in value.items():
+    for name, text in _dict(value, "http_server_config.headers", "").items():
         if name not in HEADERS:
             raise WebConfigError(f"http_server_config.headers: {name!s} cannot be set "
                                  f"(only {', '.join(HEADERS)})")
@@ -360,12 +331,8 @@ def _headers(value: Any) -> dict[str, str]:
 
 
 def _users(value: Any) -> dict[str, bytes]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"basic_auth_users must be a mapping of user names to bcrypt hashes, not {kind(value)}")
     users = {}
-    for name, hashed in value.items():
+    for name, hashed in _dict(value, "basic_auth_users", " of user names to bcrypt hashes").items():
         if not isinstance(name, str) or not name or ":" in name:
             raise WebConfigError(f"basic_auth_users: {name!r} is not a user name (a string without ':')")
         if not isinstance(hashed, str):
@@ -434,7 +401,6 @@ class PasswordChecks:
         self.verdicts: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self.checked = 0
         self.refused = 0
-        self._started = False
         self._failed = BurstLog(reactor)
         #: the users and their hashes `requestAvatarId` checks against
         self.users: dict[str, bytes] = {}
@@ -444,9 +410,7 @@ class PasswordChecks:
         credentials carry one as `peer`, is whom a pending check is counted to)."""
         user = credentials.username
         verdict = self.check(user, credentials.password, self.users, getattr(credentials, "peer", ""))
-        if isinstance(verdict, Deferred):
-            return verdict.addCallback(_avatar, user)
-        return maybeDeferred(_avatar, verdict, user)
+        return (verdict if isinstance(verdict, Deferred) else succeed(verdict)).addCallback(_avatar, user)
 
     def _pools(self) -> tuple[_Pool, _Pool]:
         """The checking pool, and the one for credentials once found right: one thread, no bound
@@ -455,8 +419,7 @@ class PasswordChecks:
                 _Pool(minthreads=0, maxthreads=1, name="atopgpud-bcrypt-known"))
 
     def start(self) -> None:
-        if not self._started:
-            self._started = True
+        if not self.pool.started:
             if self.pool.stopping.is_set():  # started again after a stop: pools of their own
                 self.pool, self.known_pool = self._pools()
             self.pool.start()
@@ -464,8 +427,7 @@ class PasswordChecks:
 
     def stop(self) -> None:
         self._failed.stop()
-        if self._started:
-            self._started = False
+        if self.pool.started:
             self.pool.stop()
             self.known_pool.stop()
 
@@ -505,25 +467,22 @@ class PasswordChecks:
         if not known:
             self.owners[key] = (peer, cancelled)
 
-        def settled(right: bool | None) -> None:
+        def settled(right: bool | None, checked: bool = True) -> None:
+            if right is not None and checked:
+                self._keep(key, right)
             if pending.get(key) is outcome:  # not pushed out meanwhile
                 del pending[key]
                 self.owners.pop(key, None)
                 outcome.callback(right)
 
-        def verdict(right: bool | None) -> None:
-            if right is not None:
-                self._keep(key, right)
-            settled(right)
-
         def failed(failure: Any) -> None:
             self._failed.event(lambda: self.log.error("a bcrypt check failed: {error}",
                                                       error=failure.getErrorMessage()),
                                "bcrypt checks failed")
-            settled(False)
+            settled(False, checked=False)  # refused, and not kept
 
         deferToThreadPool(self.reactor, pool, _bcrypt_check, password, stored, pool.stopping,
-                          cancelled).addCallbacks(verdict, failed)
+                          cancelled).addCallbacks(settled, failed)
         return _share(outcome)
 
     def _make_room(self, peer: str) -> bool:
@@ -595,12 +554,10 @@ class Credentials(UsernamePassword):
 def credentials(request: Request) -> UsernamePassword | None:
     """The user and password of a request's ``Authorization: Basic`` header; None without one."""
     scheme, _, encoded = (request.getHeader(b"authorization") or b"").partition(b" ")
-    if scheme.lower() != _BASIC.scheme:
-        return None
-    try:
-        return _BASIC.decode(encoded.strip(), request)  # type: ignore[no-any-return]
-    except LoginFailed:
-        return None
+    if scheme.lower() == _BASIC.scheme:
+        with contextlib.suppress(LoginFailed):  # not base64, or no colon
+            return _BASIC.decode(encoded.strip(), request)
+    return None
 
 
 class _Answer(Resource):
@@ -662,15 +619,15 @@ class _Waiting(Resource):
         return NOT_DONE_YET
 
 
-@implementer(IResource, IRealm)
-class Protected:
+@implementer(IRealm)
+class Protected(Resource):
     """The site's root under a web configuration: headers, then basic auth, then `inner`'s pages (the realm's
     one avatar)."""
 
-    isLeaf = False
     log = ClassLogger("atopgpud_tw.basicauth.Protected")
 
     def __init__(self, inner: IResource, config: WebConfig, checks: PasswordChecks, clock: IReactorTime) -> None:
+        super().__init__()
         self.inner = inner
         self.checks = checks
         self.clock = clock
@@ -701,14 +658,13 @@ class Protected:
         return None if config.rate_limit is None else TokenBucket(*config.rate_limit, self.clock)
 
     def getChildWithDefault(self, name: bytes, request: Request) -> IResource:
-        config = self.config
         if self.bucket is not None and not self.bucket.take():
             self.bursts.cut("metrics requests answered 429 (rate_limit)",
                             "answering metrics requests 429: over rate_limit")
             return TOO_MANY  # before a password is checked, as the toolkit has it
-        for header, value in config.headers.items():
+        for header, value in self._config.headers.items():
             request.setHeader(header.encode("ascii"), value.encode("utf-8"))
-        if not config.users:
+        if not self._config.users:
             return self.inner.getChildWithDefault(name, request)
         given = credentials(request)
         if given is None:
@@ -722,18 +678,17 @@ class Protected:
         # the checks are queued fairly by whom the connection is counted to (else by address)
         peer = getattr(getattr(request, "channel", None), "peer", None) or self._peer(request)
         login = self.portal.login(Credentials(given.username, given.password, peer), None, IResource)
-        refused = self._refused(request, given.username)
         now: list[Any] = []
         login.addBoth(now.append)
         if now:  # a verdict known (or refused) at once: no waiting
-            return self._answer(now[0], refused, lambda site: site.getChildWithDefault(name, request))
-        return _Waiting(login.addCallback(lambda _: self._answer(
-            now[0], refused, lambda site: getChildForRequest(site.getChildWithDefault(name, request), request))))
+            return self._answer(now[0], request, given.username, name)
+        return _Waiting(login.addCallback(
+            lambda _: getChildForRequest(self._answer(now[0], request, given.username, name), request)))
 
-    def _answer(self, login: Any, refused: Callable[[], None], page: Callable[[IResource], IResource]) -> IResource:
-        """What a login's outcome answers: the page, 503 (checks busy) or 401."""
+    def _answer(self, login: Any, request: Request, user: bytes, name: bytes) -> IResource:
+        """What a login's outcome answers: the site's child `name`, 503 (checks busy) or 401."""
         if not isinstance(login, Failure):
-            return page(login[1])
+            return self.inner.getChildWithDefault(name, request)  # the realm's one avatar
         if login.check(Busy):
             self.bursts.cut("metrics requests answered 503 (password checks pending)",
                             "answering metrics requests 503: {count} password checks already pending",
@@ -741,31 +696,19 @@ class Protected:
             return BUSY
         if not login.check(UnauthorizedLogin):
             self.log.failure("a password check failed", login)
-        refused()
+        self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from {peer}: wrong "
+                        "user name or password (user {user!r})", peer=self._peer(request),
+                        user=user.decode("utf-8", "replace"))
         return UNAUTHORIZED
 
     @staticmethod
     def _peer(request: Request) -> str:
         return address_name(request.getClientAddress())
 
-    def _refused(self, request: Request, user: bytes) -> Callable[[], None]:
-        peer = self._peer(request)
-        return lambda: self.bursts.cut("metrics requests refused: wrong password", "refusing metrics requests from "
-                                       "{peer}: wrong user name or password (user {user!r})", peer=peer,
-                                       user=user.decode("utf-8", "replace"))
-
-    def putChild(self, path: bytes, child: IResource) -> None:
-        self.inner.putChild(path, child)
-
-    def render(self, request: Request) -> Any:
-        return self.inner.render(request)
-
     def stop(self) -> None:
         self.bursts.stop()
 
 
-_VERSIONS = {"TLS10": TLSVersion.TLSv1_0, "TLS11": TLSVersion.TLSv1_1, "TLS12": TLSVersion.TLSv1_2,
-             "TLS13": TLSVersion.TLSv1_3}
 #: Go's names of the TLS 1.2 (and older) suites it offers (https://pkg.go.dev/crypto/tls#CipherSuites),
 #: as OpenSSL names them
 CIPHERS = {
@@ -831,8 +774,8 @@ def build_context(settings: TLSSettings) -> SSL.Context:
     try:
         options = CertificateOptions(  # cryptography's objects, which pyOpenSSL takes (its own are deprecated)
             privateKey=key, certificate=chain[0], extraCertChain=chain[1:], enableSessions=True,  # type: ignore[arg-type]
-            enableSessionTickets=True, insecurelyLowerMinimumTo=_VERSIONS[settings.min_version],
-            lowerMaximumSecurityTo=_VERSIONS[settings.max_version],
+            enableSessionTickets=True, insecurelyLowerMinimumTo=TLS_VERSIONS[settings.min_version],
+            lowerMaximumSecurityTo=TLS_VERSIONS[settings.max_version],
             acceptableCiphers=AcceptableCiphers.fromOpenSSLCipherString(":".join(CIPHERS[name] for name in ciphers))
             if ciphers else None,
         )
@@ -858,10 +801,8 @@ def _client_certificates(context: SSL.Context, settings: TLSSettings) -> None:
         # no list of authorities in the certificate request (pyOpenSSL deprecates its X509Name): a
         # client sends the certificate it was configured with, as Prometheus and curl do
         for authority in authorities:
-            try:
+            with contextlib.suppress(crypto.Error):  # the same authority twice in the file
                 store.add_cert(crypto.X509.from_cryptography(authority))
-            except crypto.Error:
-                pass  # the same authority twice in the file
     flags = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if mode in CERT_REQUIRED else 0)
     verify = mode in CERT_VERIFIED
     sans = settings.client_allowed_sans
@@ -882,11 +823,9 @@ def subject_names(certificate: x509.Certificate) -> list[str]:
         extension = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
-    names: list[str] = []
-    for name_type in (x509.DNSName, x509.RFC822Name, x509.UniformResourceIdentifier):
-        names.extend(extension.get_values_for_type(name_type))
-    names.extend(str(address) for address in extension.get_values_for_type(x509.IPAddress))
-    return names
+    return [*extension.get_values_for_type(x509.DNSName), *extension.get_values_for_type(x509.RFC822Name),
+            *extension.get_values_for_type(x509.UniformResourceIdentifier),
+            *map(str, extension.get_values_for_type(x509.IPAddress))]
 
 
 @implementer(IOpenSSLServerConnectionCreator)
@@ -907,9 +846,7 @@ class TLSSiteFactory(TLSMemoryBIOFactory):
 
     def buildProtocol(self, addr: Any) -> Any:
         inner = self.wrappedFactory.buildProtocol(addr)
-        if inner is None:  # the site is full: closed before any handshake
-            return None
-        return self.protocol(self, inner)
+        return None if inner is None else self.protocol(self, inner)  # None: the site is full, no handshake
 
 
 @implementer(IHandshakeListener)
@@ -918,27 +855,21 @@ class TLSChannel(BoundedChannel):
     `WebLimits.handshake_timeout`, at most `WebLimits.max_handshakes_per_peer` are in
     flight per peer (`BoundedChannel.peer`), and a failed one is logged once per burst."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._handshake: Any = None
-        self._shaken = False
+    _shaken = False
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        if self in self.guard.channels:
-            self._handshake = self.guard.clock.callLater(self.limits.handshake_timeout, self._too_slow)
-            flight = self.guard.handshakes.setdefault(self.peer, [])
-            flight.append(self)
-            if len(flight) > self.limits.max_handshakes_per_peer:
-                oldest = flight[0]
-                oldest._stop_waiting()
-                self.guard.cut(
-                    "metrics TLS handshakes cut: too many from one address",
-                    "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from {address}",
-                    peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
-                    address=self.peer,
-                )
-                oldest.transport.abortConnection()
+        self._arm(self.limits.handshake_timeout, "handshake")  # no request's deadline runs before it ends
+        flight = self.guard.handshakes.setdefault(self.peer, [])
+        flight.append(self)
+        if len(flight) > self.limits.max_handshakes_per_peer:
+            oldest = flight[0]
+            oldest._stop_waiting()
+            self.guard.cut("metrics TLS handshakes cut: too many from one address",
+                           "closing a metrics connection from {peer}: over {most} TLS handshakes in flight from "
+                           "{address}", peer=peer_name(oldest.transport), most=self.limits.max_handshakes_per_peer,
+                           address=self.peer)
+            oldest.transport.abortConnection()
 
     def handshakeCompleted(self) -> None:
         """Called by Twisted's TLS (`IHandshakeListener`)."""
@@ -947,28 +878,19 @@ class TLSChannel(BoundedChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_waiting()
-        if not self._shaken and self in self.guard.channels and reason is not None and reason.check(SSL.Error):
+        if not self._shaken and reason is not None and reason.check(SSL.Error):
             self.cut("metrics TLS handshakes failed",
                      "refusing a metrics connection from {peer}: TLS handshake failed ({cause})",
                      cause=_cause(reason.value))
         super().connectionLost(reason)
 
     def _stop_waiting(self) -> None:
-        if self._handshake is not None and self._handshake.active():
-            self._handshake.cancel()
-        self._handshake = None
+        self._disarm()
         flight = self.guard.handshakes.get(self.peer)
         if flight is not None and self in flight:
             flight.remove(self)
             if not flight:
                 del self.guard.handshakes[self.peer]
-
-    def _too_slow(self) -> None:
-        self._stop_waiting()
-        self.cut("metrics TLS handshakes cut: too slow",
-                 "closing a metrics connection from {peer}: no TLS handshake within {seconds} s",
-                 seconds=self.limits.handshake_timeout)
-        self.transport.abortConnection()
 
 
 def _cause(error: BaseException) -> str:
@@ -978,9 +900,6 @@ def _cause(error: BaseException) -> str:
         return str(args[0][-1][-1])
     return str(error) or type(error).__name__
 
-
-#: seconds between looks at the file and its certificates
-WATCH_INTERVAL = 1.0
 
 Signature = tuple[tuple[int, int, int] | None, ...]
 
@@ -1016,7 +935,7 @@ def attempt(path: str, fallback: tuple[str, ...] = ()) -> tuple[Loaded | WebConf
         config = read(path)
     except WebConfigError as error:
         return error, before + signature(path, fallback)[1:], fallback
-    files = config.tls.files() if config.tls is not None else ()
+    files = config.files()
     tried = before + signature(path, files)[1:]
     try:
         context = build_context(config.tls) if config.tls is not None else None
@@ -1039,44 +958,41 @@ class WebSecurity(Service):
     and one started per `interval`, so a burst of SIGHUPs is one or two builds."""
 
     log = ClassLogger("atopgpud_tw.websecure.WebSecurity")
+    #: seconds between looks at the file and its certificates
+    interval = 1.0
 
     def __init__(self, path: str, loaded: Loaded, root: Protected, contexts: Contexts | None, reactor: Any,
-                 interval: float = WATCH_INTERVAL, run: Callable[..., Deferred[Any]] | None = None) -> None:
+                 run: Callable[..., Deferred[Any]] | None = None) -> None:
         self.path = path
         self.loaded = loaded
         self.root = root
         self.contexts = contexts
         self.reactor = reactor
-        self.interval = interval
-        self.run = run or self._in_thread
+        self.run = run or (lambda work, *args: deferToThreadPool(reactor, reactor.getThreadPool(), work, *args))
         self.reloads = 0
         self.failed_reloads = 0
         #: reloads built (tried), whatever came of them
         self.builds = 0
-        self._watch: LoopingCall | None = None
+        self._watch = LoopingCall(self.look)
+        self._watch.clock = reactor
         self._tried: Signature = loaded.signature
         #: the certificate files watched: the last good configuration's, or those of a newer file that
         #: failed (a certificate it names may yet appear)
-        self._watched: tuple[str, ...] = loaded.config.tls.files() if loaded.config.tls is not None else ()
+        self._watched = loaded.config.files()
         self._building = False
         self._began = float("-inf")
         #: why a reload was asked for while another was built or within `interval` of the last: done next
         self._asked: str | None = None
         self._stopped = False
 
-    def _in_thread(self, work: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), work, *args)
-
     def startService(self) -> None:
         super().startService()
-        self._watch = LoopingCall(self.look)
-        self._watch.clock = self.reactor
         self._watch.start(self.interval, now=False)
 
     def stopService(self) -> None:
         super().stopService()
         self._stopped = True
-        if self._watch is not None and self._watch.running:
+        if self._watch.running:
             self._watch.stop()
         self.root.checks.stop()
         self.root.stop()
@@ -1101,8 +1017,7 @@ class WebSecurity(Service):
         self._building = True
         self._began = self.reactor.seconds()
         self.builds += 1
-        tls = self.loaded.config.tls
-        built = self.run(attempt, self.path, tls.files() if tls is not None else ())
+        built = self.run(attempt, self.path, self.loaded.config.files())
         built.addCallback(self._apply, why).addBoth(self._built)
 
     def _built(self, result: Any) -> Any:
@@ -1118,10 +1033,8 @@ class WebSecurity(Service):
             if isinstance(loaded, WebConfigError):
                 raise loaded
             if (loaded.context is None) != (self.contexts is None):
-                raise WebConfigError(
-                    "turns TLS " + ("off" if loaded.context is None else "on")
-                    + ", which only a restart can do"
-                )
+                turns = "off" if loaded.context is None else "on"
+                raise WebConfigError(f"turns TLS {turns}, which only a restart can do")
             if self.loaded.config.users and not loaded.config.users:
                 raise WebConfigError("turns basic auth off, which only a restart can do "
                                      "(no basic_auth_users: an emptied or half-written file?)")
@@ -1148,17 +1061,13 @@ def secure_site(path: str, site: Any, reactor: Any, endpoint: str = "") -> tuple
             raise WebConfigError("tls_server_config is given and --metrics is an ssl: endpoint: "
                                  "give one of them (tcp: with tls_server_config)")
     except WebConfigError as error:
-        sys.stderr.write(f"atopgpud: --web-config {path}: {error}\n")
-        sys.stderr.flush()
+        print(f"atopgpud: --web-config {path}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     root = Protected(site.resource, loaded.config, PasswordChecks(reactor), reactor)
     site.resource = root
-    contexts = None
-    factory = site
-    if loaded.context is not None:
-        contexts = Contexts(loaded.context)
+    contexts = None if loaded.context is None else Contexts(loaded.context)
+    if contexts is not None:
         site.protocol = TLSChannel
-        factory = TLSSiteFactory(contexts, False, site, reactor)
     security = WebSecurity(path, loaded, root, contexts, reactor)
     security.log.info("--web-config {path}: {what}", path=path, what=loaded.config.describe())
-    return factory, security
+    return site if contexts is None else TLSSiteFactory(contexts, False, site, reactor), security
