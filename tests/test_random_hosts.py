@@ -456,6 +456,16 @@ FOUND = (
         (2, (0, 2), 13.25, 14.25, 45, 100, 1227), (3, (0, 2), 18.81, None, 65, 89, 159)),
         steps=(Step(at=8.0, seconds=1.9, inside=True, tail=0.443), Step(at=16.0, seconds=1.9, inside=True, tail=1.306)),
         suspends=((6.0, 563.4), (8.683, 440.6)), seed=39851, delay=0.03, late=0.0),
+    # +56.8 s, then a suspend of 1.1 s 0.76 s later, inside one call: the samples of the clock between
+    # fitted the newest clock 1.1 s early, before the samples of the clock before them, which were sent
+    # between, where they had no room: GPU 0 at 92 % read `33 37 27 28`, 2333 for 2576, GPU 1 at 60 %
+    # `24 18 19 18` (test_time_steps.py::test_two_forward_steps_between_two_looks_in_either_order)
+    Case(interval=2.0, gpus=((92, 100, 146), (60, 71, 488)), lives=(
+        (1, (0, 1), 15.18, None, 74, 79, 145), (2, (0, 1), 0.0, 2.78, 74, 34, 997),
+        (2, (0, 1), 29.14, 31.14, 100, 20, 357)),
+        steps=(Step(at=11.607, seconds=56.837, inside=True, tail=1.444), Step(at=16.0, seconds=104.451, inside=True,
+                                                                            tail=1.378)),
+        suspends=((12.371, 1.1), (51.08, 213.6)), seed=241, delay=0.03, late=0.3),
 )
 
 
