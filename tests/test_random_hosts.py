@@ -467,6 +467,53 @@ FOUND = (
         steps=(Step(at=11.607, seconds=56.837, inside=True, tail=1.444), Step(at=16.0, seconds=104.451, inside=True,
                                                                             tail=1.378)),
         suspends=((12.371, 1.1), (51.08, 213.6)), seed=241, delay=0.03, late=0.3),
+    # +1.284 s, then -46.665 s 2.9 s later, inside one poll's calls: the run of samples of the clock
+    # between, of which the first fitted the stretch before (it ended at the call's end), was placed there
+    # a step ahead, and the samples after it followed it: GPU 1 at 80 % read 12 to 15 for six polls, 1835
+    # for 2240; a run of samples a period apart is of one clock now, the newest that holds them all, or of none
+    Case(interval=2.0, gpus=((9, 42, 541), (80, 69, 828), (87, 93, 257)), lives=(
+        (1, (1,), 5.29, 31.16, 3, 16, 25), (3, (1,), 0.0, None, 46, 11, 407)),
+        steps=(Step(at=24.093, seconds=-46.665, inside=True, tail=0.347), Step(at=21.191, seconds=1.284, inside=True,
+                                                                             tail=1.313)),
+        suspends=((16.803, 600.0),), seed=43, delay=0.0, late=0.0),
+    # three samples placed 1.08 s off among the others (two suspends and three steps in 10 s) left gaps of
+    # half a period between them, which were taken for the sample period: every gap then read as half idle,
+    # GPU 0 at 66 % read 33 for eight polls, 1507 for 1848; the period is learnt from samples next to one
+    # another in the buffer now
+    Case(interval=1.0, gpus=((66, 55, 561),), lives=(
+        (2, (0,), 0.0, 4.47, 75, 42, 1810), (2, (0,), 10.73, 22.98, 65, 44, 1319), (2, (0,), 36.98, 51.26, 19, 29, 19),
+        (3, (0,), 5.77, 6.56, 44, 68, 170), (3, (0,), 15.7, 29.39, 89, 5, 261), (3, (0,), 38.84, 42.16, 50, 9, 87)),
+        steps=(Step(at=24.15, seconds=-90.005), Step(at=16.008, seconds=31.703, inside=True, tail=1.087),
+               Step(at=13.999, seconds=-69.803, inside=True, tail=0.0)),
+        suspends=((14.667, 396.9), (15.209, 108.7)), seed=2914, delay=0.0, late=0.3),
+    # (the same, on three GPUs: a step back of 1.2 s, then +73.6 s a second later inside a call: 1944 for 2117)
+    Case(interval=2.0, gpus=((73, 58, 14), (8, 89, 2130), (21, 77, 689)), lives=(
+        (1, (1, 2), 0.0, 2.85, 18, 33, 154), (1, (0, 1), 28.89, 38.58, 84, 2, 509),
+        (1, (1, 2), 46.51, 47.56, 35, 23, 775), (2, (2,), 0.0, 3.7, 26, 17, 553), (2, (0, 1), 33.5, 56.82, 10, 53, 247),
+        (3, (2,), 7.9, 27.42, 94, 0, 451),
+        (3, (2,), 33.25, None, 53, 82, 219)),
+        steps=(Step(at=23.067, seconds=-1.2, tail=0.207), Step(at=56.0, seconds=73.575, inside=True, tail=0.582),
+               Step(at=55.0, seconds=-1.2, inside=True, tail=0.0)),
+        suspends=((29.328, 2.0),), seed=3229, delay=0.0, late=0.3),
+    # +40.2 s, then -20.1 s 0.9 s later, inside one call: the new samples of the clock between fitted the
+    # first stretch of the clock (which has no beginning) 96 s back, and so did the rest of the GPU samples
+    # of the same run; the device's windows went back with them, and a process at 38 % on its stamps read
+    # 6 and 10 in two polls, 176 for 239; a new sample stamped above the stamp the call before asked with
+    # was taken after that call began (else it would have been in its answer)
+    Case(interval=1.0, gpus=((0, 49, 4096),), lives=(
+        (0, (0,), 12.14, 20.28, 3, 21, 568), (0, (0,), 31.19, 33.3, 64, 25, 123), (1, (0,), 0.0, 12.07, 31, 90, 770),
+        (1, (0,), 14.89, 22.87, 38, 94, 124), (1, (0,), 36.46, 44.03, 5, 73, 744), (3, (0,), 0.0, 2.46, 71, 29, 878)),
+        steps=(Step(at=20.652, seconds=40.241, inside=True, tail=1.135), Step(at=3.169, seconds=-99.396),
+               Step(at=21.555, seconds=-20.058)),
+        suspends=((3.0, 3.2),), seed=63256, delay=0.03, late=0.3),
+    # two suspends 0.1 s apart, then +39.2 s, between two looks: one sample on each clock between, taken for one
+    # run 590 s long (their own spacing) and placed midway, one of them 294 s ahead of now; the GPU waited for
+    # a sample after it, and read 0 from then on, 2121 for 2370.  The answer's period tells their runs apart
+    # now, and no device sample is placed ahead of the reader's now
+    Case(interval=2.0, gpus=((79, 60, 0),), lives=(
+        (1, (0,), 29.7, 58.7, 47, 9, 1175), (3, (0,), 20.97, 44.91, 7, 30, 192)),
+         steps=(Step(at=53.104, seconds=0.2, inside=True, tail=0.521), Step(at=47.246, seconds=39.223, tail=1.133)),
+         suspends=((46.923, 488.7), (47.023, 590.1)), seed=603, delay=0.003, late=0.3),
 )
 
 

@@ -223,8 +223,8 @@ def test_a_step_back_before_the_first_look_is_told_by_the_first_answer(step):
 
 @pytest.mark.parametrize("kind", ["steps", "suspend"])
 @pytest.mark.parametrize("first, second", [
-    ((7.5, 563.4), (7.75, 0.5)), ((7.1, 60), (7.6, 0.4)), ((7.3, 0.3), (7.55, 60)),
-], ids=["long-then-short", "long-then-short-first-look", "short-then-long"])
+    ((7.5, 563.4), (7.75, 0.5)), ((7.1, 60), (7.6, 0.4)), ((7.3, 0.3), (7.55, 60)), ((7.1, 563.0), (7.9, 0.6)),
+], ids=["long-then-short", "long-then-short-first-look", "short-then-long", "long-then-short-run-part-fits"])
 def test_two_forward_steps_between_two_looks_in_either_order(kind, first, second):
     """Two forward steps between two polls (the long one a suspend, or a step): the samples of the
     clock between go between, the others stay where they were taken.  Was, in the poll after the
@@ -232,7 +232,9 @@ def test_two_forward_steps_between_two_looks_in_either_order(kind, first, second
     clock, before the samples of the clock before them, which the buffer's order sent between, where
     they had no room), `24/12` (the sample before them one seen before) and `28/14` (short then
     long: the first samples of the clock between, placed before the first of the newest clock,
-    stayed on the clock before, a step late)."""
+    stayed on the clock before, a step late); and `17/8` (563 s, then 0.6 s 0.8 s later: the first
+    samples of the clock between fitted the newest clock, the rest none, and only the rest went
+    between; a run of samples a period apart is placed whole now)."""
     scenario = {"gpus": [a10_card()], "clock_steps": [list(first), list(second)]}
     if kind == "suspend":  # (the long one)
         scenario["suspends"] = [scenario["clock_steps"].pop(0 if first[1] > second[1] else 1)]

@@ -348,7 +348,10 @@ class SampleStream:
         stamps = [stamp for stamp, _ in fresh]
         self.recent.extend(stamps)
         if len(stamps) > 1:
-            gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+            # (between samples next to one another in the buffer: a few placed a step off, among
+            # others, leave no short gaps to be taken for the period)
+            listed = [stamp for stamp, level in pairs if stamp > since and 0 <= level <= 100]
+            gaps = [b - a for a, b in zip(listed, listed[1:]) if b > a]
             if gaps:
                 # (learnt again only when the gaps it is learnt from change)
                 self.gaps.extend(gaps)

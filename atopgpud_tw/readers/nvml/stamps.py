@@ -44,7 +44,11 @@ Which segment a stamp belongs to:
 - a new stamp belongs to the newest segment in which it would have been taken
   while that segment held (between the call before its step, less `SLACK_US`,
   and the call after its end, or now, plus `AHEAD_US`): a sample taken before a step and first
-  seen after it is neither dropped nor moved; where the step back was shorter
+  seen after it is neither dropped nor moved; a new sample stamped above the stamp the call
+  before asked with was taken after that call began (else it would have been in its answer);
+  a run of new samples stamped a period or two apart was taken on one clock, and goes to the
+  newest segment that holds every one of them, or to none (a clock between two looks, of
+  which a part fits a segment seen); where the step back was shorter
   than the time between the two calls, the buffer's order tells the side (a
   sample stamped above the one after it, by no more than the step, was taken
   before it), and process samples, listed by process, take the places of the
@@ -60,7 +64,9 @@ Which segment a stamp belongs to:
   a sample seen before comes first (a step, then a shorter one, between two
   looks);
 - the first answer tells a step back just before the first look: samples
-  stamped ahead of the clock's now, before one stamped below them.
+  stamped ahead of the clock's now, before one stamped below them;
+- no sample of the device's is placed ahead of the reader's now (a stream would
+  wait that long for its next sample): one that would be is placed at now.
 
 What to ask with: the raw stamp of a steady one from the current segment; for
 a stamp from before the latest step, 0 (the whole buffer, whose samples the
@@ -204,6 +210,8 @@ class StampMap:
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
     #: per kind: the reader's time its latest call began, and the one before (`_placed`)
     _calls: dict[str, tuple[int | None, int]] = field(default_factory=dict, repr=False)
+    #: per kind: the reader's time its latest answered call began, and the raw stamp it asked with
+    _answered: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def current(self) -> int:
@@ -244,6 +252,8 @@ class StampMap:
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
         self._observe(now_us, raws, keys is None)
+        before = self._answered.get(kind)
+        self._answered[kind] = (self._calls.get(kind, (None, now_us))[1], asked)
         if self.steps and self.steps[-1][0] == now_us != self._calls.get(kind, (None, now_us))[1]:
             # found as the call ended: its answer lacks any samples of a step back that a later step
             # forward hid (stamped below the one asked with), which the next call, asked with 0, brings
@@ -261,7 +271,7 @@ class StampMap:
             return [raw - offset for raw in raws] if offset else list(raws)
         seen, back = self._memory(kind)
         ordered = self.ordered[kind]
-        placed = self._placed(kind, raws, now_us, asked, keys)
+        placed = self._placed(kind, raws, now_us, asked, keys, before)
         new = set() if keys is None else set(raws).difference(seen)
         for raw, place in zip(raws, placed):
             known = seen.get(raw)
@@ -304,7 +314,7 @@ class StampMap:
         return seen, self.raw[kind]
 
     def _placed(self, kind: str, raws: Sequence[int], now_us: int, asked: int,
-                keys: Sequence[object] | None) -> list[tuple[int, int]]:
+                keys: Sequence[object] | None, before: tuple[int, int] | None) -> list[tuple[int, int]]:
         """(steady stamp, segment index) while a step is recent: seen stamps keep their
         place, new ones go to the newest segment they can have been taken in."""
         seen, ordered = self.seen[kind], self.ordered[kind]
@@ -344,18 +354,57 @@ class StampMap:
                 if keys is None:
                     after = self._calls.get(kind, (None, None))[0]
                 continue
-            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None,
-                                           None if known else after)
+            if not known and after is None and before is not None and keys is None and raw > before[1]:
+                # stamped above the stamp the call before asked with, yet not in its answer: taken after it began
+                lower: int | None = before[0]
+            else:
+                lower = None if known else after
+            index = self._newest_plausible(raw, now_us, self.current - 1 if older else None, lower)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
         if keys is None:
+            self._whole_runs(raws, out, new, now_us, after, before)
             self._fallen(raws, out, new)
         lost = {position for position, place in enumerate(out) if place is None}
         if lost:
             self._between(raws, out, keys is None)
         if keys is None and any(new):
             self._in_order(raws, out, new, lost, now_us)  # type: ignore[arg-type]
+        if keys is None:
+            # never ahead of the reader's now (a stream would wait that long for its next sample): such a
+            # place (a clock no look saw) is now.  (Process samples may be stamped on another clock than the
+            # device's, as the simulator's `sample_clock` plays.)
+            first = self.segments[0]
+            limit = now_us + first.host - first.offset + AHEAD_US
+            for position, place in enumerate(out):
+                if place is not None and place[0] > limit:
+                    out[position] = (limit, place[1])
         return out  # type: ignore[return-value]  # (every None placed by `_between`)
+
+    def _whole_runs(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool], now_us: int,
+                    after: int | None, before: tuple[int, int] | None) -> None:
+        """A run of new samples stamped a period or two apart, in the buffer's order, was taken on one
+        clock: of the newest segment every one of them can have been taken in, or, where none holds
+        them all (a clock between two looks, of which a part fits a stretch seen), of none."""
+        gap = _spacing(raws)
+        begin = 0
+        while begin < len(raws):
+            end = begin + 1
+            if out[begin] is None or new[begin]:
+                while (end < len(raws) and (out[end] is None or new[end])
+                       and 0 < raws[end] - raws[end - 1] <= 2 * gap):
+                    end += 1
+            indices = {place[1] if place else None for place in out[begin:end]}
+            if end - begin > 1 and len(indices) > 1:
+                first, last = raws[begin], raws[end - 1]
+                lower = before[0] if before is not None and first > before[1] else after
+                index = next((index for index in range(self.current, self.dropped - 1, -1)
+                              if self._newest_plausible(first, now_us, index, lower) == index
+                              and self._newest_plausible(last, now_us, index, lower) == index), None)
+                for position in range(begin, end):
+                    out[position] = None if index is None else self._in(raws[position], index)
+                    new[position] = index is not None
+            begin = end
 
     def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool]) -> None:
         """A buffer answers in the order its samples were taken: new samples stamped below the one
@@ -440,7 +489,8 @@ class StampMap:
             before = max((steady for steady, index in placed if index < current), default=None)
             after = min((steady for steady, index in placed if index == current), default=None)
             stamps = sorted(steady for steady, _ in placed)
-            gap = _spacing(lost) or _spacing(stamps)
+            # (the answer's period where the lost stamps are too few to show it: two alone, a clock apart, are two runs)
+            gap = min((gap for gap in (_spacing(lost), _spacing(stamps)) if gap), default=0)
             # a run ends where the stamps fall, or leap (a step between them)
             ends = [at for at in range(1, len(lost)) if not 0 < lost[at] - lost[at - 1] <= 2 * gap] + [len(lost)]
             chain = [lost[begin:end] for begin, end in zip([0, *ends], ends)]
