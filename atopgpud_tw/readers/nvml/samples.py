@@ -344,14 +344,14 @@ class SampleStream:
         between its newest sample and that "now" as idle."""
         answered = now_us if answered_us is None else max(now_us, answered_us)
         since = self.before = self.since
-        fresh = sorted([pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100])
+        listed = [pair for pair in pairs if pair[0] > since and 0 <= pair[1] <= 100]  # (the buffer's order)
+        fresh = sorted(listed)
         stamps = [stamp for stamp, _ in fresh]
         self.recent.extend(stamps)
         if len(stamps) > 1:
             # (between samples next to one another in the buffer: a few placed a step off, among
             # others, leave no short gaps to be taken for the period)
-            listed = [stamp for stamp, level in pairs if stamp > since and 0 <= level <= 100]
-            gaps = [b - a for a, b in zip(listed, listed[1:]) if b > a]
+            gaps = [b[0] - a[0] for a, b in zip(listed, listed[1:]) if b[0] > a[0]]
             if gaps:
                 # (learnt again only when the gaps it is learnt from change)
                 self.gaps.extend(gaps)

@@ -152,8 +152,14 @@ host_offsets = HostClocks(_read_host_offsets)
 
 def _spacing(raws: Sequence[int]) -> int:
     """The least rise from one stamp to the next in the buffer's order (0: none): a sample period,
-    or less where stamps jitter; two of it apart at most, stamps are of one run on one clock."""
+    or less where stamps jitter (`_one_run`)."""
     return min((b - a for a, b in zip(raws, raws[1:]) if b > a), default=0)
+
+
+def _one_run(earlier: int, later: int, gap: int) -> bool:
+    """Whether two stamps next to one another in the buffer are of one run on one clock: the later
+    above the earlier by no more than two of the buffer's `gap` (`_spacing`)."""
+    return 0 < later - earlier <= 2 * gap
 
 
 @dataclass
@@ -252,9 +258,10 @@ class StampMap:
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
         self._observe(now_us, raws, keys is None)
+        began = self._calls.get(kind, (None, now_us))[1]
         before = self._answered.get(kind)
-        self._answered[kind] = (self._calls.get(kind, (None, now_us))[1], asked)
-        if self.steps and self.steps[-1][0] == now_us != self._calls.get(kind, (None, now_us))[1]:
+        self._answered[kind] = (began, asked)
+        if self.steps and self.steps[-1][0] == now_us != began:
             # found as the call ended: its answer lacks any samples of a step back that a later step
             # forward hid (stamped below the one asked with), which the next call, asked with 0, brings
             self.stepped.add(kind)
@@ -354,11 +361,7 @@ class StampMap:
                 if keys is None:
                     after = self._calls.get(kind, (None, None))[0]
                 continue
-            if not known and after is None and before is not None and keys is None and raw > before[1]:
-                # stamped above the stamp the call before asked with, yet not in its answer: taken after it began
-                lower: int | None = before[0]
-            else:
-                lower = None if known else after
+            lower = None if known else self._taken_after(raw, after, None if keys is not None else before)
             index = self._newest_plausible(raw, now_us, self.current - 1 if older else None, lower)
             out.append(None if index is None else self._in(raw, index))
             new[position] = index is not None
@@ -392,19 +395,28 @@ class StampMap:
             end = begin + 1
             if out[begin] is None or new[begin]:
                 while (end < len(raws) and (out[end] is None or new[end])
-                       and 0 < raws[end] - raws[end - 1] <= 2 * gap):
+                       and _one_run(raws[end - 1], raws[end], gap)):
                     end += 1
             indices = {place[1] if place else None for place in out[begin:end]}
             if end - begin > 1 and len(indices) > 1:
                 first, last = raws[begin], raws[end - 1]
-                lower = before[0] if before is not None and first > before[1] else after
+                lower = self._taken_after(first, after, before)
                 index = next((index for index in range(self.current, self.dropped - 1, -1)
-                              if self._newest_plausible(first, now_us, index, lower) == index
-                              and self._newest_plausible(last, now_us, index, lower) == index), None)
+                              if self._fits(first, now_us, index, lower) and self._fits(last, now_us, index, lower)),
+                             None)
                 for position in range(begin, end):
                     out[position] = None if index is None else self._in(raws[position], index)
                     new[position] = index is not None
             begin = end
+
+    @staticmethod
+    def _taken_after(raw: int, after: int | None, before: tuple[int, int] | None) -> int | None:
+        """The reader's time a new sample was taken after, where one is known: `after` (it follows a
+        sample seen before in the answer), or as the call `before` began ((its time, the stamp it asked
+        with)) where it is stamped above that stamp and yet was not in that call's answer."""
+        if after is not None:
+            return after
+        return before[0] if before is not None and raw > before[1] else None
 
     def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool]) -> None:
         """A buffer answers in the order its samples were taken: new samples stamped below the one
@@ -451,7 +463,7 @@ class StampMap:
             if not (new[position] and index > was and steady < before):
                 continue
             moved = self._in(raws[position], was)
-            if moved[0] - before <= 2 * gap and self._newest_plausible(raws[position], now_us, was) == was:
+            if moved[0] - before <= 2 * gap and self._fits(raws[position], now_us, was):
                 out[position] = moved
             elif position - 1 not in lost:
                 # no: the new samples before it, placed after it (and those stamped in one run with
@@ -462,12 +474,12 @@ class StampMap:
                 # shorter one)
                 run, end = position - 1, position
                 while run > 0 and new[run - 1] and out[run - 1][1] == was and (
-                        out[run - 1][0] > steady or 0 < raws[run] - raws[run - 1] <= 2 * gap):
+                        out[run - 1][0] > steady or _one_run(raws[run - 1], raws[run], gap)):
                     run -= 1
                 if not new[run] or run and steady - out[run - 1][0] < raws[position - 1] - raws[run] + gap:
                     run, end = position, position + 1
                     while (end < len(raws) and new[end] and out[end][1] == index
-                           and 0 < raws[end] - raws[end - 1] <= 2 * gap):
+                           and _one_run(raws[end - 1], raws[end], gap)):
                         end += 1
                 out[run:end] = [None] * (end - run)  # type: ignore[list-item]
                 self._between(raws, out, True)  # type: ignore[arg-type]
@@ -492,7 +504,7 @@ class StampMap:
             # (the answer's period where the lost stamps are too few to show it: two alone, a clock apart, are two runs)
             gap = min((gap for gap in (_spacing(lost), _spacing(stamps)) if gap), default=0)
             # a run ends where the stamps fall, or leap (a step between them)
-            ends = [at for at in range(1, len(lost)) if not 0 < lost[at] - lost[at - 1] <= 2 * gap] + [len(lost)]
+            ends = [at for at in range(1, len(lost)) if not _one_run(lost[at - 1], lost[at], gap)] + [len(lost)]
             chain = [lost[begin:end] for begin, end in zip([0, *ends], ends)]
             span = sum(run[-1] - run[0] for run in chain) + gap * (len(chain) - 1)
             if before is not None and after is not None:
@@ -542,15 +554,17 @@ class StampMap:
                           after: int | None = None) -> int | None:
         """The index of the newest segment (up to `newest`) `raw` can have been taken in (None: none);
         in the first segment, taken no sooner than the reader's time `after`."""
-        top = len(self.segments) - 1 if newest is None else newest - self.dropped
-        for position in range(top, -1, -1):
-            segment = self.segments[position]
-            taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
-            began = after if segment.began_us is None else segment.began_us
-            ended = now_us if segment.ended_us is None else segment.ended_us
-            if (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US:
-                return self.dropped + position
-        return None
+        top = self.current if newest is None else newest
+        return next((index for index in range(top, self.dropped - 1, -1) if self._fits(raw, now_us, index, after)),
+                    None)
+
+    def _fits(self, raw: int, now_us: int, index: int, after: int | None = None) -> bool:
+        """Whether `raw` can have been taken while segment `index` held (the first: no sooner than `after`)."""
+        segment = self.segments[index - self.dropped]
+        taken = raw - segment.host  # when it was taken, by the reader's clock, were it of this segment
+        began = after if segment.began_us is None else segment.began_us
+        ended = now_us if segment.ended_us is None else segment.ended_us
+        return (began is None or taken >= began - SLACK_US) and taken <= ended + AHEAD_US
 
     def _observe(self, now_us: int, raws: Sequence[int], ordered: bool) -> None:
         """Look at the host clocks: learn which one the driver follows, and find its steps
