@@ -81,6 +81,8 @@ def test_simulated_gpm_through_the_real_binding_is_the_exact_average_of_the_time
     binding.nvmlGpmSampleFree(second)
     with pytest.raises(binding.NVMLError_InvalidArgument):
         binding.nvmlGpmSampleFree(second)
+    # a NULL pointer to allocate into: refused, and no buffer allocated that nothing could free
+    assert binding._nvmlGetFunctionPointer("nvmlGpmSampleAlloc")(None) == binding.NVML_ERROR_INVALID_ARGUMENT
     assert binding.nvmlLib.model.gpm_buffers == 0
 
 

@@ -153,8 +153,7 @@ class SimulatedLibrary:
             "nvmlEventSetWait_v2": ((_ptr, _ptr, _uint), self._event_wait),
             "nvmlEventSetFree": ((_ptr,), done("nvmlEventSetFree", _set_id)),
             "nvmlGpmQueryDeviceSupport": ((h, _ptr), self._gpm_support),
-            "nvmlGpmSampleAlloc": (
-                (_ptr,), out("gpm_alloc", _ptr, False, write=lambda ident: _SAMPLE_BASE + ident * _SAMPLE_STEP)),
+            "nvmlGpmSampleAlloc": ((_ptr,), self._gpm_alloc),
             "nvmlGpmSampleFree": ((_ptr,), done("gpm_free", _sample_id)),
             "nvmlGpmSampleGet": ((h, _ptr), done("nvmlGpmSampleGet", handle, _sample_id)),
             "nvmlGpmMigSampleGet": ((h, _uint, _ptr), done("nvmlGpmMigSampleGet", handle, int, _sample_id)),
@@ -218,6 +217,14 @@ class SimulatedLibrary:
             return SUCCESS
 
         return answer
+
+    def _gpm_alloc(self, target: int | None) -> int:
+        """nvmlGpmSampleAlloc: the argument checked before the model allocates (`out` asks the model
+        first), so that a NULL one leaves no buffer that nothing can free."""
+        if not target:
+            return INVALID_ARGUMENT
+        _at(target, _ptr)[0] = _SAMPLE_BASE + self._call("gpm_alloc") * _SAMPLE_STEP
+        return SUCCESS
 
     def _error_string(self, code: int) -> int:
         """A static string, as the C library returns (the binding sets restype c_char_p)."""
