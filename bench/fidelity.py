@@ -47,7 +47,6 @@ from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import gpm as gpm_reader
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
-from atopgpud_tw.sim.scenario import Timeline
 
 
 def irregular(seed: int, seconds: float = 120.0) -> dict:
@@ -188,7 +187,8 @@ def cases(periods: str) -> list[tuple[str, dict, float, float]]:
     each = [float(p) for p in periods.split(",")]
     found = []
     for name, timeline in TIMELINES.items():
-        average = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100)).average
+        # the true long-run busy percentage: the busy share of one period, at its level
+        average = sum(b - a for a, b in timeline["busy"]) / timeline["period"] * timeline.get("level", 100)
         found += [(name, timeline, average, period) for period in each]
     return found
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -154,3 +157,16 @@ def test_idle_buffer_counts_zero():
     device = run_minute(scenario, phase=0.5).counters.devices[0]
     assert device.samples == 61
     assert abs(device.gpu_busy_total / device.samples - 100 / 3) <= 2
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", [[], ["--gpm"]], ids=["fold", "gpm"])
+def test_the_fidelity_bench_runs(mode: list[str]) -> None:
+    """bench/fidelity.py, run by hand, still runs on the simulator as it is now: a short run prints every
+    timeline's row (exit status 1 is its own: a target missed, which a 3 s run does)."""
+    bench = Path(__file__).resolve().parent.parent / "bench" / "fidelity.py"
+    done = subprocess.run([sys.executable, str(bench), "--seconds", "3", "--seeds", "1", "--periods", "0.167", *mode],
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode in (0, 1), (done.returncode, done.stderr)
+    assert "irregular bursts" in done.stdout, done.stdout
