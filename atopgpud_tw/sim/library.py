@@ -42,6 +42,10 @@ NOT_UTF8 = b"\xff\xfesimulated reply that is not UTF-8"
 _HANDLE_BASE, _HANDLE_STEP = 0x5100_0000, 0x40
 _EVENT_SET_BASE = 0x5200_0000
 _SAMPLE_BASE, _SAMPLE_STEP = 0x5300_0000, 0x100
+#: the one-number calls of the figures table (`PLAIN`) whose C output is 64 bits wide (a count of
+#: errors, a mask of reasons); the others write 32 bits
+WIDE = frozenset({"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetCurrentClocksEventReasons",
+                  "nvmlDeviceGetCurrentClocksThrottleReasons"})
 #: nvmlValueType_t -> the member of c_nvmlValue_t written
 VALUE_MEMBERS = {1: "uiVal", 3: "ullVal"}
 #: a pending reply the binding's conversion code will fail on (fault RuntimeError)
@@ -183,10 +187,11 @@ class SimulatedLibrary:
             # (percent, sampling period in µs)
             table[function] = ((h, _ptr, _ptr), out("engine_utilization", _uint, True, function, outs=2))
         for function, rows in PLAIN.items():
-            if function not in table:  # a count of errors or a mask of reasons: 64 bits
-                ctype = _ull if function.endswith(("Errors", "Reasons")) else _uint
+            if function not in table:
+                ctype = _ull if function in WIDE else _uint
                 table[function] = ((h, *[_uint] * len(next(iter(rows))), _ptr), out("plain", ctype, True, function))
         assert set(table) == set(LIBRARY_SYMBOLS), set(table) ^ set(LIBRARY_SYMBOLS)
+        assert WIDE <= set(PLAIN), WIDE - set(PLAIN)
         return table
 
     def done(self, method: str, *convert: Callable[[Any], Any]) -> Callable[..., int]:
