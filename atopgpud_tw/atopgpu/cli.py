@@ -320,17 +320,17 @@ def run_gpm(args: argparse.Namespace) -> None:
     url = args.metrics_url or DEFAULT_URL
     span = args.watch or 1.0
     start = time.monotonic()
-    before, shown = gpm_counters(fetch(url), url), 0
+    before = gpm_counters(fetch(url), url)
 
     def once() -> None:
-        nonlocal before, shown
-        shown += 1
-        time.sleep(max(0.0, start + shown * span - time.monotonic()))
+        nonlocal before
         after = gpm_counters(fetch(url), url)
         _emit(gpm_report(before, after, url), args, render_gpm)
         before = after
 
-    _repeat(args, once, start)
+    # the first report a span after the first reading, then on `_repeat`'s grid from there
+    time.sleep(max(0.0, start + span - time.monotonic()))
+    _repeat(args, once, start + span)
 
 
 def run(args: argparse.Namespace) -> None:
