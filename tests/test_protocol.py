@@ -119,3 +119,29 @@ def test_a_client_far_ahead_of_its_turns_is_read_no_more_until_served():
     turns(protocol)
     assert transport.producerState == "producing"
     assert len(replies(transport.value())) == 40_000
+
+
+def test_a_queued_request_whose_answer_fails_is_logged_and_closes_its_connection(logged):
+    """An error answering a request served in its turn is said, and that connection closed; others go on."""
+    board = board_with_one_gpu()
+    factory = AtopGpuFactory(board, clock=Clock())
+    (broken, broken_transport), (other, other_transport) = connect(board, factory), connect(board, factory)
+    answer = board.reply
+    asked = [0]
+
+    def reply(request, queue):
+        asked[0] += 1
+        if asked[0] == 2:  # the first queued one
+            raise RuntimeError("a bug")
+        return answer(request, queue)
+
+    board.reply = reply  # type: ignore[method-assign]
+    broken.dataReceived(b"S\x02S\x02S\x02")
+    turns(broken)
+    assert broken_transport.disconnecting
+    assert len(replies(broken_transport.value())) == 1
+    said = [event for event in logged.events if "a queued request failed" in event.get("log_format", "")]
+    assert len(said) == 1 and said[0]["log_failure"].check(RuntimeError), list(logged)
+    other.dataReceived(b"S\x02S\x02")
+    turns(other)
+    assert len(replies(other_transport.value())) == 2 and not other_transport.disconnecting

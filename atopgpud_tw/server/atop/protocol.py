@@ -26,8 +26,9 @@ from typing import Any, Callable, Iterator, cast
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import CooperativeTask, Cooperator, TaskFinished
+from twisted.internet.task import CooperativeTask, Cooperator, SchedulerStopped, TaskFinished, TaskStopped
 from twisted.protocols.policies import TimeoutMixin
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from atopgpud_tw import codec
@@ -161,11 +162,24 @@ class AtopGpuProtocol(Protocol, TimeoutMixin):
             return
         if self.serve_one():
             self._turns = self.factory.cooperator.cooperate(self._serve_in_turn())
+            self._turns.whenDone().addErrback(self._turn_failed)
 
     def _serve_in_turn(self) -> Iterator[None]:
-        while self.serve_one():
-            yield None
-        self._turns = None
+        try:
+            while self.serve_one():
+                yield None
+        finally:
+            self._turns = None
+
+    def _turn_failed(self, failure: Failure) -> None:
+        """A queued request whose answer raised: logged, and the connection closed (as Twisted does
+        for one answered in `dataReceived`), not left waiting for a turn that never comes."""
+        if failure.check(TaskStopped, SchedulerStopped):
+            return  # the connection closed, or the factory stopped
+        self.log.failure("closing connection from {peer}: a queued request failed", failure,
+                         peer=peer_name(self.transport))
+        self._closing = True
+        self.transport.loseConnection()
 
     def serve_one(self) -> bool:
         """Answer the first request in the buffer; whether a whole one is left after it."""
