@@ -4,8 +4,9 @@ of each outcome; over a stand-in binding, no simulator."""
 
 from __future__ import annotations
 
+import gc
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -232,3 +233,26 @@ def test_gpm_buffers_of_a_library_gone_are_let_go(code: int) -> None:
     stream = GpmStream(previous="one", spare="two")
     gpm._free(None, [stream])
     assert freed == ["one", "two"] and (stream.previous, stream.spare) == (None, None)
+
+
+@pytest.mark.parametrize("error", [lambda: Failed("nvmlFoo: NVML_ERROR_UNKNOWN", nvml_codes.UNKNOWN),
+                                   lambda: Unsupported("nvmlFoo")], ids=["failed", "unsupported"])
+def test_a_reading_that_fails_every_poll_leaves_no_garbage_for_the_collector(error: Callable[[], Outcome]) -> None:
+    """Readings that fail or are not supported go through `Attempt` at every poll of every device: what
+    they leave is freed at once, not kept in a cycle (the error, its traceback, the frame) that only the
+    garbage collector, run in the reader's thread, would free."""
+    device = SimpleNamespace(key="k", busid="00000000:17:00.0", given_up=lambda key: None)
+    attempt = Attempt(device, Problems())
+
+    def read() -> None:
+        raise error()
+
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            attempt(read)
+            attempt.answered(answer(read))
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

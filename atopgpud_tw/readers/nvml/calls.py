@@ -230,8 +230,18 @@ class Attempt:
                  key: str | None = None, part: tuple[str, str] | None = None, **named: Any) -> Any:
         try:
             return read(*args, **named)
-        except READING as caught:
-            error = caught
+        except READING as error:
+            # (handled inside the except block: a name bound to the error after it would keep the
+            # error, its traceback and this frame in a cycle for the garbage collector, every poll)
+            return self.instead(error, unsupported=unsupported, idle=idle, key=key, part=part)
+
+    def answered(self, found: Any, **how: Any) -> Any:
+        """An `answer`'s value, or what its outcome means (`instead`, given `how`), not raised again."""
+        return self.instead(found, **how) if isinstance(found, Outcome) else found
+
+    def instead(self, error: Outcome, *, unsupported: Any = UNSUPPORTED, idle: Any = NOTED, key: str | None = None,
+                part: tuple[str, str] | None = None) -> Any:
+        """What a reading that gave `error` is, its problem noted."""
         if isinstance(error, Unsupported):
             cause = self.device.given_up(str(error))
             if cause:

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from atopgpud_tw.nvml_codes import NOT_SUPPORTED, SUCCESS
 from atopgpud_tw.problems import Problems, printable
 from atopgpud_tw.readers.identity import mig_ids
-from atopgpud_tw.readers.nvml.calls import Attempt, Failed, NvmlSession, Outcome, Unsupported, answer, given
+from atopgpud_tw.readers.nvml.calls import Attempt, Failed, NvmlSession, Outcome, Unsupported, answer
 from atopgpud_tw.readers.nvml.device import NvmlDevice
 from atopgpud_tw.snapshot import TASK_BUSY_GPM, UNSUPPORTED, DeviceSample, GpmFigures, clamp_percent
 
@@ -171,7 +171,7 @@ class GpmReader:
             # other failures they reach back: its counters ran on)
             self._free(card, [stream])
         # NOT_FOUND: a GPU instance destroyed since it was listed (the next poll drops it)
-        taken = attempt(given, found, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
+        taken = attempt.answered(found, idle=PENDING, part=(f"gpm {gpu_instance}", "GPM"))
         return PENDING if taken is None else taken
 
     def _sample(self, card: NvmlDevice, stream: GpmStream, gpu_instance: int | None, now: float) -> GpmFigures | str:

@@ -150,7 +150,7 @@ def _active_links(device: NvmlDevice, attempt: Attempt) -> list[int]:
         found = answer(device.call, "nvmlDeviceGetNvLinkState", link, variant=f"nvmlDeviceGetNvLinkState link {link}")
         # past the last link: not a problem; not supported: no NVLink at all (link 0), or no more
         # links (not asked again but at its backoff)
-        found = _NO_LINK if nothing_there(found) else attempt(given, found, unsupported=_NO_LINK)
+        found = _NO_LINK if nothing_there(found) else attempt.answered(found, unsupported=_NO_LINK)
         if found is None or found is _NO_LINK:
             break
         if found:
