@@ -781,6 +781,8 @@ def test_tls_keeps_the_connection_bound_and_a_handshake_deadline(pki: Pki, tmp_p
     assert connect(factory) == (None, None)  # full: closed before a handshake
     clock.advance(5)
     assert transport.disconnecting or getattr(transport, "aborted", False)
+    # no longer one of its address's handshakes in flight, before its connection is seen lost (a turn later)
+    assert not site.guard.handshakes
     first.connectionLost(Failure(ConnectionDone()))
     assert not site.guard.channels and not site.guard.handshakes
     assert any("no TLS handshake within 5.0 s" in line for line in logged)

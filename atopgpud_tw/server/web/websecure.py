@@ -884,6 +884,12 @@ class TLSChannel(BoundedChannel):
                      cause=_cause(reason.value))
         super().connectionLost(reason)
 
+    def _close(self) -> None:
+        # (a handshake cut for its deadline no longer counts against its address's handshakes in flight,
+        # though its connection is seen lost only later)
+        self._stop_waiting()
+        super()._close()
+
     def _stop_waiting(self) -> None:
         self._disarm()
         flight = self.guard.handshakes.get(self.peer)
