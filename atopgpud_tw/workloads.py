@@ -80,7 +80,10 @@ class WorkloadBook:
         self._energy: dict[int, tuple[float, dict[int, float]]] = {}
 
     def _other(self, index: int) -> WorkloadSums:
-        return self.others.setdefault(index, WorkloadSums(index, *OTHER))
+        other = self.others.get(index)
+        if other is None:
+            other = self.others[index] = WorkloadSums(index, *OTHER)
+        return other
 
     def _sums_for(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         kind, name = (totals.context or UNKNOWN_CONTEXT).workload(self.grouping)
@@ -94,7 +97,8 @@ class WorkloadBook:
                 log.warn("more than {limit} workload series (--workload-limit): the rest are summed under "
                          "workload=\"other\"", limit=self.limit)
             return self._other(index)
-        return self.entries.setdefault(key, WorkloadSums(index, kind, name))
+        sums = self.entries[key] = WorkloadSums(index, kind, name)
+        return sums
 
     def _give(self, index: int, totals: ProcessTotals) -> WorkloadSums:
         sums = self._sums_for(index, totals)
@@ -132,7 +136,9 @@ class WorkloadBook:
                     if totals.context is None:
                         continue  # not read yet: counted once it is
                     sums = self._give(index, totals)
-                figures = live.setdefault(id(sums), [0.0, 0.0, 0.0])
+                figures = live.get(id(sums))
+                if figures is None:
+                    figures = live[id(sums)] = [0.0, 0.0, 0.0]
                 figures[0] += totals.gpu_busy_seconds
                 figures[1] += totals.mem_busy_seconds
                 figures[2] += totals.memory_kib_seconds

@@ -202,7 +202,9 @@ class NvmlReader:
         """One problem per device that cannot be used now, keyed by its index only (a retry that
         fails again is not logged again).  Known devices that are gone are reported as lost
         instead: as many unusable indices say nothing new."""
-        if self._initialised:  # (while NVML is set up again, the last report stands)
+        if self._initialised and not self._unusable:  # (every poll but those with one)
+            self._unusable_reported = {}
+        elif self._initialised:  # (while NVML is set up again, the last report stands)
             present = self._device_keys()
             gone = sum(1 for key in self._cards if key not in present)
             self._unusable_reported = {} if len(self._unusable) <= gone else {

@@ -262,7 +262,10 @@ class Board:
         return result.body
 
     def v1_session(self, queue: ClientQueue) -> V1Session:
-        return self.v1_sessions.setdefault(queue, V1Session())
+        session = self.v1_sessions.get(queue)
+        if session is None:
+            session = self.v1_sessions[queue] = V1Session()
+        return session
 
     def _rendered(self, version: int, devices: int) -> _Rendered:
         generation = self.counters.generation

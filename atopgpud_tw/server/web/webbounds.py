@@ -63,7 +63,10 @@ class Bursts:
 
     def cut(self, what: str, line: str, **fields: Any) -> None:
         """Count one refusal or cut of cause `what`; log it if it starts a burst."""
-        self._bursts.setdefault(what, BurstLog(self.clock)).event(lambda: self.logger.warn(line, **fields), what)
+        burst = self._bursts.get(what)
+        if burst is None:  # (made on a cause's first cut only: this runs on every refusal in a flood)
+            burst = self._bursts[what] = BurstLog(self.clock)
+        burst.event(lambda: self.logger.warn(line, **fields), what)
 
     def stop(self) -> None:
         for burst in self._bursts.values():
