@@ -1,5 +1,5 @@
-"""`--mig card`'s fold (snapshot.fold_instances), made in one pass: the same device as its
-rules stated on their own (`total_of` of each memory figure, `merge_processes`'s "sum")."""
+"""`--mig card`'s fold (snapshot.fold_instances): the same device as its rules stated on their own
+(`total_of` of each memory figure, `merge_processes`'s "sum", a card's list unread where an instance's is)."""
 
 from __future__ import annotations
 
