@@ -250,9 +250,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     notifier = Notifier()
     try:
         # the options that concern the reader, typed: readers never see the Options mapping
-        settings = ReaderSettings(**{field: options[name] for field, name in (
-            ("kind", "reader"), ("mig", "mig"), ("scenario", "scenario"), ("smi_path", "nvidia-smi"),
-            ("smi_timeout", "smi-timeout"), ("hang_warning", "hang-warning"), ("start_timeout", "start-timeout"))})
+        settings = ReaderSettings(
+            kind=options["reader"], mig=options["mig"], scenario=options["scenario"], smi_path=options["nvidia-smi"],
+            smi_timeout=options["smi-timeout"], hang_warning=options["hang-warning"],
+            start_timeout=options["start-timeout"])
         reader, layout = make_reader(settings, reactor, _start_up_line(notifier))
     except ReaderUnavailable as error:
         raise SystemExit(f"atopgpud: {error}") from None
@@ -266,10 +267,10 @@ def makeService(options: Options, reactor: Any = None) -> IService:
     poller = PollerService(reader, board, options["interval"], reactor)
     poller.setServiceParent(top)
     limits = Limits(
+        max_clients=options["max-clients"], max_clients_per_uid=options["max-clients-per-uid"],
+        reserved_clients=options["reserved-clients"], max_unsent=options["max-unsent"],
+        idle_timeout=options["idle-timeout"], busy_idle_timeout=options["busy-idle-timeout"],
         allow=AllowList(frozenset(options["allow-uid"]), frozenset(options["allow-gid"])),
-        **{name: options[name.replace("_", "-")] for name in (
-            "max_clients", "max_clients_per_uid", "reserved_clients", "max_unsent", "idle_timeout",
-            "busy_idle_timeout")},
     )
     factory = AtopGpuFactory(board, limits, reactor)
     listeners = [Listener(description, _endpoint(reactor, "--listen", description), factory)
