@@ -117,6 +117,7 @@ class Board:
             )
         self._batch = None
         self._batch_bodies = {}
+        self._v1_records.clear()  # (the last poll's, kept no longer than its other replies)
         # a device beyond what the wire carries has no place for its exits
         wired = [e for e in exited if e.device_index < codec.MAX_WIRE_DEVICES]
         if wired:

@@ -171,9 +171,7 @@ class V1Session:
             devices.append(RenderedDevice(header.header, tuple(active)))
         result = PreparedStats(devices), now_seen
         if since is not None and shared_ok:
-            if shared and next(iter(shared))[0] != counters.generation:
-                shared.clear()  # an earlier poll's
-            shared[(counters.generation, since)] = result
+            shared[(counters.generation, since)] = result  # (emptied as the Board folds a poll)
         return result
 
 
