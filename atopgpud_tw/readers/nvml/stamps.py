@@ -367,7 +367,7 @@ class StampMap:
             new[position] = index is not None
         if keys is None:
             self._whole_runs(raws, out, new, now_us, after, before)
-            self._fallen(raws, out, new)
+            self._fallen(raws, out, new, now_us, after, before)
         lost = {position for position, place in enumerate(out) if place is None}
         if lost:
             self._between(raws, out, keys is None)
@@ -418,10 +418,13 @@ class StampMap:
             return after
         return before[0] if before is not None and raw > before[1] else None
 
-    def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool]) -> None:
+    def _fallen(self, raws: Sequence[int], out: list[tuple[int, int] | None], new: list[bool], now_us: int,
+                after: int | None, previous: tuple[int, int] | None) -> None:
         """A buffer answers in the order its samples were taken: new samples stamped below the one
-        before them in its segment, by more than every step back found, were taken on a clock that
-        held only between two looks (a step back, then one forward, inside one call), and so were
+        before them in its segment, by more than every step back found that can lie between the two
+        (the one before taken while the stretch that step ended held, no sooner than the call before
+        began where it is new: `after`, `previous`), were taken on a clock that held only between two
+        looks (a step back, then one forward, inside one call), and so were
         the new ones after them on that clock (rising, in that segment, below where they fell
         from): of no segment, for `_between` to place."""
         top: tuple[int, int] | None = None  # (the stamp they fell from, its segment)
@@ -432,10 +435,20 @@ class StampMap:
             elif top is not None and place[1] == top[1] and raws[position - 1] < raw < top[0]:
                 out[position] = None
             elif before is not None and before[1] == place[1] and raws[position - 1] - raw > AHEAD_US and not any(
-                    moved <= raw - raws[position - 1] + AHEAD_US for _, moved in self.steps):
+                    self._fell_across(raws[position - 1], raw, index, now_us, self._taken_after(
+                        raws[position - 1], after, previous), new[position - 1])
+                    for index in range(self.dropped, self.current)):
                 top, out[position] = (raws[position - 1], place[1]), None
             else:
                 top = None
+
+    def _fell_across(self, earlier: int, later: int, index: int, now_us: int, lower: int | None, new: bool) -> bool:
+        """Whether stamps that fall from `earlier` to `later`, from one sample to the next, can have
+        fallen across the step back that ended segment `index`: a step of no less than the fall (a
+        sample stamped late is no step), with the earlier sample, where `new`, taken while that segment
+        held (no sooner than the reader's time `lower`, where one is known)."""
+        moved = self.segments[index - self.dropped + 1].offset - self.segments[index - self.dropped].offset
+        return moved <= later - earlier + AHEAD_US and (not new or self._fits(earlier, now_us, index, lower))
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
