@@ -14,7 +14,7 @@ from scenarios import a10_card
 from sim_readers import make_reader
 
 from atopgpud_tw.counters import Counters
-from atopgpud_tw.readers.nvml.stamps import HostClocks, StampMap
+from atopgpud_tw.readers.nvml.stamps import AHEAD_US, HostClocks, StampMap
 
 POLLS = 24
 
@@ -195,6 +195,41 @@ def test_a_step_inside_or_before_the_first_call_is_taken_out():
     assert stamps.ask("s", 0, 10_000_000) == 0
     offsets[0] = 60_000_000
     assert stamps.steady("s", [9_000_000, 10_000_000, 70_500_000], 10_600_000) == [9_000_000, 10_000_000, 10_500_000]
+
+
+def test_an_old_step_back_does_not_explain_a_fall_inside_a_later_call():
+    """A step back of 5 s between polls, then, inside one call 10 s later, -0.8 s and +100 s: the fall
+    of 0.3 s from the samples before the call's first step to those of the clock between is no proof
+    that they were taken before the old step (they were taken after the call before began), and they
+    keep their stretch; the sample of the clock between goes between (was: the fall was taken for the
+    old step, and the samples before it were put 5 s back)."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    stamps.steady("s", [9_000_000, 9_500_000, 10_000_000], 10_000_000)
+    offsets[0] = -5_000_000
+    asked = stamps.ask("s", 10_000_000, 11_000_000)
+    stamps.steady("s", [9_000_000, 9_500_000, 10_000_000, 5_500_000, 6_000_000], 11_000_000, asked)
+    for second in range(12, 21):
+        asked = stamps.ask("s", (second - 1) * 1_000_000, second * 1_000_000)
+        stamps.steady("s", [(second - 5) * 1_000_000 - 500_000, (second - 5) * 1_000_000], second * 1_000_000, asked)
+    asked = stamps.ask("s", 20_000_000, 20_000_000)
+    assert asked == 15_000_000
+    offsets[0] = -5_000_000 - 800_000 + 100_000_000  # -0.8 s at 21.1 s, +100 s at 21.7 s, inside the call
+    # taken at 20.5 and 21 s (before the call's steps), 21.5 s (between them), 22 s (after)
+    placed = stamps.steady("s", [15_500_000, 16_000_000, 15_700_000, 116_200_000], 22_000_000, asked)
+    assert placed == [20_500_000, 21_000_000, 21_500_000, 22_000_000]
+
+
+def test_no_device_sample_is_placed_ahead_of_now():
+    """+100 s, then -100.5 s, inside one call, whose answer holds only a sample of the clock between:
+    near neither the clock before nor the one after, it is placed at the reader's now, not where the
+    newest clock would put it, 100 s ahead (a stream would wait that long for its next sample)."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    stamps.steady("s", [9_000_000, 10_000_000], 10_000_000)
+    asked = stamps.ask("s", 10_000_000, 11_000_000)
+    offsets[0] = -500_000
+    assert stamps.steady("s", [111_500_000], 12_000_000, asked) == [12_000_000 + AHEAD_US]
 
 
 def test_two_steps_between_two_looks():
