@@ -220,6 +220,21 @@ def test_an_old_step_back_does_not_explain_a_fall_inside_a_later_call():
     assert placed == [20_500_000, 21_000_000, 21_500_000, 22_000_000]
 
 
+def test_a_failed_call_bounds_no_sample():
+    """+50 s between polls, and the call after it fails: a sample taken before the step, listed after one
+    seen before, was taken after the last call that answered began, not after the one that failed, and
+    keeps its place on the clock before the step (was: 0.1 s off, placed between as a clock no look saw)."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    stamps.ask("s", 0, 10_000_000)
+    stamps.steady("s", [9_000_000, 10_000_000], 10_000_000)
+    offsets[0] = 50_000_000
+    stamps.ask("s", 10_000_000, 11_000_000)  # no answer
+    asked = stamps.ask("s", 10_000_000, 12_000_000)
+    placed = stamps.steady("s", [9_000_000, 10_000_000, 10_400_000, 61_000_000, 62_000_000], 12_000_000, asked)
+    assert placed == [9_000_000, 10_000_000, 10_400_000, 11_000_000, 12_000_000]
+
+
 def test_no_device_sample_is_placed_ahead_of_now():
     """+100 s, then -100.5 s, inside one call, whose answer holds only a sample of the clock between:
     near neither the clock before nor the one after, it is placed at the reader's now, not where the

@@ -214,8 +214,8 @@ class StampMap:
     _unmatched: tuple[int, int] | None = field(default=None, repr=False)
     #: the host clocks' offsets as last read (at `seen_at`)
     _offsets: Sequence[int | None] | None = field(default=None, repr=False)
-    #: per kind: the reader's time its latest call began, and the one before (`_placed`)
-    _calls: dict[str, tuple[int | None, int]] = field(default_factory=dict, repr=False)
+    #: per kind: the reader's time its latest call began
+    _calls: dict[str, int] = field(default_factory=dict, repr=False)
     #: per kind: the reader's time its latest answered call began, and the raw stamp it asked with
     _answered: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
@@ -229,7 +229,7 @@ class StampMap:
         a call made at the reader's time `now_us` (its steps are looked for first)."""
         if now_us is not None:
             self._observe(now_us, (), False)
-            self._calls[kind] = (self._calls.get(kind, (None, None))[1], now_us)
+            self._calls[kind] = now_us
         if steady == 0 or kind in self.stepped:
             self.stepped.discard(kind)
             return 0
@@ -258,7 +258,7 @@ class StampMap:
         (the host clocks are looked at again when `now_us` is not the time `ask` was
         given: a step between the two was inside the call)."""
         self._observe(now_us, raws, keys is None)
-        began = self._calls.get(kind, (None, now_us))[1]
+        began = self._calls.get(kind, now_us)
         before = self._answered.get(kind)
         self._answered[kind] = (began, asked)
         if self.steps and self.steps[-1][0] == now_us != began:
@@ -342,8 +342,9 @@ class StampMap:
         listed = Counter(zip(raws, keys)) if keys is not None else None
         out: list[tuple[int, int] | None] = []
         new = [False] * len(raws)
-        # a sample the buffer lists after one seen before was taken after the kind's call before
-        # this one began (else it would have been in its answer): in the first segment, no older
+        # a sample the buffer lists after one seen before was taken after the kind's last answered call
+        # began (else it would have been in its answer; a call that failed answered nothing): in the
+        # first segment, no older
         after = None
         for position, raw in enumerate(raws):
             key = (None if keys is None else keys[position], raw)
@@ -359,7 +360,7 @@ class StampMap:
             if known is not None and repeat == 0:
                 out.append(known)
                 if keys is None:
-                    after = self._calls.get(kind, (None, None))[0]
+                    after = None if before is None else before[0]
                 continue
             lower = None if known else self._taken_after(raw, after, None if keys is not None else before)
             index = self._newest_plausible(raw, now_us, self.current - 1 if older else None, lower)
