@@ -53,8 +53,8 @@ Which segment a stamp belongs to:
   sample stamped above the one after it, by no more than the step, was taken
   before it), and process samples, listed by process, take the places of the
   device's samples of the same stamp; the first segment has no beginning, but a
-  new sample listed after one seen before was taken after the previous call of
-  its kind began;
+  new sample listed after one seen before was taken after the last call of its
+  kind that answered began (one that failed answered nothing);
 - a new stamp of no segment was taken on a clock that held only between two
   looks (two steps or more between them): it goes between the samples before
   and after it, each run of such stamps on one clock its spacing kept; so do
