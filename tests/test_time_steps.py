@@ -235,6 +235,27 @@ def test_a_failed_call_bounds_no_sample():
     assert placed == [9_000_000, 10_000_000, 10_400_000, 11_000_000, 12_000_000]
 
 
+def test_a_run_placed_between_is_every_kinds_after_a_later_step():
+    """-50 s, then +45 s, inside one call: kind "b", asked for its whole buffer, places the sample of the
+    clock between them between its neighbours; kind "a", asked with a stamp above it, first gets it after a
+    later step (-30 s between polls), and places it where "b" did, not between the samples around it now
+    (was: 1.25 s late, the runs placed between were kept per step)."""
+    offsets = [0, 0]
+    stamps = StampMap(host=lambda: tuple(offsets))
+    for kind in "ab":
+        stamps.ask(kind, 0, 10_000_000)
+        stamps.steady(kind, [9_000_000, 9_500_000, 10_000_000], 10_000_000)
+    asked = stamps.ask("a", 10_000_000, 11_000_000)
+    offsets[0] = -5_000_000
+    assert stamps.steady("a", [10_500_000, 11_000_000], 12_000_000, asked) == [10_500_000, 11_000_000]
+    answer = [9_000_000, 9_500_000, 10_000_000, 10_500_000, 11_000_000, -38_500_000, 7_000_000]
+    whole = [9_000_000, 9_500_000, 10_000_000, 10_500_000, 11_000_000, 11_500_000, 12_000_000]
+    assert stamps.steady("b", answer, 12_000_000, stamps.ask("b", 0, 12_000_000)) == whole
+    offsets[0] = -35_000_000
+    asked = stamps.ask("a", 11_000_000, 13_000_000)
+    assert stamps.steady("a", [*answer, 7_500_000, -22_000_000], 13_000_000, asked) == [*whole, 12_500_000, 13_000_000]
+
+
 def test_no_device_sample_is_placed_ahead_of_now():
     """+100 s, then -100.5 s, inside one call, whose answer holds only a sample of the clock between:
     near neither the clock before nor the one after, it is placed at the reader's now, not where the

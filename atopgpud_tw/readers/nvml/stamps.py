@@ -504,11 +504,10 @@ class StampMap:
         clock (`ordered`: in the buffer's order) keeps its spacing, the runs follow one another a
         period apart, and together they go between the samples of the older segments and those of
         the current one in the answer, midway; one place for every kind of sample (their stamps
-        match)."""
+        match), after later steps too (a kind asked with a stamp above them gets them later)."""
         current = self.current
         runs = self.between.setdefault(current, [])
-        lost = [raw for raw, place in zip(raws, out) if place is None
-                and not any(first - gap <= raw <= last + gap for first, last, gap, _ in runs)]
+        lost = [raw for raw, place in zip(raws, out) if place is None and self._run_of(raw) is None]
         if lost:
             lost = list(dict.fromkeys(lost)) if ordered else sorted(set(lost))
             placed = [place for place in out if place is not None]
@@ -533,8 +532,18 @@ class StampMap:
         for position, place in enumerate(out):
             if place is None:
                 raw = raws[position]
-                offset = next(offset for first, last, gap, offset in runs if first - gap <= raw <= last + gap)
-                out[position] = (raw - offset, current - 1)
+                index, offset = self._run_of(raw)  # type: ignore[misc]  # (placed above, where not before)
+                out[position] = (raw - offset, index)
+
+    def _run_of(self, raw: int) -> tuple[int, int] | None:
+        """The segment index and the offset (raw - steady) of the run of `_between` that `raw` is of, the
+        newest first: a run placed before a later step, from another kind's answer, is theirs too."""
+        for index in sorted(self.between, reverse=True):
+            if index > self.dropped:
+                for first, last, gap, offset in self.between[index]:
+                    if first - gap <= raw <= last + gap:
+                        return index - 1, offset
+        return None
 
     def _set_back_before(self, raws: Sequence[int], now_us: int) -> None:
         """A step back before the first look at the host clocks, which the first answer shows:
