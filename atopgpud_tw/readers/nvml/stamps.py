@@ -423,11 +423,11 @@ class StampMap:
                 after: int | None, previous: tuple[int, int] | None) -> None:
         """A buffer answers in the order its samples were taken: new samples stamped below the one
         before them in its segment, by more than every step back found that can lie between the two
-        (the one before taken while the stretch that step ended held, no sooner than the call before
-        began where it is new: `after`, `previous`), were taken on a clock that held only between two
-        looks (a step back, then one forward, inside one call), and so were
-        the new ones after them on that clock (rising, in that segment, below where they fell
-        from): of no segment, for `_between` to place."""
+        (the one before taken while the stretch that step ended held, no sooner than the last call
+        that answered began where it is new: `after`, `previous`), were taken on a clock that held
+        only between two looks (a step back, then one forward, inside one call), and so were the new
+        ones after them on that clock (rising, in that segment, below where they fell from): of no
+        segment, for `_between` to place."""
         top: tuple[int, int] | None = None  # (the stamp they fell from, its segment)
         for position in range(1, len(raws)):
             place, before, raw = out[position], out[position - 1], raws[position]
@@ -435,21 +435,21 @@ class StampMap:
                 top = None
             elif top is not None and place[1] == top[1] and raws[position - 1] < raw < top[0]:
                 out[position] = None
-            elif before is not None and before[1] == place[1] and raws[position - 1] - raw > AHEAD_US and not any(
-                    self._fell_across(raws[position - 1], raw, index, now_us, self._taken_after(
-                        raws[position - 1], after, previous), new[position - 1])
-                    for index in range(self.dropped, self.current)):
+            elif (before is not None and before[1] == place[1] and raws[position - 1] - raw > AHEAD_US
+                  and not self._fell_across(raws[position - 1], raw, now_us, new[position - 1],
+                                            self._taken_after(raws[position - 1], after, previous))):
                 top, out[position] = (raws[position - 1], place[1]), None
             else:
                 top = None
 
-    def _fell_across(self, earlier: int, later: int, index: int, now_us: int, lower: int | None, new: bool) -> bool:
+    def _fell_across(self, earlier: int, later: int, now_us: int, new: bool, lower: int | None) -> bool:
         """Whether stamps that fall from `earlier` to `later`, from one sample to the next, can have
-        fallen across the step back that ended segment `index`: a step of no less than the fall (a
-        sample stamped late is no step), with the earlier sample, where `new`, taken while that segment
-        held (no sooner than the reader's time `lower`, where one is known)."""
-        moved = self.segments[index - self.dropped + 1].offset - self.segments[index - self.dropped].offset
-        return moved <= later - earlier + AHEAD_US and (not new or self._fits(earlier, now_us, index, lower))
+        fallen across a step back found: one of no less than the fall (a sample stamped late is no
+        step), with the earlier sample, where `new`, taken while the segment that step ended held (no
+        sooner than the reader's time `lower`, where one is known)."""
+        return any(newer.offset - older.offset <= later - earlier + AHEAD_US
+                   and (not new or self._fits(earlier, now_us, index, lower))
+                   for index, (older, newer) in enumerate(zip(self.segments, self.segments[1:]), self.dropped))
 
     def _in(self, raw: int, index: int) -> tuple[int, int]:
         return raw - self.segments[index - self.dropped].offset, index
