@@ -47,6 +47,7 @@ from atopgpud_tw.counters import Counters
 from atopgpud_tw.readers.nvml import gpm as gpm_reader
 from atopgpud_tw.readers.nvml.reader import NvmlReader
 from atopgpud_tw.sim import parse_scenario, simulated_binding
+from atopgpud_tw.sim.scenario import Timeline
 
 
 def irregular(seed: int, seconds: float = 120.0) -> dict:
@@ -187,8 +188,9 @@ def cases(periods: str) -> list[tuple[str, dict, float, float]]:
     each = [float(p) for p in periods.split(",")]
     found = []
     for name, timeline in TIMELINES.items():
-        # the true long-run busy percentage: the busy share of one period, at its level
-        average = sum(b - a for a, b in timeline["busy"]) / timeline["period"] * timeline.get("level", 100)
+        # the true long-run busy percentage: the simulator's own, over one period
+        spells = Timeline(timeline["period"], tuple(map(tuple, timeline["busy"])), timeline.get("level", 100))
+        average = spells.percent(0.0, spells.period)
         found += [(name, timeline, average, period) for period in each]
     return found
 
